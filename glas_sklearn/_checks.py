@@ -1,0 +1,88 @@
+"""Argument checks shared by the library's modules (one place, reused everywhere)."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import torch
+
+__all__ = [
+    "check_choice",
+    "check_finite_tensor",
+    "check_positive_int",
+    "check_vector",
+    "make_generator",
+    "numpy_rng",
+]
+
+
+def check_choice(name: str, value, choices) -> str:
+    """Raise a ValueError naming ``name`` unless ``value`` is one of ``choices``."""
+    if not isinstance(value, str) or value not in choices:
+        raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}.")
+    return value
+
+
+def check_positive_int(name: str, value, *, allow_none: bool = False, minimum: int = 1):
+    """Check that ``value`` is an integer ≥ ``minimum`` (or None when allowed)."""
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}.")
+    return int(value)
+
+
+def check_finite_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """Raise a ValueError when a floating tensor holds NaN or infinity."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}.")
+    if tensor.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(tensor.shape)}); at least one record is needed.")
+    if tensor.is_floating_point() or tensor.is_complex():
+        bad = ~torch.isfinite(tensor)
+        if bool(bad.any()):
+            raise ValueError(
+                f"{name} contains {int(bad.sum())} NaN or infinite value(s); clean or impute them first."
+            )
+    return tensor
+
+
+def check_vector(name: str, v: torch.Tensor, size: int, dtype: torch.dtype, device: torch.device,
+                 *, allow_matrix: bool = True) -> torch.Tensor:
+    """Check a vector of length ``size`` (or a ``size × k`` block) against an operator's dtype/device."""
+    if not isinstance(v, torch.Tensor):
+        raise TypeError(
+            f"{name} must be a torch.Tensor on {device} with dtype {dtype}, got {type(v).__name__}; "
+            "use .to_scipy() for numpy arrays."
+        )
+    if v.dtype != dtype:
+        raise TypeError(f"{name} has dtype {v.dtype}, but the operator works in {dtype}; convert it with .to({dtype}).")
+    if v.device != device:
+        raise ValueError(f"{name} is on {v.device}, but the operator lives on {device}; move it with .to('{device}').")
+    ok_ndim = (1, 2) if allow_matrix else (1,)
+    if v.ndim not in ok_ndim or v.shape[0] != size:
+        expected = f"({size},)" + (f" or ({size}, k)" if allow_matrix else "")
+        raise ValueError(f"{name} has shape {tuple(v.shape)}, expected {expected}.")
+    return v
+
+
+def numpy_rng(random_state) -> np.random.Generator:
+    """A numpy Generator from None, an int, a Generator or a RandomState."""
+    if isinstance(random_state, np.random.Generator):
+        return random_state
+    if isinstance(random_state, np.random.RandomState):
+        return np.random.default_rng(random_state.randint(0, 2**31 - 1))
+    if random_state is None or isinstance(random_state, numbers.Integral):
+        return np.random.default_rng(random_state)
+    raise ValueError(f"random_state must be None, an int or a numpy Generator, got {random_state!r}.")
+
+
+def make_generator(random_state, device: torch.device | str = "cpu") -> torch.Generator:
+    """A torch Generator on ``device`` seeded from ``random_state`` (None → fresh entropy)."""
+    if isinstance(random_state, torch.Generator):
+        return random_state
+    seed = int(numpy_rng(random_state).integers(0, 2**63 - 1))
+    gen = torch.Generator(device=device)
+    gen.manual_seed(seed)
+    return gen
