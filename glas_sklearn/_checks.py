@@ -9,7 +9,9 @@ import torch
 
 __all__ = [
     "check_choice",
+    "check_confidence_levels",
     "check_finite_tensor",
+    "check_positive_float",
     "check_positive_int",
     "check_vector",
     "make_generator",
@@ -86,3 +88,39 @@ def make_generator(random_state, device: torch.device | str = "cpu") -> torch.Ge
     gen = torch.Generator(device=device)
     gen.manual_seed(seed)
     return gen
+
+
+def check_positive_float(name: str, value, *, allow_zero: bool = False) -> float:
+    """Check that ``value`` is a finite real number > 0 (≥ 0 with ``allow_zero``); return it as a float."""
+    ok = isinstance(value, numbers.Real) and not isinstance(value, bool)
+    if ok:
+        value = float(value)
+        ok = np.isfinite(value) and (value >= 0 if allow_zero else value > 0)
+    if not ok:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}.")
+    return value
+
+
+def check_confidence_levels(confidence_levels) -> np.ndarray:
+    """Confidence level(s) 1 − γ as a float64 array of shape (k,), each strictly between 0 and 1.
+
+    A single number gives k = 1: the level axis is always kept.
+    """
+    levels = np.atleast_1d(np.asarray(confidence_levels, dtype=object))
+    try:
+        if levels.ndim != 1 or levels.size == 0 or any(v is None or isinstance(v, (bool, str)) for v in levels):
+            raise TypeError
+        levels = levels.astype(np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(
+            "confidence_levels must be a number or a non-empty 1-D sequence of numbers in (0, 1), "
+            f"got {confidence_levels!r}."
+        ) from None
+    bad = ~((levels > 0) & (levels < 1))
+    if bad.any():
+        raise ValueError(
+            f"confidence_levels must lie strictly between 0 and 1 (e.g. 0.9 for 90 % intervals), "
+            f"got {levels[bad].tolist()}."
+        )
+    return levels

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import warnings
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -108,13 +109,29 @@ def _has_rnn(model: nn.Module) -> bool:
 
 
 @contextlib.contextmanager
+def _onednn_disabled() -> Iterator[None]:
+    """oneDNN off inside the block, restored after it (torch warns about Intel-GPU TF32 when
+    these flags are toggled; the warning is irrelevant here and silenced on entry and exit)."""
+    flags = torch.backends.mkldnn.flags(enabled=False)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*TF32.*", category=UserWarning)
+        flags.__enter__()
+    try:
+        yield
+    finally:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*TF32.*", category=UserWarning)
+            flags.__exit__(None, None, None)
+
+
+@contextlib.contextmanager
 def autodiff_context(model: nn.Module, device: torch.device) -> Iterator[None]:
     """Gradients on, and oneDNN off for recurrent layers on CPU (forward-mode AD through
     ``nn.LSTM`` fails with oneDNN); both settings are restored on exit."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.enable_grad())
         if device.type == "cpu" and _has_rnn(model):
-            stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
+            stack.enter_context(_onednn_disabled())
         yield
 
 

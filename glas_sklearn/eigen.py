@@ -1,0 +1,348 @@
+"""Top eigenpairs of a symmetric positive semi-definite operator from matrix-vector products alone.
+
+Two solvers share one result type:
+
+- ``method="lanczos"``: thick-restart Lanczos in torch that stays on the operator's device. The basis is
+  kept orthonormal by full re-orthogonalisation (classical Gram-Schmidt, applied twice); the small
+  projected problem is solved in float64 while the products may run in float32.
+- ``method="eigsh"``: scipy's ARPACK ``eigsh`` on ``op.to_scipy()``.
+
+Either way the residual norms ‖G p − λ p‖ are reported, and a :class:`ConvergenceWarning` is raised
+when they are not below ``tol · λ_1``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import warnings
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+import torch
+from scipy.sparse.linalg import ArpackNoConvergence, eigsh
+from sklearn.exceptions import ConvergenceWarning
+
+from ._checks import check_choice, check_positive_int, make_generator
+
+__all__ = ["EigenResult", "top_eigenpairs", "eigenvector_alignment", "ConvergenceWarning"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class EigenResult:
+    """Leading eigenpairs of a symmetric operator.
+
+    Attributes
+    ----------
+    eigenvalues : torch.Tensor of shape (k,)
+        Descending, float64, on the operator's device.
+    eigenvectors : torch.Tensor of shape (D, k)
+        Orthonormal columns in the operator's dtype and device; column j belongs to eigenvalue j.
+    residual_norms : torch.Tensor of shape (k,)
+        ‖A p_j − λ_j p_j‖ (Lanczos: the exact-arithmetic estimate |β_m y_mj|; eigsh: measured).
+    n_matvecs : int
+        Number of operator products used.
+    converged : bool
+        Whether every residual is at most ``tol · λ_1``.
+    method : str
+    tol : float
+    """
+
+    eigenvalues: torch.Tensor
+    eigenvectors: torch.Tensor
+    residual_norms: torch.Tensor
+    n_matvecs: int
+    converged: bool
+    method: str
+    tol: float
+    history: list = field(default_factory=list, repr=False)
+
+    @property
+    def relative_residuals(self) -> torch.Tensor:
+        """Residual norms divided by the largest eigenvalue."""
+        scale = float(self.eigenvalues[0].abs()) if len(self.eigenvalues) else 1.0
+        return self.residual_norms / (scale if scale > 0 else 1.0)
+
+
+def _operator_meta(op):
+    """Size, dtype and device of an operator (GGNOperator, torch matrix or anything with .shape)."""
+    if isinstance(op, torch.Tensor):
+        if op.ndim != 2 or op.shape[0] != op.shape[1]:
+            raise ValueError(f"A dense operator must be square, got shape {tuple(op.shape)}.")
+        return op.shape[0], op.dtype, op.device
+    shape = getattr(op, "shape", None)
+    if shape is None or len(shape) != 2 or shape[0] != shape[1]:
+        raise ValueError(f"The operator must have a square .shape, got {shape!r}.")
+    dtype = getattr(op, "dtype", torch.float64)
+    device = getattr(op, "device", torch.device("cpu"))
+    if not isinstance(dtype, torch.dtype):
+        dtype = torch.float64
+    return int(shape[0]), dtype, torch.device(device)
+
+
+def _warn_unconverged(result: EigenResult, k: int) -> None:
+    rel = result.relative_residuals
+    worst = int(torch.argmax(rel))
+    warnings.warn(
+        f"{result.method}: the top-{k} eigenpairs did not converge after {result.n_matvecs} products: "
+        f"the largest relative residual ‖Gp−λp‖/λ1 is {float(rel[worst]):.2e} (pair {worst + 1}), above "
+        f"tol={result.tol:.1e}. Raise max_matvecs, or treat the trailing eigenpairs with caution.",
+        ConvergenceWarning,
+        stacklevel=3,
+    )
+
+
+def _orthogonalize(w: torch.Tensor, V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Remove from w its components along the orthonormal columns of V (CGS, twice)."""
+    coeff = torch.zeros(V.shape[1], dtype=torch.float64, device=w.device)
+    for _ in range(2):
+        h = V.T @ w
+        w = w - V @ h
+        coeff += h.to(torch.float64)
+    return w, coeff
+
+
+def _ritz_converged(T: torch.Tensor, beta: float, k: int, tol: float) -> bool:
+    """Whether the top-k Ritz pairs of the projected matrix T have residuals |β y_last| ≤ tol·θ_1."""
+    theta, y = torch.linalg.eigh(T)
+    scale = max(float(theta[-1].abs()), np.finfo(np.float64).tiny)
+    return bool(((beta * y[-1, -k:]).abs() <= tol * scale).all())
+
+
+def _lanczos(matvec, D: int, k: int, dtype, device, *, tol: float, max_matvecs: int, ncv: int,
+             generator: torch.Generator, v0: torch.Tensor | None) -> EigenResult:
+    """Thick-restart Lanczos for the k largest eigenpairs of a symmetric PSD operator."""
+    m = min(ncv, D)
+    V = torch.zeros(D, m + 1, dtype=dtype, device=device)  # basis, plus the residual direction
+    T = torch.zeros(m, m, dtype=torch.float64, device=device)  # projected matrix VᵀAV
+    if v0 is None:
+        v = torch.randn(D, generator=generator, dtype=torch.float64, device=generator.device).to(device, dtype)
+    else:
+        v = v0.to(device, dtype).clone()
+    V[:, 0] = v / v.norm()
+    n_kept = 0  # columns carried over from the last restart
+    n_matvecs = 0
+    history = []
+    theta = y = None
+    beta = 0.0
+    j = 0
+    while True:
+        # Extend the basis from column j to m by Lanczos steps with full re-orthogonalisation.
+        while j < m:
+            w = matvec(V[:, j])
+            n_matvecs += 1
+            w, h = _orthogonalize(w, V[:, : j + 1])
+            T[: j + 1, j] = h
+            T[j, : j + 1] = h
+            beta = float(w.norm())
+            if j + 1 >= D:  # the basis spans the whole space: the projection is exact
+                beta = 0.0
+            elif beta <= 1e-12 * max(1.0, float(T.diagonal()[: j + 1].abs().max())):
+                # Invariant subspace found: continue from a fresh random direction.
+                r = torch.randn(D, generator=generator, dtype=torch.float64, device=generator.device).to(device, dtype)
+                r, _ = _orthogonalize(r, V[:, : j + 1])
+                V[:, j + 1] = r / r.norm()
+                beta = 0.0
+            else:
+                V[:, j + 1] = w / beta
+            j += 1
+            if n_matvecs >= max_matvecs or (j >= k and _ritz_converged(T[:j, :j], beta, k, tol)):
+                break
+        size = j
+        theta, y = torch.linalg.eigh(T[:size, :size])
+        theta, y = theta.flip(0), y.flip(1)
+        res = (beta * y[size - 1, :]).abs()
+        kk = min(k, size)
+        scale = max(float(theta[0].abs()), np.finfo(np.float64).tiny)
+        done = bool((res[:kk] <= tol * scale).all()) and kk == k
+        history.append((n_matvecs, float(res[:kk].max() / scale)))
+        if done or n_matvecs >= max_matvecs or size >= D or beta == 0.0 and size >= m:
+            break
+        # Thick restart: keep the leading Ritz vectors, continue from the residual direction.
+        n_kept = min(size - 1, max(k + (m - k) // 2, k + 1))
+        Y = y[:, :n_kept].to(dtype)
+        V[:, :n_kept] = V[:, :size] @ Y
+        V[:, n_kept] = V[:, size]
+        T.zero_()
+        T[:n_kept, :n_kept] = torch.diag(theta[:n_kept])
+        # The coupling of the kept vectors to column n_kept is recomputed by its own product.
+        j = n_kept
+    kk = min(k, size)
+    vecs = V[:, :size] @ y[:, :kk].to(dtype)
+    return EigenResult(
+        eigenvalues=theta[:kk].clone(),
+        eigenvectors=vecs,
+        residual_norms=res[:kk].clone(),
+        n_matvecs=n_matvecs,
+        converged=bool((res[:kk] <= tol * max(float(theta[0].abs()), 1e-300)).all()) and kk == k,
+        method="lanczos",
+        tol=tol,
+        history=history,
+    )
+
+
+def _eigsh(op, D: int, k: int, dtype, device, *, tol: float, max_matvecs: int, ncv: int,
+           generator: torch.Generator, v0: torch.Tensor | None) -> EigenResult:
+    if isinstance(op, torch.Tensor):
+        from scipy.sparse.linalg import aslinearoperator
+
+        lin = aslinearoperator(op.detach().cpu().double().numpy())
+    else:
+        lin = op.to_scipy()
+    counter = {"n": 0}
+
+    def mv(x):
+        counter["n"] += 1 if x.ndim == 1 else x.shape[1]
+        return lin.matvec(x)
+
+    from scipy.sparse.linalg import LinearOperator
+
+    counted = LinearOperator((D, D), matvec=mv, rmatvec=mv, dtype=np.float64)
+    if v0 is None:
+        v0 = torch.randn(D, generator=generator, dtype=torch.float64, device=generator.device)
+    start = v0.detach().cpu().double().numpy()
+    # ARPACK's own tolerance is relative to each Ritz value; ask for a bit more than we check.
+    try:
+        vals, vecs = eigsh(counted, k=k, which="LA", tol=tol / 10, ncv=min(D, ncv), v0=start,
+                           maxiter=max(1, max_matvecs))
+    except ArpackNoConvergence as err:
+        vals, vecs = err.eigenvalues, err.eigenvectors
+        if len(vals) == 0:
+            vals, vecs = np.zeros(0), np.zeros((D, 0))
+    n_solver = counter["n"]
+    order = np.argsort(vals)[::-1]
+    vals, vecs = vals[order], vecs[:, order]
+    P = torch.as_tensor(np.ascontiguousarray(vecs), dtype=dtype, device=device)
+    # Residuals are measured (k extra products, not counted in n_matvecs: ARPACK reports none).
+    if P.shape[1]:
+        AP = np.column_stack([lin.matvec(vecs[:, j]) for j in range(vecs.shape[1])])
+        res = np.linalg.norm(AP - vecs * vals, axis=0)
+    else:
+        res = np.zeros(0)
+    lam = torch.as_tensor(vals.copy(), dtype=torch.float64, device=device)
+    scale = max(abs(vals[0]), 1e-300) if len(vals) else 1.0
+    return EigenResult(
+        eigenvalues=lam,
+        eigenvectors=P,
+        residual_norms=torch.as_tensor(res, dtype=torch.float64, device=device),
+        n_matvecs=n_solver,
+        converged=len(vals) == k and bool((res <= tol * scale).all()),
+        method="eigsh",
+        tol=tol,
+    )
+
+
+def top_eigenpairs(op, k: int, *, method: str = "lanczos", tol: float = 1e-5,
+                   max_matvecs: int | None = None, ncv: int | None = None, random_state=None,
+                   v0: torch.Tensor | None = None) -> EigenResult:
+    """The ``k`` largest eigenpairs of a symmetric positive semi-definite operator.
+
+    Parameters
+    ----------
+    op : GGNOperator, torch.Tensor or operator
+        Anything with ``.shape == (D, D)`` and ``op @ v`` for a torch vector (a dense symmetric
+        torch matrix works too); ``method="eigsh"`` also needs ``op.to_scipy()`` unless ``op`` is a tensor.
+    k : int
+        Number of eigenpairs, 1 ≤ k < D.
+    method : {"lanczos", "eigsh"}, default="lanczos"
+    tol : float, default=1e-5
+        Converged when every residual ‖A p − λ p‖ ≤ tol · λ_1.
+    max_matvecs : int, optional
+        Budget of products (default: max(20 k, 200)).
+    ncv : int, optional
+        Largest basis size between restarts (default: max(2k + 10, k + 20) for Lanczos, ARPACK's
+        max(2k + 1, 20) for eigsh; capped at D).
+    random_state : int, Generator or None
+        Seeds the start vector.
+    v0 : torch.Tensor, optional
+        Start vector (overrides ``random_state``).
+
+    Returns
+    -------
+    EigenResult
+        Eigenvalues (descending), orthonormal eigenvectors, residual norms, number of products and a
+        convergence flag. A :class:`ConvergenceWarning` is issued when not converged.
+
+    Examples
+    --------
+    >>> import torch
+    >>> A = torch.diag(torch.arange(1.0, 101.0, dtype=torch.float64))
+    >>> res = top_eigenpairs(A, 3, random_state=0)
+    >>> [round(float(x), 6) for x in res.eigenvalues]
+    [100.0, 99.0, 98.0]
+    """
+    method = check_choice("method", method, ("lanczos", "eigsh"))
+    D, dtype, device = _operator_meta(op)
+    k = check_positive_int("k", k)
+    if k >= D:
+        raise ValueError(f"k={k} eigenpairs requested, but the operator has dimension D={D}; k must be < D.")
+    if not (isinstance(tol, (int, float)) and 0 < tol < 1):
+        raise ValueError(f"tol must be a float in (0, 1), got {tol!r}.")
+    max_matvecs = check_positive_int("max_matvecs", max_matvecs if max_matvecs is not None else max(20 * k, 200))
+    if ncv is None:  # ARPACK's own default for eigsh, a wider basis for our Lanczos
+        ncv = max(2 * k + 1, 20) if method == "eigsh" else max(2 * k + 10, k + 20)
+    ncv = min(check_positive_int("ncv", ncv, minimum=k + 1), D)
+    gen = make_generator(random_state, "cpu")
+    if isinstance(op, torch.Tensor):
+        dense = op.detach()
+
+        def matvec(v):
+            return dense @ v
+    else:
+
+        def matvec(v):
+            return op @ v
+
+    solver = _lanczos if method == "lanczos" else _eigsh
+    target = matvec if method == "lanczos" else op
+    result = solver(target, D, k, dtype, device, tol=tol, max_matvecs=max_matvecs, ncv=ncv,
+                    generator=gen, v0=v0)
+    logger.info("%s: %d eigenpairs in %d products, max relative residual %.2e", method, k,
+                result.n_matvecs, float(result.relative_residuals.max()) if k else 0.0)
+    if not result.converged:
+        _warn_unconverged(result, k)
+    return result
+
+
+def eigenvector_alignment(eigenvectors: Sequence[torch.Tensor], reference: torch.Tensor | None = None,
+                          index: int = 0) -> np.ndarray:
+    """Replica alignment of the leading eigenvectors (paper §2.4, Fig. 9).
+
+    Parameters
+    ----------
+    eigenvectors : sequence of torch.Tensor
+        R matrices P^(i) of shape (D, k_i) (or vectors of length D) from independent runs.
+    reference : torch.Tensor, optional
+        A reference P (or vector) from a larger run.
+    index : int, default=0
+        Which eigenvector to compare (0 = p_1).
+
+    Returns
+    -------
+    numpy.ndarray
+        The R×R matrix |⟨p^(i), p^(j)⟩| (entries near 1: converged; away from 1: not), or, with
+        ``reference``, the length-R vector |⟨p^(i), p_ref⟩|.
+    """
+    if len(eigenvectors) == 0:
+        raise ValueError("eigenvector_alignment needs at least one set of eigenvectors.")
+
+    def column(P):
+        P = torch.as_tensor(P)
+        p = P if P.ndim == 1 else P[:, index]
+        p = p.detach().to("cpu", torch.float64)
+        return p / p.norm()
+
+    cols = [column(P) for P in eigenvectors]
+    sizes = {c.shape[0] for c in cols}
+    if reference is not None:
+        ref = column(reference)
+        sizes.add(ref.shape[0])
+    if len(sizes) != 1:
+        raise ValueError(f"All eigenvectors must have the same length D, got lengths {sorted(sizes)}.")
+    M = torch.stack(cols, dim=1)
+    if reference is not None:
+        return (M.T @ ref).abs().numpy()
+    return (M.T @ M).abs().numpy()

@@ -1,0 +1,84 @@
+"""Independent references for the tests: dense Jacobians and GGN matrices from torch.func.jacrev."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.func import functional_call, jacrev
+
+
+def flat_params(model: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters() if p.requires_grad])
+
+
+def _unflatten(model, theta):
+    out, i = {}, 0
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            out[name] = theta[i:i + p.numel()].view_as(p)
+            i += p.numel()
+    return out
+
+
+def dense_jacobian(model: nn.Module, X: torch.Tensor) -> torch.Tensor:
+    """J of shape (*output_shape, D), by reverse mode over the flat weight vector."""
+    theta = flat_params(model)
+    return jacrev(lambda th: functional_call(model, _unflatten(model, th), (X,)))(theta)
+
+
+def dense_ggn(model: nn.Module, X: torch.Tensor, loss: str = "mse", mask: torch.Tensor | None = None) -> torch.Tensor:
+    """G = (1/N) Σ J_nᵀ H_n J_n built explicitly (records = all leading axes but the last)."""
+    with torch.no_grad():
+        out = model(X)
+    J = dense_jacobian(model, X)
+    M, D = out.shape[-1], J.shape[-1]
+    J = J.reshape(-1, M, D)
+    f = out.reshape(-1, M)
+    if loss == "mse":
+        H = torch.eye(M, dtype=J.dtype).expand(f.shape[0], M, M)
+    else:
+        p = torch.softmax(f, dim=-1)
+        H = torch.diag_embed(p) - p[:, :, None] * p[:, None, :]
+    w = torch.ones(f.shape[0], dtype=J.dtype) if mask is None else mask.reshape(-1).to(J.dtype)
+    return torch.einsum("n,nmd,nmk,nke->de", w, J, H, J) / w.sum()
+
+
+def snapshot(model: nn.Module) -> dict:
+    """Everything about a model that our code must leave untouched."""
+    return {
+        "state": {k: v.detach().clone() for k, v in model.state_dict().items()},
+        "training": [m.training for m in model.modules()],
+        "requires_grad": [p.requires_grad for p in model.parameters()],
+        "grads": [None if p.grad is None else p.grad.clone() for p in model.parameters()],
+    }
+
+
+def assert_unchanged(model: nn.Module, before: dict) -> None:
+    after = snapshot(model)
+    assert before["state"].keys() == after["state"].keys()
+    for k in before["state"]:
+        assert torch.equal(before["state"][k], after["state"][k]), f"{k} changed"
+    assert before["training"] == after["training"]
+    assert before["requires_grad"] == after["requires_grad"]
+    for a, b in zip(before["grads"], after["grads"]):
+        assert (a is None and b is None) or torch.equal(a, b)
+
+
+class TinyLSTM(nn.Module):
+    """Embedding + one LSTM layer + linear head over a small vocabulary: logits (n, T, V)."""
+
+    def __init__(self, vocab: int = 6, hidden: int = 5):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, hidden)
+        self.lstm = nn.LSTM(hidden, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, vocab)
+
+    def forward(self, tokens):
+        h, _ = self.lstm(self.emb(tokens))
+        return self.head(h)
+
+
+def mlp(n_in=3, hidden=5, n_out=1, dtype=torch.float64, seed=0, act=nn.Tanh):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(n_in, hidden), act(), nn.Linear(hidden, hidden), act(),
+                         nn.Linear(hidden, n_out)).to(dtype)

@@ -1,0 +1,112 @@
+import copy
+
+import numpy as np
+import pytest
+import torch
+from scipy.linalg import subspace_angles
+
+from glas_sklearn.eigen import ConvergenceWarning, eigenvector_alignment, top_eigenpairs
+from glas_sklearn.ggn import GGNOperator
+
+from .reference import dense_ggn, mlp
+
+
+@pytest.fixture(scope="module")
+def problem():
+    net = mlp(hidden=8, n_out=2)
+    X = torch.randn(60, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    G = dense_ggn(net, X).numpy()
+    vals, vecs = np.linalg.eigh(G)
+    return net, X, vals[::-1], vecs[:, ::-1]
+
+
+@pytest.mark.parametrize("method", ["lanczos", "eigsh"])
+@pytest.mark.parametrize("k", [1, 4, 10])
+def test_matches_dense_eigh(problem, method, k):
+    net, X, vals, vecs = problem
+    op = GGNOperator(net, X)
+    res = top_eigenpairs(op, k, method=method, random_state=0, tol=1e-8)
+    assert res.converged
+    assert res.eigenvalues.shape == (k,) and res.eigenvectors.shape == (op.shape[0], k)
+    np.testing.assert_allclose(res.eigenvalues.numpy(), vals[:k], rtol=1e-7, atol=1e-12 * vals[0])
+    P = res.eigenvectors.numpy()
+    np.testing.assert_allclose(P.T @ P, np.eye(k), atol=1e-10)
+    # The subspace spanned agrees with the exact one (tiny principal angles).
+    assert subspace_angles(P, vecs[:, :k]).max() < 1e-5
+    # Reported residuals are the real ones.
+    G = dense_ggn(net, X).numpy()
+    true_res = np.linalg.norm(G @ P - P * res.eigenvalues.numpy(), axis=0)
+    assert np.all(true_res <= 1e-8 * vals[0] + 1e-12)
+    np.testing.assert_allclose(res.residual_norms.numpy(), true_res, atol=1e-9 * vals[0])
+
+
+def test_float32_operator_stable(problem):
+    net, X, vals, _ = problem
+    op = GGNOperator(copy.deepcopy(net).float(), X.float())
+    res = top_eigenpairs(op, 5, random_state=1, tol=1e-5)
+    assert res.converged and res.eigenvectors.dtype == torch.float32
+    assert res.eigenvalues.dtype == torch.float64
+    np.testing.assert_allclose(res.eigenvalues.numpy(), vals[:5], rtol=1e-4)
+
+
+def test_dense_tensor_operator_and_reproducibility():
+    gen = torch.Generator().manual_seed(0)
+    Q, _ = torch.linalg.qr(torch.randn(80, 80, dtype=torch.float64, generator=gen))
+    lam = torch.logspace(1, -6, 80, dtype=torch.float64)
+    A = Q @ torch.diag(lam) @ Q.T
+    a = top_eigenpairs(A, 6, random_state=3)
+    b = top_eigenpairs(A, 6, random_state=3)
+    assert torch.equal(a.eigenvectors, b.eigenvectors)
+    np.testing.assert_allclose(a.eigenvalues.numpy(), lam[:6].numpy(), rtol=1e-8)
+
+
+def test_lanczos_uses_no_more_products_than_arpack(problem):
+    net, X, _, _ = problem
+    op = GGNOperator(net, X)
+    ours = top_eigenpairs(op, 5, method="lanczos", random_state=0)
+    arpack = top_eigenpairs(op, 5, method="eigsh", random_state=0)
+    assert ours.converged and arpack.converged
+    assert ours.n_matvecs <= arpack.n_matvecs
+
+
+def test_unconverged_warns_loudly(problem):
+    net, X, _, _ = problem
+    op = GGNOperator(net, X)
+    with pytest.warns(ConvergenceWarning, match="did not converge"):
+        res = top_eigenpairs(op, 8, max_matvecs=9, random_state=0)
+    assert not res.converged
+    assert res.n_matvecs == 9
+
+
+def test_bad_arguments(problem):
+    net, X, _, _ = problem
+    op = GGNOperator(net, X)
+    D = op.shape[0]
+    with pytest.raises(ValueError, match="k must be < D"):
+        top_eigenpairs(op, D)
+    with pytest.raises(ValueError, match="k must be"):
+        top_eigenpairs(op, 0)
+    with pytest.raises(ValueError, match="method"):
+        top_eigenpairs(op, 2, method="power")
+    with pytest.raises(ValueError, match="tol"):
+        top_eigenpairs(op, 2, tol=0)
+    with pytest.raises(ValueError, match="square"):
+        top_eigenpairs(torch.zeros(3, 4), 1)
+
+
+def test_eigenvector_alignment():
+    gen = torch.Generator().manual_seed(0)
+    Q, _ = torch.linalg.qr(torch.randn(30, 4, dtype=torch.float64, generator=gen))
+    p = Q[:, 0]
+    other = Q[:, 1]
+    mixed = (p + 0.1 * other) / (p + 0.1 * other).norm()
+    A = eigenvector_alignment([Q, -Q, other, mixed])
+    assert A.shape == (4, 4)
+    np.testing.assert_allclose(np.diag(A), 1.0)
+    assert A[0, 1] == pytest.approx(1.0)  # sign does not matter
+    assert A[0, 2] == pytest.approx(0.0, abs=1e-12)
+    assert A[0, 3] == pytest.approx(1 / np.sqrt(1.01))
+    ref = eigenvector_alignment([Q, other], reference=p)
+    np.testing.assert_allclose(ref, [1.0, 0.0], atol=1e-12)
+    with pytest.raises(ValueError, match="same length"):
+        eigenvector_alignment([Q, torch.ones(5)])
