@@ -201,7 +201,7 @@ def generate(
                 break
             x = nxt[:, None]
         for row in seqs.cpu().tolist():
-            s = vocab.decode(row)
+            s = vocab.decode([vocab.start_id] + row, strict=False)
             smiles.append(s)
             lengths.append(row.index(vocab.stop_id) if vocab.stop_id in row else max_len)
     return (smiles, lengths) if return_lengths else smiles
@@ -365,7 +365,7 @@ def train(args) -> None:
             nn.utils.clip_grad_norm_(model.parameters(), args.clip)
             opt.step()
             ntok = int(mask.sum())
-            run_loss += float(loss) * ntok
+            run_loss += float(loss.detach()) * ntok
             run_tok += ntok
             if k % args.log_every == 0:
                 el = time.perf_counter() - t_epoch

@@ -180,7 +180,7 @@ class Vocabulary:
             ids = [self.start_id] + ids + [self.stop_id]
         return ids
 
-    def decode(self, ids: Iterable[int]) -> str:
+    def decode(self, ids: Iterable[int], strict: bool = True) -> str:
         """SMILES string of a sequence of ids.
 
         A leading start id is skipped and decoding ends at the first stop id, so both a framed
@@ -190,6 +190,9 @@ class Vocabulary:
         ----------
         ids : iterable of int
             Token ids (a list, or a 1-D tensor/array).
+        strict : bool, default=True
+            Raise ``ValueError`` on a start id after the first position. With ``strict=False`` it is
+            written as ``^`` (a sampler may emit it; the string is then not a valid SMILES).
 
         Returns
         -------
@@ -202,7 +205,7 @@ class Vocabulary:
         for i in ids:
             if i == self.stop_id:
                 break
-            if i == self.start_id or not 0 <= i < len(self.tokens):
+            if not 0 <= i < len(self.tokens) or (strict and i == self.start_id):
                 raise ValueError(
                     f"Id {i} cannot appear inside a SMILES (vocabulary of {len(self)} tokens, "
                     f"start id {self.start_id})."

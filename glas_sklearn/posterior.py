@@ -1,0 +1,556 @@
+"""The low-rank generalized Laplace posterior in the active subspace (SPEC "Posterior in the subspace").
+
+θ = θ0 + P z, z ~ N(0, diag(σ_j²)), σ_j² = 1 / (β λ_j + σ0⁻²) (paper eq. 22, 43), with (λ_j, p_j) the leading
+eigenpairs of the generalized Gauss–Newton matrix and σ0 fitted by empirical Bayes in the subspace (eq. 39–41).
+The posterior turns into predictions in two ways: samples pushed through the real, non-linear network
+(eq. 43–44) and the linearised network's output variances (eq. 45–46). The user's model is never written
+into: perturbed weights only ever enter ``torch.func.functional_call``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import numbers
+
+import numpy as np
+import torch
+from scipy.optimize import brentq
+from torch import nn
+from torch.func import jvp, vmap
+
+from ._checks import (
+    check_choice,
+    check_finite_tensor,
+    check_positive_float,
+    check_positive_int,
+    make_generator,
+)
+from ._functional import ParameterLayout, autodiff_context, eval_view, forward
+
+__all__ = ["ActiveSubspacePosterior", "beta_for", "estimate_noise_variance"]
+
+logger = logging.getLogger(__name__)
+
+_TASKS = ("regression", "classification")
+_SCALINGS = ("mean", "standard")
+# Memory bounds for batched evaluation: weight rows (chunk × D) per chunk, and (chunk × input rows)
+# network evaluations per vectorised call.
+_WEIGHT_CHUNK_BYTES = 128 * 2**20
+_MAX_BATCHED_ROWS = 2**16
+
+
+# ----------------------------------------------------------------------------- scaling
+
+
+def beta_for(scaling, n_records: int, noise_var: float | None = None, task: str = "regression") -> float:
+    """The posterior scaling β of the generalized posterior (SPEC table).
+
+    Parameters
+    ----------
+    scaling : {"mean", "standard"} or float
+        "mean" (the paper's proposal): β = 1/σ² for regression, 1 for classification.
+        "standard" (Bayes, summed loss): β = N/σ², respectively N. A positive float is returned as it is.
+    n_records : int
+        N, the number of training records the mean loss averages over.
+    noise_var : float, optional
+        σ², the observation-noise variance; required for regression with a named scaling,
+        ignored for classification.
+    task : {"regression", "classification"}, default="regression"
+
+    Returns
+    -------
+    float
+        β > 0.
+
+    Examples
+    --------
+    >>> beta_for("mean", 100, noise_var=0.01)
+    100.0
+    >>> beta_for("standard", 100, task="classification")
+    100.0
+    """
+    check_choice("task", task, _TASKS)
+    n_records = check_positive_int("n_records", n_records)
+    if isinstance(scaling, numbers.Real) and not isinstance(scaling, bool):
+        return check_positive_float("scaling (a float is used as β directly)", scaling)
+    if not isinstance(scaling, str) or scaling not in _SCALINGS:
+        raise ValueError(
+            f"scaling must be 'mean', 'standard' or a positive float (β itself), got {scaling!r}."
+        )
+    factor = float(n_records) if scaling == "standard" else 1.0
+    if task == "classification":
+        return factor
+    if noise_var is None:
+        raise ValueError(
+            "noise_var (σ², the observation-noise variance) is required for regression with "
+            f"scaling={scaling!r}; estimate it from training residuals with estimate_noise_variance()."
+        )
+    noise_var = check_positive_float("noise_var", noise_var)
+    return factor / noise_var
+
+
+def estimate_noise_variance(residuals) -> float:
+    """σ² = mean of the squared residuals over all N·M entries (SPEC §2.3).
+
+    Parameters
+    ----------
+    residuals : torch.Tensor or array-like
+        y − f(x; θ0) on the training data, any shape (n,), (n, M), ...
+
+    Returns
+    -------
+    float
+        The estimated observation-noise variance σ² (computed in float64).
+
+    Examples
+    --------
+    >>> estimate_noise_variance([[0.5, -0.5], [1.5, -1.5]])
+    1.25
+    """
+    if isinstance(residuals, torch.Tensor):
+        res = residuals.detach().to("cpu", torch.float64).numpy()
+    else:
+        res = np.asarray(residuals, dtype=np.float64)
+    if res.size == 0:
+        raise ValueError("residuals is empty; at least one residual is needed to estimate the noise variance.")
+    if not np.all(np.isfinite(res)):
+        raise ValueError("residuals contains NaN or infinite values; clean the predictions or targets first.")
+    return float(np.mean(res**2))
+
+
+# ------------------------------------------------------------------------- posterior
+
+
+class ActiveSubspacePosterior:
+    """Low-rank generalized Laplace posterior θ = θ0 + P z in the span of the leading G eigenvectors.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The trained network f(x; θ0). Its trainable weights are copied (θ0); it is evaluated in eval
+        mode through ``torch.func.functional_call`` and never modified.
+    eigenvalues : torch.Tensor of shape (K,)
+        λ_1 ≥ … ≥ λ_K ≥ 0 of the GGN (they are sorted into descending order, together with the
+        eigenvectors, if they are not). Negative values within round-off of 0 are set to 0.
+    eigenvectors : torch.Tensor of shape (D, K)
+        Orthonormal eigenvectors p_j as columns. Both tensors are moved to the model's device and dtype.
+    beta : float
+        The posterior scaling β (see :func:`beta_for`).
+    sigma0 : "auto" or float, default="auto"
+        The prior standard deviation σ0. "auto" fits it by empirical Bayes separately for every
+        subspace dimension d (:meth:`fit_sigma0`); a float is used for every d.
+
+    Attributes
+    ----------
+    theta0 : torch.Tensor of shape (D,)
+        The trained weights (a detached copy).
+    layout : ParameterLayout
+        Names and shapes of the weights in the flat vector.
+    n_weights : int
+        D.
+    max_components : int
+        K, the largest subspace dimension d available.
+
+    Notes
+    -----
+    Methods taking ``d`` use the leading d eigenpairs, 1 ≤ d ≤ K. Computations that only involve the
+    K scalars (σ0, σ_j², c_j) are done in float64; tensors are returned in the model's dtype and device.
+
+    Examples
+    --------
+    >>> import torch
+    >>> from glas_sklearn.posterior import ActiveSubspacePosterior
+    >>> _ = torch.manual_seed(0)
+    >>> net = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.Tanh(), torch.nn.Linear(3, 1)).double()
+    >>> P, _ = torch.linalg.qr(torch.randn(13, 2, dtype=torch.float64))
+    >>> post = ActiveSubspacePosterior(net, torch.tensor([2.0, 0.5], dtype=torch.float64), P, beta=10.0)
+    >>> post.variances(2).shape
+    torch.Size([2])
+    >>> post.predict_samples(torch.zeros(5, 2, dtype=torch.float64), 2, n_samples=7, random_state=0).shape
+    torch.Size([7, 5, 1])
+    """
+
+    def __init__(self, model: nn.Module, eigenvalues: torch.Tensor, eigenvectors: torch.Tensor, *,
+                 beta: float, sigma0="auto") -> None:
+        self.layout = ParameterLayout.from_model(model)
+        self.dtype = self.layout.dtype
+        self.device = self.layout.device
+        self._model = eval_view(model)
+        self.theta0 = self.layout.parameters_of(model)
+        self._params0 = self.layout.unflatten(self.theta0)
+
+        lam, P = self._check_eigenpairs(eigenvalues, eigenvectors)
+        self.eigenvalues = lam
+        self.eigenvectors = P
+        self.beta = check_positive_float("beta", beta)
+        if isinstance(sigma0, str):
+            if sigma0 != "auto":
+                raise ValueError(f"sigma0 must be 'auto' or a positive float, got {sigma0!r}.")
+            self.sigma0 = sigma0
+        else:
+            self.sigma0 = check_positive_float("sigma0", sigma0)
+
+        # float64 copies of the K scalars for the empirical Bayes solve.
+        self._lam64 = lam.detach().to("cpu", torch.float64).numpy()
+        # w0 = Pᵀθ0 in float64 (column by column, to bound memory): its round-off floor decides "‖w0‖ = 0".
+        theta64 = self.theta0.to(torch.float64)
+        w0 = np.array([float(P[:, j].to(torch.float64) @ theta64) for j in range(P.shape[1])])
+        self._w0_sq_cumsum = np.cumsum(w0**2)
+        self._w0_floor = (10 * math.sqrt(self.layout.size) * np.finfo(np.float64).eps * float(theta64.norm())) ** 2
+        self._sigma0_cache: dict[int, float] = {}
+        self._vmap_forward_ok: bool | None = None
+        self._vmap_jvp_ok: bool | None = None
+        self._jp_cache: dict | None = None
+
+    # ------------------------------------------------------------------ checks
+    def _check_eigenpairs(self, eigenvalues, eigenvectors) -> tuple[torch.Tensor, torch.Tensor]:
+        for name, t in (("eigenvalues", eigenvalues), ("eigenvectors", eigenvectors)):
+            if not isinstance(t, torch.Tensor):
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}; convert with torch.as_tensor.")
+            check_finite_tensor(name, t)
+            if not t.is_floating_point():
+                raise TypeError(f"{name} must be floating point, got {t.dtype}.")
+        D = self.layout.size
+        if eigenvalues.ndim != 1:
+            raise ValueError(f"eigenvalues must have shape (K,), got {tuple(eigenvalues.shape)}.")
+        K = eigenvalues.shape[0]
+        if eigenvectors.ndim != 2 or eigenvectors.shape != (D, K):
+            raise ValueError(
+                f"eigenvectors must have shape (D, K) = ({D}, {K}) (one column per eigenvalue, D = number "
+                f"of trainable weights), got {tuple(eigenvectors.shape)}."
+            )
+        tol = 10 * math.sqrt(torch.finfo(eigenvectors.dtype).eps)
+        lam = eigenvalues.detach().to(self.device, torch.float64)
+        P = eigenvectors.detach().to(self.device, self.dtype)
+        gram_err = float((P.T @ P - torch.eye(K, dtype=P.dtype, device=P.device)).abs().max())
+        if gram_err > tol:
+            raise ValueError(
+                f"eigenvectors are not orthonormal: max |PᵀP − I| = {gram_err:.2e} (tolerance {tol:.1e}); "
+                "pass the orthonormal eigenvectors of the GGN (e.g. from glas_sklearn.eigen)."
+            )
+        scale = float(lam.abs().max())
+        tiny = math.sqrt(torch.finfo(eigenvalues.dtype).eps) * scale
+        if bool((lam < -tiny).any()):
+            raise ValueError(
+                f"eigenvalues must be >= 0 (the GGN is positive semi-definite), got a minimum of "
+                f"{float(lam.min()):.3e} against a largest magnitude of {scale:.3e}; the eigensolver did not converge."
+            )
+        lam = lam.clamp_min(0.0)
+        if bool((lam[1:] > lam[:-1]).any()):
+            order = torch.argsort(lam, descending=True, stable=True)
+            lam, P = lam[order], P[:, order]
+            logger.debug("eigenpairs sorted into descending order")
+        return lam.to(self.dtype), P
+
+    def _check_d(self, d) -> int:
+        K = self.max_components
+        if isinstance(d, bool) or not isinstance(d, numbers.Integral):
+            raise ValueError(f"d must be an integer between 1 and K = {K}, got {d!r}.")
+        if not 1 <= d <= K:
+            raise ValueError(
+                f"d must be between 1 and K = {K} (the number of eigenpairs given), got {d}; "
+                "compute more eigenpairs to use a larger subspace."
+            )
+        return int(d)
+
+    def _check_X(self, X) -> torch.Tensor:
+        if not isinstance(X, torch.Tensor):
+            raise TypeError(f"X must be a torch.Tensor, got {type(X).__name__}; convert with torch.as_tensor.")
+        check_finite_tensor("X", X)
+        if X.ndim < 1:
+            raise ValueError("X must have a leading record axis, got a scalar.")
+        if X.device != self.device:
+            raise ValueError(f"X is on {X.device}, but the model lives on {self.device}; move it with .to('{self.device}').")
+        if X.is_floating_point() and X.dtype != self.dtype:
+            raise TypeError(f"X has dtype {X.dtype}, but the model's weights are {self.dtype}; convert it with .to({self.dtype}).")
+        return X
+
+    # -------------------------------------------------------------- properties
+    @property
+    def n_weights(self) -> int:
+        return self.layout.size
+
+    @property
+    def max_components(self) -> int:
+        return int(self.eigenvalues.shape[0])
+
+    def __repr__(self) -> str:
+        return (f"ActiveSubspacePosterior(D={self.n_weights}, K={self.max_components}, beta={self.beta:.4g}, "
+                f"sigma0={self.sigma0!r}, dtype={self.dtype}, device={self.device})")
+
+    # ------------------------------------------------------------ EB and variances
+    def fit_sigma0(self, d: int) -> float:
+        """Prior standard deviation σ0 for the leading d directions by empirical Bayes (eq. 39–41).
+
+        Solves ‖w0‖² = Σ_{i≤d} (1/α − 1/(βλ_i + α)) for α = σ0⁻², w0 = P_dᵀ θ0; the right side falls
+        strictly from +∞ to 0, so the root is unique. Bracketed in log α and refined with Brent's method
+        to a relative tolerance of 1e-10 in α. Returns the fixed σ0 when one was given.
+        """
+        d = self._check_d(d)
+        if self.sigma0 != "auto":
+            return self.sigma0
+        if d in self._sigma0_cache:
+            return self._sigma0_cache[d]
+        w_sq = float(self._w0_sq_cumsum[d - 1])
+        blam = self.beta * self._lam64[:d]
+        n_pos = int(np.count_nonzero(blam > 0))
+        if n_pos == 0:
+            raise ValueError(
+                f"All of the leading {d} eigenvalues are 0: the data inform no direction, so empirical Bayes "
+                "has no solution; pass a fixed sigma0 or use more eigenpairs."
+            )
+        if not w_sq > self._w0_floor:
+            raise ValueError(
+                f"The trained weights have no component in the leading {d} eigenvectors (‖Pᵀθ0‖² = 0), so "
+                "empirical Bayes has no solution; pass a fixed sigma0."
+            )
+
+        def excess(log_alpha: float) -> float:  # Σ (1/α − 1/(βλ+α)) − ‖w0‖², written without cancellation
+            alpha = math.exp(log_alpha)
+            return float(np.sum(blam / (alpha * (blam + alpha)))) - w_sq
+
+        # Each term is < 1/α, so the sum is < n_pos/α and the root lies below α = n_pos / ‖w0‖².
+        hi = math.log(n_pos / w_sq)
+        lo = hi - math.log(10.0)
+        while excess(lo) <= 0:
+            lo -= math.log(10.0)
+            if lo < hi - 2000:  # cannot happen for finite inputs; guards against an endless loop
+                raise RuntimeError("Could not bracket the empirical Bayes root.")
+        log_alpha = brentq(excess, lo, hi, xtol=1e-12, rtol=1e-12, maxiter=500)
+        sigma0 = float(math.exp(-0.5 * log_alpha))
+        self._sigma0_cache[d] = sigma0
+        logger.debug("empirical Bayes: d=%d, sigma0=%.6g", d, sigma0)
+        return sigma0
+
+    def _variances64(self, d: int) -> np.ndarray:
+        alpha = self.fit_sigma0(d) ** -2
+        return 1.0 / (self.beta * self._lam64[:d] + alpha)
+
+    def variances(self, d: int) -> torch.Tensor:
+        """Posterior variances σ_j² = 1 / (βλ_j + σ0⁻²), j ≤ d, with σ0 = ``fit_sigma0(d)`` (eq. 22); shape (d,)."""
+        return torch.as_tensor(self._variances64(self._check_d(d)), dtype=self.dtype, device=self.device)
+
+    def contraction(self, d: int) -> torch.Tensor:
+        """Contraction ratios c_j = βλ_j / (βλ_j + σ0⁻²) (eq. 10): ≈1 data-informed, ≈0 prior-dominated; shape (d,)."""
+        d = self._check_d(d)
+        blam = self.beta * self._lam64[:d]
+        c = blam / (blam + self.fit_sigma0(d) ** -2)
+        return torch.as_tensor(c, dtype=self.dtype, device=self.device)
+
+    def activity_scores(self, d: int) -> torch.Tensor:
+        """Activity scores ν_i = Σ_{j≤d} λ_j p_{j,i}² of every weight (eq. 8); shape (D,)."""
+        d = self._check_d(d)
+        return (self.eigenvectors[:, :d] ** 2) @ self.eigenvalues[:d]
+
+    def cumulative_activity(self, d: int) -> torch.Tensor:
+        """Sorted cumulative activity share κ_i (eq. 9): scores sorted descending, cumulated, divided by
+        their total; shape (D,), rising to 1."""
+        nu = self.activity_scores(d).to(torch.float64)
+        total = nu.sum()
+        if not total > 0:
+            raise ValueError(f"All of the leading {d} eigenvalues are 0, so the activity shares are undefined.")
+        kappa = torch.cumsum(torch.sort(nu, descending=True).values, 0) / total
+        return kappa.clamp_max(1.0).to(self.dtype)
+
+    # ---------------------------------------------------------------- sampling
+    def sample(self, n_samples: int, d: int, random_state=None) -> torch.Tensor:
+        """Draw z ~ N(0, diag(σ_j²)) in the leading d directions; shape (n_samples, d).
+
+        Standard normals ε of shape (n_samples, K) are drawn in one go and z = ε[:, :d] σ, so for a fixed
+        integer ``random_state`` every d uses the same ε (common random numbers across d).
+
+        Parameters
+        ----------
+        n_samples : int
+        d : int
+        random_state : int, numpy Generator, torch.Generator or None
+            Pass an int for reproducible draws shared across d.
+        """
+        n_samples = check_positive_int("n_samples", n_samples)
+        d = self._check_d(d)
+        gen = make_generator(random_state, self.device)
+        eps = torch.randn(n_samples, self.max_components, generator=gen, dtype=self.dtype, device=self.device)
+        return eps[:, :d] * self.variances(d).sqrt()
+
+    def _check_z(self, z) -> torch.Tensor:
+        if not isinstance(z, torch.Tensor):
+            raise TypeError(f"z must be a torch.Tensor, got {type(z).__name__}.")
+        if z.ndim not in (1, 2):
+            raise ValueError(f"z must have shape (d,) or (n, d), got {tuple(z.shape)}.")
+        self._check_d(z.shape[-1])
+        return z.to(self.dtype) if z.dtype != self.dtype else z
+
+    def perturbations(self, z: torch.Tensor) -> torch.Tensor:
+        """Weight perturbations P_d z for rows z of shape (n, d) (or (d,)): shape (n, D) (or (D,)).
+
+        For many samples of a large network, call it on row chunks of ``z``.
+        """
+        z = self._check_z(z)
+        return z @ self.eigenvectors[:, : z.shape[-1]].T
+
+    def parameters(self, z_row: torch.Tensor) -> dict:
+        """θ0 + P z for one z of shape (d,), as a name → tensor dict for ``torch.func.functional_call``."""
+        z_row = self._check_z(z_row)
+        if z_row.ndim != 1:
+            raise ValueError(f"z_row must have shape (d,), got {tuple(z_row.shape)}; use perturbations() for many rows.")
+        return self.layout.unflatten(self.theta0 + self.perturbations(z_row))
+
+    # ------------------------------------------------------------- evaluation
+    def _row_batches(self, n: int, batch_size: int | None) -> list[slice]:
+        size = batch_size or n
+        return [slice(i, min(i + size, n)) for i in range(0, n, size)]
+
+    def _chunk(self, rows: int, total: int) -> int:
+        """How many weight vectors to evaluate together on ``rows`` inputs (memory-bounded)."""
+        by_weights = _WEIGHT_CHUNK_BYTES // (self.n_weights * self.theta0.element_size())
+        by_rows = _MAX_BATCHED_ROWS // max(rows, 1)
+        return int(max(1, min(total, by_weights, by_rows)))
+
+    def predict_mean(self, X: torch.Tensor, batch_size: int | None = None) -> torch.Tensor:
+        """f(x; θ0), the trained network's output; shape (n, *out)."""
+        X = self._check_X(X)
+        batch_size = check_positive_int("batch_size", batch_size, allow_none=True)
+        with torch.no_grad():
+            outs = [forward(self._model, self._params0, X[sl]) for sl in self._row_batches(X.shape[0], batch_size)]
+        return torch.cat(outs, 0)
+
+    def _forward_many(self, delta: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
+        """f(Xb; θ0 + δ_s) for every row δ_s of ``delta`` (c, D): shape (c, nb, *out)."""
+        batched = _unflatten_rows(self.layout, self.theta0 + delta)
+        if self._vmap_forward_ok is not False:
+            try:
+                out = vmap(lambda p: forward(self._model, p, Xb))(batched)
+                self._vmap_forward_ok = True
+                return out
+            except Exception as err:  # noqa: BLE001 - any failure of the vectorised path falls back to a loop
+                if self._vmap_forward_ok:
+                    raise
+                logger.debug("vmap over weight samples failed (%s); evaluating them one by one", err)
+                self._vmap_forward_ok = False
+        return torch.stack([
+            forward(self._model, {n: t[s] for n, t in batched.items()}, Xb) for s in range(delta.shape[0])
+        ])
+
+    def predict_samples(self, X: torch.Tensor, d: int, n_samples: int = 1000, random_state=None,
+                        batch_size: int | None = None) -> torch.Tensor:
+        """Sampled Laplace: f(x; θ0 + P z_s) through the real, non-linear network (eq. 43–44).
+
+        Parameters
+        ----------
+        X : torch.Tensor of shape (n, ...)
+            Inputs on the model's device.
+        d : int
+            Subspace dimension.
+        n_samples : int, default=1000
+            S, the number of posterior samples.
+        random_state : int, numpy Generator, torch.Generator or None
+            Seeds :meth:`sample`; an int gives the same standard normals for every d.
+        batch_size : int, optional
+            Input rows per forward pass (all at once when None). Samples are evaluated in memory-bounded
+            chunks, vectorised with ``torch.func.vmap`` where the model allows it.
+
+        Returns
+        -------
+        torch.Tensor of shape (S, n, *out)
+        """
+        X = self._check_X(X)
+        batch_size = check_positive_int("batch_size", batch_size, allow_none=True)
+        z = self.sample(n_samples, d, random_state)
+        rows = self._row_batches(X.shape[0], batch_size)
+        chunk = self._chunk(rows[0].stop - rows[0].start, n_samples)
+        out = []
+        with torch.no_grad():
+            for s in range(0, n_samples, chunk):
+                delta = self.perturbations(z[s:s + chunk])
+                out.append(torch.cat([self._forward_many(delta, X[sl]) for sl in rows], 1))
+        return torch.cat(out, 0)
+
+    # --------------------------------------------------------------- linearised
+    def _jvp_many(self, tangents: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
+        """J(Xb) t_k for every row t_k of ``tangents`` (c, D): shape (c, nb, *out)."""
+        batched = _unflatten_rows(self.layout, tangents)
+
+        def f(params):
+            return forward(self._model, params, Xb)
+
+        with autodiff_context(self._model, self.device):
+            if self._vmap_jvp_ok is not False:
+                try:
+                    out = vmap(lambda t: jvp(f, (self._params0,), (t,))[1])(batched)
+                    self._vmap_jvp_ok = True
+                    return out.detach()
+                except Exception as err:  # noqa: BLE001 - any failure of the vectorised path falls back to a loop
+                    if self._vmap_jvp_ok:
+                        raise
+                    logger.debug("vmap over JVP tangents failed (%s); computing them one by one", err)
+                    self._vmap_jvp_ok = False
+            cols = []
+            for k in range(tangents.shape[0]):
+                with torch.autograd.forward_ad.dual_level():
+                    duals = {n: torch.autograd.forward_ad.make_dual(p, batched[n][k])
+                             for n, p in self._params0.items()}
+                    primal, tangent = torch.autograd.forward_ad.unpack_dual(forward(self._model, duals, Xb))
+                cols.append(torch.zeros_like(primal) if tangent is None else tangent.detach())
+            return torch.stack(cols)
+
+    def jacobian_projections(self, X: torch.Tensor, d: int, batch_size: int | None = None) -> torch.Tensor:
+        """J(x) p_j for j ≤ d by forward-mode JVPs; shape (n, *out, d).
+
+        The result for the last ``X`` (the same tensor object, unmodified) is cached and extended column by
+        column, so calling it for d = 1, …, K costs K JVPs in total.
+        """
+        X = self._check_X(X)
+        d = self._check_d(d)
+        return self._jacobian_projections(X, d, batch_size).clone()
+
+    def _jacobian_projections(self, X: torch.Tensor, d: int, batch_size: int | None) -> torch.Tensor:
+        batch_size = check_positive_int("batch_size", batch_size, allow_none=True)
+        cache = self._jp_cache
+        if cache is None or cache["X"] is not X or cache["version"] != X._version:
+            cache = self._jp_cache = {"X": X, "version": X._version, "JP": None}
+        have = 0 if cache["JP"] is None else cache["JP"].shape[-1]
+        if have < d:
+            rows = self._row_batches(X.shape[0], batch_size)
+            chunk = self._chunk(rows[0].stop - rows[0].start, d - have)
+            new = []
+            for k in range(have, d, chunk):
+                tangents = self.eigenvectors[:, k:min(k + chunk, d)].T
+                new.append(torch.cat([self._jvp_many(tangents, X[sl]) for sl in rows], 1))
+            new = torch.movedim(torch.cat(new, 0), 0, -1)
+            cache["JP"] = new if cache["JP"] is None else torch.cat([cache["JP"], new], -1)
+        return cache["JP"][..., :d]
+
+    def linearized_variance(self, X: torch.Tensor, d: int, full_cov: bool = False,
+                            batch_size: int | None = None) -> torch.Tensor:
+        """Output variance of the linearised network, J Σ Jᵀ with Σ = P diag(σ_j²) Pᵀ (eq. 45–46).
+
+        Parameters
+        ----------
+        X : torch.Tensor of shape (n, ...)
+        d : int
+        full_cov : bool, default=False
+            False: the variances σ_f² = Σ_j σ_j² (J p_j)², shape (n, *out) (e.g. (n, M)).
+            True: the covariance over the last output axis, shape (n, *out[:-1], M, M) (e.g. (n, M, M)).
+        batch_size : int, optional
+            Input rows per JVP.
+
+        Returns
+        -------
+        torch.Tensor
+        """
+        X = self._check_X(X)
+        d = self._check_d(d)
+        jp = self._jacobian_projections(X, d, batch_size)
+        var = self.variances(d)
+        if not full_cov:
+            return (jp**2 * var).sum(-1)
+        if jp.ndim < 3:
+            raise ValueError("full_cov=True needs an output axis: the model returns one scalar per record.")
+        return (jp * var) @ jp.transpose(-1, -2)
+
+
+def _unflatten_rows(layout: ParameterLayout, rows: torch.Tensor) -> dict:
+    """Split a (c, D) block of flat weight vectors into a dict of (c, *shape) tensors."""
+    parts = torch.split(rows, layout.numels, dim=1)
+    return {n: part.reshape(rows.shape[0], *shape) for n, part, shape in zip(layout.names, parts, layout.shapes)}

@@ -1,0 +1,411 @@
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call
+from torch.nn.utils import vector_to_parameters
+
+from glas_sklearn.posterior import ActiveSubspacePosterior, beta_for, estimate_noise_variance
+
+from .reference import TinyLSTM, assert_unchanged, dense_ggn, dense_jacobian, flat_params, mlp, snapshot
+
+BETA = 40.0
+K = 8
+
+
+def _eigenpairs(net, X, loss="mse", k=K):
+    """Top-k eigenpairs of the dense GGN (descending), plus the full decomposition."""
+    G = dense_ggn(net, X, loss)
+    lam, V = torch.linalg.eigh(G)
+    lam, V = lam.flip(0), V.flip(1)
+    return lam[:k].clamp_min(0), V[:, :k], G
+
+
+@pytest.fixture(scope="module")
+def setup():
+    net = mlp(n_out=1)
+    X = torch.randn(30, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    lam, P, G = _eigenpairs(net, X)
+    return net, X, lam, P, G
+
+
+@pytest.fixture(scope="module")
+def setup2():
+    net = mlp(n_out=2, seed=3)
+    X = torch.randn(25, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    lam, P, _ = _eigenpairs(net, X)
+    return net, X, lam, P
+
+
+def _evidence(log_alpha, w_sq, blam):
+    """Eq. (39) as a function of α = σ0⁻² (up to a constant): −α‖w0‖²/2 + d/2 log α − ½ Σ log(βλ_i + α)."""
+    alpha = np.exp(log_alpha)[:, None]
+    return (-0.5 * alpha[:, 0] * w_sq + 0.5 * blam.size * np.log(alpha[:, 0])
+            - 0.5 * np.log(blam[None, :] + alpha).sum(1))
+
+
+# ----------------------------------------------------------------------------- beta
+
+
+def test_beta_for_table():
+    assert beta_for("mean", 50, noise_var=0.01) == pytest.approx(100.0)
+    assert beta_for("standard", 50, noise_var=0.01) == pytest.approx(5000.0)
+    assert beta_for("mean", 50, task="classification") == 1.0
+    assert beta_for("standard", 50, task="classification") == 50.0
+    assert beta_for(3.5, 50) == 3.5
+    assert beta_for(np.float32(2.0), 10, task="classification") == 2.0
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(scaling="mean", n_records=10), "noise_var"),
+    (dict(scaling="mean", n_records=10, noise_var=0.0), "noise_var"),
+    (dict(scaling="bayes", n_records=10, noise_var=1.0), "scaling"),
+    (dict(scaling=-1.0, n_records=10), "scaling"),
+    (dict(scaling=True, n_records=10), "scaling"),
+    (dict(scaling="mean", n_records=0, noise_var=1.0), "n_records"),
+    (dict(scaling="mean", n_records=10, noise_var=1.0, task="ranking"), "task"),
+])
+def test_beta_for_errors(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        beta_for(**kwargs)
+
+
+def test_estimate_noise_variance():
+    r = np.random.default_rng(0).normal(size=(40, 3))
+    assert estimate_noise_variance(r) == pytest.approx((r**2).sum() / r.size, rel=1e-14)
+    assert estimate_noise_variance(torch.tensor(r, dtype=torch.float32)) == pytest.approx((r**2).mean(), rel=1e-6)
+    with pytest.raises(ValueError, match="NaN"):
+        estimate_noise_variance(np.array([1.0, np.nan]))
+    with pytest.raises(ValueError, match="empty"):
+        estimate_noise_variance(np.zeros(0))
+
+
+# ------------------------------------------------------------------ empirical Bayes
+
+
+@pytest.mark.parametrize("d", [1, 2, 4, 8])
+def test_sigma0_solves_eb_equation_and_maximises_evidence(setup, d):
+    net, _, lam, P, _ = setup
+    post = ActiveSubspacePosterior(net, lam, P, beta=BETA)
+    alpha = post.fit_sigma0(d) ** -2
+    w_sq = float(((P[:, :d].T @ flat_params(net)) ** 2).sum())
+    blam = BETA * lam[:d].numpy()
+    rhs = np.sum(1 / alpha - 1 / (blam + alpha))
+    assert rhs == pytest.approx(w_sq, rel=1e-9)
+    grid = np.linspace(np.log(alpha) - 8, np.log(alpha) + 8, 16001)  # spacing 1e-3 in log α
+    best = grid[np.argmax(_evidence(grid, w_sq, blam))]
+    assert abs(best - np.log(alpha)) <= 1.1e-3
+
+
+def test_sigma0_synthetic_spectrum_with_zero_eigenvalues():
+    """Spread spectrum with exact zeros; the zero directions drop out of eq. (41)."""
+    net = mlp(n_out=1)
+    D = flat_params(net).numel()
+    P, _ = torch.linalg.qr(torch.randn(D, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(5)))
+    lam = torch.tensor([1e4, 30.0, 1.0, 1e-3, 0.0, 0.0], dtype=torch.float64)
+    post = ActiveSubspacePosterior(net, lam, P, beta=2.0)
+    w_sq = np.cumsum(((P.T @ flat_params(net)) ** 2).numpy())
+    for d in range(1, 7):
+        alpha = post.fit_sigma0(d) ** -2
+        blam = 2.0 * lam[:d].numpy()
+        grid = np.linspace(np.log(alpha) - 10, np.log(alpha) + 10, 20001)
+        assert abs(grid[np.argmax(_evidence(grid, w_sq[d - 1], blam))] - np.log(alpha)) <= 1.1e-3
+        assert np.sum(blam / (alpha * (blam + alpha))) == pytest.approx(w_sq[d - 1], rel=1e-9)
+
+
+def test_sigma0_fixed_and_errors(setup):
+    net, _, lam, P, _ = setup
+    assert ActiveSubspacePosterior(net, lam, P, beta=BETA, sigma0=0.3).fit_sigma0(5) == 0.3
+    post = ActiveSubspacePosterior(net, torch.zeros(K, dtype=torch.float64), P, beta=BETA)
+    with pytest.raises(ValueError, match="eigenvalues are 0"):
+        post.fit_sigma0(3)
+    # eigenvectors orthogonal to θ0: ‖w0‖ = 0
+    theta = flat_params(net)
+    A = torch.randn(theta.numel(), 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    A = A - torch.outer(theta, theta @ A) / (theta @ theta)
+    Q, _ = torch.linalg.qr(A)
+    post = ActiveSubspacePosterior(net, lam[:3], Q, beta=BETA)
+    with pytest.raises(ValueError, match="no component"):
+        post.fit_sigma0(2)
+
+
+# ------------------------------------------------------------- variances & diagnostics
+
+
+def test_variances_equal_dense_laplace_covariance(setup):
+    net, _, lam, P, G = setup
+    post = ActiveSubspacePosterior(net, lam, P, beta=BETA)
+    D = G.shape[0]
+    for d in (1, 3, K):
+        s0 = post.fit_sigma0(d)
+        cov = torch.linalg.inv(BETA * G + s0**-2 * torch.eye(D, dtype=torch.float64))
+        proj = P[:, :d].T @ cov @ P[:, :d]
+        torch.testing.assert_close(proj, torch.diag(post.variances(d)), rtol=1e-8, atol=1e-12)
+        # eq. (10) in its other form, (σ0² − σ_j²) / σ0²
+        torch.testing.assert_close(post.contraction(d), (s0**2 - post.variances(d)) / s0**2, rtol=1e-9, atol=1e-12)
+
+
+def test_activity_scores(setup):
+    net, _, lam, P, G = setup
+    post = ActiveSubspacePosterior(net, lam, P, beta=BETA)
+    d = 4
+    nu = post.activity_scores(d)
+    ref = torch.stack([sum(lam[j] * P[i, j] ** 2 for j in range(d)) for i in range(P.shape[0])])
+    torch.testing.assert_close(nu, ref)
+    torch.testing.assert_close(nu, torch.diagonal(P[:, :d] @ torch.diag(lam[:d]) @ P[:, :d].T))
+    kappa = post.cumulative_activity(d)
+    assert kappa.shape == (P.shape[0],)
+    assert torch.all(kappa[1:] >= kappa[:-1])
+    assert float(kappa[-1]) == pytest.approx(1.0)
+    assert float(kappa[0]) == pytest.approx(float(nu.max() / lam[:d].sum()))
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+def test_sample_statistics_reproducibility_and_common_random_numbers(setup):
+    net, _, lam, P, _ = setup
+    post = ActiveSubspacePosterior(net, lam, P, beta=BETA)
+    n, d = 20000, 3
+    z = post.sample(n, d, random_state=7)
+    var = post.variances(d)
+    assert z.shape == (n, d) and z.dtype == torch.float64
+    emp_cov = torch.cov(z.T)
+    rel = emp_cov / torch.sqrt(torch.outer(var, var))
+    # standard errors: √(2/n) ≈ 0.01 on the diagonal, √(1/n) ≈ 0.007 off it; 5 SE bounds
+    torch.testing.assert_close(torch.diagonal(rel), torch.ones(d, dtype=torch.float64), atol=0.05, rtol=0)
+    assert float((rel - torch.diag(torch.diagonal(rel))).abs().max()) < 0.035
+    assert float((z.mean(0) / var.sqrt()).abs().max()) < 0.035
+    assert torch.equal(post.sample(50, d, random_state=7), post.sample(50, d, random_state=7))
+    assert not torch.equal(post.sample(50, d, random_state=7), post.sample(50, d, random_state=8))
+    # common random numbers: the standard normals behind d=2 are the leading columns of those behind d=6
+    e2 = post.sample(50, 2, random_state=11) / post.variances(2).sqrt()
+    e6 = post.sample(50, 6, random_state=11) / post.variances(6).sqrt()
+    torch.testing.assert_close(e2, e6[:, :2], rtol=1e-12, atol=1e-12)
+
+
+def test_perturbations_and_parameters(setup):
+    net, X, lam, P, _ = setup
+    post = ActiveSubspacePosterior(net, lam, P, beta=BETA)
+    z = post.sample(4, 3, random_state=0)
+    torch.testing.assert_close(post.perturbations(z), (P[:, :3] @ z.T).T)
+    params = post.parameters(z[1])
+    assert list(params) == [n for n, _ in net.named_parameters()]
+    out = functional_call(net, params, (X,))
+    torch.testing.assert_close(out, post.predict_samples(X, 3, n_samples=4, random_state=0)[1])
+    with pytest.raises(ValueError, match="shape"):
+        post.parameters(z)
+
+
+def _reference_samples(net, theta0, P, z, X):
+    """Independent reference: a deep copy of the model with θ0 + P z loaded, called normally."""
+    outs = []
+    for zs in z:
+        m = copy.deepcopy(net).eval()
+        vector_to_parameters(theta0 + P[:, :z.shape[1]] @ zs, m.parameters())
+        with torch.no_grad():
+            outs.append(m(X))
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("batch_size", [None, 4])
+def test_predict_samples_matches_deepcopy_loop(setup2, batch_size):
+    net, X, lam, P = setup2
+    post = ActiveSubspacePosterior(net, lam, P, beta=BETA)
+    out = post.predict_samples(X[:9], 3, n_samples=6, random_state=1, batch_size=batch_size)
+    ref = _reference_samples(net, flat_params(net), P, post.sample(6, 3, random_state=1), X[:9])
+    assert out.shape == (6, 9, 2)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(post.predict_mean(X), net(X).detach())
+
+
+class _Grid(nn.Module):
+    """Outputs of shape (n, 2, 3), with data-dependent Python control flow (vmap cannot batch .item())."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(3, 6)
+
+    def forward(self, x):
+        h = self.lin(x)
+        if h.abs().max().item() > 1e300:  # never true; forces the loop fallback
+            h = h * 0
+        return torch.tanh(h).reshape(-1, 2, 3)
+
+
+def test_predict_samples_any_output_shape_and_loop_fallback():
+    torch.manual_seed(0)
+    net = _Grid().double()
+    D = flat_params(net).numel()
+    P, _ = torch.linalg.qr(torch.randn(D, 4, dtype=torch.float64))
+    post = ActiveSubspacePosterior(net, torch.tensor([4.0, 3.0, 2.0, 1.0], dtype=torch.float64), P, beta=1.0)
+    X = torch.randn(5, 3, dtype=torch.float64)
+    out = post.predict_samples(X, 4, n_samples=3, random_state=2)
+    assert post._vmap_forward_ok is False
+    ref = _reference_samples(net, flat_params(net), P, post.sample(3, 4, random_state=2), X)
+    assert out.shape == (3, 5, 2, 3)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+
+
+# -------------------------------------------------------------------------- linearised
+
+
+@pytest.mark.parametrize("which", ["one", "two"])
+def test_linearized_variance_matches_dense_jacobian(setup, setup2, which):
+    if which == "one":
+        net, X, lam, P, _ = setup
+    else:
+        net, X, lam, P = setup2
+    post = ActiveSubspacePosterior(net, lam, P, beta=BETA)
+    J = dense_jacobian(net, X)  # (n, M, D)
+    for d in (1, 5):
+        Sigma = P[:, :d] @ torch.diag(post.variances(d)) @ P[:, :d].T
+        full = J @ Sigma @ J.transpose(1, 2)  # (n, M, M)
+        torch.testing.assert_close(post.linearized_variance(X, d, full_cov=True), full, rtol=1e-10, atol=1e-14)
+        torch.testing.assert_close(post.linearized_variance(X, d), torch.diagonal(full, dim1=1, dim2=2),
+                                   rtol=1e-10, atol=1e-14)
+        torch.testing.assert_close(post.jacobian_projections(X, d), J @ P[:, :d], rtol=1e-10, atol=1e-14)
+
+
+def test_jacobian_projection_cache_costs_k_jvps(setup):
+    net, X, lam, P, _ = setup
+    post = ActiveSubspacePosterior(net, lam, P, beta=BETA)
+    counted = []
+    original = post._jvp_many
+
+    def counting(tangents, Xb):
+        counted.append(tangents.shape[0])
+        return original(tangents, Xb)
+
+    post._jvp_many = counting
+    for d in range(1, K + 1):
+        post.linearized_variance(X, d)
+    post.linearized_variance(X, 3)
+    assert sum(counted) == K
+    # an in-place change of X invalidates the cache
+    X2 = X.clone()
+    post.linearized_variance(X2, 2)
+    X2.mul_(2.0)
+    J = dense_jacobian(net, X2)
+    torch.testing.assert_close(post.jacobian_projections(X2, 2), J @ P[:, :2], rtol=1e-10, atol=1e-14)
+
+
+def test_lstm_sequence_outputs():
+    """Token inputs, (n, T, V) logits: vmap may fail for nn.LSTM, the fallbacks must agree with references."""
+    torch.manual_seed(1)
+    net = TinyLSTM(vocab=4, hidden=3).double()
+    tokens = torch.randint(0, 4, (3, 4))
+    lam, P, _ = _eigenpairs(net, tokens, "cross_entropy", k=3)
+    post = ActiveSubspacePosterior(net, lam, P, beta=5.0)
+    J = dense_jacobian(net, tokens)  # (n, T, V, D)
+    torch.testing.assert_close(post.jacobian_projections(tokens, 3), J @ P, rtol=1e-9, atol=1e-12)
+    var = post.linearized_variance(tokens, 3)
+    torch.testing.assert_close(var, ((J @ P) ** 2 * post.variances(3)).sum(-1), rtol=1e-9, atol=1e-12)
+    assert post.linearized_variance(tokens, 3, full_cov=True).shape == (3, 4, 4, 4)
+    out = post.predict_samples(tokens, 2, n_samples=3, random_state=0)
+    ref = _reference_samples(net, flat_params(net), P, post.sample(3, 2, random_state=0), tokens)
+    torch.testing.assert_close(out, ref, rtol=1e-10, atol=1e-12)
+
+
+# ---------------------------------------------------------------------- model untouched
+
+
+class _TrainModeNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.frozen = nn.Linear(3, 4)
+        self.bn = nn.BatchNorm1d(4)
+        self.drop = nn.Dropout(0.5)
+        self.head = nn.Linear(4, 2)
+        for p in self.frozen.parameters():
+            p.requires_grad_(False)
+
+    def forward(self, x):
+        return self.head(self.drop(torch.tanh(self.bn(self.frozen(x)))))
+
+
+def test_model_unchanged_by_every_public_call():
+    torch.manual_seed(0)
+    net = _TrainModeNet().double()
+    net.train()
+    net.head.weight.grad = torch.ones_like(net.head.weight)
+    before = snapshot(net)
+    D = sum(p.numel() for p in net.parameters() if p.requires_grad)
+    P, _ = torch.linalg.qr(torch.randn(D, 3, dtype=torch.float64))
+    lam = torch.tensor([3.0, 1.0, 0.5], dtype=torch.float64)
+    X = torch.randn(6, 3, dtype=torch.float64)
+    post = ActiveSubspacePosterior(net, lam, P, beta=2.0)
+    assert post.n_weights == D == 8 + 10  # batch norm and head only: the frozen layer is not a weight
+    post.fit_sigma0(2), post.variances(3), post.contraction(2), post.activity_scores(3), post.cumulative_activity(3)
+    z = post.sample(4, 2, random_state=0)
+    post.perturbations(z), post.parameters(z[0])
+    mean = post.predict_mean(X)
+    samples = post.predict_samples(X, 2, n_samples=4, random_state=0)
+    post.linearized_variance(X, 3, full_cov=True)
+    post.jacobian_projections(X, 2)
+    assert_unchanged(net, before)
+    assert net.training and net.bn.training
+    # predictions use eval mode (no dropout noise, running statistics)
+    ref = copy.deepcopy(net).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(mean, ref(X))
+    assert samples.shape == (4, 6, 2)
+
+
+# -------------------------------------------------------------------------- bad inputs
+
+
+def test_bad_inputs(setup):
+    net, X, lam, P, _ = setup
+    post = ActiveSubspacePosterior(net, lam, P, beta=BETA)
+    with pytest.raises(ValueError, match=f"K = {K}"):
+        post.variances(K + 1)
+    with pytest.raises(ValueError, match="between 1 and"):
+        post.sample(5, 0)
+    with pytest.raises(ValueError, match="integer"):
+        post.fit_sigma0(1.5)
+    with pytest.raises(ValueError, match="n_samples"):
+        post.sample(0, 2)
+    bad = X.clone()
+    bad[2, 1] = float("nan")
+    with pytest.raises(ValueError, match="NaN"):
+        post.predict_samples(bad, 2, n_samples=3)
+    with pytest.raises(ValueError, match="NaN"):
+        post.linearized_variance(bad, 2)
+    with pytest.raises(TypeError, match="dtype"):
+        post.predict_mean(X.float())
+    with pytest.raises(TypeError, match="torch.Tensor"):
+        post.predict_mean(X.numpy())
+    with pytest.raises(ValueError, match="shape"):
+        ActiveSubspacePosterior(net, lam, P[:-1], beta=BETA)
+    with pytest.raises(ValueError, match="shape"):
+        ActiveSubspacePosterior(net, lam[:3], P, beta=BETA)
+    with pytest.raises(ValueError, match="orthonormal"):
+        ActiveSubspacePosterior(net, lam, 2 * P, beta=BETA)
+    with pytest.raises(ValueError, match=">= 0"):
+        ActiveSubspacePosterior(net, lam - 0.5 * lam[0], P, beta=BETA)
+    with pytest.raises(ValueError, match="beta"):
+        ActiveSubspacePosterior(net, lam, P, beta=0.0)
+    with pytest.raises(ValueError, match="sigma0"):
+        ActiveSubspacePosterior(net, lam, P, beta=BETA, sigma0="eb")
+    with pytest.raises(ValueError, match="shape"):
+        post.perturbations(torch.zeros(2, 3, 4, dtype=torch.float64))
+
+
+def test_eigenpair_conditioning(setup):
+    """Ascending order is sorted; round-off negatives are clipped; other dtypes are converted."""
+    net, X, lam, P, _ = setup
+    ref = ActiveSubspacePosterior(net, lam, P, beta=BETA)
+    flipped = ActiveSubspacePosterior(net, lam.flip(0), P.flip(1), beta=BETA)
+    torch.testing.assert_close(flipped.variances(K), ref.variances(K), rtol=1e-12, atol=0)
+    torch.testing.assert_close(flipped.linearized_variance(X, 4), ref.linearized_variance(X, 4))
+    lam2 = lam.clone()
+    lam2[-1] = -1e-12 * lam[0]
+    post = ActiveSubspacePosterior(net, lam2, P, beta=BETA)
+    assert float(post.eigenvalues[-1]) == 0.0
+    post32 = ActiveSubspacePosterior(net, lam.float(), P.float(), beta=BETA)
+    assert post32.eigenvectors.dtype == torch.float64
+    assert math.isfinite(post32.fit_sigma0(2))
