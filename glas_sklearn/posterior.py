@@ -172,7 +172,7 @@ class ActiveSubspacePosterior:
     """
 
     def __init__(self, model: nn.Module, eigenvalues: torch.Tensor, eigenvectors: torch.Tensor, *,
-                 beta: float, sigma0="auto") -> None:
+                 beta: float, sigma0: str | float = "auto") -> None:
         self.layout = ParameterLayout.from_model(model)
         self.dtype = self.layout.dtype
         self.device = self.layout.device
@@ -310,13 +310,19 @@ class ActiveSubspacePosterior:
             alpha = math.exp(log_alpha)
             return float(np.sum(blam / (alpha * (blam + alpha)))) - w_sq
 
-        # Each term is < 1/α, so the sum is < n_pos/α and the root lies below α = n_pos / ‖w0‖².
-        hi = math.log(n_pos / w_sq)
-        lo = hi - math.log(10.0)
-        while excess(lo) <= 0:
-            lo -= math.log(10.0)
-            if lo < hi - 2000:  # cannot happen for finite inputs; guards against an endless loop
-                raise RuntimeError("Could not bracket the empirical Bayes root.")
+        # Each term is < 1/α, so the sum is < n_pos/α and the root lies below α = n_pos / ‖w0‖²;
+        # start a factor 2 above that (clear of round-off) and step down by decades to bracket it.
+        step = math.log(10.0)
+        hi = math.log(2.0 * n_pos / w_sq)
+        while excess(hi) > 0:  # not expected; kept so a bracket is always found
+            hi += step
+        lo = hi - step
+        for _ in range(700):
+            if excess(lo) > 0:
+                break
+            hi, lo = lo, lo - step
+        else:
+            raise RuntimeError(f"Could not bracket the empirical Bayes root for d={d}.")
         log_alpha = brentq(excess, lo, hi, xtol=1e-12, rtol=1e-12, maxiter=500)
         sigma0 = float(math.exp(-0.5 * log_alpha))
         self._sigma0_cache[d] = sigma0

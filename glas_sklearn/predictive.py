@@ -15,6 +15,7 @@ float64 numpy arrays of shape (k,).
 from __future__ import annotations
 
 import math
+from typing import Union
 
 import numpy as np
 import torch
@@ -39,6 +40,8 @@ __all__ = [
     "sampled_probabilities",
     "set_coverage",
 ]
+
+Array = Union[torch.Tensor, np.ndarray]
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -88,7 +91,8 @@ def _quantiles(sorted_samples: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 # -------------------------------------------------------------------------- regression
 
 
-def sampled_interval(samples, confidence_levels, noise_var: float = 0.0, random_state=None):
+def sampled_interval(samples: Array, confidence_levels, noise_var: float = 0.0,
+                     random_state=None) -> tuple[Array, Array]:
     """Central intervals from the sample quantiles γ/2 and 1 − γ/2 (sampled Laplace, eq. 43–44).
 
     Parameters
@@ -136,7 +140,7 @@ def sampled_interval(samples, confidence_levels, noise_var: float = 0.0, random_
     return _out(mean, was_numpy), _out(bounds, was_numpy)
 
 
-def linearized_interval(mean, variance, confidence_levels, noise_var: float = 0.0):
+def linearized_interval(mean: Array, variance: Array, confidence_levels, noise_var: float = 0.0) -> Array:
     """Gaussian intervals mean ± z_{1−γ/2} sqrt(variance + noise_var) (linearised Laplace, eq. 45–46).
 
     z is the exact normal quantile (1.96 for 95 %); the paper's ±2σ_f is a rounding of it.
@@ -180,7 +184,7 @@ def linearized_interval(mean, variance, confidence_levels, noise_var: float = 0.
 # ----------------------------------------------------------------------- classification
 
 
-def sampled_probabilities(logit_samples):
+def sampled_probabilities(logit_samples: Array) -> Array:
     """Posterior predictive class probabilities: the softmax averaged over S weight samples.
 
     Parameters
@@ -197,7 +201,8 @@ def sampled_probabilities(logit_samples):
     return _out(torch.softmax(x, -1).mean(0), was_numpy)
 
 
-def linearized_probabilities(mean_logits, cov, method: str = "probit", n_samples: int = 1000, generator=None):
+def linearized_probabilities(mean_logits: Array, cov: Array, method: str = "probit", n_samples: int = 1000,
+                             generator=None) -> Array:
     """Class probabilities under the linearised logit Gaussian N(μ, Σ) (chapter, "The Predictive").
 
     Parameters
@@ -249,7 +254,7 @@ def linearized_probabilities(mean_logits, cov, method: str = "probit", n_samples
     return _out(torch.softmax(draws, -1).mean(0), was_numpy)
 
 
-def prediction_sets(probs, confidence_levels):
+def prediction_sets(probs: Array, confidence_levels) -> Array:
     """Smallest sets of classes (by descending probability) whose total probability reaches each level.
 
     Every set holds at least one class (the most probable one). Ties are broken by class index.
@@ -296,7 +301,7 @@ def _bounds_check(bounds) -> torch.Tensor:
     return b
 
 
-def interval_coverage(y, bounds) -> np.ndarray:
+def interval_coverage(y: Array, bounds: Array) -> np.ndarray:
     """Fraction of the targets inside their intervals, per level: mean of 1[lower ≤ y ≤ upper].
 
     Parameters
@@ -330,7 +335,7 @@ def interval_coverage(y, bounds) -> np.ndarray:
     return inside.reshape(-1, b.shape[-1]).to(torch.float64).mean(0).cpu().numpy()
 
 
-def mean_interval_width(bounds) -> np.ndarray:
+def mean_interval_width(bounds: Array) -> np.ndarray:
     """Mean interval width (upper − lower) per level; shape (k,)."""
     b = _bounds_check(bounds)
     return (b[..., 1, :] - b[..., 0, :]).reshape(-1, b.shape[-1]).to(torch.float64).mean(0).cpu().numpy()
@@ -343,7 +348,7 @@ def _sets_check(sets) -> torch.Tensor:
     return s
 
 
-def set_coverage(labels, sets) -> np.ndarray:
+def set_coverage(labels: Array, sets: Array) -> np.ndarray:
     """Fraction of the true labels inside their prediction sets, per level; shape (k,).
 
     Parameters
@@ -371,7 +376,7 @@ def set_coverage(labels, sets) -> np.ndarray:
     return hit.reshape(-1, s.shape[-1]).to(torch.float64).mean(0).cpu().numpy()
 
 
-def mean_set_size(sets) -> np.ndarray:
+def mean_set_size(sets: Array) -> np.ndarray:
     """Mean number of classes per prediction set, per level; shape (k,)."""
     s = _sets_check(sets)
     return s.sum(-2).reshape(-1, s.shape[-1]).to(torch.float64).mean(0).cpu().numpy()

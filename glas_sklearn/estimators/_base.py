@@ -1,0 +1,358 @@
+"""Shared fit logic of the two estimators: validation, the network, training, the posterior and d."""
+
+from __future__ import annotations
+
+import copy
+import numbers
+import time
+import warnings
+
+import numpy as np
+import pandas as pd
+import torch
+from sklearn.base import BaseEstimator
+from sklearn.model_selection import train_test_split
+from sklearn.utils.validation import check_is_fitted, validate_data
+from torch import nn
+from tqdm.auto import tqdm
+
+from .._checks import check_confidence_levels
+from ..calibration import CalibrationWarning, choose_dimension
+from ..laplace import fit_laplace_subspace
+
+__all__ = ["LaplaceActiveSubspaceBase", "default_mlp"]
+
+_OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+_DTYPES = {"float32": torch.float32, "float64": torch.float64}
+
+
+def default_mlp(n_features: int, n_outputs: int, hidden_layer_sizes=(50, 50), activation: str = "tanh") -> nn.Module:
+    """The default network: a fully connected MLP (tanh, two hidden layers of 50, as in the paper)."""
+    acts = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
+    if activation not in acts:
+        raise ValueError(f"activation must be one of {sorted(acts)}, got {activation!r}.")
+    layers, width = [], n_features
+    for h in hidden_layer_sizes:
+        layers += [nn.Linear(width, int(h)), acts[activation]()]
+        width = int(h)
+    layers.append(nn.Linear(width, n_outputs))
+    return nn.Sequential(*layers)
+
+
+def _check_level_list(confidence_level) -> list[float]:
+    return [float(v) for v in check_confidence_levels(confidence_level)]
+
+
+class LaplaceActiveSubspaceBase(BaseEstimator):
+    """Common machinery of :class:`LaplaceActiveSubspaceRegressor` and :class:`LaplaceActiveSubspaceClassifier`.
+
+    Subclasses set ``_task`` ("regression" | "classification") and implement the target handling.
+    """
+
+    _task = "regression"
+
+    def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="mean", n_components="auto",
+                 max_components=50, sigma0="auto", predictive="sampled", n_samples=1000, confidence_level=0.9,
+                 calibration_size=0.1, max_epochs=500, lr=1e-3, batch_size=64, weight_decay=0.0,
+                 optimizer="adam", standardize=True, subsample=None, eigen_method="lanczos", device="auto",
+                 dtype="float32", random_state=None, verbose=0):
+        self.module = module
+        self.module_kwargs = module_kwargs
+        self.prefit = prefit
+        self.scaling = scaling
+        self.n_components = n_components
+        self.max_components = max_components
+        self.sigma0 = sigma0
+        self.predictive = predictive
+        self.n_samples = n_samples
+        self.confidence_level = confidence_level
+        self.calibration_size = calibration_size
+        self.max_epochs = max_epochs
+        self.lr = lr
+        self.batch_size = batch_size
+        self.weight_decay = weight_decay
+        self.optimizer = optimizer
+        self.standardize = standardize
+        self.subsample = subsample
+        self.eigen_method = eigen_method
+        self.device = device
+        self.dtype = dtype
+        self.random_state = random_state
+        self.verbose = verbose
+
+    # ------------------------------------------------------------------ checks
+    def _validate_hyperparameters(self) -> None:
+        def is_int(v, lo=1):
+            return isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= lo
+
+        def is_pos(v):
+            return isinstance(v, numbers.Real) and not isinstance(v, bool) and np.isfinite(v) and v > 0
+
+        name = type(self).__name__
+        if not (self.scaling in ("mean", "standard") or (not isinstance(self.scaling, str) and is_pos(self.scaling))):
+            raise ValueError(f"{name}: scaling must be 'mean', 'standard' or a positive float β, got {self.scaling!r}.")
+        if not (self.n_components == "auto" or is_int(self.n_components)):
+            raise ValueError(f"{name}: n_components must be 'auto' or a positive int, got {self.n_components!r}.")
+        if not is_int(self.max_components):
+            raise ValueError(f"{name}: max_components must be a positive int, got {self.max_components!r}.")
+        if not (self.sigma0 == "auto" or (not isinstance(self.sigma0, str) and is_pos(self.sigma0))):
+            raise ValueError(f"{name}: sigma0 must be 'auto' or a positive float, got {self.sigma0!r}.")
+        if self.predictive not in ("sampled", "linearized"):
+            raise ValueError(f"{name}: predictive must be 'sampled' or 'linearized', got {self.predictive!r}.")
+        if not is_int(self.n_samples, 2):
+            raise ValueError(f"{name}: n_samples must be an int >= 2, got {self.n_samples!r}.")
+        _check_level_list(self.confidence_level)
+        cs = self.calibration_size
+        if not ((isinstance(cs, numbers.Real) and not isinstance(cs, bool) and 0 < cs < 1) or is_int(cs)):
+            raise ValueError(f"{name}: calibration_size must be a fraction in (0, 1) or a number of rows, got {cs!r}.")
+        if not is_int(self.max_epochs, 0):
+            raise ValueError(f"{name}: max_epochs must be a non-negative int, got {self.max_epochs!r}.")
+        if not is_pos(self.lr):
+            raise ValueError(f"{name}: lr must be a positive float, got {self.lr!r}.")
+        if not (self.batch_size is None or is_int(self.batch_size)):
+            raise ValueError(f"{name}: batch_size must be None or a positive int, got {self.batch_size!r}.")
+        if not (isinstance(self.weight_decay, numbers.Real) and self.weight_decay >= 0):
+            raise ValueError(f"{name}: weight_decay must be a float >= 0, got {self.weight_decay!r}.")
+        if not (self.optimizer in _OPTIMIZERS or (isinstance(self.optimizer, type)
+                                                  and issubclass(self.optimizer, torch.optim.Optimizer))):
+            raise ValueError(f"{name}: optimizer must be one of {sorted(_OPTIMIZERS)} or a torch.optim.Optimizer "
+                             f"class, got {self.optimizer!r}.")
+        if not (self.subsample is None or is_int(self.subsample)):
+            raise ValueError(f"{name}: subsample must be None or a positive int, got {self.subsample!r}.")
+        if self.eigen_method not in ("lanczos", "eigsh"):
+            raise ValueError(f"{name}: eigen_method must be 'lanczos' or 'eigsh', got {self.eigen_method!r}.")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"{name}: dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}.")
+        if not (self.module_kwargs is None or isinstance(self.module_kwargs, dict)):
+            raise ValueError(f"{name}: module_kwargs must be None or a dict, got {type(self.module_kwargs).__name__}.")
+
+    def _resolve_device(self) -> torch.device:
+        if self.device == "auto":
+            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        try:
+            device = torch.device(self.device)
+        except (RuntimeError, TypeError) as err:
+            raise ValueError(f"{type(self).__name__}: device {self.device!r} is not a torch device.") from err
+        if device.type == "cuda" and not torch.cuda.is_available():
+            raise ValueError(f"{type(self).__name__}: device={self.device!r} but CUDA is not available; "
+                             "use device='cpu' or 'auto'.")
+        return device
+
+    def _seed(self) -> int:
+        """One integer seed for everything random in fit (drawn afresh when random_state is None)."""
+        rs = self.random_state
+        if isinstance(rs, np.random.RandomState):
+            return int(rs.randint(0, 2**31 - 1))
+        return int(np.random.default_rng(rs).integers(0, 2**31 - 1))
+
+    # ----------------------------------------------------------------- module
+    def _user_module(self) -> nn.Module | None:
+        """The nn.Module inside ``module`` when it is an instance (or a fitted skorch net)."""
+        if isinstance(self.module, nn.Module):
+            return self.module
+        inner = getattr(self.module, "module_", None)  # skorch's NeuralNet after fit
+        if isinstance(inner, nn.Module):
+            return inner
+        return None
+
+    def _build_module(self, n_features: int, n_outputs: int, seed: int) -> nn.Module:
+        user = self._user_module()
+        kwargs = dict(self.module_kwargs or {})
+        with torch.random.fork_rng(devices=[]):  # initial weights from our seed, global RNG untouched
+            torch.manual_seed(seed)
+            if user is not None:
+                return copy.deepcopy(user)  # never train the user's own instance
+            if self.module is None:
+                return default_mlp(n_features, n_outputs, **kwargs)
+            if callable(self.module):
+                module = self.module(**kwargs)
+                if not isinstance(module, nn.Module):
+                    raise TypeError(f"module(**module_kwargs) must return a torch.nn.Module, got {type(module).__name__}.")
+                return module
+        raise TypeError(f"module must be None, a torch.nn.Module, a fitted skorch net or a callable returning one; "
+                        f"got {type(self.module).__name__}.")
+
+    def _prefit_module(self) -> nn.Module:
+        user = self._user_module()
+        if user is None:
+            raise ValueError(f"{type(self).__name__}: prefit=True needs module to be a trained torch.nn.Module "
+                             f"(or a fitted skorch net), got {type(self.module).__name__}.")
+        return user
+
+    def _train(self, module: nn.Module, X: torch.Tensor, y: torch.Tensor, seed: int) -> list[float]:
+        """Mini-batch training of ``module`` (our own copy) on the mean loss; returns the epoch losses."""
+        module.train()
+        opt_cls = _OPTIMIZERS.get(self.optimizer, self.optimizer) if isinstance(self.optimizer, str) else self.optimizer
+        opt = opt_cls(module.parameters(), lr=self.lr, weight_decay=self.weight_decay)
+        gen = torch.Generator().manual_seed(seed)
+        n = X.shape[0]
+        size = min(self.batch_size or n, n)
+        losses = []
+        bar = tqdm(range(self.max_epochs), desc="training", disable=not self.verbose, leave=False)
+        for _ in bar:
+            perm = torch.randperm(n, generator=gen).to(X.device)
+            total = 0.0
+            for i in range(0, n, size):
+                idx = perm[i:i + size]
+                opt.zero_grad(set_to_none=True)
+                loss = self._loss(module(X[idx]), y[idx])
+                loss.backward()
+                opt.step()
+                total += float(loss.detach()) * len(idx)
+            losses.append(total / n)
+            bar.set_postfix(loss=f"{losses[-1]:.4g}")
+            if not np.isfinite(losses[-1]):
+                raise FloatingPointError(f"{type(self).__name__}: the training loss diverged to {losses[-1]}; "
+                                         "lower lr or standardize the data.")
+        module.eval()
+        for p in module.parameters():
+            p.grad = None
+        return losses
+
+    # -------------------------------------------------------------------- fit
+    def _fit(self, X, y, X_cal, y_cal):
+        self._validate_hyperparameters()
+        t_start = time.perf_counter()
+        X, y = self._validate_train(X, y)
+        if X_cal is not None or y_cal is not None:
+            if X_cal is None or y_cal is None:
+                raise ValueError("Pass both X_cal and y_cal, or neither.")
+            X_cal, y_cal = self._validate_calibration(X_cal, y_cal)
+        device = self._resolve_device()
+        dtype = _DTYPES[self.dtype]
+        seed = self._seed()
+        if X_cal is None:
+            stratify = y if self._task == "classification" and self._can_stratify(y) else None
+            X, X_cal, y, y_cal = train_test_split(X, y, test_size=self.calibration_size, random_state=seed,
+                                                  stratify=stratify)
+        self._fit_scalers(X, y)
+        Xt = self._to_tensor(self._transform_X(X), device, dtype)
+        yt = self._target_tensor(y, device, dtype)
+        n_outputs = self._n_outputs(y)
+        timings = {}
+        if self.prefit:
+            module = self._prefit_module()
+            ps = [p for p in module.parameters() if p.requires_grad]
+            if not ps:
+                raise ValueError("The prefit module has no trainable parameters.")
+            if ps[0].device != device or ps[0].dtype != dtype:
+                raise ValueError(f"The prefit module lives on {ps[0].device} with dtype {ps[0].dtype}, but the "
+                                 f"estimator was asked for device={str(device)!r}, dtype={self.dtype!r}; set "
+                                 "device/dtype to match the module (it is never moved or copied).")
+            self.training_loss_ = []
+        else:
+            module = self._build_module(X.shape[1], n_outputs, seed).to(device=device, dtype=dtype)
+            t0 = time.perf_counter()
+            self.training_loss_ = self._train(module, Xt, yt, seed)
+            timings["training"] = time.perf_counter() - t0
+        self.module_ = module
+        self._check_output_shape(module, Xt[:1], n_outputs)
+
+        D = sum(p.numel() for p in module.parameters() if p.requires_grad)
+        K = self.max_components if self.n_components == "auto" else self.n_components
+        if K >= D:
+            raise ValueError(f"{type(self).__name__}: {K} components requested but the network has only D={D} "
+                             f"weights; use n_components/max_components < {D}.")
+        if self.subsample is not None and self.subsample > Xt.shape[0]:
+            raise ValueError(f"subsample={self.subsample} is larger than the {Xt.shape[0]} training rows.")
+        Xc = self._to_tensor(self._transform_X(X_cal), device, dtype)
+        yc = self._calibration_targets(y_cal, device, dtype)
+        t0 = time.perf_counter()
+        noise_var = self._noise_var(module, Xt, yt, Xc, yc)
+        fitted = fit_laplace_subspace(
+            module, Xt, yt if self._task == "regression" else None,
+            loss="mse" if self._task == "regression" else "cross_entropy",
+            scaling=self.scaling, noise_var=noise_var, n_components=K, sigma0=self.sigma0,
+            subsample=self.subsample, eigen_method=self.eigen_method, random_state=seed)
+        timings["curvature"] = time.perf_counter() - t0
+        self.posterior_ = fitted.posterior
+        self.beta_ = float(fitted.beta)
+        self.n_records_ = int(fitted.n_records)
+        self.eigenvalues_ = fitted.eigen.eigenvalues.detach().cpu().numpy()
+        self.eigen_info_ = {
+            "method": fitted.eigen.method, "n_matvecs": fitted.eigen.n_matvecs, "converged": fitted.eigen.converged,
+            "residual_norms": fitted.eigen.residual_norms.detach().cpu().numpy(),
+            "relative_residuals": fitted.eigen.relative_residuals.detach().cpu().numpy(),
+        }
+        self._set_noise(fitted.noise_var)
+        self._sample_seed_ = seed
+
+        levels = _check_level_list(self.confidence_level)
+        t0 = time.perf_counter()
+        if self.n_components == "auto":
+            result = choose_dimension(
+                self.posterior_, Xc, yc, task=self._task, confidence_level=levels[0], d_max=K,
+                predictive=self.predictive, n_samples=self.n_samples, random_state=seed,
+                full_curve=False, verbose=self.verbose)
+            self.n_components_ = int(result.n_components)
+            self.calibration_ = result.table.reset_index(drop=True)
+            self.calibration_reached_ = bool(result.reached)
+        else:
+            self.n_components_ = int(self.n_components)
+            with warnings.catch_warnings():  # a user-chosen d: its coverage is recorded, not judged
+                warnings.simplefilter("ignore", CalibrationWarning)
+                result = choose_dimension(
+                    self.posterior_, Xc, yc, task=self._task, confidence_level=levels[0],
+                    d_max=self.n_components_, predictive=self.predictive, n_samples=self.n_samples,
+                    random_state=seed, full_curve=True, verbose=self.verbose) if len(Xc) else None
+            table = result.table if result is not None else pd.DataFrame(columns=["d", "coverage", "sigma0"])
+            self.calibration_ = table[table["d"] == self.n_components_].reset_index(drop=True) \
+                if len(table) else table
+            self.calibration_reached_ = None
+        timings["calibration"] = time.perf_counter() - t0
+        self.sigma0_ = float(self.posterior_.fit_sigma0(self.n_components_))
+        timings["total"] = time.perf_counter() - t_start
+        self.timings_ = timings
+        self._X_cal_rows_ = len(Xc)
+        return self
+
+    # --------------------------------------------------------------- helpers
+    @staticmethod
+    def _can_stratify(y) -> bool:
+        _, counts = np.unique(y, return_counts=True)
+        return counts.min() >= 2
+
+    def _check_output_shape(self, module, x1, n_outputs) -> None:
+        with torch.no_grad():
+            was = [m.training for m in module.modules()]
+            out = module(x1) if not any(was) else None
+        if out is None:  # a prefit module in train mode: probe through our eval view instead
+            from .._functional import eval_view
+
+            with torch.no_grad():
+                out = eval_view(module)(x1)
+        if out.ndim != 2 or out.shape[1] != n_outputs:
+            raise ValueError(f"The module returns outputs of shape {tuple(out.shape)}, but {n_outputs} output(s) per "
+                             f"row are needed for this {self._task} problem: (n, {n_outputs}).")
+
+    @staticmethod
+    def _to_tensor(X, device, dtype) -> torch.Tensor:
+        return torch.as_tensor(np.ascontiguousarray(X), dtype=dtype).to(device)
+
+    def _fit_scalers(self, X, y) -> None:
+        if self.standardize and not self.prefit:
+            mean = X.mean(axis=0)
+            scale = X.std(axis=0)
+            scale[~(scale > 1e-12 * np.maximum(1.0, np.abs(mean)))] = 1.0
+            self.x_mean_, self.x_scale_ = mean, scale
+        else:
+            self.x_mean_ = self.x_scale_ = None
+
+    def _transform_X(self, X):
+        if self.x_mean_ is None:
+            return X
+        return (X - self.x_mean_) / self.x_scale_
+
+    def _check_fitted_X(self, X) -> torch.Tensor:
+        check_is_fitted(self, "posterior_")
+        X = validate_data(self, X, reset=False, dtype=np.float64)
+        p = self.posterior_
+        return self._to_tensor(self._transform_X(X), p.device, p.dtype)
+
+    def _levels(self, confidence_level) -> list[float]:
+        return _check_level_list(self.confidence_level if confidence_level is None else confidence_level)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.non_deterministic = False
+        return tags

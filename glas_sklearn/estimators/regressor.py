@@ -1,0 +1,297 @@
+"""LaplaceActiveSubspaceRegressor: a torch regression network with calibrated GLAS intervals."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import torch
+from sklearn.base import RegressorMixin
+from sklearn.utils.validation import check_is_fitted, validate_data
+
+from .._functional import eval_view
+from ..posterior import estimate_noise_variance
+from ..predictive import linearized_interval, sampled_interval
+from ._base import LaplaceActiveSubspaceBase
+
+__all__ = ["LaplaceActiveSubspaceRegressor"]
+
+
+class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
+    """Regression with a torch network and generalized Laplace active-subspace uncertainty.
+
+    ``fit`` trains the network (unless ``prefit``), builds the generalized Gauss-Newton matrix of the
+    ½-squared loss matrix-free, takes its top eigenpairs, sets the prior scale σ0 by empirical Bayes and
+    chooses the subspace dimension d as the smallest one whose intervals cover ``confidence_level`` of the
+    calibration data.
+
+    Parameters
+    ----------
+    module : None, torch.nn.Module, skorch net or callable, default=None
+        None: an MLP (two tanh layers of 50; ``module_kwargs`` may set ``hidden_layer_sizes`` and
+        ``activation``). A module instance is copied before training; with ``prefit=True`` it is used as
+        θ0 as it is, never trained, moved or modified. A callable is called with ``module_kwargs``.
+    module_kwargs : dict, optional
+    prefit : bool, default=False
+        The module is already trained (inputs and targets in the user's own units; ``standardize`` is then
+        ignored). The rows of ``X`` are its training data, less the calibration part.
+    scaling : {"mean", "standard"} or float, default="mean"
+        Posterior scaling: β = 1/σ² ("mean", the paper's proposal), N/σ² ("standard", Bayes) or a given β.
+    n_components : "auto" or int, default="auto"
+        The subspace dimension d; "auto" chooses it by calibration, up to ``max_components``.
+    max_components : int, default=50
+    sigma0 : "auto" or float, default="auto"
+        Prior standard deviation (in the network's weight units); "auto" = empirical Bayes at each d.
+    predictive : {"sampled", "linearized"}, default="sampled"
+        Push posterior samples through the network, or use the linearised network's Gaussian.
+    n_samples : int, default=1000
+        Posterior samples for the sampled predictive.
+    confidence_level : float or list of float, default=0.9
+        Interval level(s) 1 − γ; the first one is the calibration target.
+    calibration_size : float or int, default=0.1
+        Share (or number) of rows held out of ``X`` to choose d, when ``X_cal`` is not passed to ``fit``.
+    noise_std : "auto", "calibration" or float, default="auto"
+        Observation-noise standard deviation σ in β: estimated from the training residuals ("auto", the
+        paper's choice), from the calibration residuals, or given (in the units of y).
+    max_epochs, lr, batch_size, weight_decay, optimizer
+        Training settings (Adam by default) when ``prefit=False``.
+    standardize : bool, default=True
+        Standardise inputs and targets internally; results are in the original units.
+    subsample : int, optional
+        Build the curvature on a random subsample of that many training rows (paper §2.4).
+    eigen_method : {"lanczos", "eigsh"}, default="lanczos"
+    device : "auto" or str, default="auto"
+        "auto": CUDA when available, else CPU.
+    dtype : {"float32", "float64"}, default="float32"
+    random_state : int, RandomState or None
+        Seeds weight initialisation, training order, the calibration split, Lanczos and posterior samples.
+    verbose : int, default=0
+        0 silent; ≥ 1 progress bars.
+
+    Attributes
+    ----------
+    module_ : torch.nn.Module
+        The trained network (θ0).
+    n_components_ : int
+        The subspace dimension d used.
+    sigma0_ : float
+        The prior standard deviation at d.
+    beta_ : float
+    noise_std_ : float or ndarray
+        σ in the units of y (per output for multi-output y).
+    eigenvalues_ : ndarray of shape (K,)
+        Top eigenvalues of the GGN (in the internal, standardised units).
+    calibration_ : pandas.DataFrame
+        d, coverage, mean_width, sigma0 for every d tried on the calibration data.
+    calibration_reached_ : bool or None
+        Whether the target coverage was reached (None when d was given).
+    eigen_info_ : dict
+        Products used, residuals and convergence of the eigen-solver.
+    posterior_ : ActiveSubspacePosterior
+    timings_ : dict
+        Wall seconds of training, curvature, calibration.
+    n_features_in_, feature_names_in_
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from glas_sklearn import LaplaceActiveSubspaceRegressor
+    >>> rng = np.random.default_rng(0)
+    >>> X = rng.uniform(-1, 1, size=(200, 2)); y = np.sin(3 * X[:, 0]) + 0.1 * rng.standard_normal(200)
+    >>> reg = LaplaceActiveSubspaceRegressor(max_epochs=100, n_samples=200, max_components=10,
+    ...                                      random_state=0).fit(X, y)
+    >>> y_pred, y_pis = reg.predict_interval(X[:5])
+    >>> y_pis.shape
+    (5, 2, 1)
+    """
+
+    _task = "regression"
+
+    def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="mean", n_components="auto",
+                 max_components=50, sigma0="auto", predictive="sampled", n_samples=1000, confidence_level=0.9,
+                 calibration_size=0.1, noise_std="auto", max_epochs=500, lr=1e-3, batch_size=64,
+                 weight_decay=0.0, optimizer="adam", standardize=True, subsample=None, eigen_method="lanczos",
+                 device="auto", dtype="float32", random_state=None, verbose=0):
+        super().__init__(
+            module, module_kwargs=module_kwargs, prefit=prefit, scaling=scaling, n_components=n_components,
+            max_components=max_components, sigma0=sigma0, predictive=predictive, n_samples=n_samples,
+            confidence_level=confidence_level, calibration_size=calibration_size, max_epochs=max_epochs, lr=lr,
+            batch_size=batch_size, weight_decay=weight_decay, optimizer=optimizer, standardize=standardize,
+            subsample=subsample, eigen_method=eigen_method, device=device, dtype=dtype,
+            random_state=random_state, verbose=verbose)
+        self.noise_std = noise_std
+
+    # ------------------------------------------------------------------ hooks
+    def _validate_hyperparameters(self) -> None:
+        super()._validate_hyperparameters()
+        ns = self.noise_std
+        if not (ns in ("auto", "calibration") or (isinstance(ns, numbers.Real) and not isinstance(ns, (bool, str))
+                                                  and np.isfinite(ns) and ns > 0)):
+            raise ValueError(f"LaplaceActiveSubspaceRegressor: noise_std must be 'auto', 'calibration' or a "
+                             f"positive float, got {ns!r}.")
+
+    def _validate_train(self, X, y):
+        X, y = validate_data(self, X, y, multi_output=True, y_numeric=True, dtype=np.float64)
+        if X.shape[0] < 3:
+            raise ValueError(f"LaplaceActiveSubspaceRegressor needs at least 3 samples (training and calibration "
+                             f"rows), got n_samples={X.shape[0]}.")
+        self._y_1d = y.ndim == 1
+        self._n_out = 1 if y.ndim == 1 else y.shape[1]
+        return X, np.asarray(y, dtype=np.float64)
+
+    def _validate_calibration(self, X_cal, y_cal):
+        X_cal = validate_data(self, X_cal, reset=False, dtype=np.float64)
+        y_cal = np.asarray(y_cal, dtype=np.float64)
+        expected = (X_cal.shape[0],) if self._y_1d else (X_cal.shape[0], self._n_out)
+        if y_cal.shape != expected and not (self._y_1d and y_cal.shape == (X_cal.shape[0], 1)):
+            raise ValueError(f"y_cal has shape {y_cal.shape}, expected {expected} to match X_cal and y.")
+        if not np.isfinite(y_cal).all():
+            raise ValueError("y_cal contains NaN or infinite values.")
+        return X_cal, y_cal.reshape(expected)
+
+    def _n_outputs(self, y) -> int:
+        return 1 if y.ndim == 1 else y.shape[1]
+
+    def _fit_scalers(self, X, y) -> None:
+        super()._fit_scalers(X, y)
+        Y = y.reshape(len(y), -1)
+        if self.standardize and not self.prefit:
+            self.y_mean_ = Y.mean(axis=0)
+            scale = Y.std(axis=0)
+            scale[~(scale > 0)] = 1.0
+            self.y_scale_ = scale
+        else:
+            self.y_mean_ = np.zeros(Y.shape[1])
+            self.y_scale_ = np.ones(Y.shape[1])
+
+    def _target_tensor(self, y, device, dtype) -> torch.Tensor:
+        Y = (y.reshape(len(y), -1) - self.y_mean_) / self.y_scale_
+        return self._to_tensor(Y, device, dtype)
+
+    _calibration_targets = _target_tensor
+
+    @staticmethod
+    def _loss(out, y):
+        return 0.5 * ((out - y) ** 2).sum(-1).mean()
+
+    def _noise_var(self, module, Xt, yt, Xc, yc):
+        if self.noise_std == "auto":
+            return None  # training residuals, estimated inside fit_laplace_subspace
+        if self.noise_std == "calibration":
+            if len(Xc) == 0:
+                raise ValueError("noise_std='calibration' needs calibration rows.")
+            with torch.no_grad():
+                resid = yc - eval_view(module)(Xc)
+            return estimate_noise_variance(resid)
+        return float(np.mean((self.noise_std / self.y_scale_) ** 2))
+
+    def _set_noise(self, noise_var) -> None:
+        self._noise_var_std_units = noise_var
+        std = np.sqrt(noise_var) * self.y_scale_ if noise_var is not None else np.full_like(self.y_scale_, np.nan)
+        self.noise_std_ = float(std[0]) if std.size == 1 else std
+
+    # ------------------------------------------------------------------- API
+    def fit(self, X, y, *, X_cal=None, y_cal=None):
+        """Train the network (unless prefit), build the posterior and choose d.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+        X_cal, y_cal : array-like, optional
+            Calibration data for choosing d; when absent, ``calibration_size`` of ``X`` is held out.
+
+        Returns
+        -------
+        self
+        """
+        return self._fit(X, y, X_cal, y_cal)
+
+    def _moments(self, X):
+        """Predictive mean and standard deviation of f in internal units, (n, M) each."""
+        Xt = self._check_fitted_X(X)
+        p, d = self.posterior_, self.n_components_
+        if self.predictive == "sampled":
+            s = p.predict_samples(Xt, d, self.n_samples, random_state=self._sample_seed_)
+            return s.mean(0), s.std(0), s
+        return p.predict_mean(Xt), p.linearized_variance(Xt, d).clamp_min(0).sqrt(), None
+
+    def _to_user_units(self, t: torch.Tensor, shift: bool = True) -> np.ndarray:
+        out = t.detach().cpu().double().numpy() * self.y_scale_.reshape((-1,) + (1,) * (t.ndim - 2))
+        if shift:
+            out = out + self.y_mean_.reshape((-1,) + (1,) * (t.ndim - 2))
+        return out
+
+    def predict(self, X, return_std: bool = False):
+        """Predictive mean (sampled: the mean over posterior samples; linearised: f(x; θ0)).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        return_std : bool, default=False
+            Also return the predictive standard deviation of f (parameter uncertainty only; add
+            ``noise_std_`` in quadrature for y).
+
+        Returns
+        -------
+        y_pred : ndarray of shape (n_samples,) or (n_samples, n_outputs)
+        y_std : ndarray, same shape, only with ``return_std``
+        """
+        mean, std, _ = self._moments(X)
+        y_pred = self._to_user_units(mean)
+        y_std = self._to_user_units(std, shift=False)
+        if self._y_1d:
+            y_pred, y_std = y_pred[:, 0], y_std[:, 0]
+        return (y_pred, y_std) if return_std else y_pred
+
+    def predict_interval(self, X, confidence_level=None):
+        """Central (1 − γ) intervals of the GLAS predictive.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        confidence_level : float or list of float, optional
+            Defaults to the estimator's ``confidence_level``.
+
+        Returns
+        -------
+        y_pred : ndarray of shape (n_samples,) or (n_samples, n_outputs)
+        y_pis : ndarray of shape (n_samples, 2, k) or (n_samples, n_outputs, 2, k)
+            Lower ([:, 0, :]) and upper ([:, 1, :]) bounds for each of the k levels (the level axis is kept).
+        """
+        levels = self._levels(confidence_level)
+        mean, std, samples = self._moments(X)
+        if samples is not None:
+            _, bounds = sampled_interval(samples, levels)
+        else:
+            bounds = linearized_interval(mean, std**2, levels)
+        y_pred = self._to_user_units(mean)
+        b = bounds.detach().cpu().double().numpy() * self.y_scale_[None, :, None, None] \
+            + self.y_mean_[None, :, None, None]
+        if self._y_1d:
+            return y_pred[:, 0], b[:, 0]
+        return y_pred, b
+
+    def sample_y(self, X, n_samples: int = 1, random_state=0):
+        """Draws of f(x; θ) for θ from the posterior, pushed through the network.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples_X, n_features)
+        n_samples : int, default=1
+        random_state : int or None, default=0
+
+        Returns
+        -------
+        ndarray of shape (n_samples_X, n_samples) or (n_samples_X, n_outputs, n_samples)
+        """
+        Xt = self._check_fitted_X(X)
+        s = self.posterior_.predict_samples(Xt, self.n_components_, n_samples, random_state=random_state)
+        out = self._to_user_units(s.permute(1, 2, 0))
+        return out[:, 0, :] if self._y_1d else out
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.target_tags.multi_output = True
+        tags.target_tags.single_output = True
+        return tags

@@ -1,0 +1,127 @@
+"""One call from a trained model and its data to the GLAS posterior: GGN → eigenpairs → β → posterior.
+
+This is the lower-level API for models that are not tabular estimators (sequence models, custom
+training loops), and the path the estimators take themselves.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from ._checks import check_choice, check_positive_int
+from ._functional import autodiff_context, eval_view, forward
+from .eigen import EigenResult, top_eigenpairs
+from .ggn import GGNOperator
+from .posterior import ActiveSubspacePosterior, beta_for, estimate_noise_variance
+
+__all__ = ["LaplaceSubspace", "fit_laplace_subspace"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class LaplaceSubspace:
+    """What :func:`fit_laplace_subspace` built.
+
+    Attributes
+    ----------
+    posterior : ActiveSubspacePosterior
+        The posterior in the span of the top K eigenvectors (any d ≤ K can be used).
+    eigen : EigenResult
+        Eigenvalues, eigenvectors, residuals, number of products, convergence flag.
+    beta : float
+        The posterior scaling used.
+    n_records : int
+        N, the number of records G averages over (tokens for masked sequence data).
+    noise_var : float or None
+        σ² used for β (regression), given or estimated from the residuals.
+    timings : dict
+        Wall seconds of each stage ("ggn_setup", "eigen").
+    """
+
+    posterior: ActiveSubspacePosterior
+    eigen: EigenResult
+    beta: float
+    n_records: int
+    noise_var: float | None
+    timings: dict = field(default_factory=dict)
+
+
+def _residual_noise_variance(model: nn.Module, X: torch.Tensor, y: torch.Tensor, batch_size: int | None) -> float:
+    view = eval_view(model)
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    size = batch_size or X.shape[0]
+    with torch.no_grad(), autodiff_context(view, X.device):
+        preds = torch.cat([forward(view, params, X[i:i + size]) for i in range(0, X.shape[0], size)])
+    return estimate_noise_variance(y.reshape(preds.shape) - preds)
+
+
+def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | None = None, *,
+                         loss: str = "mse", mask: torch.Tensor | None = None, scaling="mean",
+                         noise_var: float | None = None, n_components: int = 50, sigma0="auto",
+                         batch_size: int | None = None, subsample: int | None = None,
+                         eigen_method: str = "lanczos", tol: float = 1e-5, random_state=None,
+                         reuse_linearization="auto") -> LaplaceSubspace:
+    """Build the generalized Laplace active-subspace posterior of a trained model.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The trained network (θ0). Never modified.
+    X : torch.Tensor
+        Training inputs on the model's device (token ids for sequence models).
+    y : torch.Tensor, optional
+        Regression targets, needed when ``loss="mse"`` and ``noise_var`` is None (σ² from residuals).
+    loss : {"mse", "cross_entropy"}, default="mse"
+    mask : torch.Tensor of bool, optional
+        Padding mask (n, T) for sequence outputs; records are unmasked tokens.
+    scaling : {"mean", "standard"} or float, default="mean"
+        The posterior scaling β (SPEC table): mean β = 1/σ² (regression) or 1 (classification);
+        standard β = N/σ² or N; a float is used as β.
+    noise_var : float, optional
+        σ² for regression; estimated from the training residuals when None.
+    n_components : int, default=50
+        K, the number of eigenpairs computed (the largest d available afterwards).
+    sigma0 : "auto" or float, default="auto"
+        Prior standard deviation; "auto" = empirical Bayes at each d.
+    batch_size, subsample, random_state, reuse_linearization
+        Passed to :class:`~glas_sklearn.ggn.GGNOperator` (``random_state`` also seeds Lanczos).
+    eigen_method : {"lanczos", "eigsh"}, default="lanczos"
+    tol : float, default=1e-5
+        Eigen-solver tolerance, relative to λ1.
+
+    Returns
+    -------
+    LaplaceSubspace
+    """
+    check_choice("loss", loss, ("mse", "cross_entropy"))
+    n_components = check_positive_int("n_components", n_components)
+    task = "regression" if loss == "mse" else "classification"
+    t0 = time.perf_counter()
+    op = GGNOperator(model, X, y, loss=loss, batch_size=batch_size, mask=mask, subsample=subsample,
+                     random_state=random_state, reuse_linearization=reuse_linearization)
+    D = op.shape[0]
+    if n_components >= D:
+        raise ValueError(f"n_components={n_components} eigenpairs requested, but the model has only D={D} "
+                         f"weights; use at most {D - 1}.")
+    if task == "regression" and not isinstance(scaling, (int, float)):
+        if noise_var is None:
+            if y is None:
+                raise ValueError("Regression needs y (or noise_var) to set the noise variance σ² in β.")
+            noise_var = _residual_noise_variance(model, X, y, batch_size)
+        if not noise_var > 0:
+            raise ValueError(f"The noise variance must be positive, got {noise_var!r} (a perfect fit to the "
+                             "training data leaves β undefined); pass noise_var explicitly.")
+    beta = beta_for(scaling, op.n_records, noise_var, task)
+    t1 = time.perf_counter()
+    eig = top_eigenpairs(op, n_components, method=eigen_method, tol=tol, random_state=random_state)
+    t2 = time.perf_counter()
+    op.release()
+    posterior = ActiveSubspacePosterior(model, eig.eigenvalues, eig.eigenvectors, beta=beta, sigma0=sigma0)
+    return LaplaceSubspace(posterior=posterior, eigen=eig, beta=beta, n_records=op.n_records,
+                           noise_var=noise_var, timings={"ggn_setup": t1 - t0, "eigen": t2 - t1})
