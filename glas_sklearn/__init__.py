@@ -2,7 +2,17 @@
 
 from .datasets import load_concrete
 from .estimators import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
+from .metrics import coverage_score, interval_score, make_interval_scorer, mean_width_score
 
 __version__ = "0.1.0.dev0"
 
-__all__ = ["LaplaceActiveSubspaceRegressor", "LaplaceActiveSubspaceClassifier", "load_concrete", "__version__"]
+__all__ = [
+    "LaplaceActiveSubspaceRegressor",
+    "LaplaceActiveSubspaceClassifier",
+    "coverage_score",
+    "interval_score",
+    "make_interval_scorer",
+    "mean_width_score",
+    "load_concrete",
+    "__version__",
+]

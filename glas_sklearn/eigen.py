@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from scipy.sparse.linalg import ArpackNoConvergence, eigsh
 from sklearn.exceptions import ConvergenceWarning
+from tqdm.auto import tqdm
 
 from ._checks import check_choice, check_positive_int, make_generator
 
@@ -113,7 +114,7 @@ def _ritz_converged(T: torch.Tensor, beta: float, k: int, tol: float) -> bool:
 
 
 def _lanczos(matvec, D: int, k: int, dtype, device, *, tol: float, max_matvecs: int, ncv: int,
-             generator: torch.Generator, v0: torch.Tensor | None) -> EigenResult:
+             generator: torch.Generator, v0: torch.Tensor | None, bar=None) -> EigenResult:
     """Thick-restart Lanczos for the k largest eigenpairs of a symmetric PSD operator."""
     m = min(ncv, D)
     V = torch.zeros(D, m + 1, dtype=dtype, device=device)  # basis, plus the residual direction
@@ -134,6 +135,8 @@ def _lanczos(matvec, D: int, k: int, dtype, device, *, tol: float, max_matvecs: 
         while j < m:
             w = matvec(V[:, j])
             n_matvecs += 1
+            if bar is not None:
+                bar.update(1)
             w, h = _orthogonalize(w, V[:, : j + 1])
             T[: j + 1, j] = h
             T[j, : j + 1] = h
@@ -185,7 +188,7 @@ def _lanczos(matvec, D: int, k: int, dtype, device, *, tol: float, max_matvecs: 
 
 
 def _eigsh(op, D: int, k: int, dtype, device, *, tol: float, max_matvecs: int, ncv: int,
-           generator: torch.Generator, v0: torch.Tensor | None) -> EigenResult:
+           generator: torch.Generator, v0: torch.Tensor | None, bar=None) -> EigenResult:
     if isinstance(op, torch.Tensor):
         from scipy.sparse.linalg import aslinearoperator
 
@@ -195,7 +198,10 @@ def _eigsh(op, D: int, k: int, dtype, device, *, tol: float, max_matvecs: int, n
     counter = {"n": 0}
 
     def mv(x):
-        counter["n"] += 1 if x.ndim == 1 else x.shape[1]
+        step = 1 if x.ndim == 1 else x.shape[1]
+        counter["n"] += step
+        if bar is not None:
+            bar.update(step)
         return lin.matvec(x)
 
     from scipy.sparse.linalg import LinearOperator
@@ -237,7 +243,7 @@ def _eigsh(op, D: int, k: int, dtype, device, *, tol: float, max_matvecs: int, n
 
 def top_eigenpairs(op, k: int, *, method: str = "lanczos", tol: float = 1e-5,
                    max_matvecs: int | None = None, ncv: int | None = None, random_state=None,
-                   v0: torch.Tensor | None = None) -> EigenResult:
+                   v0: torch.Tensor | None = None, verbose: int = 0) -> EigenResult:
     """The ``k`` largest eigenpairs of a symmetric positive semi-definite operator.
 
     Parameters
@@ -259,6 +265,8 @@ def top_eigenpairs(op, k: int, *, method: str = "lanczos", tol: float = 1e-5,
         Seeds the start vector.
     v0 : torch.Tensor, optional
         Start vector (overrides ``random_state``).
+    verbose : int, default=0
+        ≥ 1 shows a progress bar counting operator products.
 
     Returns
     -------
@@ -298,8 +306,9 @@ def top_eigenpairs(op, k: int, *, method: str = "lanczos", tol: float = 1e-5,
 
     solver = _lanczos if method == "lanczos" else _eigsh
     target = matvec if method == "lanczos" else op
-    result = solver(target, D, k, dtype, device, tol=tol, max_matvecs=max_matvecs, ncv=ncv,
-                    generator=gen, v0=v0)
+    with tqdm(desc=f"{method}: top-{k} eigenpairs", unit="product", disable=not verbose, leave=False) as bar:
+        result = solver(target, D, k, dtype, device, tol=tol, max_matvecs=max_matvecs, ncv=ncv,
+                        generator=gen, v0=v0, bar=bar)
     logger.info("%s: %d eigenpairs in %d products, max relative residual %.2e", method, k,
                 result.n_matvecs, float(result.relative_residuals.max()) if k else 0.0)
     if not result.converged:

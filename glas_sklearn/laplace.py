@@ -66,7 +66,7 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
                          noise_var: float | None = None, n_components: int = 50, sigma0="auto",
                          batch_size: int | None = None, subsample: int | None = None,
                          eigen_method: str = "lanczos", tol: float = 1e-5, random_state=None,
-                         reuse_linearization="auto") -> LaplaceSubspace:
+                         reuse_linearization="auto", verbose: int = 0) -> LaplaceSubspace:
     """Build the generalized Laplace active-subspace posterior of a trained model.
 
     Parameters
@@ -94,6 +94,8 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
     eigen_method : {"lanczos", "eigsh"}, default="lanczos"
     tol : float, default=1e-5
         Eigen-solver tolerance, relative to λ1.
+    verbose : int, default=0
+        ≥ 1 shows a progress bar over the eigen-solver's products.
 
     Returns
     -------
@@ -119,7 +121,8 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
                              "training data leaves β undefined); pass noise_var explicitly.")
     beta = beta_for(scaling, op.n_records, noise_var, task)
     t1 = time.perf_counter()
-    eig = top_eigenpairs(op, n_components, method=eigen_method, tol=tol, random_state=random_state)
+    eig = top_eigenpairs(op, n_components, method=eigen_method, tol=tol, random_state=random_state,
+                         verbose=verbose)
     t2 = time.perf_counter()
     op.release()
     posterior = ActiveSubspacePosterior(model, eig.eigenvalues, eig.eigenvectors, beta=beta, sigma0=sigma0)

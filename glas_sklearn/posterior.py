@@ -9,6 +9,7 @@ into: perturbed weights only ever enter ``torch.func.functional_call``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import numbers
@@ -275,6 +276,20 @@ class ActiveSubspacePosterior:
     def max_components(self) -> int:
         return int(self.eigenvalues.shape[0])
 
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        state["_jp_cache"] = None  # holds the last inputs and their J P: not worth pickling
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        # Unpickled with a map_location (e.g. a CUDA fit loaded on a CPU-only machine), the tensors may now
+        # live elsewhere than the recorded device: follow the tensors.
+        device = self.theta0.device
+        if device != self.device:
+            self.device = device
+            self.layout = dataclasses.replace(self.layout, device=device)
+
     def __repr__(self) -> str:
         return (f"ActiveSubspacePosterior(D={self.n_weights}, K={self.max_components}, beta={self.beta:.4g}, "
                 f"sigma0={self.sigma0!r}, dtype={self.dtype}, device={self.device})")
@@ -364,7 +379,9 @@ class ActiveSubspacePosterior:
         """Draw z ~ N(0, diag(σ_j²)) in the leading d directions; shape (n_samples, d).
 
         Standard normals ε of shape (n_samples, K) are drawn in one go and z = ε[:, :d] σ, so for a fixed
-        integer ``random_state`` every d uses the same ε (common random numbers across d).
+        integer ``random_state`` every d uses the same ε (common random numbers across d). They are drawn
+        from a CPU generator (unless a torch.Generator on another device is passed) and then moved to the
+        model's device, so a seed gives the same draws on every device.
 
         Parameters
         ----------
@@ -375,9 +392,9 @@ class ActiveSubspacePosterior:
         """
         n_samples = check_positive_int("n_samples", n_samples)
         d = self._check_d(d)
-        gen = make_generator(random_state, self.device)
-        eps = torch.randn(n_samples, self.max_components, generator=gen, dtype=self.dtype, device=self.device)
-        return eps[:, :d] * self.variances(d).sqrt()
+        gen = make_generator(random_state, "cpu")
+        eps = torch.randn(n_samples, self.max_components, generator=gen, dtype=self.dtype, device=gen.device)
+        return eps.to(self.device)[:, :d] * self.variances(d).sqrt()
 
     def _check_z(self, z) -> torch.Tensor:
         if not isinstance(z, torch.Tensor):

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import io
+import logging
 import numbers
 import time
 import warnings
 
 import numpy as np
-import pandas as pd
+import scipy.sparse as sp
 import torch
 from sklearn.base import BaseEstimator
 from sklearn.model_selection import train_test_split
@@ -16,14 +19,19 @@ from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import nn
 from tqdm.auto import tqdm
 
-from .._checks import check_confidence_levels
+from .._checks import check_confidence_levels, numpy_rng
+from .._functional import eval_view
 from ..calibration import CalibrationWarning, choose_dimension
 from ..laplace import fit_laplace_subspace
 
 __all__ = ["LaplaceActiveSubspaceBase", "default_mlp"]
 
+logger = logging.getLogger(__name__)
+
 _OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
+# Fitted state that holds torch objects; pickled through torch.save so that tensors can be re-mapped on load.
+_TORCH_STATE = ("module", "module_", "posterior_")
 
 
 def default_mlp(n_features: int, n_outputs: int, hidden_layer_sizes=(50, 50), activation: str = "tanh") -> nn.Module:
@@ -39,8 +47,24 @@ def default_mlp(n_features: int, n_outputs: int, hidden_layer_sizes=(50, 50), ac
     return nn.Sequential(*layers)
 
 
-def _check_level_list(confidence_level) -> list[float]:
-    return [float(v) for v in check_confidence_levels(confidence_level)]
+def _check_level_list(confidence_level, name: str = "confidence_level") -> list[float]:
+    try:
+        levels = check_confidence_levels(confidence_level)
+    except ValueError:
+        raise ValueError(f"{name} must be a number or a non-empty list of numbers strictly between 0 and 1 "
+                         f"(e.g. 0.9 for 90 % intervals), got {confidence_level!r}.") from None
+    return [float(v) for v in levels]
+
+
+@contextlib.contextmanager
+def _seeded_torch(seed: int, device: torch.device):
+    """The global torch RNG seeded from ``seed`` inside the block (for weight initialisation and layers such
+    as dropout that draw from it), and restored on exit: results depend on ``random_state`` only, and the
+    caller's global RNG state is left as it was."""
+    devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
 
 
 class LaplaceActiveSubspaceBase(BaseEstimator):
@@ -101,7 +125,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             raise ValueError(f"{name}: predictive must be 'sampled' or 'linearized', got {self.predictive!r}.")
         if not is_int(self.n_samples, 2):
             raise ValueError(f"{name}: n_samples must be an int >= 2, got {self.n_samples!r}.")
-        _check_level_list(self.confidence_level)
+        _check_level_list(self.confidence_level, f"{name}: confidence_level")
         cs = self.calibration_size
         if not ((isinstance(cs, numbers.Real) and not isinstance(cs, bool) and 0 < cs < 1) or is_int(cs)):
             raise ValueError(f"{name}: calibration_size must be a fraction in (0, 1) or a number of rows, got {cs!r}.")
@@ -125,9 +149,23 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             raise ValueError(f"{name}: dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}.")
         if not (self.module_kwargs is None or isinstance(self.module_kwargs, dict)):
             raise ValueError(f"{name}: module_kwargs must be None or a dict, got {type(self.module_kwargs).__name__}.")
+        for flag in ("prefit", "standardize"):
+            if not isinstance(getattr(self, flag), (bool, np.bool_)):
+                raise ValueError(f"{name}: {flag} must be True or False, got {getattr(self, flag)!r}.")
+        if not (isinstance(self.verbose, (numbers.Integral, np.bool_)) and self.verbose >= 0):
+            raise ValueError(f"{name}: verbose must be an int >= 0, got {self.verbose!r}.")
+        if not (self.random_state is None or isinstance(self.random_state, np.random.RandomState)
+                or (isinstance(self.random_state, numbers.Integral) and not isinstance(self.random_state, bool)
+                    and 0 <= self.random_state < 2**32)):
+            raise ValueError(f"{name}: random_state must be None, an int in [0, 2**32) or a "
+                             f"numpy.random.RandomState, got {self.random_state!r}.")
 
     def _resolve_device(self) -> torch.device:
         if self.device == "auto":
+            user = self._user_module() if self.prefit else None
+            params = [] if user is None else list(user.parameters())
+            if params:  # a prefit module stays where it is
+                return params[0].device
             return torch.device("cuda" if torch.cuda.is_available() else "cpu")
         try:
             device = torch.device(self.device)
@@ -139,11 +177,9 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         return device
 
     def _seed(self) -> int:
-        """One integer seed for everything random in fit (drawn afresh when random_state is None)."""
-        rs = self.random_state
-        if isinstance(rs, np.random.RandomState):
-            return int(rs.randint(0, 2**31 - 1))
-        return int(np.random.default_rng(rs).integers(0, 2**31 - 1))
+        """One integer seed for everything random in fit (fresh entropy when random_state is None; drawn from
+        it when it is a RandomState)."""
+        return int(numpy_rng(self.random_state).integers(0, 2**31 - 1))
 
     # ----------------------------------------------------------------- module
     def _user_module(self) -> nn.Module | None:
@@ -158,8 +194,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
     def _build_module(self, n_features: int, n_outputs: int, seed: int) -> nn.Module:
         user = self._user_module()
         kwargs = dict(self.module_kwargs or {})
-        with torch.random.fork_rng(devices=[]):  # initial weights from our seed, global RNG untouched
-            torch.manual_seed(seed)
+        with _seeded_torch(seed, torch.device("cpu")):  # initial weights from our seed, global RNG untouched
             if user is not None:
                 return copy.deepcopy(user)  # never train the user's own instance
             if self.module is None:
@@ -181,6 +216,10 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
 
     def _train(self, module: nn.Module, X: torch.Tensor, y: torch.Tensor, seed: int) -> list[float]:
         """Mini-batch training of ``module`` (our own copy) on the mean loss; returns the epoch losses."""
+        with _seeded_torch(seed + 1, X.device):  # dropout & co. draw from the seeded global RNG
+            return self._train_loop(module, X, y, seed)
+
+    def _train_loop(self, module: nn.Module, X: torch.Tensor, y: torch.Tensor, seed: int) -> list[float]:
         module.train()
         opt_cls = _OPTIMIZERS.get(self.optimizer, self.optimizer) if isinstance(self.optimizer, str) else self.optimizer
         opt = opt_cls(module.parameters(), lr=self.lr, weight_decay=self.weight_decay)
@@ -212,19 +251,20 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
     # -------------------------------------------------------------------- fit
     def _fit(self, X, y, X_cal, y_cal):
         self._validate_hyperparameters()
+        name = type(self).__name__
         t_start = time.perf_counter()
         X, y = self._validate_train(X, y)
         if X_cal is not None or y_cal is not None:
             if X_cal is None or y_cal is None:
-                raise ValueError("Pass both X_cal and y_cal, or neither.")
+                raise ValueError(f"{name}.fit: pass both X_cal and y_cal, or neither.")
             X_cal, y_cal = self._validate_calibration(X_cal, y_cal)
         device = self._resolve_device()
         dtype = _DTYPES[self.dtype]
         seed = self._seed()
         if X_cal is None:
-            stratify = y if self._task == "classification" and self._can_stratify(y) else None
-            X, X_cal, y, y_cal = train_test_split(X, y, test_size=self.calibration_size, random_state=seed,
-                                                  stratify=stratify)
+            n_cal = self._n_calibration_rows(X.shape[0])
+            stratify = y if self._task == "classification" and self._can_stratify(y, n_cal) else None
+            X, X_cal, y, y_cal = train_test_split(X, y, test_size=n_cal, random_state=seed, stratify=stratify)
         self._fit_scalers(X, y)
         Xt = self._to_tensor(self._transform_X(X), device, dtype)
         yt = self._target_tensor(y, device, dtype)
@@ -234,10 +274,11 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             module = self._prefit_module()
             ps = [p for p in module.parameters() if p.requires_grad]
             if not ps:
-                raise ValueError("The prefit module has no trainable parameters.")
+                raise ValueError(f"{name}: the prefit module has no trainable parameters (none with "
+                                 "requires_grad=True); there is no weight posterior to build.")
             if ps[0].device != device or ps[0].dtype != dtype:
-                raise ValueError(f"The prefit module lives on {ps[0].device} with dtype {ps[0].dtype}, but the "
-                                 f"estimator was asked for device={str(device)!r}, dtype={self.dtype!r}; set "
+                raise ValueError(f"{name}: the prefit module lives on {ps[0].device} with dtype {ps[0].dtype}, but "
+                                 f"the estimator was asked for device={str(device)!r}, dtype={self.dtype!r}; set "
                                  "device/dtype to match the module (it is never moved or copied).")
             self.training_loss_ = []
         else:
@@ -249,12 +290,20 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         self._check_output_shape(module, Xt[:1], n_outputs)
 
         D = sum(p.numel() for p in module.parameters() if p.requires_grad)
-        K = self.max_components if self.n_components == "auto" else self.n_components
-        if K >= D:
-            raise ValueError(f"{type(self).__name__}: {K} components requested but the network has only D={D} "
-                             f"weights; use n_components/max_components < {D}.")
+        if self.n_components == "auto":
+            K = min(self.max_components, D - 1)
+            if K < self.max_components:
+                logger.info("max_components=%d capped at D - 1 = %d (the network has D=%d weights)",
+                            self.max_components, K, D)
+        else:
+            K = self.n_components
+            if K >= D:
+                raise ValueError(f"{name}: n_components={K} but the network has only D={D} weights; the subspace "
+                                 f"dimension must be smaller than D: use n_components <= {D - 1}.")
+        if K < 1:
+            raise ValueError(f"{name}: the network has a single weight; there is no subspace to build.")
         if self.subsample is not None and self.subsample > Xt.shape[0]:
-            raise ValueError(f"subsample={self.subsample} is larger than the {Xt.shape[0]} training rows.")
+            raise ValueError(f"{name}: subsample={self.subsample} is larger than the {Xt.shape[0]} training rows.")
         Xc = self._to_tensor(self._transform_X(X_cal), device, dtype)
         yc = self._calibration_targets(y_cal, device, dtype)
         t0 = time.perf_counter()
@@ -263,7 +312,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             module, Xt, yt if self._task == "regression" else None,
             loss="mse" if self._task == "regression" else "cross_entropy",
             scaling=self.scaling, noise_var=noise_var, n_components=K, sigma0=self.sigma0,
-            subsample=self.subsample, eigen_method=self.eigen_method, random_state=seed)
+            subsample=self.subsample, eigen_method=self.eigen_method, random_state=seed, verbose=self.verbose)
         timings["curvature"] = time.perf_counter() - t0
         self.posterior_ = fitted.posterior
         self.beta_ = float(fitted.beta)
@@ -275,15 +324,16 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             "relative_residuals": fitted.eigen.relative_residuals.detach().cpu().numpy(),
         }
         self._set_noise(fitted.noise_var)
-        self._sample_seed_ = seed
+        # choose_dimension draws one sample seed from random_state=seed; predictions use the same one, so the
+        # posterior samples (in weight space, shared by all rows) are those the calibration saw.
+        self._sample_seed_ = int(numpy_rng(seed).integers(0, 2**62))
 
         levels = _check_level_list(self.confidence_level)
         t0 = time.perf_counter()
+        common = dict(task=self._task, confidence_level=levels[0], predictive=self.predictive,
+                      n_samples=self.n_samples, random_state=seed, verbose=self.verbose)
         if self.n_components == "auto":
-            result = choose_dimension(
-                self.posterior_, Xc, yc, task=self._task, confidence_level=levels[0], d_max=K,
-                predictive=self.predictive, n_samples=self.n_samples, random_state=seed,
-                full_curve=False, verbose=self.verbose)
+            result = choose_dimension(self.posterior_, Xc, yc, d_max=K, full_curve=False, **common)
             self.n_components_ = int(result.n_components)
             self.calibration_ = result.table.reset_index(drop=True)
             self.calibration_reached_ = bool(result.reached)
@@ -291,43 +341,59 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             self.n_components_ = int(self.n_components)
             with warnings.catch_warnings():  # a user-chosen d: its coverage is recorded, not judged
                 warnings.simplefilter("ignore", CalibrationWarning)
-                result = choose_dimension(
-                    self.posterior_, Xc, yc, task=self._task, confidence_level=levels[0],
-                    d_max=self.n_components_, predictive=self.predictive, n_samples=self.n_samples,
-                    random_state=seed, full_curve=True, verbose=self.verbose) if len(Xc) else None
-            table = result.table if result is not None else pd.DataFrame(columns=["d", "coverage", "sigma0"])
-            self.calibration_ = table[table["d"] == self.n_components_].reset_index(drop=True) \
-                if len(table) else table
+                result = choose_dimension(self.posterior_, Xc, yc, d_max=self.n_components_, full_curve=True,
+                                          **common)
+            table = result.table
+            self.calibration_ = table[table["d"] == self.n_components_].reset_index(drop=True)
             self.calibration_reached_ = None
         timings["calibration"] = time.perf_counter() - t0
         self.sigma0_ = float(self.posterior_.fit_sigma0(self.n_components_))
         timings["total"] = time.perf_counter() - t_start
         self.timings_ = timings
-        self._X_cal_rows_ = len(Xc)
+        self.n_calibration_rows_ = int(len(Xc))
         return self
 
     # --------------------------------------------------------------- helpers
+    def _n_calibration_rows(self, n: int) -> int:
+        """Rows held out of the n training rows for choosing d (at least one, leaving at least two)."""
+        cs = self.calibration_size
+        if isinstance(cs, numbers.Integral):
+            if cs > n - 2:
+                raise ValueError(f"{type(self).__name__}: calibration_size={cs} rows, but only {n} rows were passed; "
+                                 f"hold out at most {n - 2} rows, give a fraction, or pass X_cal and y_cal.")
+            return int(cs)
+        return int(min(max(1, np.ceil(cs * n)), n - 2))
+
     @staticmethod
-    def _can_stratify(y) -> bool:
+    def _can_stratify(y, n_cal: int) -> bool:
+        """A stratified split needs two rows of every class and room for every class on both sides."""
         _, counts = np.unique(y, return_counts=True)
-        return counts.min() >= 2
+        return counts.min() >= 2 and len(counts) <= min(n_cal, len(y) - n_cal)
 
     def _check_output_shape(self, module, x1, n_outputs) -> None:
         with torch.no_grad():
-            was = [m.training for m in module.modules()]
-            out = module(x1) if not any(was) else None
-        if out is None:  # a prefit module in train mode: probe through our eval view instead
-            from .._functional import eval_view
-
-            with torch.no_grad():
-                out = eval_view(module)(x1)
-        if out.ndim != 2 or out.shape[1] != n_outputs:
-            raise ValueError(f"The module returns outputs of shape {tuple(out.shape)}, but {n_outputs} output(s) per "
-                             f"row are needed for this {self._task} problem: (n, {n_outputs}).")
+            out = eval_view(module)(x1)  # a prefit module in train mode is probed through an eval-mode view
+        if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[1] != n_outputs:
+            shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise ValueError(f"{type(self).__name__}: the module returns outputs of shape {shape}, but {n_outputs} "
+                             f"output(s) per row are needed for this {self._task} problem: (n, {n_outputs}).")
 
     @staticmethod
     def _to_tensor(X, device, dtype) -> torch.Tensor:
         return torch.as_tensor(np.ascontiguousarray(X), dtype=dtype).to(device)
+
+    @staticmethod
+    def _dense(X) -> np.ndarray:
+        """Networks take dense inputs: sparse matrices (e.g. one-hot encodings) are densified."""
+        return X.toarray() if sp.issparse(X) else X
+
+    def _validate_X(self, X, y="no_validation", *, reset: bool, **kwargs):
+        """sklearn's validate_data (n_features_in_, feature_names_in_, NaN/inf, dtypes), densified."""
+        out = validate_data(self, X, y, reset=reset, dtype=np.float64, accept_sparse=("csr", "csc", "coo"),
+                            **kwargs)
+        if isinstance(out, tuple):
+            return (self._dense(out[0]),) + tuple(out[1:])
+        return self._dense(out)
 
     def _fit_scalers(self, X, y) -> None:
         if self.standardize and not self.prefit:
@@ -345,14 +411,43 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
 
     def _check_fitted_X(self, X) -> torch.Tensor:
         check_is_fitted(self, "posterior_")
-        X = validate_data(self, X, reset=False, dtype=np.float64)
+        X = self._validate_X(X, reset=False)
         p = self.posterior_
         return self._to_tensor(self._transform_X(X), p.device, p.dtype)
 
     def _levels(self, confidence_level) -> list[float]:
         return _check_level_list(self.confidence_level if confidence_level is None else confidence_level)
 
+    # ------------------------------------------------------------ pickling
+    def __getstate__(self) -> dict:
+        """Torch objects (the module, the posterior) are stored through ``torch.save`` so that ``__setstate__``
+        can map their tensors to the CPU when the pickle is loaded on a machine without CUDA."""
+        state = dict(super().__getstate__())
+        torch_part = {k: state.pop(k) for k in _TORCH_STATE if k in state}
+        if any(v is not None for v in torch_part.values()):
+            buffer = io.BytesIO()
+            torch.save(torch_part, buffer)
+            state["_torch_state"] = buffer.getvalue()
+            post = torch_part.get("posterior_")
+            state["_torch_device"] = str(post.device) if post is not None else None
+        else:
+            state.update(torch_part)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        state = dict(state)
+        blob = state.pop("_torch_state", None)
+        saved_device = state.pop("_torch_device", None)
+        if blob is not None:
+            map_location = None if torch.cuda.is_available() else "cpu"
+            if map_location == "cpu" and saved_device is not None and saved_device != "cpu":
+                logger.info("%s was fitted on %s; CUDA is not available here, so it is loaded on the CPU.",
+                            type(self).__name__, saved_device)
+            state.update(torch.load(io.BytesIO(blob), map_location=map_location, weights_only=False))
+        super().__setstate__(state)
+
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
         tags.non_deterministic = False
+        tags.input_tags.sparse = True
         return tags

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 from sklearn.base import ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
-from sklearn.utils.validation import validate_data
+from sklearn.utils.validation import check_is_fitted
 
 from ..predictive import linearized_probabilities, prediction_sets, sampled_probabilities
 from ._base import LaplaceActiveSubspaceBase
@@ -36,8 +36,15 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
     classes_ : ndarray of shape (n_classes,)
         The class labels (any sortable labels, strings included).
     module_, n_components_, sigma0_, beta_, eigenvalues_, calibration_, calibration_reached_, eigen_info_,
-    posterior_, timings_, n_features_in_, feature_names_in_
+    posterior_, timings_, training_loss_, n_records_, n_calibration_rows_, x_mean_, x_scale_, n_features_in_,
+    feature_names_in_
         As for the regressor; ``calibration_`` holds set coverage and mean set size per d.
+
+    Notes
+    -----
+    Labels passed as calibration data (``y_cal``) must be among the classes seen in ``y``. The calibration
+    split is stratified when every class has two rows and fits on both sides. Randomness, sparse inputs and
+    pickling behave as for the regressor.
 
     Examples
     --------
@@ -57,7 +64,7 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
 
     # ------------------------------------------------------------------ hooks
     def _validate_train(self, X, y):
-        X, y = validate_data(self, X, y, dtype=np.float64)
+        X, y = self._validate_X(X, y, reset=True)
         check_classification_targets(y)
         self.classes_, codes = np.unique(y, return_inverse=True)
         if len(self.classes_) < 2:
@@ -67,23 +74,24 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
             raise ValueError(f"LaplaceActiveSubspaceClassifier needs at least 3 samples, got n_samples={X.shape[0]}.")
         return X, codes
 
-    def _encode(self, y) -> np.ndarray:
+    def _encode(self, y, name: str = "y") -> np.ndarray:
+        """Class indices of the labels ``y`` in ``classes_``; labels not seen in fit raise a ValueError."""
         y = np.asarray(y)
         if y.ndim == 2 and y.shape[1] == 1:
             y = y[:, 0]
         if y.ndim != 1:
-            raise ValueError(f"y must be a 1-D array of labels, got shape {y.shape}.")
-        idx = np.searchsorted(self.classes_, y)
-        idx = np.clip(idx, 0, len(self.classes_) - 1)
-        unseen = self.classes_[idx] != y
-        if unseen.any():
-            raise ValueError(f"y contains labels not seen during fit: {sorted(set(np.asarray(y)[unseen].tolist()))}; "
-                             f"known classes are {self.classes_.tolist()}.")
-        return idx
+            raise ValueError(f"{name} must be a 1-D array of class labels, got shape {y.shape}.")
+        index = {label: i for i, label in enumerate(self.classes_.tolist())}
+        codes = np.fromiter((index.get(label, -1) for label in y.tolist()), dtype=np.int64, count=len(y))
+        if (codes < 0).any():
+            unseen = sorted({repr(label) for label, c in zip(y.tolist(), codes) if c < 0})
+            raise ValueError(f"{name} contains labels not seen during fit: {', '.join(unseen)}; the classes seen in y "
+                             f"are {self.classes_.tolist()}. Calibration labels must be among the training classes.")
+        return codes
 
     def _validate_calibration(self, X_cal, y_cal):
-        X_cal = validate_data(self, X_cal, reset=False, dtype=np.float64)
-        codes = self._encode(y_cal)
+        X_cal = self._validate_X(X_cal, reset=False)
+        codes = self._encode(y_cal, "y_cal")
         if len(codes) != X_cal.shape[0]:
             raise ValueError(f"X_cal has {X_cal.shape[0]} rows but y_cal has {len(codes)}; they must match.")
         return X_cal, codes
@@ -107,7 +115,7 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         pass
 
     # ------------------------------------------------------------------- API
-    def fit(self, X, y, *, X_cal=None, y_cal=None):
+    def fit(self, X, y, *, X_cal=None, y_cal=None) -> "LaplaceActiveSubspaceClassifier":
         """Train the network (unless prefit), build the posterior and choose d.
 
         Parameters
@@ -130,23 +138,42 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         p, d = self.posterior_, self.n_components_
         if self.predictive == "sampled":
             return sampled_probabilities(p.predict_samples(Xt, d, self.n_samples, random_state=self._sample_seed_))
-        cov = p.linearized_variance(Xt, d, full_cov=True)
-        return linearized_probabilities(p.predict_mean(Xt), cov, method="probit")
+        var = p.linearized_variance(Xt, d)  # the probit approximation needs the logit variances only
+        return linearized_probabilities(p.predict_mean(Xt), var, method="probit")
 
     def predict_proba(self, X) -> np.ndarray:
         """Class probabilities under the GLAS predictive, columns in ``classes_`` order.
 
+        Sampled: the softmax averaged over the posterior weight samples. Linearised: the probit
+        approximation of the softmax of the logit Gaussian.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
         Returns
         -------
         ndarray of shape (n_samples, n_classes)
+            Rows sum to 1.
         """
         return self._proba_tensor(X).detach().cpu().double().numpy()
 
     def predict(self, X) -> np.ndarray:
-        """The most probable class label under the GLAS predictive."""
-        return self.classes_[np.argmax(self.predict_proba(X), axis=1)]
+        """The most probable class label under the GLAS predictive.
 
-    def predict_set(self, X, confidence_level=None):
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,)
+            Labels from ``classes_``.
+        """
+        proba = self.predict_proba(X)
+        return self.classes_[np.argmax(proba, axis=1)]
+
+    def predict_set(self, X, confidence_level=None) -> tuple[np.ndarray, np.ndarray]:
         """Prediction sets: for each row the smallest set of classes whose probability reaches the level.
 
         Parameters
@@ -162,6 +189,7 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         sets : ndarray of bool, shape (n_samples, n_classes, k)
             Membership of each class (``classes_`` order) for each of the k levels.
         """
+        check_is_fitted(self, "posterior_")
         levels = self._levels(confidence_level)
         probs = self._proba_tensor(X)
         sets = prediction_sets(probs, levels).detach().cpu().numpy()

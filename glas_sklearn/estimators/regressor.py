@@ -7,7 +7,7 @@ import numbers
 import numpy as np
 import torch
 from sklearn.base import RegressorMixin
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_is_fitted
 
 from .._functional import eval_view
 from ..posterior import estimate_noise_variance
@@ -90,7 +90,25 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     posterior_ : ActiveSubspacePosterior
     timings_ : dict
         Wall seconds of training, curvature, calibration.
-    n_features_in_, feature_names_in_
+    training_loss_ : list of float
+        Mean training loss per epoch (empty when prefit).
+    n_records_ : int
+        N, the training rows the curvature averages over.
+    n_calibration_rows_ : int
+        Rows used to choose d (``X_cal`` or the held-out part of ``X``).
+    x_mean_, x_scale_, y_mean_, y_scale_ : ndarray or None
+        The internal standardisation (None / zeros and ones when off or prefit).
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+        Only when ``X`` has string column names (a pandas DataFrame).
+
+    Notes
+    -----
+    Posterior samples are drawn in weight space from a generator seeded by ``random_state`` and shared by
+    all rows, so a prediction does not depend on the other rows passed with it, on their order, or on the
+    global torch/numpy seeds (exactly so with ``dtype="float64"``; in float32 a matrix product may round
+    differently for different numbers of rows). Sparse inputs are densified. A fitted estimator pickles (``pickle``,
+    ``joblib``) with its network; one fitted on CUDA loads on a machine without CUDA, on the CPU.
 
     Examples
     --------
@@ -131,22 +149,23 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
                              f"positive float, got {ns!r}.")
 
     def _validate_train(self, X, y):
-        X, y = validate_data(self, X, y, multi_output=True, y_numeric=True, dtype=np.float64)
+        X, y = self._validate_X(X, y, reset=True, multi_output=True, y_numeric=True)
         if X.shape[0] < 3:
             raise ValueError(f"LaplaceActiveSubspaceRegressor needs at least 3 samples (training and calibration "
                              f"rows), got n_samples={X.shape[0]}.")
+        y = np.asarray(y, dtype=np.float64)
+        if y.ndim == 2 and y.shape[1] == 0:
+            raise ValueError("y has 0 columns; at least one target is needed.")
         self._y_1d = y.ndim == 1
         self._n_out = 1 if y.ndim == 1 else y.shape[1]
-        return X, np.asarray(y, dtype=np.float64)
+        return X, y
 
     def _validate_calibration(self, X_cal, y_cal):
-        X_cal = validate_data(self, X_cal, reset=False, dtype=np.float64)
+        X_cal, y_cal = self._validate_X(X_cal, y_cal, reset=False, multi_output=True, y_numeric=True)
         y_cal = np.asarray(y_cal, dtype=np.float64)
         expected = (X_cal.shape[0],) if self._y_1d else (X_cal.shape[0], self._n_out)
         if y_cal.shape != expected and not (self._y_1d and y_cal.shape == (X_cal.shape[0], 1)):
-            raise ValueError(f"y_cal has shape {y_cal.shape}, expected {expected} to match X_cal and y.")
-        if not np.isfinite(y_cal).all():
-            raise ValueError("y_cal contains NaN or infinite values.")
+            raise ValueError(f"y_cal has shape {y_cal.shape}, but y had {self._n_out} output(s): expected {expected}.")
         return X_cal, y_cal.reshape(expected)
 
     def _n_outputs(self, y) -> int:
@@ -186,12 +205,16 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         return float(np.mean((self.noise_std / self.y_scale_) ** 2))
 
     def _set_noise(self, noise_var) -> None:
-        self._noise_var_std_units = noise_var
-        std = np.sqrt(noise_var) * self.y_scale_ if noise_var is not None else np.full_like(self.y_scale_, np.nan)
-        self.noise_std_ = float(std[0]) if std.size == 1 else std
+        if noise_var is None:  # a float scaling (β given) needs no noise level
+            std = np.full_like(self.y_scale_, np.nan)
+        else:
+            std = np.sqrt(noise_var) * self.y_scale_
+        if self._y_1d and not isinstance(self.noise_std, str):
+            std = np.array([float(self.noise_std)])  # a given σ is reported exactly as given
+        self.noise_std_ = float(std[0]) if self._y_1d else std
 
     # ------------------------------------------------------------------- API
-    def fit(self, X, y, *, X_cal=None, y_cal=None):
+    def fit(self, X, y, *, X_cal=None, y_cal=None) -> "LaplaceActiveSubspaceRegressor":
         """Train the network (unless prefit), build the posterior and choose d.
 
         Parameters
@@ -222,7 +245,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             out = out + self.y_mean_.reshape((-1,) + (1,) * (t.ndim - 2))
         return out
 
-    def predict(self, X, return_std: bool = False):
+    def predict(self, X, return_std: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Predictive mean (sampled: the mean over posterior samples; linearised: f(x; θ0)).
 
         Parameters
@@ -244,7 +267,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             y_pred, y_std = y_pred[:, 0], y_std[:, 0]
         return (y_pred, y_std) if return_std else y_pred
 
-    def predict_interval(self, X, confidence_level=None):
+    def predict_interval(self, X, confidence_level=None) -> tuple[np.ndarray, np.ndarray]:
         """Central (1 − γ) intervals of the GLAS predictive.
 
         Parameters
@@ -259,6 +282,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         y_pis : ndarray of shape (n_samples, 2, k) or (n_samples, n_outputs, 2, k)
             Lower ([:, 0, :]) and upper ([:, 1, :]) bounds for each of the k levels (the level axis is kept).
         """
+        check_is_fitted(self, "posterior_")
         levels = self._levels(confidence_level)
         mean, std, samples = self._moments(X)
         if samples is not None:
@@ -272,7 +296,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             return y_pred[:, 0], b[:, 0]
         return y_pred, b
 
-    def sample_y(self, X, n_samples: int = 1, random_state=0):
+    def sample_y(self, X, n_samples: int = 1, random_state=0) -> np.ndarray:
         """Draws of f(x; θ) for θ from the posterior, pushed through the network.
 
         Parameters

@@ -1,0 +1,481 @@
+"""Behaviour of the two estimators against independent references: the user's module, the network's own
+outputs, hand-computed noise levels and β, shapes, randomness, and the errors users meet."""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+import torch
+from sklearn.exceptions import NotFittedError
+from torch import nn
+
+from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
+from glas_sklearn.calibration import CalibrationWarning
+from tests.reference import assert_unchanged, mlp, snapshot
+
+SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=30, lr=0.05, batch_size=None,
+             n_samples=50, max_components=3, dtype="float64", random_state=0)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_calibration():
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)  # tiny networks rarely reach the level
+        yield
+
+
+def _data(n=50, n_features=3, n_outputs=None, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-1, 1, size=(n, n_features))
+    f = np.sin(2 * X[:, 0]) + 0.5 * X[:, 1]
+    if n_outputs is None:
+        return X, 3.0 * f + 10 + 0.3 * rng.standard_normal(n)  # units far from standardised ones
+    cols = [(j + 1) * f + j + 0.2 * rng.standard_normal(n) for j in range(n_outputs)]
+    return X, np.column_stack(cols)
+
+
+def _labels(n=60, seed=0, names=("cat", "dog", "emu")):
+    rng = np.random.default_rng(seed)
+    centres = np.array([[-2.0, 0.0], [2.0, 0.0], [0.0, 2.5]])[: len(names)]
+    codes = rng.integers(0, len(names), n)
+    X = centres[codes] + 0.4 * rng.standard_normal((n, 2))
+    return X, np.array(names, dtype=object)[codes]
+
+
+def _reg(**params):
+    return LaplaceActiveSubspaceRegressor(**{**SMALL, **params})
+
+
+def _clf(**params):
+    return LaplaceActiveSubspaceClassifier(**{**SMALL, **params})
+
+
+def _standardised(A, ref):
+    return (A - ref.mean(axis=0)) / ref.std(axis=0)
+
+
+# ------------------------------------------------------------------------------------------ prefit
+
+
+class _NetWithDropout(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.body = nn.Sequential(nn.Linear(3, 6), nn.Tanh(), nn.Dropout(0.3), nn.Linear(6, 1))
+        self.register_buffer("calls", torch.zeros(()))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+@pytest.mark.parametrize("predictive", ["sampled", "linearized"])
+def test_prefit_module_is_bit_identical_after_fit_and_predict(predictive):
+    net = _NetWithDropout().double().train()  # train mode, a frozen bias and a stale gradient: all kept
+    net.body[0].bias.requires_grad_(False)
+    net.body[3].weight.grad = torch.full_like(net.body[3].weight, 0.25)
+    before = snapshot(net)
+    X, y = _data()
+    est = _reg(module=net, prefit=True, predictive=predictive).fit(X, y)
+    est.predict(X)
+    est.predict_interval(X, confidence_level=[0.5, 0.9])
+    est.sample_y(X, 4)
+    assert_unchanged(net, before)
+    assert est.module_ is net
+    D = sum(p.numel() for p in net.parameters() if p.requires_grad)
+    assert est.posterior_.n_weights == D  # the frozen bias is not part of the posterior
+
+
+def test_prefit_linearized_predict_is_the_modules_own_output():
+    net = mlp(n_in=3, hidden=5, n_out=1, seed=1)
+    X, y = _data()
+    est = _reg(module=net, prefit=True, predictive="linearized").fit(X, y)
+    with torch.no_grad():
+        expected = net(torch.as_tensor(X)).numpy()[:, 0]  # prefit: the user's units, no standardisation
+    np.testing.assert_allclose(est.predict(X), expected, rtol=1e-13, atol=1e-13)
+
+
+def test_prefit_false_does_not_train_the_users_instance():
+    net = mlp(n_in=3, hidden=5, n_out=1, seed=2)
+    before = snapshot(net)
+    X, y = _data()
+    est = _reg(module=net).fit(X, y)
+    assert_unchanged(net, before)
+    assert est.module_ is not net
+    trained = dict(est.module_.named_parameters())
+    assert any(not torch.equal(p, trained[n]) for n, p in net.named_parameters())
+
+
+def test_prefit_needs_a_module_and_matching_dtype():
+    X, y = _data()
+    with pytest.raises(ValueError, match="prefit=True needs module"):
+        _reg(prefit=True).fit(X, y)
+    with pytest.raises(ValueError, match="dtype"):
+        _reg(module=mlp(n_in=3, seed=0), prefit=True, dtype="float32").fit(X, y)
+
+
+# ------------------------------------------------------------------------------------------ shapes
+
+
+@pytest.mark.parametrize("predictive", ["sampled", "linearized"])
+def test_regressor_shapes_single_output(predictive):
+    X, y = _data()
+    est = _reg(predictive=predictive).fit(X, y)
+    y_pred, y_pis = est.predict_interval(X[:7])
+    assert y_pred.shape == (7,) and y_pis.shape == (7, 2, 1)  # a float level keeps its level axis
+    y_pred, y_pis = est.predict_interval(X[:7], confidence_level=0.8)
+    assert y_pis.shape == (7, 2, 1)
+    y_pred, y_pis = est.predict_interval(X[:7], confidence_level=[0.5, 0.8, 0.95])
+    assert y_pis.shape == (7, 2, 3)
+    mean, std = est.predict(X[:7], return_std=True)
+    assert mean.shape == std.shape == (7,) and np.all(std >= 0)
+    assert est.sample_y(X[:7], n_samples=4).shape == (7, 4)
+    assert est.sample_y(X[:7]).shape == (7, 1)
+
+
+@pytest.mark.parametrize("predictive", ["sampled", "linearized"])
+def test_regressor_shapes_multi_output(predictive):
+    X, Y = _data(n_outputs=2)
+    est = _reg(predictive=predictive).fit(X, Y)
+    assert est.predict(X[:7]).shape == (7, 2)
+    mean, std = est.predict(X[:7], return_std=True)
+    assert mean.shape == std.shape == (7, 2)
+    y_pred, y_pis = est.predict_interval(X[:7], confidence_level=[0.5, 0.9])
+    assert y_pred.shape == (7, 2) and y_pis.shape == (7, 2, 2, 2)  # (n, M, 2, k)
+    assert est.sample_y(X[:7], n_samples=3).shape == (7, 2, 3)
+    assert np.shape(est.noise_std_) == (2,)
+    # a (n, 1) target stays two-dimensional
+    est1 = _reg(predictive=predictive).fit(X, Y[:, :1])
+    assert est1.predict(X[:7]).shape == (7, 1)
+    assert est1.predict_interval(X[:7])[1].shape == (7, 1, 2, 1)
+
+
+@pytest.mark.parametrize("predictive", ["sampled", "linearized"])
+def test_intervals_are_nested_across_levels(predictive):
+    X, y = _data()
+    est = _reg(predictive=predictive).fit(X, y)
+    y_pred, y_pis = est.predict_interval(X, confidence_level=[0.5, 0.8, 0.95])
+    lower, upper = y_pis[:, 0, :], y_pis[:, 1, :]
+    assert np.all(np.diff(lower, axis=1) <= 0) and np.all(np.diff(upper, axis=1) >= 0)
+    assert np.all(lower[:, 0] < upper[:, 0])
+    if predictive == "linearized":  # symmetric about f(x; θ0): mean ± z σ_f
+        np.testing.assert_allclose((lower + upper) / 2, np.repeat(y_pred[:, None], 3, 1), atol=1e-10)
+        _, std = est.predict(X, return_std=True)
+        z = np.array([0.6744897501960817, 1.2815515655446004, 1.959963984540054])
+        np.testing.assert_allclose((upper - lower) / 2, std[:, None] * z, rtol=1e-10)
+
+
+def test_linearized_predict_is_the_trained_networks_output():
+    X, y = _data(n=40)
+    X_cal, y_cal = _data(n=20, seed=1)
+    est = _reg(predictive="linearized").fit(X, y, X_cal=X_cal, y_cal=y_cal)  # training rows: all of X
+    Xs = torch.as_tensor(_standardised(X_cal, X))
+    with torch.no_grad():
+        out = est.module_(Xs).numpy()[:, 0]
+    expected = out * y.std() + y.mean()
+    np.testing.assert_allclose(est.predict(X_cal), expected, rtol=1e-12)
+
+
+def test_sampled_predictive_collapses_to_the_network_as_the_prior_vanishes():
+    X, y = _data(n=40)
+    X_cal, y_cal = _data(n=20, seed=1)
+    est = _reg(sigma0=1e-9, n_components=2).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    with torch.no_grad():
+        out = est.module_(torch.as_tensor(_standardised(X_cal, X))).numpy()[:, 0]
+    np.testing.assert_allclose(est.predict(X_cal), out * y.std() + y.mean(), atol=1e-6)
+    _, y_pis = est.predict_interval(X_cal)
+    assert np.all(y_pis[:, 1, 0] - y_pis[:, 0, 0] < 1e-6)
+
+
+# ------------------------------------------------------------------------------------- classifier
+
+
+@pytest.mark.parametrize("predictive", ["sampled", "linearized"])
+def test_classifier_string_labels_proba_and_sets(predictive):
+    X, y = _labels()
+    est = _clf(predictive=predictive, max_epochs=60).fit(X, y)
+    assert est.classes_.tolist() == ["cat", "dog", "emu"]
+    proba = est.predict_proba(X)
+    assert proba.shape == (60, 3) and np.all(proba >= 0)
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=1e-12)
+    labels = est.predict(X)
+    assert labels.dtype == object and set(labels) <= set(est.classes_)
+    np.testing.assert_array_equal(labels, est.classes_[proba.argmax(axis=1)])
+    # columns in classes_ order: the network has learnt the (well separated) labels
+    assert np.mean(labels == y) >= 0.9
+    set_labels, sets = est.predict_set(X, confidence_level=[0.5, 0.9, 0.999])
+    assert sets.shape == (60, 3, 3) and sets.dtype == bool
+    np.testing.assert_array_equal(set_labels, labels)
+    top = proba.argmax(axis=1)
+    assert np.all(sets[np.arange(60), top, :])  # a set always holds the most probable class
+    assert np.all(sets[:, :, :-1] <= sets[:, :, 1:])  # nested across levels
+    # each set is the smallest one reaching the level: its mass without its least probable member is short
+    for i in range(60):
+        for j, level in enumerate([0.5, 0.9, 0.999]):
+            members = proba[i, sets[i, :, j]]
+            assert members.sum() >= level - 1e-12 or sets[i, :, j].all()
+            assert members.sum() - members.min() < level
+    assert est.predict_set(X[:4])[1].shape == (4, 3, 1)
+
+
+def test_classifier_beta_for_both_scalings():
+    X, y = _labels()
+    X_cal, y_cal = _labels(n=15, seed=1)
+    assert _clf().fit(X, y, X_cal=X_cal, y_cal=y_cal).beta_ == 1.0
+    assert _clf(scaling="standard").fit(X, y, X_cal=X_cal, y_cal=y_cal).beta_ == 60.0  # N training rows
+
+
+def test_classifier_unseen_calibration_labels_are_named():
+    X, y = _labels(names=("cat", "dog"))
+    X_cal, y_cal = _labels(n=10, seed=1, names=("cat", "emu"))
+    with pytest.raises(ValueError, match=r"y_cal contains labels not seen during fit: 'emu'"):
+        _clf().fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    with pytest.raises(ValueError, match="not seen during fit: 1, 2"):  # numbers against string classes
+        _clf().fit(X, y, X_cal=X_cal, y_cal=np.array([1, 2] * 5))
+
+
+def test_classifier_many_classes_few_rows_splits_without_stratification_error():
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(12, 2))
+    y = np.repeat(np.array(["a", "b", "c", "d"]), 3)
+    est = _clf().fit(X, y)  # 10 % held out is 2 rows: fewer than the 4 classes, so no stratification
+    assert est.predict_proba(X).shape == (12, 4)
+    assert est.n_calibration_rows_ == 2
+
+
+# -------------------------------------------------------------------------------------- randomness
+
+
+def _all_outputs(est, X):
+    if isinstance(est, LaplaceActiveSubspaceRegressor):
+        return [est.predict(X, return_std=True)[1], est.predict_interval(X, [0.5, 0.9])[1], est.eigenvalues_]
+    return [est.predict_proba(X), est.predict_set(X)[1], est.eigenvalues_]
+
+
+@pytest.mark.parametrize("make", [_reg, _clf])
+def test_randomness_comes_from_random_state_only(make):
+    X, y = _data() if make is _reg else _labels()
+    torch.manual_seed(1)
+    np.random.seed(1)
+    torch_state, np_state = torch.get_rng_state(), np.random.get_state()
+    first = _all_outputs(make(random_state=5).fit(X, y), X)
+    # the global generators are neither used nor moved by fit and predict
+    assert torch.equal(torch.get_rng_state(), torch_state)
+    assert np.random.get_state()[1].tolist() == np_state[1].tolist()
+    torch.manual_seed(2)
+    np.random.seed(2)
+    second = _all_outputs(make(random_state=5).fit(X, y), X)
+    for a, b in zip(first, second):
+        np.testing.assert_array_equal(a, b)
+    other = _all_outputs(make(random_state=6).fit(X, y), X)
+    assert not np.array_equal(first[0], other[0])
+
+
+def test_dropout_during_training_is_seeded_by_random_state():
+    X, y = _data()
+
+    def net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Dropout(0.2), nn.Linear(8, 1)).double()
+
+    first, second = net(), net()
+    torch.manual_seed(10)
+    a = _reg(module=first).fit(X, y)
+    torch.manual_seed(11)
+    b = _reg(module=second).fit(X, y)
+    assert a.training_loss_ == b.training_loss_
+    np.testing.assert_array_equal(a.predict(X), b.predict(X))
+
+
+@pytest.mark.parametrize("make", [_reg, _clf])
+def test_predictions_do_not_depend_on_row_order_or_batch(make):
+    X, y = _data() if make is _reg else _labels()
+    est = make().fit(X, y)
+    perm = np.random.default_rng(0).permutation(len(X))
+    for full, shuffled in zip(_all_outputs(est, X), _all_outputs(est, X[perm])):
+        if full.shape[:1] == (len(X),):
+            np.testing.assert_allclose(shuffled, full[perm], rtol=1e-12, atol=1e-12)
+    for full, part in zip(_all_outputs(est, X), _all_outputs(est, X[5:9])):
+        if full.shape[:1] == (len(X),):
+            np.testing.assert_allclose(part, full[5:9], rtol=1e-12, atol=1e-12)
+
+
+def test_prefit_fit_does_not_depend_on_training_row_order():
+    net = mlp(n_in=3, hidden=5, n_out=1, seed=4)
+    X, y = _data()
+    X_cal, y_cal = _data(n=20, seed=1)
+    perm = np.random.default_rng(1).permutation(len(X))
+    a = _reg(module=net, prefit=True, predictive="linearized").fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    b = _reg(module=net, prefit=True, predictive="linearized").fit(X[perm], y[perm], X_cal=X_cal, y_cal=y_cal)
+    np.testing.assert_allclose(b.eigenvalues_, a.eigenvalues_, rtol=1e-9)
+    np.testing.assert_allclose(b.predict_interval(X_cal)[1], a.predict_interval(X_cal)[1], rtol=1e-7)
+
+
+@pytest.mark.parametrize("predictive", ["sampled", "linearized"])
+def test_calibration_table_matches_predictions_on_the_calibration_rows(predictive):
+    X, y = _data()
+    X_cal, y_cal = _data(n=30, seed=1)
+    est = _reg(predictive=predictive).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    _, y_pis = est.predict_interval(X_cal, confidence_level=0.9)
+    coverage = np.mean((y_pis[:, 0, 0] <= y_cal) & (y_cal <= y_pis[:, 1, 0]))
+    row = est.calibration_.set_index("d").loc[est.n_components_]
+    assert coverage == pytest.approx(row["coverage"], abs=1e-12)
+    width = np.mean(y_pis[:, 1, 0] - y_pis[:, 0, 0]) / y.std()  # calibration_ widths: standardised units
+    assert width == pytest.approx(row["mean_width"], rel=1e-9)
+    assert est.n_calibration_rows_ == 30
+
+
+# ---------------------------------------------------------------------------- hyperparameters, noise
+
+
+def test_n_components_int_is_respected():
+    X, y = _data()
+    est = _reg(n_components=2, max_components=10).fit(X, y)
+    assert est.n_components_ == 2 and len(est.eigenvalues_) == 2
+    assert est.calibration_["d"].tolist() == [2] and est.calibration_reached_ is None
+    assert est.sigma0_ == pytest.approx(est.calibration_["sigma0"].iloc[0])
+
+
+def test_too_many_components_are_refused_or_capped():
+    net = mlp(n_in=3, hidden=2, n_out=1, seed=0)  # D = 8 + 6 + 3 = 17
+    X, y = _data()
+    D = 17
+    with pytest.raises(ValueError, match=f"n_components={D}.*D={D}"):
+        _reg(module=net, prefit=True, n_components=D).fit(X, y)
+    est = _reg(module=net, prefit=True, max_components=40).fit(X, y)  # "auto": capped at D − 1
+    assert len(est.eigenvalues_) <= D - 1
+
+
+@pytest.mark.parametrize("param,value", [
+    ("scaling", "foo"), ("scaling", -1.0), ("n_components", 0), ("n_components", 2.5), ("max_components", 0),
+    ("confidence_level", 1.5), ("confidence_level", [0.5, 0.0]), ("predictive", "x"), ("sigma0", "big"),
+    ("n_samples", 1), ("calibration_size", 1.5), ("noise_std", -0.1), ("noise_std", "residuals"),
+    ("dtype", "float16"), ("eigen_method", "qr"), ("optimizer", "lbfgs"), ("prefit", "yes"),
+    ("random_state", "seed"), ("batch_size", 0), ("max_epochs", -1), ("lr", 0.0), ("module_kwargs", [1]),
+])
+def test_bad_hyperparameters_raise_at_fit_naming_the_parameter(param, value):
+    X, y = _data()
+    est = _reg(**{param: value})  # __init__ stores, never checks
+    assert est.get_params()[param] is value
+    with pytest.raises(ValueError, match=re.escape(param)):
+        est.fit(X, y)
+
+
+def test_bad_classifier_hyperparameter_and_levels_at_predict():
+    X, y = _labels()
+    with pytest.raises(ValueError, match="predictive"):
+        _clf(predictive="mc").fit(X, y)
+    est = _clf().fit(X, y)
+    with pytest.raises(ValueError, match="confidence_level"):
+        est.predict_set(X, confidence_level=1.0)
+    with pytest.raises(ValueError, match="confidence_level"):
+        _reg().fit(*_data()).predict_interval(X[:, :1].repeat(3, 1), confidence_level=[0.9, 2])
+
+
+def test_calibration_size_and_calibration_arguments():
+    X, y = _data(n=20)
+    with pytest.raises(ValueError, match="calibration_size=19"):
+        _reg(calibration_size=19).fit(X, y)
+    assert _reg(calibration_size=5).fit(X, y).n_calibration_rows_ == 5
+    assert _reg(calibration_size=0.25).fit(X, y).n_calibration_rows_ == 5
+    with pytest.raises(ValueError, match="X_cal and y_cal"):
+        _reg().fit(X, y, X_cal=X)
+    with pytest.raises(ValueError, match="y_cal"):
+        _reg().fit(X, y, X_cal=X, y_cal=np.column_stack([y, y]))
+    with pytest.raises(ValueError, match="at least 3 samples"):
+        _reg().fit(X[:2], y[:2])
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nan_or_inf_in_X_raise(bad):
+    X, y = _data()
+    X_bad = X.copy()
+    X_bad[3, 1] = bad
+    for est in (_reg(), _clf()):
+        target = y if isinstance(est, LaplaceActiveSubspaceRegressor) else np.where(y > 10, "hi", "lo")
+        with pytest.raises(ValueError, match="NaN|infinity"):
+            est.fit(X_bad, target)
+        est.fit(X, target)
+        with pytest.raises(ValueError, match="NaN|infinity"):
+            est.predict(X_bad)
+    with pytest.raises(ValueError, match="NaN|infinity"):
+        _reg().fit(X, np.where(np.arange(len(y)) == 3, np.nan, y))
+
+
+def test_wrong_feature_count_at_predict_uses_sklearns_message():
+    X, y = _data()
+    reg = _reg().fit(X, y)
+    msg = "X has 2 features, but LaplaceActiveSubspaceRegressor is expecting 3 features as input."
+    for method in (reg.predict, reg.predict_interval, reg.sample_y):
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            method(X[:, :2])
+    clf = _clf().fit(X, np.where(y > 10, "hi", "lo"))
+    msg = "X has 4 features, but LaplaceActiveSubspaceClassifier is expecting 3 features as input."
+    for method in (clf.predict, clf.predict_proba, clf.predict_set):
+        with pytest.raises(ValueError, match=re.escape(msg)):
+            method(np.column_stack([X, X[:, 0]]))
+
+
+def test_unfitted_estimators_raise_not_fitted_error():
+    X, _ = _data()
+    for method in ("predict", "predict_interval", "sample_y"):
+        with pytest.raises(NotFittedError):
+            getattr(_reg(), method)(X)
+    for method in ("predict", "predict_proba", "predict_set"):
+        with pytest.raises(NotFittedError):
+            getattr(_clf(), method)(X)
+
+
+def _residual_rms(est, X_rows, y_rows, X_train):
+    with torch.no_grad():
+        out = est.module_(torch.as_tensor(_standardised(X_rows, X_train))).numpy()[:, 0]
+    return math.sqrt(np.mean((y_rows - (out * est.y_scale_[0] + est.y_mean_[0])) ** 2))
+
+
+def test_noise_std_options():
+    X, y = _data(n=40)
+    X_cal, y_cal = _data(n=20, seed=1)
+    auto = _reg(noise_std="auto").fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    assert auto.noise_std_ == pytest.approx(_residual_rms(auto, X, y, X), rel=1e-10)  # training residuals
+    assert auto.beta_ == pytest.approx((y.std() / auto.noise_std_) ** 2, rel=1e-10)  # mean: β = 1/σ² (standardised)
+    cal = _reg(noise_std="calibration").fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    assert cal.noise_std_ == pytest.approx(_residual_rms(cal, X_cal, y_cal, X), rel=1e-10)
+    given = _reg(noise_std=0.37).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    assert given.noise_std_ == 0.37  # returned as given
+    assert given.beta_ == pytest.approx((y.std() / 0.37) ** 2, rel=1e-12)
+    standard = _reg(noise_std=0.37, scaling="standard").fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    assert standard.beta_ == pytest.approx(40 * (y.std() / 0.37) ** 2, rel=1e-12)  # β = N/σ²
+    assert _reg(scaling=123.0).fit(X, y, X_cal=X_cal, y_cal=y_cal).beta_ == 123.0
+
+
+def test_sparse_input_gives_the_dense_results():
+    X, y = _data()
+    X[X < -0.5] = 0.0
+    dense = _reg().fit(X, y)
+    sparse = _reg().fit(sp.csr_matrix(X), y)
+    np.testing.assert_array_equal(sparse.predict(sp.csr_matrix(X)), dense.predict(X))
+    np.testing.assert_array_equal(dense.predict(sp.csc_matrix(X)), dense.predict(X))
+
+
+def test_fitted_attributes():
+    X, y = _data()
+    est = _reg().fit(X, y)
+    for name in ("module_", "n_components_", "sigma0_", "beta_", "noise_std_", "eigenvalues_", "calibration_",
+                 "eigen_info_", "posterior_", "timings_", "n_features_in_", "training_loss_"):
+        assert hasattr(est, name), name
+    assert list(est.calibration_.columns) == ["d", "coverage", "mean_width", "sigma0"]
+    assert np.all(np.diff(est.eigenvalues_) <= 0)
+    assert len(est.training_loss_) == SMALL["max_epochs"]
+    assert not hasattr(est, "feature_names_in_")
