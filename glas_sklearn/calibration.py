@@ -98,7 +98,7 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
                      task: str = "regression", confidence_level: float = 0.9, d_max: int = 50,
                      predictive: str = "sampled", n_samples: int = 1000, noise_var: float = 0.0,
                      random_state=None, full_curve: bool = False, linearized_method: str = "probit",
-                     batch_size: int | None = None, verbose: int = 0) -> CalibrationResult:
+                     batch_size: int | None = None, verbose: int = 0, d_min: int = 1) -> CalibrationResult:
     """Smallest subspace dimension d whose (1 − γ) intervals or sets cover the calibration data (eq. 42).
 
     Parameters
@@ -132,6 +132,8 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
         Input rows per forward pass / JVP.
     verbose : int, default=0
         0 is silent; ≥ 1 shows a progress bar over d.
+    d_min : int, default=1
+        Smallest d tried (``d_min = d_max`` evaluates a single, given d).
 
     Returns
     -------
@@ -151,6 +153,10 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
         raise ValueError(f"confidence_level must be a single number in (0, 1), got {confidence_level!r}.")
     level = float(check_confidence_levels(confidence_level)[0])
     d_max = check_positive_int("d_max", d_max)
+    d_min = check_positive_int("d_min", d_min)
+    if d_min > min(d_max, posterior.max_components):
+        raise ValueError(f"d_min={d_min} is larger than d_max={d_max} (or the {posterior.max_components} "
+                         "eigenpairs available).")
     n_samples = check_positive_int("n_samples", n_samples)
     noise_var = check_positive_float("noise_var", noise_var, allow_zero=True)
     if task == "classification" and noise_var > 0:
@@ -170,7 +176,7 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
     size_col = "mean_width" if task == "regression" else "mean_set_size"
     rows = []
     chosen = None
-    for d in tqdm(range(1, d_top + 1), desc="calibrating d", disable=verbose == 0):
+    for d in tqdm(range(d_min, d_top + 1), desc="calibrating d", disable=verbose == 0):
         sigma0 = posterior.fit_sigma0(d)
         if predictive == "sampled":
             samples = posterior.predict_samples(X_cal, d, n_samples=n_samples, random_state=seed, batch_size=batch_size)

@@ -152,3 +152,15 @@ def test_bad_inputs():
     _, cpost, cX, labels = _classification_case()
     with pytest.raises(ValueError, match="between 0 and 1"):
         choose_dimension(cpost, cX, labels + 1, task="classification", predictive="linearized")
+
+
+@pytest.mark.parametrize("predictive", ["sampled", "linearized"])
+def test_single_given_dimension_matches_full_curve(predictive):
+    _, post, X, y = _regression_case()
+    full = choose_dimension(post, X, y, predictive=predictive, full_curve=True, n_samples=500, random_state=3)
+    for d in (2, 4):
+        one = choose_dimension(post, X, y, predictive=predictive, d_min=d, d_max=d, n_samples=500, random_state=3)
+        assert one.table["d"].tolist() == [d]
+        np.testing.assert_allclose(one.table["coverage"], full.table.loc[full.table["d"] == d, "coverage"])
+    with pytest.raises(ValueError, match="d_min"):
+        choose_dimension(post, X, y, d_min=5, d_max=4)

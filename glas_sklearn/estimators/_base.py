@@ -341,10 +341,9 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             self.n_components_ = int(self.n_components)
             with warnings.catch_warnings():  # a user-chosen d: its coverage is recorded, not judged
                 warnings.simplefilter("ignore", CalibrationWarning)
-                result = choose_dimension(self.posterior_, Xc, yc, d_max=self.n_components_, full_curve=True,
-                                          **common)
-            table = result.table
-            self.calibration_ = table[table["d"] == self.n_components_].reset_index(drop=True)
+                result = choose_dimension(self.posterior_, Xc, yc, d_min=self.n_components_,
+                                          d_max=self.n_components_, **common)
+            self.calibration_ = result.table.reset_index(drop=True)
             self.calibration_reached_ = None
         timings["calibration"] = time.perf_counter() - t0
         self.sigma0_ = float(self.posterior_.fit_sigma0(self.n_components_))
