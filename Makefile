@@ -20,7 +20,7 @@ demo: venv
 	$(PY) -m glas_sklearn demo
 
 test: venv
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q
 
 bench: venv
 	$(PY) -m pip install -q "$(TORCH)" -e ".[bench]"
