@@ -1,0 +1,263 @@
+"""glas_sklearn.plotting: each plot, rendered headless (Agg) on tiny fitted models, holds the model's numbers."""
+
+import importlib
+import sys
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from sklearn.datasets import make_blobs
+from sklearn.exceptions import NotFittedError
+
+from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
+from glas_sklearn import plotting
+from glas_sklearn.calibration import CalibrationWarning, choose_dimension
+from glas_sklearn.plotting import plot_activity, plot_calibration, plot_intervals, plot_spectrum
+from glas_sklearn.posterior import ActiveSubspacePosterior
+
+TINY = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=20, n_samples=50, max_components=4,
+            random_state=0)
+
+
+@pytest.fixture(scope="module")
+def plt():
+    mpl = pytest.importorskip("matplotlib")
+    mpl.use("Agg", force=True)
+    import matplotlib.pyplot as pyplot
+
+    yield pyplot
+    pyplot.close("all")
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    if "matplotlib.pyplot" in sys.modules and sys.modules["matplotlib.pyplot"] is not None:
+        sys.modules["matplotlib.pyplot"].close("all")
+
+
+def _fit_quietly(est, X, y):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)
+        return est.fit(X, y)
+
+
+@pytest.fixture(scope="module")
+def data_1d():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, size=(60, 1))
+    y = np.sin(3 * X[:, 0]) + 0.1 * rng.standard_normal(60)
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def reg_1d(data_1d):
+    return _fit_quietly(LaplaceActiveSubspaceRegressor(**TINY), *data_1d)
+
+
+@pytest.fixture(scope="module")
+def data_2d():
+    rng = np.random.default_rng(1)
+    X = rng.uniform(-1, 1, size=(60, 2))
+    y = np.sin(2 * X[:, 0]) + X[:, 1] ** 2 + 0.1 * rng.standard_normal(60)
+    return X, y
+
+
+@pytest.fixture(scope="module")
+def reg_2d(data_2d):
+    return _fit_quietly(LaplaceActiveSubspaceRegressor(predictive="linearized", **TINY), *data_2d)
+
+
+@pytest.fixture(scope="module")
+def clf():
+    X, y = make_blobs(n_samples=60, centers=3, random_state=0)
+    return _fit_quietly(LaplaceActiveSubspaceClassifier(**TINY), X, y)
+
+
+# ----------------------------------------------------------------------------- optional dependency
+
+
+def test_import_and_call_without_matplotlib(monkeypatch, reg_1d):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    importlib.reload(plotting)  # the module itself must import without matplotlib
+    with pytest.raises(ImportError, match=r"pip install glas-sklearn\[plot\]"):
+        plotting.plot_calibration(reg_1d)
+    with pytest.raises(ImportError, match=r"pip install glas-sklearn\[plot\]"):
+        plotting.plot_spectrum(reg_1d.posterior_)
+
+
+# ----------------------------------------------------------------------------- calibration
+
+
+def test_plot_calibration_regressor(plt, reg_1d):
+    ax = plot_calibration(reg_1d)
+    table = reg_1d.calibration_
+    curve = ax.lines[0]
+    np.testing.assert_array_equal(curve.get_xdata(), table["d"].to_numpy())
+    np.testing.assert_array_equal(curve.get_ydata(), table["coverage"].to_numpy())
+    target = [ln for ln in ax.lines if ln.get_gid() == plotting._TARGET_GID]
+    assert len(target) == 1 and np.allclose(target[0].get_ydata(), 0.9)
+    star = [ln for ln in ax.lines if ln.get_marker() == "*"]
+    assert len(star) == 1
+    d = reg_1d.n_components_
+    assert star[0].get_xdata()[0] == d
+    assert star[0].get_label().startswith("chosen d" if reg_1d.calibration_reached_ else "not reached")
+    assert star[0].get_ydata()[0] == pytest.approx(table.loc[table["d"] == d, "coverage"].iloc[0])
+    assert ax.get_xlabel() == "subspace dimension d"
+    assert ax.get_ylabel() == "coverage of calibration data"
+    assert isinstance(ax, plt.Axes)
+
+
+def test_plot_calibration_classifier(plt, clf):
+    ax = plot_calibration(clf)
+    np.testing.assert_array_equal(ax.lines[0].get_ydata(), clf.calibration_["coverage"].to_numpy())
+    assert ax.get_ylabel() == "coverage of prediction sets"
+
+
+def test_plot_calibration_result_overlay(plt, reg_1d, data_1d):
+    # Two full curves on one Axes (what the benchmarks do): one target line, one star per curve.
+    post = reg_1d.posterior_
+    Xc = torch.as_tensor(reg_1d._transform_X(data_1d[0][:20]), dtype=post.dtype)
+    yc = torch.as_tensor((data_1d[1][:20] - reg_1d.y_mean_[0]) / reg_1d.y_scale_[0], dtype=post.dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)
+        results = [choose_dimension(post, Xc, yc, predictive="linearized", confidence_level=lvl, full_curve=True)
+                   for lvl in (0.5, 0.9545)]
+    _, ax = plt.subplots()
+    assert plot_calibration(results[0], ax=ax, label="a") is ax
+    plot_calibration(results[1], ax=ax, label="b")
+    assert [ln.get_label() for ln in ax.lines if ln.get_marker() == "o"] == ["a", "b"]
+    np.testing.assert_array_equal(ax.lines[0].get_xdata(), np.arange(1, 5))
+    assert sum(ln.get_gid() == plotting._TARGET_GID for ln in ax.lines) == 1
+    stars = [ln for ln in ax.lines if ln.get_marker() == "*"]
+    assert len(stars) == 2
+    for res, star in zip(results, stars):
+        assert star.get_xdata()[0] == res.n_components
+        assert star.get_label().startswith("chosen d" if res.reached else "not reached")
+
+
+# ----------------------------------------------------------------------------- intervals
+
+
+def test_plot_intervals_band_1d(plt, reg_1d, data_1d):
+    X, y = data_1d
+    ax = plot_intervals(reg_1d, X, y)
+    pred, pis = reg_1d.predict_interval(X)
+    order = np.argsort(X[:, 0], kind="stable")
+    mean_line = [ln for ln in ax.lines if ln.get_label() == "predictive mean"][0]
+    np.testing.assert_allclose(mean_line.get_xdata(), X[order, 0])
+    np.testing.assert_allclose(mean_line.get_ydata(), pred[order])
+    points = ax.collections[-1]
+    np.testing.assert_allclose(points.get_offsets(), np.column_stack([X[:, 0], y]))
+    band = ax.collections[0].get_paths()[0].vertices
+    assert band[:, 1].min() == pytest.approx(pis[:, 0, 0].min())
+    assert band[:, 1].max() == pytest.approx(pis[:, 1, 0].max())
+    covered = np.mean((y >= pis[:, 0, 0]) & (y <= pis[:, 1, 0]))
+    assert f"{covered:.1%}" in ax.get_title()
+    assert ax.get_xlabel() == "x" and ax.get_ylabel() == "y"
+
+
+def test_plot_intervals_parity(plt, reg_2d, data_2d):
+    X, y = data_2d
+    _, ax_in = plt.subplots()
+    ax = plot_intervals(reg_2d, X, y, ax=ax_in, confidence_level=0.5)
+    assert ax is ax_in
+    pred, pis = reg_2d.predict_interval(X, confidence_level=0.5)
+    segments = np.asarray(ax.collections[0].get_segments())  # (n, 2, 2): [[x, lo], [x, hi]]
+    assert segments.shape == (len(y), 2, 2)
+    np.testing.assert_allclose(segments[:, 0, 0], pred)
+    np.testing.assert_allclose(segments[:, 0, 1], pis[:, 0, 0])
+    np.testing.assert_allclose(segments[:, 1, 1], pis[:, 1, 0])
+    np.testing.assert_allclose(ax.collections[-1].get_offsets(), np.column_stack([pred, y]))
+    assert ax.get_xlabel() == "predicted mean" and ax.get_ylabel() == "observed y"
+    assert "50 % intervals" in ax.get_title()
+
+
+def test_plot_intervals_rejects(plt, clf, reg_2d, data_2d):
+    X, y = data_2d
+    with pytest.raises(TypeError, match="regression"):
+        plot_intervals(clf, X, y)
+    with pytest.raises(ValueError, match="single number"):
+        plot_intervals(reg_2d, X, y, confidence_level=[0.5, 0.9])
+    with pytest.raises(TypeError, match="CalibrationResult"):
+        plot_calibration(reg_2d.calibration_)
+    with pytest.raises(ValueError, match="rows of X"):
+        plot_intervals(reg_2d, X, y[:-1])
+    with pytest.raises(NotFittedError):
+        plot_intervals(LaplaceActiveSubspaceRegressor(), X, y)
+    two = _fit_quietly(LaplaceActiveSubspaceRegressor(predictive="linearized", **TINY), X, np.column_stack([y, y]))
+    with pytest.raises(ValueError, match="single output"):
+        plot_intervals(two, X, y)
+
+
+# ----------------------------------------------------------------------------- spectrum
+
+
+def test_plot_spectrum_estimator(plt, reg_1d):
+    axes = plot_spectrum(reg_1d)
+    assert axes.shape == (3,)
+    post, d = reg_1d.posterior_, reg_1d.n_components_
+    np.testing.assert_allclose(axes[0].lines[0].get_ydata(), reg_1d.eigenvalues_, rtol=1e-6)
+    np.testing.assert_allclose(axes[1].lines[0].get_ydata(), post.variances(d).double().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(axes[2].lines[0].get_ydata(), post.contraction(d).double().numpy(), rtol=1e-6)
+    assert len(axes[1].lines[0].get_xdata()) == d
+    assert axes[0].get_yscale() == "log" and axes[1].get_yscale() == "log" and axes[2].get_yscale() == "linear"
+    assert axes[0].lines[1].get_xdata()[0] == d  # the chosen d is marked
+    assert axes[1].lines[1].get_ydata()[0] == pytest.approx(reg_1d.sigma0_**2)
+    assert axes[2].get_ylabel() == "contraction ratio c_j"
+
+
+def test_plot_spectrum_posterior_and_classifier(plt, clf):
+    axes = plot_spectrum(clf.posterior_)  # a bare posterior: d = K
+    assert len(axes[2].lines[0].get_ydata()) == clf.posterior_.max_components
+    _, given = plt.subplots(3, 1)
+    axes = plot_spectrum(clf, ax=given, d=2)
+    assert all(a is b for a, b in zip(axes, given))
+    np.testing.assert_allclose(axes[2].lines[0].get_ydata(), clf.posterior_.contraction(2).double().numpy(),
+                               rtol=1e-6)
+    with pytest.raises(ValueError, match="3 Axes"):
+        plot_spectrum(clf, ax=given[:2])
+    with pytest.raises(ValueError, match="between 1 and K"):
+        plot_spectrum(clf, d=99)
+    with pytest.raises(NotFittedError):
+        plot_spectrum(LaplaceActiveSubspaceClassifier())
+    with pytest.raises(TypeError, match="ActiveSubspacePosterior"):
+        plot_spectrum(np.ones(3))
+
+
+# ----------------------------------------------------------------------------- activity
+
+
+def test_plot_activity_estimator(plt, reg_2d):
+    ax = plot_activity(reg_2d)
+    d = reg_2d.n_components_
+    kappa = reg_2d.posterior_.cumulative_activity(d).double().numpy()
+    curve = ax.lines[0]
+    ranks = np.asarray(curve.get_xdata())
+    assert ranks[0] == 1 and ranks[-1] == kappa.size and np.all(np.diff(ranks) > 0)
+    np.testing.assert_allclose(curve.get_ydata(), kappa[ranks - 1])
+    assert curve.get_ydata()[-1] == pytest.approx(1.0)
+    assert ax.get_xscale() == "log" and ax.get_yscale() == "log"
+    assert curve.get_label() == f"d = {d}"
+    mark = ax.lines[1]  # top 0.1 % of D weights (one weight for this tiny net)
+    assert mark.get_xdata()[0] == 1 and mark.get_ydata()[0] == pytest.approx(kappa[0])
+
+
+def test_plot_activity_posterior_overlay(plt):
+    net = torch.nn.Linear(6, 1, bias=False).double()
+    P = torch.eye(6, 3, dtype=torch.float64)
+    post = ActiveSubspacePosterior(net, torch.tensor([4.0, 2.0, 1.0], dtype=torch.float64), P, beta=1.0)
+    _, ax = plt.subplots()
+    plot_activity(post, ax=ax, d=1, top_fraction=None)
+    plot_activity(post, ax=ax, top_fraction=0.5, max_points=3)
+    np.testing.assert_allclose(ax.lines[0].get_ydata(), np.ones(6))
+    np.testing.assert_allclose(ax.lines[1].get_xdata(), [1, 2, 6])  # log-spaced ranks, ends kept
+    np.testing.assert_allclose(ax.lines[1].get_ydata(), [4 / 7, 6 / 7, 1.0])
+    np.testing.assert_allclose(ax.lines[2].get_ydata(), [1.0])  # top 3 of 6 weights hold everything
+    assert [ln.get_label() for ln in ax.lines[:2]] == ["d = 1", "d = 3"]
+    with pytest.raises(ValueError, match="max_points"):
+        plot_activity(post, max_points=1)
+    with pytest.raises(ValueError, match="top_fraction"):
+        plot_activity(post, top_fraction=2.0)
