@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from scipy.sparse.linalg import ArpackNoConvergence, eigsh
 from sklearn.exceptions import ConvergenceWarning
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from ._checks import check_choice, check_positive_int, make_generator
 

@@ -8,6 +8,7 @@ import re
 import warnings
 
 import numpy as np
+import pandas as pd
 import pytest
 import scipy.sparse as sp
 import torch
@@ -332,7 +333,7 @@ def test_calibration_table_matches_predictions_on_the_calibration_rows(predictiv
     coverage = np.mean((y_pis[:, 0, 0] <= y_cal) & (y_cal <= y_pis[:, 1, 0]))
     row = est.calibration_.set_index("d").loc[est.n_components_]
     assert coverage == pytest.approx(row["coverage"], abs=1e-12)
-    width = np.mean(y_pis[:, 1, 0] - y_pis[:, 0, 0]) / y.std()  # calibration_ widths: standardised units
+    width = np.mean(y_pis[:, 1, 0] - y_pis[:, 0, 0])  # calibration_ widths: in the units of y
     assert width == pytest.approx(row["mean_width"], rel=1e-9)
     assert est.n_calibration_rows_ == 30
 
@@ -447,13 +448,22 @@ def _residual_rms(est, X_rows, y_rows, X_train):
 def test_noise_std_options():
     X, y = _data(n=40)
     X_cal, y_cal = _data(n=20, seed=1)
-    auto = _reg(noise_std="auto").fit(X, y, X_cal=X_cal, y_cal=y_cal)
-    assert auto.noise_std_ == pytest.approx(_residual_rms(auto, X, y, X), rel=1e-10)  # training residuals
-    assert auto.beta_ == pytest.approx((y.std() / auto.noise_std_) ** 2, rel=1e-10)  # mean: β = 1/σ² (standardised)
+    train = _reg(noise_std="training").fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    assert train.noise_std_ == pytest.approx(_residual_rms(train, X, y, X), rel=1e-10)  # training residuals
+    assert train.noise_source_ == "training"
+    assert train.beta_ == pytest.approx((y.std() / train.noise_std_) ** 2, rel=1e-10)  # mean: β = 1/σ² (standardised)
     cal = _reg(noise_std="calibration").fit(X, y, X_cal=X_cal, y_cal=y_cal)
     assert cal.noise_std_ == pytest.approx(_residual_rms(cal, X_cal, y_cal, X), rel=1e-10)
+    assert cal.noise_source_ == "calibration"
+    # "auto": training residuals with fewer than 30 calibration rows, held-out residuals from 30 on.
+    auto_few = _reg(noise_std="auto").fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    assert auto_few.noise_source_ == "training" and auto_few.noise_std_ == train.noise_std_
+    X_cal30, y_cal30 = _data(n=30, seed=2)
+    auto_many = _reg(noise_std="auto").fit(X, y, X_cal=X_cal30, y_cal=y_cal30)
+    assert auto_many.noise_source_ == "calibration"
+    assert auto_many.noise_std_ == pytest.approx(_residual_rms(auto_many, X_cal30, y_cal30, X), rel=1e-10)
     given = _reg(noise_std=0.37).fit(X, y, X_cal=X_cal, y_cal=y_cal)
-    assert given.noise_std_ == 0.37  # returned as given
+    assert given.noise_std_ == 0.37 and given.noise_source_ == "given"  # returned as given
     assert given.beta_ == pytest.approx((y.std() / 0.37) ** 2, rel=1e-12)
     standard = _reg(noise_std=0.37, scaling="standard").fit(X, y, X_cal=X_cal, y_cal=y_cal)
     assert standard.beta_ == pytest.approx(40 * (y.std() / 0.37) ** 2, rel=1e-12)  # β = N/σ²
@@ -479,3 +489,28 @@ def test_fitted_attributes():
     assert np.all(np.diff(est.eigenvalues_) <= 0)
     assert len(est.training_loss_) == SMALL["max_epochs"]
     assert not hasattr(est, "feature_names_in_")
+
+
+def test_float32_classifier_probabilities_sum_to_one():
+    X, y = _labels()
+    est = _clf(dtype="float32", max_epochs=20).fit(X, y)
+    proba = est.predict_proba(X)
+    assert proba.dtype == np.float64
+    np.testing.assert_allclose(proba.sum(axis=1), 1.0, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("predictive", ["sampled", "linearized"])
+def test_coverage_curve_extends_the_calibration_table(predictive):
+    X, y = _data(n=60)
+    X_cal, y_cal = _data(n=25, seed=1)
+    est = _reg(predictive=predictive, max_components=3).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    curve = est.coverage_curve(X_cal, y_cal)
+    assert curve["d"].tolist() == [1, 2, 3]
+    chosen = est.calibration_
+    pd.testing.assert_frame_equal(curve.iloc[: len(chosen)].reset_index(drop=True), chosen, check_exact=False,
+                                  rtol=1e-12)
+    # widths are in the units of y: equal to the mean width of predict_interval on the same rows at d = d_
+    _, pis = est.predict_interval(X_cal)
+    row = curve.loc[curve["d"] == est.n_components_].iloc[0]
+    assert row["mean_width"] == pytest.approx(np.mean(pis[:, 1, 0] - pis[:, 0, 0]), rel=1e-9)
+    assert row["coverage"] == pytest.approx(np.mean((y_cal >= pis[:, 0, 0]) & (y_cal <= pis[:, 1, 0])))

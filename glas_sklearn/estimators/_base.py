@@ -17,7 +17,7 @@ from sklearn.base import BaseEstimator
 from sklearn.model_selection import train_test_split
 from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import nn
-from tqdm.auto import tqdm
+from tqdm import tqdm
 
 from .._checks import check_confidence_levels, numpy_rng
 from .._functional import eval_view
@@ -327,6 +327,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         # choose_dimension draws one sample seed from random_state=seed; predictions use the same one, so the
         # posterior samples (in weight space, shared by all rows) are those the calibration saw.
         self._sample_seed_ = int(numpy_rng(seed).integers(0, 2**62))
+        self.calibration_seed_ = seed
 
         levels = _check_level_list(self.confidence_level)
         t0 = time.perf_counter()
@@ -335,7 +336,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         if self.n_components == "auto":
             result = choose_dimension(self.posterior_, Xc, yc, d_max=K, full_curve=False, **common)
             self.n_components_ = int(result.n_components)
-            self.calibration_ = result.table.reset_index(drop=True)
+            self.calibration_ = self._table_in_user_units(result.table.reset_index(drop=True))
             self.calibration_reached_ = bool(result.reached)
         else:
             self.n_components_ = int(self.n_components)
@@ -343,7 +344,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
                 warnings.simplefilter("ignore", CalibrationWarning)
                 result = choose_dimension(self.posterior_, Xc, yc, d_min=self.n_components_,
                                           d_max=self.n_components_, **common)
-            self.calibration_ = result.table.reset_index(drop=True)
+            self.calibration_ = self._table_in_user_units(result.table.reset_index(drop=True))
             self.calibration_reached_ = None
         timings["calibration"] = time.perf_counter() - t0
         self.sigma0_ = float(self.posterior_.fit_sigma0(self.n_components_))
@@ -413,6 +414,48 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         X = self._validate_X(X, reset=False)
         p = self.posterior_
         return self._to_tensor(self._transform_X(X), p.device, p.dtype)
+
+    def _table_in_user_units(self, table: pd.DataFrame) -> pd.DataFrame:
+        return table
+
+    def coverage_curve(self, X, y, *, d_max: int | None = None, confidence_level: float | None = None) -> pd.DataFrame:
+        """Coverage on ``(X, y)`` of the (1 − γ) intervals (or prediction sets) for every d = 1 … d_max.
+
+        The posterior samples are those of the calibration (same seed), and σ0 is refitted at every d, so
+        on the calibration rows this reproduces ``calibration_`` and extends it past the chosen d
+        (the paper's Fig. 6); on test rows it shows how coverage generalises.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features)
+        y : array-like
+            Targets (regression) or labels (classification).
+        d_max : int, optional
+            Largest d (default: every eigenpair computed in fit).
+        confidence_level : float, optional
+            Defaults to the first of the estimator's levels.
+
+        Returns
+        -------
+        pandas.DataFrame
+            Columns d, coverage, mean_width (regression, in the units of y for a single output) or
+            mean_set_size (classification), sigma0.
+        """
+        check_is_fitted(self, "posterior_")
+        X, y = self._validate_calibration(X, y)
+        p = self.posterior_
+        Xt = self._to_tensor(self._transform_X(X), p.device, p.dtype)
+        yt = self._calibration_targets(y, p.device, p.dtype)
+        if confidence_level is not None and np.ndim(confidence_level) != 0:
+            raise ValueError(f"confidence_level must be a single number, got {confidence_level!r}.")
+        level = self._levels(confidence_level)[0]
+        d_max = p.max_components if d_max is None else d_max
+        with warnings.catch_warnings():  # the whole curve is asked for, reaching the level or not
+            warnings.simplefilter("ignore", CalibrationWarning)
+            result = choose_dimension(p, Xt, yt, task=self._task, confidence_level=level, d_max=d_max,
+                                      predictive=self.predictive, n_samples=self.n_samples,
+                                      random_state=self.calibration_seed_, full_curve=True, verbose=self.verbose)
+        return self._table_in_user_units(result.table.reset_index(drop=True))
 
     def _levels(self, confidence_level) -> list[float]:
         return _check_level_list(self.confidence_level if confidence_level is None else confidence_level)

@@ -154,9 +154,10 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         Returns
         -------
         ndarray of shape (n_samples, n_classes)
-            Rows sum to 1.
+            Rows sum to 1 (renormalised in float64, also when the network runs in float32).
         """
-        return self._proba_tensor(X).detach().cpu().double().numpy()
+        probs = self._proba_tensor(X).detach().cpu().double().numpy()
+        return probs / probs.sum(axis=1, keepdims=True)
 
     def predict(self, X) -> np.ndarray:
         """The most probable class label under the GLAS predictive.

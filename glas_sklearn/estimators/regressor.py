@@ -16,6 +16,10 @@ from ._base import LaplaceActiveSubspaceBase
 
 __all__ = ["LaplaceActiveSubspaceRegressor"]
 
+_NOISE_SOURCES = ("auto", "calibration", "training")
+# Below this many held-out rows the residual variance is too noisy to prefer it over the training residuals.
+_MIN_CALIBRATION_ROWS_FOR_NOISE = 30
+
 
 class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     """Regression with a torch network and generalized Laplace active-subspace uncertainty.
@@ -50,9 +54,13 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         Interval level(s) 1 − γ; the first one is the calibration target.
     calibration_size : float or int, default=0.1
         Share (or number) of rows held out of ``X`` to choose d, when ``X_cal`` is not passed to ``fit``.
-    noise_std : "auto", "calibration" or float, default="auto"
-        Observation-noise standard deviation σ in β: estimated from the training residuals ("auto", the
-        paper's choice), from the calibration residuals, or given (in the units of y).
+    noise_std : "auto", "calibration", "training" or float, default="auto"
+        Observation-noise standard deviation σ in β: from the residuals of the held-out calibration rows
+        ("calibration"), from the training residuals ("training", the paper's choice), or given (in the
+        units of y). "auto" takes the calibration residuals when there are at least 30 calibration rows and
+        the training residuals otherwise: a network that fits its training data closely understates σ from
+        its training residuals (22× in σ² for the paper's 10⁶-weight concrete network), which inflates β and d
+        (benchmarks/results/paper_concrete.md, uci.md). The same calibration rows then also choose d.
     max_epochs, lr, batch_size, weight_decay, optimizer
         Training settings (Adam by default) when ``prefit=False``.
     standardize : bool, default=True
@@ -77,12 +85,17 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     sigma0_ : float
         The prior standard deviation at d.
     beta_ : float
+    noise_source_ : {"calibration", "training", "given"}
+        Where σ came from.
     noise_std_ : float or ndarray
         σ in the units of y (per output for multi-output y).
     eigenvalues_ : ndarray of shape (K,)
         Top eigenvalues of the GGN (in the internal, standardised units).
     calibration_ : pandas.DataFrame
-        d, coverage, mean_width, sigma0 for every d tried on the calibration data.
+        d, coverage, mean_width (in the units of y for a single output, standardised units otherwise), sigma0
+        for every d tried on the calibration data; :meth:`coverage_curve` gives the whole curve on any data.
+    calibration_seed_ : int
+        The seed of the calibration's posterior samples (predictions reuse them).
     calibration_reached_ : bool or None
         Whether the target coverage was reached (None when d was given).
     eigen_info_ : dict
@@ -143,10 +156,10 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     def _validate_hyperparameters(self) -> None:
         super()._validate_hyperparameters()
         ns = self.noise_std
-        if not (ns in ("auto", "calibration") or (isinstance(ns, numbers.Real) and not isinstance(ns, (bool, str))
-                                                  and np.isfinite(ns) and ns > 0)):
-            raise ValueError(f"LaplaceActiveSubspaceRegressor: noise_std must be 'auto', 'calibration' or a "
-                             f"positive float, got {ns!r}.")
+        if not (ns in _NOISE_SOURCES or (isinstance(ns, numbers.Real) and not isinstance(ns, (bool, str))
+                                         and np.isfinite(ns) and ns > 0)):
+            raise ValueError(f"LaplaceActiveSubspaceRegressor: noise_std must be 'auto', 'calibration', 'training' "
+                             f"or a positive float, got {ns!r}.")
 
     def _validate_train(self, X, y):
         X, y = self._validate_X(X, y, reset=True, multi_output=True, y_numeric=True)
@@ -193,12 +206,21 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     def _loss(out, y):
         return 0.5 * ((out - y) ** 2).sum(-1).mean()
 
+    def _table_in_user_units(self, table):
+        if len(self.y_scale_) == 1 and "mean_width" in table:
+            table = table.assign(mean_width=table["mean_width"] * float(self.y_scale_[0]))
+        return table
+
     def _noise_var(self, module, Xt, yt, Xc, yc):
-        if self.noise_std == "auto":
+        source = self.noise_std
+        if source == "auto":
+            source = "calibration" if len(Xc) >= _MIN_CALIBRATION_ROWS_FOR_NOISE else "training"
+        self.noise_source_ = source if isinstance(source, str) else "given"
+        if source == "training":
             return None  # training residuals, estimated inside fit_laplace_subspace
-        if self.noise_std == "calibration":
-            if len(Xc) == 0:
-                raise ValueError("noise_std='calibration' needs calibration rows.")
+        if source == "calibration":
+            if len(Xc) < 2:
+                raise ValueError(f"noise_std='calibration' needs at least 2 calibration rows, got {len(Xc)}.")
             with torch.no_grad():
                 resid = yc - eval_view(module)(Xc)
             return estimate_noise_variance(resid)
