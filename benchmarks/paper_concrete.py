@@ -391,7 +391,7 @@ def main(argv=None) -> None:
     t0 = time.perf_counter()
     est = LaplaceActiveSubspaceRegressor(
         net, prefit=True, scaling="mean", n_components="auto", max_components=K, predictive="sampled",
-        n_samples=n_samples, confidence_level=SAMPLED_LEVEL, noise_std="auto", device="cpu", random_state=seed)
+        n_samples=n_samples, confidence_level=SAMPLED_LEVEL, noise_std="training", device="cpu", random_state=seed)
     est.fit(Xtr, ytr, X_cal=Xcal, y_cal=ycal)
     timings["estimator fit (total)"] = time.perf_counter() - t0
     timings["eigen"] = est.timings_["curvature"]
