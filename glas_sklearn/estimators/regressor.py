@@ -60,7 +60,10 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         units of y). "auto" takes the calibration residuals when there are at least 30 calibration rows and
         the training residuals otherwise: a network that fits its training data closely understates σ from
         its training residuals (22× in σ² for the paper's 10⁶-weight concrete network), which inflates β and d
-        (benchmarks/results/paper_concrete.md, uci.md). The same calibration rows then also choose d.
+        and under-covers new data (benchmarks/results/paper_concrete.md). For small, well-regularised networks
+        the training residuals are unbiased enough and give somewhat narrower intervals (benchmarks/results/uci.md:
+        about 7 % better interval scores), so "training" is the better choice there. The same calibration rows
+        also choose d.
     max_epochs, lr, batch_size, weight_decay, optimizer
         Training settings (Adam by default) when ``prefit=False``.
     standardize : bool, default=True
