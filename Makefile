@@ -22,8 +22,10 @@ demo: venv
 test: venv
 	$(PY) -m pytest -q
 
+# Peers for the benchmarks, never replacing the CPU torch (see benchmarks/README.md).
 bench: venv
-	$(PY) -m pip install -q "$(TORCH)" -e ".[bench]"
+	$(PY) -m pip install -q -c benchmarks/constraints.txt -e ".[bench]"
+	$(PY) -m pip uninstall -y -q torchvision || true
 	$(PY) benchmarks/bench_ggn.py
 
 clean:
