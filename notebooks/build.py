@@ -346,7 +346,8 @@ NB01 = [
     ## The same with the scikit-learn estimator
 
     `LaplaceActiveSubspaceRegressor(module=net, prefit=True)` does the above in one `fit`: it never trains,
-    moves or modifies the network; it estimates $\sigma$ from the training residuals (`noise_std="auto"`),
+    moves or modifies the network; here it estimates $\sigma$ from the training residuals like the paper
+    (`noise_std="training"`; the default `"auto"` uses the calibration residuals when there are at least 30 rows),
     computes the eigenpairs and picks $d$ on the calibration data given as `X_cal, y_cal` (without them it holds
     out `calibration_size` of `X`). With `prefit=True` the inputs are not standardised: the network sees $x$ as it
     was trained. `dtype="float64"` matches the float64 copy of the network.
@@ -357,7 +358,7 @@ NB01 = [
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CalibrationWarning)
             regs[scaling] = LaplaceActiveSubspaceRegressor(
-                module=net64, prefit=True, dtype="float64", scaling=scaling, max_components=D_MAX,
+                module=net64, prefit=True, dtype="float64", scaling=scaling, max_components=D_MAX, noise_std="training",
                 n_samples=N_SAMPLES, confidence_level=0.9, random_state=SEED,
             ).fit(x, y.ravel(), X_cal=x_cal, y_cal=y_cal.ravel())
 
@@ -453,7 +454,8 @@ NB02 = [
     ## Four fits: {mean, standard} scaling × {sampled, linearised} predictive
 
     Each `fit` trains the network (inputs and target standardised internally), builds the GGN eigenpairs,
-    estimates the noise from the training residuals, fits $\sigma_0$ by empirical Bayes and picks the smallest $d$
+    estimates the noise from the training residuals (`noise_std="training"`, the paper's choice; the default
+    `"auto"` would use the held-out rows, see below), fits $\sigma_0$ by empirical Bayes and picks the smallest $d$
     whose 90 % intervals cover the calibration rows. With the same `random_state` the four fits draw the same
     calibration split and train the *same* network (checked below), so they differ only in the posterior.
     (The paper's linearised run uses $\pm 2\sigma_f$, i.e. 95 %; here both predictives target 90 %, so that the test
@@ -462,7 +464,7 @@ NB02 = [
     code('''
     base = LaplaceActiveSubspaceRegressor(
         module_kwargs={"hidden_layer_sizes": HIDDEN}, max_epochs=MAX_EPOCHS, max_components=MAX_COMPONENTS,
-        n_samples=N_SAMPLES, confidence_level=CONFIDENCE, random_state=SEED)
+        n_samples=N_SAMPLES, confidence_level=CONFIDENCE, random_state=SEED, noise_std="training")
 
     models, notes = {}, {}
     for scaling in ("mean", "standard"):
@@ -540,14 +542,14 @@ NB02 = [
     ### A held-out noise estimate
 
     `noise_std="calibration"` takes $\sigma$ from the residuals on the calibration rows instead of the training
-    rows. A larger $\sigma$ means a smaller $\beta = 1/\sigma^2$, a wider posterior per direction, and so a
+    rows; it is what the default `noise_std="auto"` does when there are at least 30 calibration rows. A larger $\sigma$ means a smaller $\beta = 1/\sigma^2$, a wider posterior per direction, and so a
     different $d$. (`benchmarks/paper_concrete.py` compares the two estimates on the paper's network.)
     """),
     code('''
     reg_cal = clone(base).set_params(noise_std="calibration").fit(X_train, y_train)
 
     rows = []
-    for name, m in [("training residuals ('auto')", models["mean", "sampled"]), ("calibration residuals", reg_cal)]:
+    for name, m in [("training residuals (paper)", models["mean", "sampled"]), ("calibration residuals", reg_cal)]:
         _, y_pis = m.predict_interval(X_test)
         rows.append({"noise estimate": name, "σ (MPa)": m.noise_std_, "β": m.beta_, "d": m.n_components_,
                      "calibration coverage at d": m.calibration_["coverage"].iloc[-1],
@@ -806,7 +808,7 @@ NB03 = [
     grads = [p.grad is None for p in model.parameters()]
 
     prefit = LaplaceActiveSubspaceRegressor(module=model, prefit=True, max_components=MAX_COMPONENTS,
-                                            n_samples=N_SAMPLES, random_state=SEED)
+                                            n_samples=N_SAMPLES, random_state=SEED, noise_std="training")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CalibrationWarning)
         prefit.fit(X_fit, y_fit, X_cal=X_cal, y_cal=y_cal)
@@ -821,10 +823,10 @@ NB03 = [
     '''),
     md(r"""
     A network trained long enough fits its training rows more closely than it predicts new ones; the noise
-    estimated from its training residuals (`noise_std="auto"`, the paper's choice) is then optimistic,
+    estimated from its training residuals (`noise_std="training"`, the paper's choice) is then optimistic,
     $\beta = 1/\sigma^2$ is large, and the calibration may fall short of 90 % within `max_components`.
-    `noise_std="calibration"` estimates $\sigma$ from the residuals on the calibration rows instead (a number in
-    the units of $y$ is accepted too). Refitting is cheap here: nothing is trained.
+    `noise_std="calibration"` estimates $\sigma$ from the residuals on the calibration rows instead (the default
+    `"auto"` does so from 30 calibration rows on; a number in the units of $y$ is accepted too). Refitting is cheap here: nothing is trained.
     """),
     code('''
     from sklearn.base import clone
@@ -836,7 +838,7 @@ NB03 = [
 
     X_test_num = X_test[num].to_numpy()  # fitted on arrays: pass arrays
     rows = []
-    for name, est in [("auto (training residuals)", prefit), ("calibration residuals", prefit_cal)]:
+    for name, est in [("training residuals", prefit), ("calibration residuals", prefit_cal)]:
         _, pis = est.predict_interval(X_test_num)
         rows.append({"noise_std": name, "σ (MPa)": est.noise_std_, "d": est.n_components_,
                      "reached": est.calibration_reached_, "test coverage": coverage_score(y_test, pis)[0],
@@ -845,7 +847,7 @@ NB03 = [
     '''),
     code('''
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
-    plot_calibration(prefit, ax=axes[0], label="noise_std='auto'")
+    plot_calibration(prefit, ax=axes[0], label="noise_std='training'")
     plot_calibration(prefit_cal, ax=axes[0], label="noise_std='calibration'")
     plot_intervals(prefit_cal, X_test_num, y_test, ax=axes[1])
     axes[1].set_title("noise_std='calibration', test rows — " + axes[1].get_title(), fontsize="small")
