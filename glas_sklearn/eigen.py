@@ -96,12 +96,14 @@ def _warn_unconverged(result: EigenResult, k: int) -> None:
     )
 
 
-def _orthogonalize(w: torch.Tensor, V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Remove from w its components along the orthonormal columns of V (CGS, twice)."""
-    coeff = torch.zeros(V.shape[1], dtype=torch.float64, device=w.device)
+def _orthogonalize(w: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Remove from w its components along the orthonormal rows of B (CGS, twice).
+
+    The basis is stored one vector per row, so both products read contiguous memory."""
+    coeff = torch.zeros(B.shape[0], dtype=torch.float64, device=w.device)
     for _ in range(2):
-        h = V.T @ w
-        w = w - V @ h
+        h = B @ w
+        w = w - B.T @ h
         coeff += h.to(torch.float64)
     return w, coeff
 
@@ -117,13 +119,13 @@ def _lanczos(matvec, D: int, k: int, dtype, device, *, tol: float, max_matvecs: 
              generator: torch.Generator, v0: torch.Tensor | None, bar=None) -> EigenResult:
     """Thick-restart Lanczos for the k largest eigenpairs of a symmetric PSD operator."""
     m = min(ncv, D)
-    V = torch.zeros(D, m + 1, dtype=dtype, device=device)  # basis, plus the residual direction
+    B = torch.zeros(m + 1, D, dtype=dtype, device=device)  # basis vectors as rows, plus the residual direction
     T = torch.zeros(m, m, dtype=torch.float64, device=device)  # projected matrix VᵀAV
     if v0 is None:
         v = torch.randn(D, generator=generator, dtype=torch.float64, device=generator.device).to(device, dtype)
     else:
         v = v0.to(device, dtype).clone()
-    V[:, 0] = v / v.norm()
+    B[0] = v / v.norm()
     n_kept = 0  # columns carried over from the last restart
     n_matvecs = 0
     history = []
@@ -133,11 +135,11 @@ def _lanczos(matvec, D: int, k: int, dtype, device, *, tol: float, max_matvecs: 
     while True:
         # Extend the basis from column j to m by Lanczos steps with full re-orthogonalisation.
         while j < m:
-            w = matvec(V[:, j])
+            w = matvec(B[j])
             n_matvecs += 1
             if bar is not None:
                 bar.update(1)
-            w, h = _orthogonalize(w, V[:, : j + 1])
+            w, h = _orthogonalize(w, B[: j + 1])
             T[: j + 1, j] = h
             T[j, : j + 1] = h
             beta = float(w.norm())
@@ -146,11 +148,11 @@ def _lanczos(matvec, D: int, k: int, dtype, device, *, tol: float, max_matvecs: 
             elif beta <= 1e-12 * max(1.0, float(T.diagonal()[: j + 1].abs().max())):
                 # Invariant subspace found: continue from a fresh random direction.
                 r = torch.randn(D, generator=generator, dtype=torch.float64, device=generator.device).to(device, dtype)
-                r, _ = _orthogonalize(r, V[:, : j + 1])
-                V[:, j + 1] = r / r.norm()
+                r, _ = _orthogonalize(r, B[: j + 1])
+                B[j + 1] = r / r.norm()
                 beta = 0.0
             else:
-                V[:, j + 1] = w / beta
+                B[j + 1] = w / beta
             j += 1
             if n_matvecs >= max_matvecs or (j >= k and _ritz_converged(T[:j, :j], beta, k, tol)):
                 break
@@ -167,14 +169,14 @@ def _lanczos(matvec, D: int, k: int, dtype, device, *, tol: float, max_matvecs: 
         # Thick restart: keep the leading Ritz vectors, continue from the residual direction.
         n_kept = min(size - 1, max(k + (m - k) // 2, k + 1))
         Y = y[:, :n_kept].to(dtype)
-        V[:, :n_kept] = V[:, :size] @ Y
-        V[:, n_kept] = V[:, size]
+        B[:n_kept] = Y.T @ B[:size]
+        B[n_kept] = B[size]
         T.zero_()
         T[:n_kept, :n_kept] = torch.diag(theta[:n_kept])
         # The coupling of the kept vectors to column n_kept is recomputed by its own product.
         j = n_kept
     kk = min(k, size)
-    vecs = V[:, :size] @ y[:, :kk].to(dtype)
+    vecs = (y[:, :kk].T.to(dtype) @ B[:size]).T  # (D, k), each eigenvector contiguous in memory
     return EigenResult(
         eigenvalues=theta[:kk].clone(),
         eigenvectors=vecs,
