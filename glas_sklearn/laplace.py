@@ -66,7 +66,8 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
                          noise_var: float | None = None, n_components: int = 50, sigma0="auto",
                          batch_size: int | None = None, subsample: int | None = None,
                          eigen_method: str = "lanczos", tol: float = 1e-5, random_state=None,
-                         reuse_linearization="auto", verbose: int = 0) -> LaplaceSubspace:
+                         reuse_linearization="auto", max_matvecs: int | None = None, ncv: int | None = None,
+                         verbose: int = 0) -> LaplaceSubspace:
     """Build the generalized Laplace active-subspace posterior of a trained model.
 
     Parameters
@@ -94,6 +95,9 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
     eigen_method : {"lanczos", "eigsh"}, default="lanczos"
     tol : float, default=1e-5
         Eigen-solver tolerance, relative to λ1.
+    max_matvecs, ncv : int, optional
+        Passed to :func:`~glas_sklearn.eigen.top_eigenpairs` (e.g. ``ncv=13, max_matvecs=13`` for the paper's
+        13 Lanczos steps with d = 3).
     verbose : int, default=0
         ≥ 1 shows a progress bar over the eigen-solver's products.
 
@@ -122,7 +126,7 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
     beta = beta_for(scaling, op.n_records, noise_var, task)
     t1 = time.perf_counter()
     eig = top_eigenpairs(op, n_components, method=eigen_method, tol=tol, random_state=random_state,
-                         verbose=verbose)
+                         max_matvecs=max_matvecs, ncv=ncv, verbose=verbose)
     t2 = time.perf_counter()
     op.release()
     posterior = ActiveSubspacePosterior(model, eig.eigenvalues, eig.eigenvectors, beta=beta, sigma0=sigma0)

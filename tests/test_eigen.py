@@ -110,3 +110,14 @@ def test_eigenvector_alignment():
     np.testing.assert_allclose(ref, [1.0, 0.0], atol=1e-12)
     with pytest.raises(ValueError, match="same length"):
         eigenvector_alignment([Q, torch.ones(5)])
+
+
+def test_fit_laplace_subspace_passes_the_lanczos_budget(problem):
+    from glas_sklearn.laplace import fit_laplace_subspace
+
+    net, X, _, _ = problem
+    y = torch.zeros(X.shape[0], 2, dtype=torch.float64)
+    with pytest.warns(ConvergenceWarning):
+        fitted = fit_laplace_subspace(net, X, y, n_components=6, noise_var=0.1, max_matvecs=7, ncv=7,
+                                      tol=1e-12, random_state=0)
+    assert fitted.eigen.n_matvecs == 7 and not fitted.eigen.converged
