@@ -19,7 +19,7 @@ from .eigen import EigenResult, top_eigenpairs
 from .ggn import GGNOperator
 from .posterior import ActiveSubspacePosterior, beta_for, estimate_noise_variance
 
-__all__ = ["LaplaceSubspace", "fit_laplace_subspace"]
+__all__ = ["LaplaceSubspace", "fit_laplace_subspace", "residual_noise_variance"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,7 +52,9 @@ class LaplaceSubspace:
     timings: dict = field(default_factory=dict)
 
 
-def _residual_noise_variance(model: nn.Module, X: torch.Tensor, y: torch.Tensor, batch_size: int | None) -> float:
+def residual_noise_variance(model: nn.Module, X: torch.Tensor, y: torch.Tensor,
+                            batch_size: int | None = None) -> float:
+    """σ² = mean squared residual of the model (in eval mode, at its own weights) on ``(X, y)``, over all N·M entries."""
     view = eval_view(model)
     params = {n: p.detach() for n, p in model.named_parameters()}
     size = batch_size or X.shape[0]
@@ -119,7 +121,7 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         if noise_var is None:
             if y is None:
                 raise ValueError("Regression needs y (or noise_var) to set the noise variance σ² in β.")
-            noise_var = _residual_noise_variance(model, X, y, batch_size)
+            noise_var = residual_noise_variance(model, X, y, batch_size)
         if not noise_var > 0:
             raise ValueError(f"The noise variance must be positive, got {noise_var!r} (a perfect fit to the "
                              "training data leaves β undefined); pass noise_var explicitly.")

@@ -160,7 +160,7 @@ def perturbed_copy(model: nn.Module, posterior: ActiveSubspacePosterior, z: torc
     """Context manager yielding a copy of ``model`` with weights θ0 + P_d z.
 
     Use it for code that calls ``model(...)`` directly (generation loops with state, third-party
-    samplers). Where ``torch.func.functional_call`` works, :func:`sample_parameters` is cheaper. It
+    samplers). Where ``torch.func.functional_call`` works, :func:`sample_parameters` is cheaper: it
     does not copy the module.
 
     Parameters

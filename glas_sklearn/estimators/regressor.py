@@ -9,8 +9,7 @@ import torch
 from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
-from .._functional import eval_view
-from ..posterior import estimate_noise_variance
+from ..laplace import residual_noise_variance
 from ..predictive import linearized_interval, sampled_interval
 from ._base import LaplaceActiveSubspaceBase
 
@@ -224,9 +223,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         if source == "calibration":
             if len(Xc) < 2:
                 raise ValueError(f"noise_std='calibration' needs at least 2 calibration rows, got {len(Xc)}.")
-            with torch.no_grad():
-                resid = yc - eval_view(module)(Xc)
-            return estimate_noise_variance(resid)
+            return residual_noise_variance(module, Xc, yc)
         return float(np.mean((self.noise_std / self.y_scale_) ** 2))
 
     def _set_noise(self, noise_var) -> None:
