@@ -91,6 +91,9 @@ METHODS = [
     ("glas_standard_sampled", "GLAS standard, sampled"),
     ("glas_standard_linearized", "GLAS standard, linearised"),
     ("glas_mean_linearized_calnoise", "GLAS mean, linearised, σ from calibration residuals"),
+    ("glas_mean_sampled_y", "GLAS mean, sampled, intervals for y (include_noise)"),
+    ("glas_mean_linearized_y", "GLAS mean, linearised, intervals for y (include_noise)"),
+    ("glas_standard_linearized_y", "GLAS standard, linearised, intervals for y (include_noise)"),
     ("split_conformal", "Split conformal (MAPIE, absolute)"),
     ("conformal_laplace", "Conformalised Laplace (MAPIE std_normalized, σ_f)"),
     ("conformal_laplace_noise", "Conformalised Laplace (MAPIE std_normalized, σ_f ⊕ σ)"),
@@ -274,21 +277,22 @@ def metrics(y: np.ndarray, y_pred: np.ndarray, lower: np.ndarray, upper: np.ndar
 
 # ------------------------------------------------------------------------------------------------------ methods
 def run_glas(net, X_fit, y_fit, X_cal, y_cal, X_te, y_te, *, scaling, predictive, n_samples, max_components, seed,
-             noise_std="training"):
+             noise_std="training", include_noise=False):
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         est = LaplaceActiveSubspaceRegressor(module=net, prefit=True, scaling=scaling, predictive=predictive,
                                              n_samples=n_samples, max_components=max_components,
-                                             confidence_level=LEVEL, noise_std=noise_std, random_state=seed,
-                                             device="cpu")
+                                             confidence_level=LEVEL, noise_std=noise_std,
+                                             include_noise=include_noise, random_state=seed, device="cpu")
         est.fit(X_fit, y_fit, X_cal=X_cal, y_cal=y_cal)
     t_fit = time.perf_counter() - t0
     t0 = time.perf_counter()
     y_pred, y_pis = est.predict_interval(X_te)
-    _, f_std = est.predict(X_te, return_std=True)
+    _, std = est.predict(X_te, return_std=True)  # of y with include_noise, of f otherwise
     t_pred = time.perf_counter() - t0
-    var = f_std ** 2 + est.noise_std_ ** 2
+    var = std ** 2 if include_noise else std ** 2 + est.noise_std_ ** 2
+    f_std = np.sqrt(np.maximum(var - est.noise_std_ ** 2, 0.0))
     out = metrics(y_te, y_pred, y_pis[:, 0, 0], y_pis[:, 1, 0], var, t_fit + t_pred)
     cal = est.calibration_
     out.update({"d": int(est.n_components_), "reached": bool(est.calibration_reached_),
@@ -388,6 +392,10 @@ def run_split(folder: Path, split: int, cfg: argparse.Namespace, Laplace) -> dic
     res["methods"]["glas_mean_linearized_calnoise"], _ = run_glas(
         net, X_fit, y_fit, X_cal, y_cal, X_te, y_te, scaling="mean", predictive="linearized",
         n_samples=cfg.n_samples, max_components=cfg.max_components, seed=seed, noise_std="calibration")
+    for scaling, predictive in (("mean", "sampled"), ("mean", "linearized"), ("standard", "linearized")):
+        res["methods"][f"glas_{scaling}_{predictive}_y"], _ = run_glas(
+            net, X_fit, y_fit, X_cal, y_cal, X_te, y_te, scaling=scaling, predictive=predictive,
+            n_samples=cfg.n_samples, max_components=cfg.max_components, seed=seed, include_noise=True)
     res["methods"]["split_conformal"] = run_split_conformal(net, X_cal, y_cal, X_te, y_te)
     base = ests["glas_mean_linearized"]
     t_base = res["methods"]["glas_mean_linearized"]["time"]
@@ -497,6 +505,19 @@ def findings(results: dict) -> list[str]:
                          f"{100 * np.mean(covs):.1f} % (target 90 %).")
         lines.append(f"- GLAS mean (linearised) has a better mean interval score than split conformal on "
                      f"{ours_wins} of {n_sets} sets.")
+        for key in ("glas_mean_sampled_y", "glas_mean_linearized_y", "glas_standard_linearized_y"):
+            per_set = []
+            for name, ds in results["datasets"].items():
+                summ = ds.get("summary", {})
+                if key not in summ or "split_conformal" not in summ:
+                    continue
+                is_, sc = summ[key]["interval_score"]["mean"], summ["split_conformal"]["interval_score"]["mean"]
+                per_set.append(f"{name} {is_:.3g} vs {sc:.3g} ({100 * (is_ / sc - 1):+.0f} %, coverage "
+                               f"{100 * summ[key]['coverage']['mean']:.1f} %, d = {summ[key]['d']['mean']:.1f})")
+            if per_set:
+                wins = sum(" (-" in p for p in per_set)
+                lines.append(f"- {dict(METHODS)[key]}: interval score vs split conformal — " + "; ".join(per_set)
+                             + f"; better on {wins} of {len(per_set)} sets.")
     lines.append("")
     return lines
 
@@ -519,7 +540,9 @@ def write_outputs(results: dict, out_dir: Path, stem: str) -> str:
              f"d_max = {cfg['max_components']}), noise σ from the training residuals, sampled predictive with "
              f"n_samples = {cfg['n_samples']} (the library's default is 1000); one extra row uses "
              "`noise_std=\"calibration\"` (σ from the calibration residuals) instead. GLAS intervals are the paper's "
-             "parameter-uncertainty intervals with d calibrated to cover y; its NLL uses σ_f² + σ². Conformalised "
+             "parameter-uncertainty intervals with d calibrated to cover y; its NLL uses σ_f² + σ². The rows "
+             "'intervals for y' use `include_noise=True`: intervals of f + N(0, σ²) (σ from the training residuals; "
+             "exact mixture quantiles when sampled), with d calibrated for those intervals. Conformalised "
              "Laplace wraps the GLAS mean-scaling linearised regressor (whose d was chosen on the same calibration "
              "part). laplace-torch: full Kron GGN, GLM predictive, prior precision by marginal likelihood, σ = "
              "training-residual std; intervals include σ. Deep ensemble: mean ± 1.645·sqrt(var of member means + "

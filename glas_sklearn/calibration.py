@@ -18,7 +18,6 @@ from tqdm import tqdm
 from ._checks import (
     check_choice,
     check_confidence_levels,
-    check_positive_float,
     check_positive_int,
     numpy_rng,
 )
@@ -96,7 +95,7 @@ def _check_targets(y, task: str, n: int, device: torch.device) -> torch.Tensor:
 
 def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_cal, *,
                      task: str = "regression", confidence_level: float = 0.9, d_max: int = 50,
-                     predictive: str = "sampled", n_samples: int = 1000, noise_var: float = 0.0,
+                     predictive: str = "sampled", n_samples: int = 1000, noise_var=0.0,
                      random_state=None, full_curve: bool = False, linearized_method: str = "probit",
                      batch_size: int | None = None, verbose: int = 0, d_min: int = 1) -> CalibrationResult:
     """Smallest subspace dimension d whose (1 − γ) intervals or sets cover the calibration data (eq. 42).
@@ -120,8 +119,9 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
         (common random numbers). Linearised: Gaussian intervals from J Σ Jᵀ, with J P computed once (K JVPs).
     n_samples : int, default=1000
         S for the sampled predictive (and for ``linearized_method="mc"``).
-    noise_var : float, default=0.0
-        Regression only: σ² added to the intervals (intervals for y rather than for f).
+    noise_var : float or array of shape (M,), default=0.0
+        Regression only: σ² of the observation noise added to the intervals (intervals for y rather than
+        for f; exact Gaussian-mixture quantiles for the sampled predictive). One value per output allowed.
     random_state : int, numpy Generator or None
         Seeds the samples; one seed is drawn from it and used for every d.
     full_curve : bool, default=False
@@ -158,8 +158,7 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
         raise ValueError(f"d_min={d_min} is larger than d_max={d_max} (or the {posterior.max_components} "
                          "eigenpairs available).")
     n_samples = check_positive_int("n_samples", n_samples)
-    noise_var = check_positive_float("noise_var", noise_var, allow_zero=True)
-    if task == "classification" and noise_var > 0:
+    if task == "classification" and np.any(np.asarray(noise_var) != 0):
         raise ValueError("noise_var applies to regression intervals only; leave it at 0 for classification.")
     verbose = check_positive_int("verbose", int(verbose) if isinstance(verbose, bool) else verbose, minimum=0)
 
@@ -184,7 +183,7 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
         if task == "regression":
             target = _match_regression(y, out_shape)
             if predictive == "sampled":
-                _, bounds = sampled_interval(samples, level, noise_var=noise_var, random_state=seed + 1)
+                _, bounds = sampled_interval(samples, level, noise_var=noise_var)
             else:
                 var = posterior.linearized_variance(X_cal, d, batch_size=batch_size)
                 bounds = linearized_interval(mean, var, level, noise_var=noise_var)
@@ -215,7 +214,8 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
         warnings.warn(
             f"No subspace dimension up to d_max={d_top} reached {level:.1%} coverage on the calibration data; "
             f"the best was {table['coverage'].iloc[best]:.1%} at d={int(table['d'].iloc[best])}. Using d={d_top}. "
-            "Consider a larger d_max (more eigenpairs), the 'mean' posterior scaling, or adding noise_var.",
+            "Consider a larger d_max (more eigenpairs), the 'mean' posterior scaling, or intervals for y "
+            "(noise_var here; include_noise=True on LaplaceActiveSubspaceRegressor).",
             CalibrationWarning, stacklevel=2,
         )
         chosen = d_top

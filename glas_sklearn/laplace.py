@@ -10,6 +10,7 @@ import logging
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -53,14 +54,22 @@ class LaplaceSubspace:
 
 
 def residual_noise_variance(model: nn.Module, X: torch.Tensor, y: torch.Tensor,
-                            batch_size: int | None = None) -> float:
-    """σ² = mean squared residual of the model (in eval mode, at its own weights) on ``(X, y)``, over all N·M entries."""
+                            batch_size: int | None = None, per_output: bool = False) -> float | np.ndarray:
+    """σ² = mean squared residual of the model (in eval mode, at its own weights) on ``(X, y)``.
+
+    Over all N·M entries (a float), or with ``per_output=True`` one mean per output column of an (N, M)
+    prediction (a float64 array of shape (M,); its mean is the pooled value).
+    """
     view = eval_view(model)
     params = {n: p.detach() for n, p in model.named_parameters()}
     size = batch_size or X.shape[0]
     with torch.no_grad(), autodiff_context(view, X.device):
         preds = torch.cat([forward(view, params, X[i:i + size]) for i in range(0, X.shape[0], size)])
-    return estimate_noise_variance(y.reshape(preds.shape) - preds)
+    residuals = y.reshape(preds.shape) - preds
+    if not per_output:
+        return estimate_noise_variance(residuals)
+    res = residuals.reshape(residuals.shape[0], -1)
+    return np.array([estimate_noise_variance(res[:, m]) for m in range(res.shape[1])])
 
 
 def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | None = None, *,

@@ -514,3 +514,91 @@ def test_coverage_curve_extends_the_calibration_table(predictive):
     row = curve.loc[curve["d"] == est.n_components_].iloc[0]
     assert row["mean_width"] == pytest.approx(np.mean(pis[:, 1, 0] - pis[:, 0, 0]), rel=1e-9)
     assert row["coverage"] == pytest.approx(np.mean((y_cal >= pis[:, 0, 0]) & (y_cal <= pis[:, 1, 0])))
+
+
+# ----------------------------------------------------------------------------- intervals for y
+
+
+@pytest.mark.parametrize("predictive", ["sampled", "linearized"])
+def test_include_noise_intervals_are_for_y(predictive):
+    """With include_noise the interval is that of f + N(0, σ²): Gaussian for the linearised predictive,
+    the exact quantile of the mixture over posterior samples for the sampled one (checked by brentq)."""
+    from scipy.optimize import brentq
+    from scipy.stats import norm
+
+    X, y = _data(n=60)
+    f_only = _reg(predictive=predictive, n_components=2).fit(X, y)
+    with_noise = _reg(predictive=predictive, n_components=2, include_noise=True).fit(X, y)
+    assert with_noise.noise_std_ == f_only.noise_std_ and with_noise.n_components_ == 2
+    sigma = with_noise.noise_std_
+    mean_f, std_f = f_only.predict(X[:6], return_std=True)
+    mean_y, std_y = with_noise.predict(X[:6], return_std=True)
+    np.testing.assert_allclose(mean_y, mean_f, rtol=1e-12)
+    np.testing.assert_allclose(std_y, np.sqrt(std_f**2 + sigma**2), rtol=1e-10)
+    _, pis = with_noise.predict_interval(X[:6], confidence_level=[0.5, 0.9])
+    if predictive == "linearized":
+        for k, level in enumerate([0.5, 0.9]):
+            lo, hi = norm.interval(level, loc=mean_f, scale=np.sqrt(std_f**2 + sigma**2))
+            np.testing.assert_allclose(pis[:, 0, k], lo, rtol=1e-10)
+            np.testing.assert_allclose(pis[:, 1, k], hi, rtol=1e-10)
+    else:  # the network outputs at the estimator's own posterior samples, in the units of y
+        est = with_noise
+        Xt = torch.as_tensor((X[:6] - est.x_mean_) / est.x_scale_)
+        f = est.posterior_.predict_samples(Xt, 2, est.n_samples, random_state=est._sample_seed_)
+        f = f[..., 0].numpy() * est.y_scale_[0] + est.y_mean_[0]  # (S, 6)
+        for i in range(6):
+            for k, level in enumerate([0.5, 0.9]):
+                for j, q in enumerate([(1 - level) / 2, (1 + level) / 2]):
+                    ref = brentq(lambda t: norm.cdf((t - f[:, i]) / sigma).mean() - q, -100, 100, xtol=1e-13)
+                    assert pis[i, j, k] == pytest.approx(ref, abs=1e-8)
+    # the y-interval contains the f-interval, and the calibration table saw the noise too
+    _, pis_f = f_only.predict_interval(X[:6], confidence_level=[0.5, 0.9])
+    assert np.all(pis[:, 0] <= pis_f[:, 0] + 1e-12) and np.all(pis[:, 1] >= pis_f[:, 1] - 1e-12)
+    assert with_noise.calibration_["mean_width"].iloc[0] > f_only.calibration_["mean_width"].iloc[0]
+
+
+def test_include_noise_calibrates_and_covers_new_data():
+    rng = np.random.default_rng(5)
+    X = rng.uniform(-2, 2, size=(900, 1))
+    y = np.sin(2 * X[:, 0]) + 0.3 * rng.standard_normal(900)
+    est = _reg(module_kwargs=dict(hidden_layer_sizes=(20,)), max_epochs=300, lr=0.01, batch_size=128,
+               include_noise=True, n_samples=200, max_components=10, calibration_size=200)
+    est.fit(X[:600], y[:600])
+    assert est.noise_source_ == "calibration" and est.noise_std_ == pytest.approx(0.3, rel=0.2)
+    assert est.calibration_reached_ and est.calibration_["coverage"].iloc[-1] >= 0.9 - 1e-9
+    _, pis = est.predict_interval(X[600:])
+    coverage = np.mean((y[600:] >= pis[:, 0, 0]) & (y[600:] <= pis[:, 1, 0]))
+    assert 0.85 <= coverage <= 0.96  # 300 rows: the standard error of a 90 % coverage is 1.7 points
+    # draws of y spread like f plus the noise
+    draws = est.sample_y(X[600:603], n_samples=4000, random_state=1)
+    _, std_y = est.predict(X[600:603], return_std=True)
+    np.testing.assert_allclose(draws.std(axis=1), std_y, rtol=0.08)
+
+
+def test_include_noise_multi_output_uses_each_outputs_noise():
+    X, _ = _data(n=60)
+    rng = np.random.default_rng(3)
+    f = np.sin(2 * X[:, 0]) + 0.5 * X[:, 1]
+    Y = np.column_stack([f + 0.05 * rng.standard_normal(60), 2 * f + 1.0 * rng.standard_normal(60)])
+    est = _reg(include_noise=True, noise_std="training", n_components=1, predictive="linearized",
+               calibration_size=10).fit(X, Y)
+    # per-output σ = RMS of each column's training residuals (the rows left after the calibration split)
+    from sklearn.model_selection import train_test_split
+
+    X_train, _, Y_train, _ = train_test_split(X, Y, test_size=10, random_state=est.calibration_seed_)
+    with torch.no_grad():
+        out = est.module_(torch.as_tensor((X_train - est.x_mean_) / est.x_scale_)).numpy()
+    rms = np.sqrt(((Y_train - (out * est.y_scale_ + est.y_mean_)) ** 2).mean(0))
+    np.testing.assert_allclose(est.noise_std_, rms, rtol=1e-10)
+    assert est.noise_std_[1] > 3 * est.noise_std_[0]  # the columns' noise differs; one pooled σ would not
+    mean, std = est.predict(X[:4], return_std=True)
+    f_only = _reg(include_noise=False, noise_std="training", n_components=1, predictive="linearized",
+                  calibration_size=10).fit(X, Y)
+    _, std_f = f_only.predict(X[:4], return_std=True)
+    np.testing.assert_allclose(std, np.sqrt(std_f**2 + est.noise_std_**2), rtol=1e-10)
+
+
+def test_include_noise_must_be_bool():
+    X, y = _data()
+    with pytest.raises(ValueError, match="include_noise must be True or False"):
+        _reg(include_noise="yes").fit(X, y)

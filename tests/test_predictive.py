@@ -3,6 +3,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
+from scipy.optimize import brentq
 from scipy.stats import norm
 
 from glas_sklearn.predictive import (
@@ -43,28 +44,68 @@ def test_sampled_interval_matches_numpy_quantiles():
     np.testing.assert_allclose(bounds_t.numpy()[..., 0], bounds[..., 1])
 
 
-def test_sampled_interval_with_noise():
-    zero = torch.zeros(40000, 3, 1, dtype=torch.float64)
-    _, b = sampled_interval(zero, [0.9], noise_var=0.25, random_state=0)
-    half = 0.5 * norm.ppf(0.95)
-    # quantile standard error at the 5 % tail ≈ 0.0055 for σ = 0.5 and S = 40000
-    np.testing.assert_allclose(b[:, 0, 1, 0].numpy(), half, atol=0.03)
-    np.testing.assert_allclose(b[:, 0, 0, 0].numpy(), -half, atol=0.03)
-    _, b2 = sampled_interval(zero, [0.9], noise_var=0.25, random_state=0)
-    assert torch.equal(b, b2)
+def _mixture_quantile(f, sd, q):
+    """Independent reference: brentq on the mixture CDF (1/S) Σ Φ((t − f_s)/σ) = q."""
+    return brentq(lambda t: norm.cdf((t - f) / sd).mean() - q, f.min() - 20 * sd, f.max() + 20 * sd, xtol=1e-14)
+
+
+@pytest.mark.parametrize("noise_var", [0.25, [0.5, 0.01]])
+def test_sampled_interval_with_noise_is_the_mixture_quantile(noise_var):
+    rng = np.random.default_rng(0)
+    samples = rng.normal(size=(300, 6, 2)) * np.array([0.3, 2.0]) + np.array([1.0, -4.0])
+    levels = [0.9, 0.5]
+    _, b = sampled_interval(samples, levels, noise_var=noise_var)
+    sd = np.sqrt(np.broadcast_to(np.asarray(noise_var, dtype=float), (2,)))
+    for i, m, k in itertools.product(range(6), range(2), range(2)):
+        g = 1 - levels[k]
+        assert b[i, m, 0, k] == pytest.approx(_mixture_quantile(samples[:, i, m], sd[m], g / 2), abs=1e-9)
+        assert b[i, m, 1, k] == pytest.approx(_mixture_quantile(samples[:, i, m], sd[m], 1 - g / 2), abs=1e-9)
+    # deterministic, and a row's interval does not depend on the other rows
+    _, again = sampled_interval(samples[:, 2:4], levels, noise_var=noise_var)
+    np.testing.assert_array_equal(again, b[2:4])
+
+
+def test_sampled_interval_with_noise_limits_and_float32():
+    zero = torch.zeros(50, 3, 1, dtype=torch.float64)
+    _, b = sampled_interval(zero, [0.9], noise_var=0.25)  # all samples equal: exactly N(0, 0.25)
+    np.testing.assert_allclose(b[:, 0, 1, 0].numpy(), 0.5 * norm.ppf(0.95), rtol=1e-10)
+    np.testing.assert_allclose(b[:, 0, 0, 0].numpy(), -0.5 * norm.ppf(0.95), rtol=1e-10)
     _, b0 = sampled_interval(zero, [0.9])
     assert torch.count_nonzero(b0) == 0
+    # large noise: the mixture is close to the moment-matched Gaussian
+    rng = np.random.default_rng(1)
+    f = rng.normal(size=(2000, 4, 1)) * 0.1
+    _, b = sampled_interval(f, 0.95, noise_var=100.0)
+    np.testing.assert_allclose(b[:, 0, 1, 0], f.mean(0)[:, 0] + norm.ppf(0.975) * np.sqrt(100 + f.var(0)[:, 0]),
+                               rtol=1e-4)
+    # float32 samples: level accuracy 1e-6 in the mixture CDF
+    f32 = torch.tensor(rng.normal(size=(500, 20, 1)), dtype=torch.float32)
+    _, b32 = sampled_interval(f32, 0.9, noise_var=0.01)
+    assert b32.dtype == torch.float32
+    for i in range(20):
+        cdf = norm.cdf((float(b32[i, 0, 1, 0]) - f32[:, i, 0].double().numpy()) / 0.1).mean()
+        assert abs(cdf - 0.95) < 2e-6
+
+
+def test_noise_var_checks():
+    s = np.zeros((4, 3, 2))
+    for bad in (-1.0, [0.1, -0.1], [0.1, 0.2, 0.3], [[0.1, 0.2]], float("nan"), "0.1"):
+        with pytest.raises(ValueError, match="noise_var"):
+            sampled_interval(s, 0.9, noise_var=bad)
+        with pytest.raises(ValueError, match="noise_var"):
+            linearized_interval(s[0], s[0], 0.9, noise_var=bad)
 
 
 def test_linearized_interval():
     mean = np.array([[0.0, 1.0], [2.0, -1.0]])
     var = np.array([[1.0, 4.0], [0.25, 0.0]])
-    b = linearized_interval(mean, var, [0.68, 0.95], noise_var=0.5)
-    assert b.shape == (2, 2, 2, 2)
-    for i, lev in enumerate([0.68, 0.95]):
-        lo, hi = norm.interval(lev, loc=mean, scale=np.sqrt(var + 0.5))
-        np.testing.assert_allclose(b[..., 0, i], lo, rtol=1e-12)
-        np.testing.assert_allclose(b[..., 1, i], hi, rtol=1e-12)
+    for noise in (0.5, np.array([0.5, 2.0])):
+        b = linearized_interval(mean, var, [0.68, 0.95], noise_var=noise)
+        assert b.shape == (2, 2, 2, 2)
+        for i, lev in enumerate([0.68, 0.95]):
+            lo, hi = norm.interval(lev, loc=mean, scale=np.sqrt(var + noise))
+            np.testing.assert_allclose(b[..., 0, i], lo, rtol=1e-12)
+            np.testing.assert_allclose(b[..., 1, i], hi, rtol=1e-12)
     b_t = linearized_interval(torch.tensor(mean), torch.tensor(var), 0.9)
     assert isinstance(b_t, torch.Tensor) and b_t.shape == (2, 2, 2, 1)
     assert b_t[1, 1, 0, 0] == b_t[1, 1, 1, 0] == -1.0  # zero variance, no noise: a point
@@ -88,8 +129,6 @@ def test_regression_bad_inputs():
         linearized_interval(np.zeros((3, 1)), -np.ones((3, 1)), 0.9)
     with pytest.raises(ValueError, match="NaN"):
         sampled_interval(np.full((4, 3, 1), np.nan), 0.9)
-    with pytest.raises(ValueError, match="noise_var"):
-        sampled_interval(np.zeros((4, 3, 1)), 0.9, noise_var=-1.0)
     with pytest.raises(ValueError, match="shape"):
         sampled_interval(np.zeros(4), 0.9)
 

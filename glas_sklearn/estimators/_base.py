@@ -332,7 +332,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         levels = _check_level_list(self.confidence_level)
         t0 = time.perf_counter()
         common = dict(task=self._task, confidence_level=levels[0], predictive=self.predictive,
-                      n_samples=self.n_samples, random_state=seed, verbose=self.verbose)
+                      n_samples=self.n_samples, noise_var=self._interval_noise_var(), random_state=seed,
+                      verbose=self.verbose)
         if self.n_components == "auto":
             result = choose_dimension(self.posterior_, Xc, yc, d_max=K, full_curve=False, **common)
             self.n_components_ = int(result.n_components)
@@ -418,6 +419,10 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
     def _table_in_user_units(self, table: pd.DataFrame) -> pd.DataFrame:
         return table
 
+    def _interval_noise_var(self):
+        """Observation-noise variance added to intervals (internal units); 0 for parameter uncertainty only."""
+        return 0.0
+
     def coverage_curve(self, X, y, *, d_max: int | None = None, confidence_level: float | None = None) -> pd.DataFrame:
         """Coverage on ``(X, y)`` of the (1 − γ) intervals (or prediction sets) for every d = 1 … d_max.
 
@@ -454,6 +459,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             warnings.simplefilter("ignore", CalibrationWarning)
             result = choose_dimension(p, Xt, yt, task=self._task, confidence_level=level, d_max=d_max,
                                       predictive=self.predictive, n_samples=self.n_samples,
+                                      noise_var=self._interval_noise_var(),
                                       random_state=self.calibration_seed_, full_curve=True, verbose=self.verbose)
         return self._table_in_user_units(result.table.reset_index(drop=True))
 

@@ -9,6 +9,7 @@ import torch
 from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
+from .._checks import make_generator, numpy_rng
 from ..laplace import residual_noise_variance
 from ..predictive import linearized_interval, sampled_interval
 from ._base import LaplaceActiveSubspaceBase
@@ -63,6 +64,12 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         the training residuals are unbiased enough and give somewhat narrower intervals (benchmarks/results/uci.md:
         about 7 % better interval scores), so "training" is the better choice there. The same calibration rows
         also choose d.
+    include_noise : bool, default=False
+        False (the paper): intervals, ``predict(return_std=True)`` and ``sample_y`` describe the network
+        output f(x; θ) under the weight posterior, and d is chosen so that these intervals cover y.
+        True: they describe y = f(x; θ) + ε with ε ~ N(0, σ²), σ = ``noise_std_`` per output (exact
+        Gaussian-mixture quantiles for the sampled predictive), and d is chosen for those intervals:
+        prediction intervals in the usual statistical sense, usually reaching the level at a smaller d.
     max_epochs, lr, batch_size, weight_decay, optimizer
         Training settings (Adam by default) when ``prefit=False``.
     standardize : bool, default=True
@@ -142,7 +149,8 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
     def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="mean", n_components="auto",
                  max_components=50, sigma0="auto", predictive="sampled", n_samples=1000, confidence_level=0.9,
-                 calibration_size=0.1, noise_std="auto", max_epochs=500, lr=1e-3, batch_size=64,
+                 calibration_size=0.1, noise_std="auto", include_noise=False, max_epochs=500, lr=1e-3,
+                 batch_size=64,
                  weight_decay=0.0, optimizer="adam", standardize=True, subsample=None, eigen_method="lanczos",
                  device="auto", dtype="float32", random_state=None, verbose=0):
         super().__init__(
@@ -153,6 +161,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             subsample=subsample, eigen_method=eigen_method, device=device, dtype=dtype,
             random_state=random_state, verbose=verbose)
         self.noise_std = noise_std
+        self.include_noise = include_noise
 
     # ------------------------------------------------------------------ hooks
     def _validate_hyperparameters(self) -> None:
@@ -162,6 +171,9 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
                                          and np.isfinite(ns) and ns > 0)):
             raise ValueError(f"LaplaceActiveSubspaceRegressor: noise_std must be 'auto', 'calibration', 'training' "
                              f"or a positive float, got {ns!r}.")
+        if not isinstance(self.include_noise, (bool, np.bool_)):
+            raise ValueError(f"LaplaceActiveSubspaceRegressor: include_noise must be True or False, "
+                             f"got {self.include_noise!r}.")
 
     def _validate_train(self, X, y):
         X, y = self._validate_X(X, y, reset=True, multi_output=True, y_numeric=True)
@@ -214,26 +226,30 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         return table
 
     def _noise_var(self, module, Xt, yt, Xc, yc):
+        """σ² for β (pooled over outputs, internal units); the per-output values are kept for intervals."""
         source = self.noise_std
         if source == "auto":
             source = "calibration" if len(Xc) >= _MIN_CALIBRATION_ROWS_FOR_NOISE else "training"
         self.noise_source_ = source if isinstance(source, str) else "given"
         if source == "training":
-            return None  # training residuals, estimated inside fit_laplace_subspace
-        if source == "calibration":
+            per_output = residual_noise_variance(module, Xt, yt, per_output=True)
+        elif source == "calibration":
             if len(Xc) < 2:
                 raise ValueError(f"noise_std='calibration' needs at least 2 calibration rows, got {len(Xc)}.")
-            return residual_noise_variance(module, Xc, yc)
-        return float(np.mean((self.noise_std / self.y_scale_) ** 2))
+            per_output = residual_noise_variance(module, Xc, yc, per_output=True)
+        else:
+            per_output = (float(self.noise_std) / self.y_scale_) ** 2
+        self._noise_var_out = np.asarray(per_output, dtype=np.float64)
+        return float(np.mean(self._noise_var_out))
 
     def _set_noise(self, noise_var) -> None:
-        if noise_var is None:  # a float scaling (β given) needs no noise level
-            std = np.full_like(self.y_scale_, np.nan)
-        else:
-            std = np.sqrt(noise_var) * self.y_scale_
-        if self._y_1d and not isinstance(self.noise_std, str):
-            std = np.array([float(self.noise_std)])  # a given σ is reported exactly as given
+        std = np.sqrt(self._noise_var_out) * self.y_scale_
+        if not isinstance(self.noise_std, str):
+            std = np.full_like(std, float(self.noise_std))  # a given σ is reported exactly as given
         self.noise_std_ = float(std[0]) if self._y_1d else std
+
+    def _interval_noise_var(self):
+        return self._noise_var_out if self.include_noise else 0.0
 
     # ------------------------------------------------------------------- API
     def fit(self, X, y, *, X_cal=None, y_cal=None) -> "LaplaceActiveSubspaceRegressor":
@@ -253,13 +269,19 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         return self._fit(X, y, X_cal, y_cal)
 
     def _moments(self, X):
-        """Predictive mean and standard deviation of f in internal units, (n, M) each."""
+        """Predictive mean and standard deviation (of f, or of y with ``include_noise``) in internal units,
+        (n, M) each, and the samples of f (sampled predictive) or None."""
         Xt = self._check_fitted_X(X)
         p, d = self.posterior_, self.n_components_
         if self.predictive == "sampled":
             s = p.predict_samples(Xt, d, self.n_samples, random_state=self._sample_seed_)
-            return s.mean(0), s.std(0), s
-        return p.predict_mean(Xt), p.linearized_variance(Xt, d).clamp_min(0).sqrt(), None
+            mean, var = s.mean(0), s.var(0, unbiased=False)
+        else:
+            s = None
+            mean, var = p.predict_mean(Xt), p.linearized_variance(Xt, d).clamp_min(0)
+        if self.include_noise:
+            var = var + torch.as_tensor(self._noise_var_out, dtype=var.dtype, device=var.device)
+        return mean, var.sqrt(), s
 
     def _to_user_units(self, t: torch.Tensor, shift: bool = True) -> np.ndarray:
         out = t.detach().cpu().double().numpy() * self.y_scale_.reshape((-1,) + (1,) * (t.ndim - 2))
@@ -274,8 +296,8 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         ----------
         X : array-like of shape (n_samples, n_features)
         return_std : bool, default=False
-            Also return the predictive standard deviation of f (parameter uncertainty only; add
-            ``noise_std_`` in quadrature for y).
+            Also return the predictive standard deviation: of f (parameter uncertainty only), or of y
+            (``noise_std_`` added in quadrature) with ``include_noise=True``.
 
         Returns
         -------
@@ -290,7 +312,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         return (y_pred, y_std) if return_std else y_pred
 
     def predict_interval(self, X, confidence_level=None) -> tuple[np.ndarray, np.ndarray]:
-        """Central (1 − γ) intervals of the GLAS predictive.
+        """Central (1 − γ) intervals of the GLAS predictive (for f, or for y with ``include_noise=True``).
 
         Parameters
         ----------
@@ -308,8 +330,8 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         levels = self._levels(confidence_level)
         mean, std, samples = self._moments(X)
         if samples is not None:
-            _, bounds = sampled_interval(samples, levels)
-        else:
+            _, bounds = sampled_interval(samples, levels, noise_var=self._interval_noise_var())
+        else:  # std already holds the noise with include_noise
             bounds = linearized_interval(mean, std**2, levels)
         y_pred = self._to_user_units(mean)
         b = bounds.detach().cpu().double().numpy() * self.y_scale_[None, :, None, None] \
@@ -319,7 +341,8 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         return y_pred, b
 
     def sample_y(self, X, n_samples: int = 1, random_state=0) -> np.ndarray:
-        """Draws of f(x; θ) for θ from the posterior, pushed through the network.
+        """Draws of f(x; θ) for θ from the posterior, pushed through the network (plus N(0, σ²) noise
+        with ``include_noise=True``: draws of y).
 
         Parameters
         ----------
@@ -333,6 +356,11 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         """
         Xt = self._check_fitted_X(X)
         s = self.posterior_.predict_samples(Xt, self.n_components_, n_samples, random_state=random_state)
+        if self.include_noise:
+            gen = make_generator(None if random_state is None else numpy_rng(random_state).integers(2**62) + 1,
+                                 s.device)
+            sd = torch.as_tensor(np.sqrt(self._noise_var_out), dtype=s.dtype, device=s.device)
+            s = s + sd * torch.randn(s.shape, generator=gen, dtype=s.dtype, device=s.device)
         out = self._to_user_units(s.permute(1, 2, 0))
         return out[:, 0, :] if self._y_1d else out
 
