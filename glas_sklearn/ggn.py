@@ -84,6 +84,12 @@ class GGNOperator:
         that is in sequences for sequence data.
     random_state : int, numpy Generator or None
         Seeds the subsample.
+    trim_padding : bool, default=False
+        Only for *causal* sequence models, whose output at position t depends on inputs up to t alone
+        (autoregressive RNNs, causal transformers): the rows are sorted by their last real position into
+        mini-batches, and each mini-batch is cut after its last real position. G is unchanged and the cost
+        follows the real tokens rather than the padded length. Wrong for bidirectional models. Needs
+        ``mask``, with X's first two axes equal to the mask's.
     reuse_linearization : bool or "auto", default="auto"
         Keep each mini-batch's forward graph and its transposed (double-backward) graph between
         products, so a product costs one cached JVP and one cached VJP (about 1.3× a forward and
@@ -117,7 +123,7 @@ class GGNOperator:
 
     def __init__(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor | None = None, *,
                  loss: str = "mse", batch_size: int | None = None, mask: torch.Tensor | None = None,
-                 subsample: int | None = None, random_state=None,
+                 subsample: int | None = None, random_state=None, trim_padding: bool = False,
                  reuse_linearization: bool | str = "auto") -> None:
         self.loss = check_choice("loss", loss, _LOSSES)
         self.layout = ParameterLayout.from_model(model)
@@ -141,6 +147,13 @@ class GGNOperator:
                 raise ValueError(f"mask is on {mask.device}, but the model lives on {self.device}.")
             if mask.shape[0] != n_rows:
                 raise ValueError(f"mask has {mask.shape[0]} rows but X has {n_rows}; they must match.")
+        if not isinstance(trim_padding, (bool, np.bool_)):
+            raise ValueError(f"trim_padding must be True or False, got {trim_padding!r}.")
+        if trim_padding and (mask is None or X.ndim < 2 or tuple(X.shape[:2]) != tuple(mask.shape)):
+            raise ValueError("trim_padding=True needs the padding mask (mask=...) with X's first two axes equal to "
+                             f"the mask's; got X {tuple(X.shape)} and mask "
+                             f"{None if mask is None else tuple(mask.shape)}.")
+        self.trim_padding = bool(trim_padding)
         self.batch_size = check_positive_int("batch_size", batch_size, allow_none=True)
         subsample = check_positive_int("subsample", subsample, allow_none=True)
         if subsample is not None:
@@ -153,7 +166,6 @@ class GGNOperator:
             self.indices_ = idx
         else:
             self.indices_ = None
-        self._X, self._mask = X, mask
 
         with torch.no_grad(), autodiff_context(self._model, self.device):
             probe = forward(self._model, self._params, X[:1])
@@ -176,14 +188,31 @@ class GGNOperator:
         if self.n_records == 0:
             raise ValueError("The mask leaves no record: every position is padding.")
 
-        size = self.batch_size or X.shape[0]
-        self._batches = [slice(i, min(i + size, X.shape[0])) for i in range(0, X.shape[0], size)]
+        self._batches = self._make_batches(X, mask)
         if reuse_linearization not in (True, False, "auto"):
             raise ValueError(f"reuse_linearization must be True, False or 'auto', got {reuse_linearization!r}.")
         self.reuse_linearization = reuse_linearization
         self._cache: list | None = None
         self._use_cache: bool | None = None
         self.n_products = 0
+
+    def _make_batches(self, X: torch.Tensor, mask: torch.Tensor | None) -> list:
+        """(inputs, mask) per mini-batch: views of consecutive rows, or with ``trim_padding`` length-sorted
+        rows cut after the batch's last real position (batches of padding only are dropped)."""
+        n = X.shape[0]
+        size = self.batch_size or n
+        if not self.trim_padding:
+            return [(X[i:i + size], None if mask is None else mask[i:i + size]) for i in range(0, n, size)]
+        positions = torch.arange(1, mask.shape[1] + 1, device=mask.device)
+        needed = (mask * positions).amax(dim=1)  # columns up to the last real position of each row
+        order = torch.argsort(needed.cpu(), stable=True).to(mask.device)
+        batches = []
+        for i in range(0, n, size):
+            rows = order[i:i + size]
+            t = int(needed[rows].max())
+            if t > 0:
+                batches.append((X[rows][:, :t], mask[rows][:, :t]))
+        return batches
 
     # ------------------------------------------------------------------ checks
     def _check_data(self, name: str, X) -> torch.Tensor:
@@ -209,15 +238,15 @@ class GGNOperator:
                 f"batches={len(self._batches)}, dtype={self.dtype}, device={self.device})")
 
     # --------------------------------------------------------------- per batch
-    def _record_weight(self, sl: slice, out: torch.Tensor) -> torch.Tensor:
+    def _record_weight(self, mask: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
         """1/N at every record of the batch (0 at padding), broadcastable against ``out``."""
-        if self._mask is None:
+        if mask is None:
             return torch.full((1,) * out.ndim, 1.0 / self.n_records, dtype=out.dtype, device=out.device)
-        return (self._mask[sl].to(out.dtype) / self.n_records).unsqueeze(-1)
+        return (mask.to(out.dtype) / self.n_records).unsqueeze(-1)
 
     def _estimate_cache_bytes(self) -> int:
-        """Bytes the autograd graph of one mini-batch saves, times 3 (forward + transposed graph),
-        times the number of mini-batches."""
+        """Bytes the autograd graph of the first mini-batch saves, times 3 (forward + transposed graph),
+        scaled to all mini-batches by their number of input cells (rows × positions)."""
         total = 0
 
         def pack(t):
@@ -225,25 +254,29 @@ class GGNOperator:
             total += t.numel() * t.element_size()
             return t
 
-        sl = self._batches[0]
+        first = self._batches[0][0]
         leaves = {n: p.detach().requires_grad_() for n, p in self._params.items()}
         with autodiff_context(self._model, self.device), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            forward(self._model, leaves, self._X[sl])
-        return 3 * total * len(self._batches)
+            forward(self._model, leaves, first)
+
+        def cells(x):
+            return x.shape[0] * (x.shape[1] if self.trim_padding else 1)
+
+        return int(3 * total * sum(cells(xb) for xb, _ in self._batches) / cells(first))
 
     def _build_cache(self) -> list:
         """Per mini-batch: the output graph at θ0 and the transposed graph u ↦ Jᵀu (kept for J v)."""
         cache = []
         with autodiff_context(self._model, self.device):
-            for sl in self._batches:
+            for xb, mb in self._batches:
                 leaves = [p.detach().requires_grad_() for p in self._params.values()]
-                out = forward(self._model, dict(zip(self.layout.names, leaves)), self._X[sl])
+                out = forward(self._model, dict(zip(self.layout.names, leaves)), xb)
                 dummy = torch.zeros_like(out, requires_grad=True)
                 grads = torch.autograd.grad(out, leaves, dummy, create_graph=True, allow_unused=True)
                 live = [i for i, g in enumerate(grads) if g is not None and g.requires_grad]
                 probs = torch.softmax(out.detach(), dim=-1) if self.loss == "cross_entropy" else None
                 cache.append((out, leaves, dummy, [grads[i] for i in live], live, probs,
-                              self._record_weight(sl, out)))
+                              self._record_weight(mb, out)))
         return cache
 
     def _decide_cache(self) -> bool:
@@ -281,15 +314,15 @@ class GGNOperator:
     def _product_streamed(self, tangents: list) -> torch.Tensor:
         result = torch.zeros(self.layout.size, dtype=self.dtype, device=self.device)
         with autodiff_context(self._model, self.device):
-            for sl in self._batches:
+            for xb, mb in self._batches:
                 leaves = [p.detach().requires_grad_() for p in self._params.values()]
                 with fwAD.dual_level():
                     duals = {n: fwAD.make_dual(p, t) for n, p, t in zip(self.layout.names, leaves, tangents)}
-                    primal, jv = fwAD.unpack_dual(forward(self._model, duals, self._X[sl]))
+                    primal, jv = fwAD.unpack_dual(forward(self._model, duals, xb))
                 if jv is None:
                     continue
                 probs = torch.softmax(primal.detach(), dim=-1) if self.loss == "cross_entropy" else None
-                hjv = _output_hessian_product(self.loss, primal, probs, jv.detach()) * self._record_weight(sl, primal)
+                hjv = _output_hessian_product(self.loss, primal, probs, jv.detach()) * self._record_weight(mb, primal)
                 vjp = torch.autograd.grad(primal, leaves, hjv, allow_unused=True)
                 result += self.layout.flatten([torch.zeros_like(p) if g is None else g for g, p in zip(vjp, leaves)])
         return result

@@ -77,8 +77,8 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
                          noise_var: float | None = None, n_components: int = 50, sigma0="auto",
                          batch_size: int | None = None, subsample: int | None = None,
                          eigen_method: str = "lanczos", tol: float = 1e-5, random_state=None,
-                         reuse_linearization="auto", max_matvecs: int | None = None, ncv: int | None = None,
-                         verbose: int = 0) -> LaplaceSubspace:
+                         reuse_linearization="auto", trim_padding: bool = False, max_matvecs: int | None = None,
+                         ncv: int | None = None, verbose: int = 0) -> LaplaceSubspace:
     """Build the generalized Laplace active-subspace posterior of a trained model.
 
     Parameters
@@ -101,8 +101,10 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         K, the number of eigenpairs computed (the largest d available afterwards).
     sigma0 : "auto" or float, default="auto"
         Prior standard deviation; "auto" = empirical Bayes at each d.
-    batch_size, subsample, random_state, reuse_linearization
-        Passed to :class:`~glas_sklearn.ggn.GGNOperator` (``random_state`` also seeds Lanczos).
+    batch_size, subsample, random_state, reuse_linearization, trim_padding
+        Passed to :class:`~glas_sklearn.ggn.GGNOperator` (``random_state`` also seeds Lanczos;
+        ``trim_padding=True`` cuts length-sorted mini-batches after their last real token, for causal
+        sequence models only).
     eigen_method : {"lanczos", "eigsh"}, default="lanczos"
     tol : float, default=1e-5
         Eigen-solver tolerance, relative to λ1.
@@ -121,7 +123,8 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
     task = "regression" if loss == "mse" else "classification"
     t0 = time.perf_counter()
     op = GGNOperator(model, X, y, loss=loss, batch_size=batch_size, mask=mask, subsample=subsample,
-                     random_state=random_state, reuse_linearization=reuse_linearization)
+                     random_state=random_state, trim_padding=trim_padding,
+                     reuse_linearization=reuse_linearization)
     D = op.shape[0]
     if n_components >= D:
         raise ValueError(f"n_components={n_components} eigenpairs requested, but the model has only D={D} "

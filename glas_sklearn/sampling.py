@@ -70,13 +70,12 @@ from typing import Iterator, Sequence
 import numpy as np
 import pandas as pd
 import torch
-from scipy.sparse.linalg import LinearOperator
 from torch import nn
 
 from ._checks import check_choice, check_positive_int, numpy_rng
 from ._functional import ParameterLayout
 from .eigen import eigenvector_alignment, top_eigenpairs
-from .ggn import GGNOperator, _available_memory
+from .ggn import GGNOperator
 from .posterior import ActiveSubspacePosterior
 
 __all__ = ["sample_parameters", "perturbed_copy", "subsample_alignment"]
@@ -220,71 +219,11 @@ def perturbed_copy(model: nn.Module, posterior: ActiveSubspacePosterior, z: torc
 # ------------------------------------------------------------------------- subsampling check
 
 
-class _PaddingTrimmedGGN:
-    """G over sequence rows, one GGNOperator per length-sorted mini-batch cut after its last real position.
-
-    G = Σ_b (N_b / N) G_b is exactly the GGN of all rows when outputs at real positions do not depend on
-    later inputs (causal models). The cost is then proportional to the real tokens, not the padded length.
-    """
-
-    def __init__(self, model, X, mask, loss, batch_size, reuse_linearization):
-        n, T = mask.shape
-        positions = torch.arange(1, T + 1, device=mask.device)
-        needed = (mask * positions).amax(dim=1)  # columns up to the last real position of each row
-        order = torch.argsort(needed.cpu(), stable=True).to(mask.device)
-        size = batch_size or n
-        self._parts = []
-        for i in range(0, n, size):
-            rows = order[i:i + size]
-            t = int(needed[rows].max())
-            if t == 0:  # only padding: no records
-                continue
-            self._parts.append(GGNOperator(model, X[rows][:, :t], loss=loss, mask=mask[rows][:, :t],
-                                           reuse_linearization=False))
-        self.n_records = sum(op.n_records for op in self._parts)
-        first = self._parts[0]
-        self.dtype, self.device, self.layout = first.dtype, first.device, first.layout
-        self.loss = loss
-        if reuse_linearization == "auto":  # one decision for all parts: their caches add up
-            need = sum(op._estimate_cache_bytes() for op in self._parts)
-            reuse_linearization = need <= _available_memory(self.device)
-        for op in self._parts:
-            op.reuse_linearization = bool(reuse_linearization)
-
-    @property
-    def shape(self) -> tuple[int, int]:
-        return self._parts[0].shape
-
-    def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
-        out = None
-        for op in self._parts:
-            term = (op @ v) * (op.n_records / self.n_records)
-            out = term if out is None else out + term
-        return out
-
-    def release(self) -> None:
-        for op in self._parts:
-            op.release()
-
-    def to_scipy(self, dtype=np.float64) -> LinearOperator:
-        np_dtype = np.dtype(dtype)
-
-        def mv(x):
-            x = np.asarray(x)
-            t = torch.as_tensor(x.reshape(x.shape[0], -1), dtype=self.dtype).to(self.device)
-            out = self @ t
-            return out.cpu().numpy().astype(np_dtype, copy=False).reshape(x.shape)
-
-        return LinearOperator(self.shape, matvec=mv, rmatvec=mv, matmat=mv, rmatmat=mv, dtype=np_dtype)
-
-
 def _operator_on_rows(model, X, mask, rows, loss, batch_size, trim_padding, reuse_linearization):
     idx = torch.as_tensor(rows, device=X.device)
     Xs = X[idx]
     ms = None if mask is None else mask[idx]
-    if trim_padding:
-        return _PaddingTrimmedGGN(model, Xs, ms, loss, batch_size, reuse_linearization)
-    return GGNOperator(model, Xs, loss=loss, mask=ms, batch_size=batch_size,
+    return GGNOperator(model, Xs, loss=loss, mask=ms, batch_size=batch_size, trim_padding=trim_padding,
                        reuse_linearization=reuse_linearization)
 
 

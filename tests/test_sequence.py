@@ -21,7 +21,7 @@ from glas_sklearn._functional import autodiff_context
 from glas_sklearn.ggn import GGNOperator
 from glas_sklearn.laplace import fit_laplace_subspace
 from glas_sklearn.posterior import ActiveSubspacePosterior
-from glas_sklearn.sampling import _PaddingTrimmedGGN, perturbed_copy, sample_parameters, subsample_alignment
+from glas_sklearn.sampling import perturbed_copy, sample_parameters, subsample_alignment
 from glas_sklearn.smiles import Vocabulary, encode_batch, load_smiles, tokenize
 
 from .reference import assert_unchanged, dense_ggn, flat_params, snapshot
@@ -105,9 +105,14 @@ def test_ggn_matches_dense_reference_with_masks(corpus):
     for reuse in (True, False):
         op = GGNOperator(net, X, loss="cross_entropy", mask=mask, batch_size=4, reuse_linearization=reuse)
         assert _rel(op @ V, G @ V) < 1e-11
-    trimmed = _PaddingTrimmedGGN(net, X, mask, "cross_entropy", batch_size=2, reuse_linearization=False)
-    assert trimmed.n_records == int(mask.sum())
-    assert _rel(trimmed @ V[:, 0], G @ V[:, 0]) < 1e-11
+    for reuse in (True, False):  # causal LSTM: cutting length-sorted batches after their last token is exact
+        trimmed = GGNOperator(net, X, loss="cross_entropy", mask=mask, batch_size=2, trim_padding=True,
+                              reuse_linearization=reuse)
+        assert trimmed.n_records == int(mask.sum())
+        assert _rel(trimmed @ V, G @ V) < 1e-11
+    # every batch is cut after its own last real position, so fewer positions are evaluated
+    assert sum(xb.numel() for xb, _ in trimmed._batches) < X.numel()
+    assert all(bool(mb[:, -1].any()) for _, mb in trimmed._batches)
 
 
 def test_padding_has_no_effect_on_G(corpus, vocab):
@@ -350,6 +355,12 @@ def test_argument_errors(fitted, vocab, data):
         subsample_alignment(model, X, mask=mask, subsample_sizes=[500])
     with pytest.raises(ValueError, match="mask"):
         subsample_alignment(model, X, subsample_sizes=[10], trim_padding=True)
+    with pytest.raises(ValueError, match="trim_padding=True needs the padding mask"):
+        GGNOperator(model, X, loss="cross_entropy", trim_padding=True)
+    with pytest.raises(ValueError, match="trim_padding=True needs the padding mask"):
+        GGNOperator(model, X[:, :-1], loss="cross_entropy", mask=mask[:, :-1].clone()[:, :-1], trim_padding=True)
+    with pytest.raises(ValueError, match="trim_padding must be True or False"):
+        GGNOperator(model, X, loss="cross_entropy", mask=mask, trim_padding="yes")
     with pytest.raises(ValueError, match="n_components"):
         subsample_alignment(model, X, mask=mask, subsample_sizes=[10], index=1)
 
