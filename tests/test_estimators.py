@@ -602,3 +602,27 @@ def test_include_noise_must_be_bool():
     X, y = _data()
     with pytest.raises(ValueError, match="include_noise must be True or False"):
         _reg(include_noise="yes").fit(X, y)
+
+
+@pytest.mark.parametrize("predictive", ["sampled", "linearized"])
+def test_predictions_in_row_chunks_equal_whole(predictive, monkeypatch):
+    """Large X is predicted chunk by chunk (bounded memory); the weight samples are shared by all rows,
+    so the chunks reproduce the one-pass results."""
+    import glas_sklearn.estimators._base as base
+
+    X, y = _data(n=60)
+    Xl, yl = _labels(n=60)
+    reg = _reg(predictive=predictive, include_noise=True).fit(X, y)
+    clf = _clf(predictive=predictive).fit(Xl, yl)
+    whole = (reg.predict(X, return_std=True), reg.predict_interval(X, [0.5, 0.9]), clf.predict_proba(Xl),
+             clf.predict_set(Xl)[1])
+    budget = (reg.n_samples if predictive == "sampled" else 1) * 7  # 7 rows per chunk
+    monkeypatch.setattr(base, "_PREDICT_BUDGET", budget)
+    assert len(reg._row_chunks(60, 1)) == 9
+    chunked = (reg.predict(X, return_std=True), reg.predict_interval(X, [0.5, 0.9]), clf.predict_proba(Xl),
+               clf.predict_set(Xl)[1])
+    for a, b in zip(whole[:2], chunked[:2]):
+        for u, v in zip(a, b):
+            np.testing.assert_allclose(u, v, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(whole[2], chunked[2], rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(whole[3], chunked[3])

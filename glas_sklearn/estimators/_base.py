@@ -32,6 +32,10 @@ _OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torc
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 # Fitted state that holds torch objects; pickled through torch.save so that tensors can be re-mapped on load.
 _TORCH_STATE = ("module", "module_", "posterior_")
+# Predictions are computed in chunks of rows holding at most this many network outputs
+# (posterior samples × rows × outputs) at once; weight samples are shared by all rows, so chunking
+# does not change the results.
+_PREDICT_BUDGET = 2**24
 
 
 def default_mlp(n_features: int, n_outputs: int, hidden_layer_sizes=(50, 50), activation: str = "tanh") -> nn.Module:
@@ -462,6 +466,12 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
                                       noise_var=self._interval_noise_var(),
                                       random_state=self.calibration_seed_, full_curve=True, verbose=self.verbose)
         return self._table_in_user_units(result.table.reset_index(drop=True))
+
+    def _row_chunks(self, n_rows: int, n_outputs: int) -> list[slice]:
+        """Row slices for prediction, sized so that samples × rows × outputs stays within the budget."""
+        per_row = (self.n_samples if self.predictive == "sampled" else 1) * max(1, n_outputs)
+        size = max(1, _PREDICT_BUDGET // per_row)
+        return [slice(i, min(i + size, n_rows)) for i in range(0, n_rows, size)]
 
     def _levels(self, confidence_level) -> list[float]:
         return _check_level_list(self.confidence_level if confidence_level is None else confidence_level)

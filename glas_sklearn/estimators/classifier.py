@@ -133,13 +133,17 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         """
         return self._fit(X, y, X_cal, y_cal)
 
-    def _proba_tensor(self, X) -> torch.Tensor:
-        Xt = self._check_fitted_X(X)
+    def _proba_chunk(self, Xt: torch.Tensor) -> torch.Tensor:
         p, d = self.posterior_, self.n_components_
         if self.predictive == "sampled":
             return sampled_probabilities(p.predict_samples(Xt, d, self.n_samples, random_state=self._sample_seed_))
         var = p.linearized_variance(Xt, d)  # the probit approximation needs the logit variances only
         return linearized_probabilities(p.predict_mean(Xt), var, method="probit")
+
+    def _proba_tensor(self, X) -> torch.Tensor:
+        """Class probabilities (n, C), chunk by chunk of rows (bounded memory for large X)."""
+        Xt = self._check_fitted_X(X)
+        return torch.cat([self._proba_chunk(Xt[sl]) for sl in self._row_chunks(Xt.shape[0], len(self.classes_))])
 
     def predict_proba(self, X) -> np.ndarray:
         """Class probabilities under the GLAS predictive, columns in ``classes_`` order.

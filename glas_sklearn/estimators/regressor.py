@@ -268,10 +268,9 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         """
         return self._fit(X, y, X_cal, y_cal)
 
-    def _moments(self, X):
-        """Predictive mean and standard deviation (of f, or of y with ``include_noise``) in internal units,
-        (n, M) each, and the samples of f (sampled predictive) or None."""
-        Xt = self._check_fitted_X(X)
+    def _predictive(self, Xt: torch.Tensor, levels=None):
+        """For one chunk of rows, in internal units: the predictive mean and standard deviation (of f, or
+        of y with ``include_noise``), (n, M) each, and the interval bounds (n, M, 2, k) when ``levels``."""
         p, d = self.posterior_, self.n_components_
         if self.predictive == "sampled":
             s = p.predict_samples(Xt, d, self.n_samples, random_state=self._sample_seed_)
@@ -281,7 +280,22 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             mean, var = p.predict_mean(Xt), p.linearized_variance(Xt, d).clamp_min(0)
         if self.include_noise:
             var = var + torch.as_tensor(self._noise_var_out, dtype=var.dtype, device=var.device)
-        return mean, var.sqrt(), s
+        bounds = None
+        if levels is not None:
+            if s is not None:
+                _, bounds = sampled_interval(s, levels, noise_var=self._interval_noise_var())
+            else:  # var already holds the noise with include_noise
+                bounds = linearized_interval(mean, var, levels)
+        return mean, var.sqrt(), bounds
+
+    def _predict_rows(self, X, levels=None):
+        """:meth:`_predictive` over all rows of X, chunk by chunk (bounded memory for large X)."""
+        Xt = self._check_fitted_X(X)
+        parts = [self._predictive(Xt[sl], levels) for sl in self._row_chunks(Xt.shape[0], self._n_out)]
+        mean = torch.cat([q[0] for q in parts])
+        std = torch.cat([q[1] for q in parts])
+        bounds = None if levels is None else torch.cat([q[2] for q in parts])
+        return mean, std, bounds
 
     def _to_user_units(self, t: torch.Tensor, shift: bool = True) -> np.ndarray:
         out = t.detach().cpu().double().numpy() * self.y_scale_.reshape((-1,) + (1,) * (t.ndim - 2))
@@ -304,7 +318,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         y_pred : ndarray of shape (n_samples,) or (n_samples, n_outputs)
         y_std : ndarray, same shape, only with ``return_std``
         """
-        mean, std, _ = self._moments(X)
+        mean, std, _ = self._predict_rows(X)
         y_pred = self._to_user_units(mean)
         y_std = self._to_user_units(std, shift=False)
         if self._y_1d:
@@ -328,11 +342,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         """
         check_is_fitted(self, "posterior_")
         levels = self._levels(confidence_level)
-        mean, std, samples = self._moments(X)
-        if samples is not None:
-            _, bounds = sampled_interval(samples, levels, noise_var=self._interval_noise_var())
-        else:  # std already holds the noise with include_noise
-            bounds = linearized_interval(mean, std**2, levels)
+        mean, _, bounds = self._predict_rows(X, levels)
         y_pred = self._to_user_units(mean)
         b = bounds.detach().cpu().double().numpy() * self.y_scale_[None, :, None, None] \
             + self.y_mean_[None, :, None, None]
