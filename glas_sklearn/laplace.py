@@ -78,7 +78,8 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
                          batch_size: int | None = None, subsample: int | None = None,
                          eigen_method: str = "lanczos", tol: float = 1e-5, random_state=None,
                          reuse_linearization="auto", trim_padding: bool = False, max_matvecs: int | None = None,
-                         ncv: int | None = None, verbose: int = 0) -> LaplaceSubspace:
+                         ncv: int | None = None, distributed: bool = False, process_group=None,
+                         verbose: int = 0) -> LaplaceSubspace:
     """Build the generalized Laplace active-subspace posterior of a trained model.
 
     Parameters
@@ -111,6 +112,13 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
     max_matvecs, ncv : int, optional
         Passed to :func:`~glas_sklearn.eigen.top_eigenpairs` (e.g. ``ncv=13, max_matvecs=13`` for the paper's
         13 Lanczos steps with d = 3).
+    distributed : bool, default=False
+        ``X`` (and ``y``, ``mask``) are this process's shard of data spread over a ``torch.distributed``
+        group: G is :class:`~glas_sklearn.distributed.DistributedGGNOperator` (N counts all processes' records)
+        and σ² pools all processes' residuals. Call it in every process with the same model and
+        ``random_state``; all of them get the same posterior. ``subsample`` is not available then.
+    process_group : ProcessGroup, optional
+        The group for ``distributed=True`` (default: the world).
     verbose : int, default=0
         ≥ 1 shows a progress bar over the eigen-solver's products.
 
@@ -122,9 +130,20 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
     n_components = check_positive_int("n_components", n_components)
     task = "regression" if loss == "mse" else "classification"
     t0 = time.perf_counter()
-    op = GGNOperator(model, X, y, loss=loss, batch_size=batch_size, mask=mask, subsample=subsample,
-                     random_state=random_state, trim_padding=trim_padding,
-                     reuse_linearization=reuse_linearization)
+    if distributed:
+        if subsample is not None:
+            raise ValueError("subsample is not available with distributed=True; subsample each shard yourself.")
+        from .distributed import DistributedGGNOperator, shared_seed
+
+        random_state = shared_seed(random_state, process_group)  # the eigen-solvers must start alike
+
+        op = DistributedGGNOperator(model, X, y, loss=loss, batch_size=batch_size, mask=mask,
+                                    trim_padding=trim_padding, reuse_linearization=reuse_linearization,
+                                    group=process_group)
+    else:
+        op = GGNOperator(model, X, y, loss=loss, batch_size=batch_size, mask=mask, subsample=subsample,
+                         random_state=random_state, trim_padding=trim_padding,
+                         reuse_linearization=reuse_linearization)
     D = op.shape[0]
     if n_components >= D:
         raise ValueError(f"n_components={n_components} eigenpairs requested, but the model has only D={D} "
@@ -133,7 +152,12 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         if noise_var is None:
             if y is None:
                 raise ValueError("Regression needs y (or noise_var) to set the noise variance σ² in β.")
-            noise_var = residual_noise_variance(model, X, y, batch_size)
+            if distributed:
+                from .distributed import distributed_noise_variance
+
+                noise_var = distributed_noise_variance(model, X, y, batch_size=batch_size, group=process_group)
+            else:
+                noise_var = residual_noise_variance(model, X, y, batch_size)
         if not noise_var > 0:
             raise ValueError(f"The noise variance must be positive, got {noise_var!r} (a perfect fit to the "
                              "training data leaves β undefined); pass noise_var explicitly.")
