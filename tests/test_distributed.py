@@ -73,10 +73,12 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, case: str) -> N
 
 
 def _run(tmp_path, case: str) -> list[dict]:
-    init_file = str(tmp_path / "init")
+    init_file = str(tmp_path / f"init_{case}")  # a fresh rendezvous file per run
     mp.start_processes(_worker, args=(2, init_file, str(tmp_path), case), nprocs=2, join=True,
                        start_method="spawn")
     outs = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    for r in range(2):
+        os.remove(tmp_path / f"rank{r}.pt")
     for o in outs:
         assert "crash" not in o, o.get("crash")
     return outs
