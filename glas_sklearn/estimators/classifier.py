@@ -126,6 +126,8 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         X_cal, y_cal : array-like, optional
             Calibration data for choosing d; when absent, ``calibration_size`` of ``X`` is held out
             (stratified when every class has two rows).
+            Inside a Pipeline, rely on ``calibration_size``: ``X_cal`` passed as a fit parameter reaches
+            this step without going through the earlier steps' transforms.
 
         Returns
         -------

@@ -261,6 +261,8 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         y : array-like of shape (n_samples,) or (n_samples, n_outputs)
         X_cal, y_cal : array-like, optional
             Calibration data for choosing d; when absent, ``calibration_size`` of ``X`` is held out.
+            Inside a Pipeline, rely on ``calibration_size``: ``X_cal`` passed as a fit parameter reaches
+            this step without going through the earlier steps' transforms.
 
         Returns
         -------
