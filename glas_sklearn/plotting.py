@@ -232,19 +232,20 @@ def plot_intervals(est, X, y, ax: Axes | None = None, confidence_level: float | 
                          "plot one output at a time from est.predict_interval(X).")
     lo, hi = pis[:, 0, 0], pis[:, 1, 0]
     covered = float(np.mean((y >= lo) & (y <= hi)))
+    of = "y" if getattr(est, "include_noise", False) else "f"  # what the interval describes
     ax = _new_axes(ax)
     Xa = np.asarray(X.to_numpy() if hasattr(X, "to_numpy") else X)
     if Xa.ndim == 2 and Xa.shape[1] == 1:
         x = Xa[:, 0].astype(float)
         order = np.argsort(x, kind="stable")
-        ax.fill_between(x[order], lo[order], hi[order], alpha=0.3, lw=0, label=f"{_pct(level)} interval")
+        ax.fill_between(x[order], lo[order], hi[order], alpha=0.3, lw=0, label=f"{_pct(level)} interval for {of}")
         ax.plot(x[order], pred[order], lw=1.5, label="predictive mean")
         ax.scatter(x, y, s=10, color="k", zorder=3, label="data")
         names = getattr(est, "feature_names_in_", None)
         ax.set_xlabel(str(names[0]) if names is not None else "x")
         ax.set_ylabel("y")
     else:
-        ax.vlines(pred, lo, hi, color="tab:blue", alpha=0.45, lw=1.2, label=f"{_pct(level)} interval")
+        ax.vlines(pred, lo, hi, color="tab:blue", alpha=0.45, lw=1.2, label=f"{_pct(level)} interval for {of}")
         ax.scatter(pred, y, s=10, color="k", zorder=3, label="data")
         both = np.concatenate([pred, y, lo, hi])
         lims = (float(both.min()), float(both.max()))

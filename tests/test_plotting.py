@@ -173,6 +173,14 @@ def test_plot_intervals_parity(plt, reg_2d, data_2d):
     np.testing.assert_allclose(ax.collections[-1].get_offsets(), np.column_stack([pred, y]))
     assert ax.get_xlabel() == "predicted mean" and ax.get_ylabel() == "observed y"
     assert "50 % intervals" in ax.get_title()
+    assert "50 % interval for f" in [t.get_text() for t in ax.get_legend().get_texts()]
+    # the same estimator asked for intervals of y says so
+    reg_2d.set_params(include_noise=True)
+    try:
+        ax = plot_intervals(reg_2d, X, y, confidence_level=0.5)
+        assert "50 % interval for y" in [t.get_text() for t in ax.get_legend().get_texts()]
+    finally:
+        reg_2d.set_params(include_noise=False)
 
 
 def test_plot_intervals_rejects(plt, clf, reg_2d, data_2d):
