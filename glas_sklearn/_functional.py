@@ -18,7 +18,7 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-__all__ = ["ParameterLayout", "eval_view", "autodiff_context", "forward"]
+__all__ = ["ParameterLayout", "eval_view", "autodiff_context", "forward", "model_outputs"]
 
 
 @dataclass(frozen=True)
@@ -139,3 +139,13 @@ def forward(model: nn.Module, params: dict, inputs) -> torch.Tensor:
     """Evaluate ``model`` at the weights ``params`` (a name → tensor dict) on ``inputs``."""
     args = inputs if isinstance(inputs, tuple) else (inputs,)
     return functional_call(model, params, args)
+
+
+def model_outputs(model: nn.Module, X: torch.Tensor, batch_size: int | None = None) -> torch.Tensor:
+    """The model's outputs on every row of ``X`` at its own weights: evaluated through an eval-mode view,
+    without building a graph, ``batch_size`` rows at a time (all at once when None)."""
+    view = eval_view(model)
+    params = {n: p.detach() for n, p in model.named_parameters()}
+    size = batch_size or X.shape[0]
+    with torch.no_grad(), autodiff_context(view, X.device):
+        return torch.cat([forward(view, params, X[i:i + size]) for i in range(0, X.shape[0], size)])

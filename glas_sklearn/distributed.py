@@ -13,15 +13,13 @@ shared with all processes, so every process raises instead of waiting forever in
 
 from __future__ import annotations
 
-import numpy as np
 import torch
 import torch.distributed as dist
-from scipy.sparse.linalg import LinearOperator
 from torch import nn
 
-from ._checks import check_choice, check_vector, numpy_rng
-from ._functional import ParameterLayout, autodiff_context, eval_view, forward
-from .ggn import GGNOperator
+from ._checks import check_choice, numpy_rng
+from ._functional import ParameterLayout, model_outputs
+from .ggn import GGNOperator, _OperatorProducts
 
 __all__ = ["DistributedGGNOperator", "distributed_noise_variance", "shared_seed"]
 
@@ -48,10 +46,11 @@ def _all_agree(local_error: BaseException | None, group, device: torch.device) -
         raise RuntimeError("Building the distributed GGN failed on another process; see that process's error.")
 
 
-class DistributedGGNOperator:
+class DistributedGGNOperator(_OperatorProducts):
     """The GGN of a model over data sharded across the processes of a ``torch.distributed`` group.
 
-    Call it in every process of the group, with the same model (same weights) and that process's own rows.
+    Call it in every process of the group, with the same model (same weights) and that process's own rows. Its products
+    (``matvec``, ``matmat``, ``@``, ``to_scipy()``) are collective: every process must ask for the same vectors.
 
     Parameters
     ----------
@@ -131,11 +130,6 @@ class DistributedGGNOperator:
         self._share = self.n_local_records / self.n_records
         self.n_products = 0
 
-    @property
-    def shape(self) -> tuple[int, int]:
-        D = self.layout.size
-        return (D, D)
-
     def __repr__(self) -> str:
         return (f"DistributedGGNOperator(D={self.shape[0]}, N={self.n_records}, local N={self.n_local_records}, "
                 f"processes={dist.get_world_size(self.group)}, loss={self.loss!r})")
@@ -150,37 +144,10 @@ class DistributedGGNOperator:
         self.n_products += 1
         return buf.to(self.device)
 
-    def matvec(self, v: torch.Tensor) -> torch.Tensor:
-        """G v (collective: every process must call it with the same v)."""
-        check_vector("v", v, self.layout.size, self.dtype, self.device, allow_matrix=False)
-        return self._apply(v.detach())
-
-    def matmat(self, V: torch.Tensor) -> torch.Tensor:
-        """G V for a D×k block, column by column (collective)."""
-        check_vector("V", V, self.layout.size, self.dtype, self.device)
-        if V.ndim == 1:
-            return self._apply(V.detach())
-        return torch.stack([self._apply(V[:, j].detach()) for j in range(V.shape[1])], dim=1)
-
-    def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
-        return self.matmat(v)
-
     def release(self) -> None:
         """Drop the local cached linearisation."""
         if self.local is not None:
             self.local.release()
-
-    def to_scipy(self, dtype=np.float64) -> LinearOperator:
-        """A symmetric scipy ``LinearOperator`` (collective products) for ``eigsh``."""
-        np_dtype = np.dtype(dtype)
-
-        def mv(x: np.ndarray) -> np.ndarray:
-            x = np.asarray(x)
-            t = torch.as_tensor(x.reshape(x.shape[0], -1), dtype=self.dtype).to(self.device)
-            out = torch.stack([self._apply(t[:, j]) for j in range(t.shape[1])], dim=1)
-            return out.cpu().numpy().astype(np_dtype, copy=False).reshape(x.shape)
-
-        return LinearOperator(self.shape, matvec=mv, rmatvec=mv, matmat=mv, rmatmat=mv, dtype=np_dtype)
 
 
 def distributed_noise_variance(model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, batch_size: int | None = None,
@@ -211,11 +178,7 @@ def distributed_noise_variance(model: nn.Module, X: torch.Tensor, y: torch.Tenso
         if X.shape[0] != y.shape[0]:
             raise ValueError(f"X has {X.shape[0]} rows but y has {y.shape[0]}; they must match.")
         if X.shape[0] > 0:
-            view = eval_view(model)
-            params = {n: p.detach() for n, p in model.named_parameters()}
-            size = batch_size or X.shape[0]
-            with torch.no_grad(), autodiff_context(view, X.device):
-                preds = torch.cat([forward(view, params, X[i:i + size]) for i in range(0, X.shape[0], size)])
+            preds = model_outputs(model, X, batch_size)
             res = (y.reshape(preds.shape) - preds).double()
             if not bool(torch.isfinite(res).all()):
                 raise ValueError("The residuals contain NaN or infinite values; clean the predictions or targets.")

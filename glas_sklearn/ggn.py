@@ -57,7 +57,45 @@ def _available_memory(device: torch.device) -> int:
         return 2 * 1024**3
 
 
-class GGNOperator:
+class _OperatorProducts:
+    """The public product surface shared by the GGN operators: torch products checked against the
+    operator's size, dtype and device, ``@``, and a scipy ``LinearOperator``. Subclasses provide
+    ``layout``, ``dtype``, ``device`` and ``_apply(v)`` (one product with a detached vector)."""
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        D = self.layout.size
+        return (D, D)
+
+    def matvec(self, v: torch.Tensor) -> torch.Tensor:
+        """G v for a torch vector of length D (the model's dtype and device)."""
+        check_vector("v", v, self.layout.size, self.dtype, self.device, allow_matrix=False)
+        return self._apply(v.detach())
+
+    def matmat(self, V: torch.Tensor) -> torch.Tensor:
+        """G V for a D×k block, column by column."""
+        check_vector("V", V, self.layout.size, self.dtype, self.device)
+        if V.ndim == 1:
+            return self._apply(V.detach())
+        return torch.stack([self._apply(V[:, j].detach()) for j in range(V.shape[1])], dim=1)
+
+    def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
+        return self.matmat(v)
+
+    def to_scipy(self, dtype=np.float64) -> LinearOperator:
+        """A symmetric ``scipy.sparse.linalg.LinearOperator`` computing G v on numpy arrays."""
+        np_dtype = np.dtype(dtype)
+
+        def mv(x: np.ndarray) -> np.ndarray:
+            x = np.asarray(x)
+            t = torch.as_tensor(x.reshape(x.shape[0], -1), dtype=self.dtype).to(self.device)
+            out = torch.stack([self._apply(t[:, j]) for j in range(t.shape[1])], dim=1)
+            return out.cpu().numpy().astype(np_dtype, copy=False).reshape(x.shape)
+
+        return LinearOperator(self.shape, matvec=mv, rmatvec=mv, matmat=mv, rmatmat=mv, dtype=np_dtype)
+
+
+class GGNOperator(_OperatorProducts):
     """Matrix-free generalized Gauss-Newton matrix G of a torch model on a data set.
 
     Parameters
@@ -228,11 +266,6 @@ class GGNOperator:
         return X
 
     # ------------------------------------------------------------- properties
-    @property
-    def shape(self) -> tuple[int, int]:
-        D = self.layout.size
-        return (D, D)
-
     def __repr__(self) -> str:
         return (f"GGNOperator(D={self.shape[0]}, N={self.n_records}, loss={self.loss!r}, "
                 f"batches={len(self._batches)}, dtype={self.dtype}, device={self.device})")
@@ -337,34 +370,7 @@ class GGNOperator:
         return self._product_streamed(tangents)
 
     # ------------------------------------------------------------- public API
-    def matvec(self, v: torch.Tensor) -> torch.Tensor:
-        """G v for a torch vector of length D (the model's dtype and device)."""
-        check_vector("v", v, self.layout.size, self.dtype, self.device, allow_matrix=False)
-        return self._apply(v.detach())
-
-    def matmat(self, V: torch.Tensor) -> torch.Tensor:
-        """G V for a D×k block, column by column."""
-        check_vector("V", V, self.layout.size, self.dtype, self.device)
-        if V.ndim == 1:
-            return self._apply(V.detach())
-        return torch.stack([self._apply(V[:, j].detach()) for j in range(V.shape[1])], dim=1)
-
-    def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
-        return self.matmat(v)
-
     def release(self) -> None:
         """Drop the cached linearisation (it is rebuilt on the next product)."""
         self._cache = None
         self._use_cache = None
-
-    def to_scipy(self, dtype=np.float64) -> LinearOperator:
-        """A symmetric ``scipy.sparse.linalg.LinearOperator`` computing G v on numpy arrays."""
-        np_dtype = np.dtype(dtype)
-
-        def mv(x: np.ndarray) -> np.ndarray:
-            x = np.asarray(x)
-            t = torch.as_tensor(x.reshape(x.shape[0], -1), dtype=self.dtype).to(self.device)
-            out = torch.stack([self._apply(t[:, j]) for j in range(t.shape[1])], dim=1)
-            return out.cpu().numpy().astype(np_dtype, copy=False).reshape(x.shape)
-
-        return LinearOperator(self.shape, matvec=mv, rmatvec=mv, matmat=mv, rmatmat=mv, dtype=np_dtype)

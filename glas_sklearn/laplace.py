@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from ._checks import check_choice, check_positive_int
-from ._functional import autodiff_context, eval_view, forward
+from ._functional import model_outputs
 from .eigen import EigenResult, top_eigenpairs
 from .ggn import GGNOperator
 from .posterior import ActiveSubspacePosterior, beta_for, estimate_noise_variance
@@ -60,11 +60,7 @@ def residual_noise_variance(model: nn.Module, X: torch.Tensor, y: torch.Tensor,
     Over all N·M entries (a float), or with ``per_output=True`` one mean per output column of an (N, M)
     prediction (a float64 array of shape (M,); its mean is the pooled value).
     """
-    view = eval_view(model)
-    params = {n: p.detach() for n, p in model.named_parameters()}
-    size = batch_size or X.shape[0]
-    with torch.no_grad(), autodiff_context(view, X.device):
-        preds = torch.cat([forward(view, params, X[i:i + size]) for i in range(0, X.shape[0], size)])
+    preds = model_outputs(model, X, batch_size)
     residuals = y.reshape(preds.shape) - preds
     if not per_output:
         return estimate_noise_variance(residuals)

@@ -327,7 +327,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             "residual_norms": fitted.eigen.residual_norms.detach().cpu().numpy(),
             "relative_residuals": fitted.eigen.relative_residuals.detach().cpu().numpy(),
         }
-        self._set_noise(fitted.noise_var)
+        self._set_noise()
         # choose_dimension draws one sample seed from random_state=seed; predictions use the same one, so the
         # posterior samples (in weight space, shared by all rows) are those the calibration saw.
         self._sample_seed_ = int(numpy_rng(seed).integers(0, 2**62))

@@ -111,7 +111,7 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
     def _noise_var(self, module, Xt, yt, Xc, yc):
         return None
 
-    def _set_noise(self, noise_var) -> None:
+    def _set_noise(self) -> None:
         pass
 
     # ------------------------------------------------------------------- API

@@ -241,7 +241,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         self._noise_var_out = np.asarray(per_output, dtype=np.float64)
         return float(np.mean(self._noise_var_out))
 
-    def _set_noise(self, noise_var) -> None:
+    def _set_noise(self) -> None:
         std = np.sqrt(self._noise_var_out) * self.y_scale_
         if not isinstance(self.noise_std, str):
             std = np.full_like(std, float(self.noise_std))  # a given σ is reported exactly as given
