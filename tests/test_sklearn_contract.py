@@ -33,6 +33,7 @@ from glas_sklearn import (
     make_interval_scorer,
 )
 from glas_sklearn.calibration import CalibrationWarning
+from tests.reference import one_intra_op_thread  # noqa: F401 (autouse fixture)
 
 # Small, fast and exact: float64 so that results do not depend on how many rows share a matrix product
 # (subset / sample-order invariance), full-batch training so that 50 epochs reach the train-score thresholds.
@@ -41,15 +42,6 @@ SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=50, lr=0.05
 
 # check name -> reason; empty: no check is exempt.
 EXPECTED_FAILED_CHECKS: dict[str, str] = {}
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny networks: one intra-op thread is faster than two on a shared machine, and avoids oversubscription."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @parametrize_with_checks(
