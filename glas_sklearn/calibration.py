@@ -13,7 +13,6 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 import torch
-from tqdm import tqdm
 
 from ._checks import (
     check_choice,
@@ -21,6 +20,7 @@ from ._checks import (
     check_positive_int,
     numpy_rng,
 )
+from ._progress import progress
 from .posterior import ActiveSubspacePosterior
 from .predictive import (
     interval_coverage,
@@ -175,7 +175,7 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
     size_col = "mean_width" if task == "regression" else "mean_set_size"
     rows = []
     chosen = None
-    for d in tqdm(range(d_min, d_top + 1), desc="calibrating d", disable=verbose == 0):
+    for d in progress(range(d_min, d_top + 1), desc="calibrating d", verbose=verbose):
         sigma0 = posterior.fit_sigma0(d)
         if predictive == "sampled":
             samples = posterior.predict_samples(X_cal, d, n_samples=n_samples, random_state=seed, batch_size=batch_size)

@@ -23,9 +23,9 @@ import numpy as np
 import torch
 from scipy.sparse.linalg import ArpackNoConvergence, eigsh
 from sklearn.exceptions import ConvergenceWarning
-from tqdm import tqdm
 
 from ._checks import check_choice, check_positive_int, make_generator
+from ._progress import progress
 
 __all__ = ["EigenResult", "top_eigenpairs", "eigenvector_alignment", "ConvergenceWarning"]
 
@@ -308,7 +308,7 @@ def top_eigenpairs(op, k: int, *, method: str = "lanczos", tol: float = 1e-5,
 
     solver = _lanczos if method == "lanczos" else _eigsh
     target = matvec if method == "lanczos" else op
-    with tqdm(desc=f"{method}: top-{k} eigenpairs", unit="product", disable=not verbose, leave=False) as bar:
+    with progress(desc=f"{method}: top-{k} eigenpairs", unit="product", verbose=verbose, leave=False) as bar:
         result = solver(target, D, k, dtype, device, tol=tol, max_matvecs=max_matvecs, ncv=ncv,
                         generator=gen, v0=v0, bar=bar)
     logger.info("%s: %d eigenpairs in %d products, max relative residual %.2e", method, k,

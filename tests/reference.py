@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 from torch import nn
 from torch.func import functional_call, jacrev
@@ -83,13 +82,3 @@ def mlp(n_in=3, hidden=5, n_out=1, dtype=torch.float64, seed=0, act=nn.Tanh):
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(n_in, hidden), act(), nn.Linear(hidden, hidden), act(),
                          nn.Linear(hidden, n_out)).to(dtype)
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_intra_op_thread():
-    """Tiny networks: one intra-op thread is faster than two on a shared machine, and avoids oversubscription.
-    Import it into a test module to apply it there (it is autouse)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)

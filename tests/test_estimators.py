@@ -17,7 +17,7 @@ from torch import nn
 
 from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
 from glas_sklearn.calibration import CalibrationWarning
-from tests.reference import assert_unchanged, mlp, one_intra_op_thread, snapshot  # noqa: F401 (autouse fixture)
+from tests.reference import assert_unchanged, mlp, snapshot
 
 SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=30, lr=0.05, batch_size=None,
              n_samples=50, max_components=3, dtype="float64", random_state=0)

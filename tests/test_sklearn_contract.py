@@ -33,7 +33,6 @@ from glas_sklearn import (
     make_interval_scorer,
 )
 from glas_sklearn.calibration import CalibrationWarning
-from tests.reference import one_intra_op_thread  # noqa: F401 (autouse fixture)
 
 # Small, fast and exact: float64 so that results do not depend on how many rows share a matrix product
 # (subset / sample-order invariance), full-batch training so that 50 epochs reach the train-score thresholds.

@@ -17,10 +17,10 @@ from sklearn.base import BaseEstimator
 from sklearn.model_selection import train_test_split
 from sklearn.utils.validation import check_is_fitted, validate_data
 from torch import nn
-from tqdm import tqdm
 
 from .._checks import check_confidence_levels, numpy_rng
 from .._functional import eval_view
+from .._progress import progress
 from ..calibration import CalibrationWarning, choose_dimension
 from ..laplace import fit_laplace_subspace
 
@@ -231,7 +231,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         n = X.shape[0]
         size = min(self.batch_size or n, n)
         losses = []
-        bar = tqdm(range(self.max_epochs), desc="training", disable=not self.verbose, leave=False)
+        bar = progress(range(self.max_epochs), desc="training", verbose=self.verbose, leave=False)
         for _ in bar:
             perm = torch.randperm(n, generator=gen).to(X.device)
             total = 0.0
