@@ -1,14 +1,13 @@
-"""Data sets: the UCI concrete set shipped with the package, and UCI folders with their standard splits."""
+"""Data sets shipped with the package: the UCI concrete compressive-strength data."""
 
 from __future__ import annotations
 
 from importlib import resources
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-__all__ = ["load_concrete", "load_uci", "CONCRETE_FEATURES"]
+__all__ = ["load_concrete", "CONCRETE_FEATURES"]
 
 CONCRETE_FEATURES = [
     "cement", "blast_furnace_slag", "fly_ash", "water", "superplasticizer",
@@ -53,37 +52,3 @@ def load_concrete(*, as_frame: bool = False, return_X_y: bool = True):
         return data
     return data[:, :-1].copy(), data[:, -1].copy()
 
-
-def load_uci(path: str | Path, split: int | None = None):
-    """A UCI regression set in the standard split format (``data.txt``, ``index_*.txt``).
-
-    Parameters
-    ----------
-    path : str or Path
-        The data set's folder (e.g. ``shared/data/uci/concrete``).
-    split : int, optional
-        When given, also return the train and test row indices of that standard split.
-
-    Returns
-    -------
-    X : ndarray of shape (n, p)
-    y : ndarray of shape (n,)
-    train, test : ndarray of int
-        Only with ``split``.
-    """
-    path = Path(path)
-    if not (path / "data.txt").is_file():
-        raise FileNotFoundError(f"No data.txt in {path}; expected a UCI folder with data.txt and index_*.txt.")
-    data = np.loadtxt(path / "data.txt")
-    features = np.atleast_1d(np.loadtxt(path / "index_features.txt", dtype=int))
-    target = int(np.loadtxt(path / "index_target.txt", dtype=int))
-    X, y = data[:, features], data[:, target]
-    if split is None:
-        return X, y
-    train_file, test_file = path / f"index_train_{split}.txt", path / f"index_test_{split}.txt"
-    if not train_file.is_file():
-        n = len(list(path.glob("index_train_*.txt")))
-        raise ValueError(f"split={split} does not exist in {path}: it has {n} splits (0..{n - 1}).")
-    train = np.atleast_1d(np.loadtxt(train_file, dtype=int))
-    test = np.atleast_1d(np.loadtxt(test_file, dtype=int))
-    return X, y, train, test

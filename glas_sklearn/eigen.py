@@ -17,7 +17,6 @@ import logging
 import math
 import warnings
 from dataclasses import dataclass, field
-from typing import Sequence
 
 import numpy as np
 import torch
@@ -27,7 +26,7 @@ from sklearn.exceptions import ConvergenceWarning
 from ._checks import check_choice, check_positive_int, make_generator
 from ._progress import progress
 
-__all__ = ["EigenResult", "top_eigenpairs", "eigenvector_alignment", "ConvergenceWarning"]
+__all__ = ["EigenResult", "top_eigenpairs", "ConvergenceWarning"]
 
 logger = logging.getLogger(__name__)
 
@@ -316,44 +315,3 @@ def top_eigenpairs(op, k: int, *, method: str = "lanczos", tol: float = 1e-5,
     if not result.converged:
         _warn_unconverged(result, k)
     return result
-
-
-def eigenvector_alignment(eigenvectors: Sequence[torch.Tensor], reference: torch.Tensor | None = None,
-                          index: int = 0) -> np.ndarray:
-    """Replica alignment of the leading eigenvectors (paper §2.4, Fig. 9).
-
-    Parameters
-    ----------
-    eigenvectors : sequence of torch.Tensor
-        R matrices P^(i) of shape (D, k_i) (or vectors of length D) from independent runs.
-    reference : torch.Tensor, optional
-        A reference P (or vector) from a larger run.
-    index : int, default=0
-        Which eigenvector to compare (0 = p_1).
-
-    Returns
-    -------
-    numpy.ndarray
-        The R×R matrix |⟨p^(i), p^(j)⟩| (entries near 1: converged; away from 1: not), or, with
-        ``reference``, the length-R vector |⟨p^(i), p_ref⟩|.
-    """
-    if len(eigenvectors) == 0:
-        raise ValueError("eigenvector_alignment needs at least one set of eigenvectors.")
-
-    def column(P):
-        P = torch.as_tensor(P)
-        p = P if P.ndim == 1 else P[:, index]
-        p = p.detach().to("cpu", torch.float64)
-        return p / p.norm()
-
-    cols = [column(P) for P in eigenvectors]
-    sizes = {c.shape[0] for c in cols}
-    if reference is not None:
-        ref = column(reference)
-        sizes.add(ref.shape[0])
-    if len(sizes) != 1:
-        raise ValueError(f"All eigenvectors must have the same length D, got lengths {sorted(sizes)}.")
-    M = torch.stack(cols, dim=1)
-    if reference is not None:
-        return (M.T @ ref).abs().numpy()
-    return (M.T @ M).abs().numpy()

@@ -53,12 +53,14 @@ def _check_intervals(y_pis, y_true=None) -> tuple[np.ndarray, np.ndarray | None,
     n, M = pis4.shape[:2]
     if pis.ndim == 4:
         if y.shape != (n, M):
-            raise ValueError(f"y_true has shape {y.shape}, but y_pis of shape {pis.shape} needs y_true of shape {(n, M)}.")
+            raise ValueError(f"y_true has shape {y.shape}, but y_pis of shape {pis.shape} needs y_true of shape "
+                             f"{(n, M)}.")
     else:
         if y.ndim == 2 and y.shape[1] == 1:
             y = y[:, 0]
         if y.shape != (n,):
-            raise ValueError(f"y_true has shape {y.shape}, but y_pis of shape {pis.shape} needs y_true of shape {(n,)}.")
+            raise ValueError(f"y_true has shape {y.shape}, but y_pis of shape {pis.shape} needs y_true of shape "
+                             f"{(n,)}.")
         y = y[:, None]
     if not np.isfinite(y).all():
         raise ValueError("y_true contains NaN or infinite values.")
@@ -190,8 +192,8 @@ class _IntervalScorer:
         if y_pis.ndim == 2:  # a single level without its level axis
             y_pis = y_pis[..., None]
         if y_pis.shape[-1] != 1:
-            raise ValueError(f"The estimator returned intervals for {y_pis.shape[-1]} levels; an interval scorer scores "
-                             f"one level ({self.confidence_level}).")
+            raise ValueError(f"The estimator returned intervals for {y_pis.shape[-1]} levels; an interval scorer "
+                             f"scores one level ({self.confidence_level}).")
         if self.metric == "coverage":
             return float(coverage_score(y, y_pis)[0])
         if self.metric == "width":
@@ -235,5 +237,6 @@ def make_interval_scorer(metric: str = "interval_score", confidence_level: float
         raise ValueError(f"metric must be one of {list(_METRICS)}, got {metric!r}.")
     if not (isinstance(confidence_level, numbers.Real) and not isinstance(confidence_level, bool)
             and 0 < confidence_level < 1):
-        raise ValueError(f"confidence_level must be a single number strictly between 0 and 1, got {confidence_level!r}.")
+        raise ValueError(f"confidence_level must be a single number strictly between 0 and 1, "
+                         f"got {confidence_level!r}.")
     return _IntervalScorer(metric, float(confidence_level))

@@ -4,6 +4,12 @@ Pure tensor functions with no knowledge of the model: regression intervals (samp
 linearised intervals), class probabilities (averaged softmax, Monte Carlo or probit over a logit Gaussian),
 prediction sets, and their empirical coverage and size.
 
+Users score intervals with :mod:`glas_sklearn.metrics` (``coverage_score``, ``mean_width_score``,
+``interval_score``: scikit-learn's ``(y_true, y_pis)`` convention, checked inputs, float results).
+``interval_coverage`` and ``mean_interval_width`` here are the library's internal tensor versions (tensors
+stay on their device, bounds (n, M, 2, k), no checks beyond shapes) on which calibration and those metrics
+are built; they are not part of ``__all__``.
+
 Shapes (MAPIE-style, the level axis is always kept, k = number of confidence levels):
 regression outputs (n, M) give intervals (n, M, 2, k) with [..., 0, :] the lower and [..., 1, :] the upper
 bound; logits (n, C) give probabilities (n, C) and prediction sets (n, C, k). Any number of leading batch
@@ -30,10 +36,8 @@ from ._checks import (
 )
 
 __all__ = [
-    "interval_coverage",
     "linearized_interval",
     "linearized_probabilities",
-    "mean_interval_width",
     "mean_set_size",
     "prediction_sets",
     "sampled_interval",
@@ -253,7 +257,8 @@ def linearized_interval(mean: Array, variance: Array, confidence_levels, noise_v
     var, _ = _as_tensor("variance", variance)
     var = var.to(mu.dtype)
     if var.shape != mu.shape:
-        raise ValueError(f"mean has shape {tuple(mu.shape)} but variance has shape {tuple(var.shape)}; they must match.")
+        raise ValueError(f"mean has shape {tuple(mu.shape)} but variance has shape {tuple(var.shape)}; "
+                         "they must match.")
     if bool((var < 0).any()):
         raise ValueError(f"variance must be >= 0, got a minimum of {float(var.min()):.3e}.")
     noise = _noise_variance(noise_var, mu)
@@ -365,7 +370,8 @@ def prediction_sets(probs: Array, confidence_levels) -> Array:
     if p.ndim < 1:
         raise ValueError("probs must have shape (n, C).")
     if bool((p < 0).any()) or not torch.allclose(p.sum(-1), torch.ones((), dtype=p.dtype, device=p.device), atol=1e-3):
-        raise ValueError("probs must be probabilities (>= 0, summing to 1 over the last axis); pass softmax outputs, not logits.")
+        raise ValueError("probs must be probabilities (>= 0, summing to 1 over the last axis); pass softmax outputs, "
+                         "not logits.")
     _, levels = _levels_tensor(confidence_levels, p)
     sorted_p, order = torch.sort(p, dim=-1, descending=True, stable=True)
     before = torch.cumsum(sorted_p, -1) - sorted_p  # mass of the classes ranked above each one
@@ -388,6 +394,9 @@ def _bounds_check(bounds) -> torch.Tensor:
 
 def interval_coverage(y: Array, bounds: Array) -> np.ndarray:
     """Fraction of the targets inside their intervals, per level: mean of 1[lower ≤ y ≤ upper].
+
+    Internal tensor version, used by calibration; users call :func:`glas_sklearn.metrics.coverage_score`,
+    which validates its inputs and calls this.
 
     Parameters
     ----------
@@ -421,7 +430,10 @@ def interval_coverage(y: Array, bounds: Array) -> np.ndarray:
 
 
 def mean_interval_width(bounds: Array) -> np.ndarray:
-    """Mean interval width (upper − lower) per level; shape (k,)."""
+    """Mean interval width (upper − lower) per level; shape (k,).
+
+    Internal tensor version, used by calibration; users call :func:`glas_sklearn.metrics.mean_width_score`.
+    """
     b = _bounds_check(bounds)
     return (b[..., 1, :] - b[..., 0, :]).reshape(-1, b.shape[-1]).to(torch.float64).mean(0).cpu().numpy()
 
@@ -429,7 +441,8 @@ def mean_interval_width(bounds: Array) -> np.ndarray:
 def _sets_check(sets) -> torch.Tensor:
     s, _ = _as_tensor("sets", sets, floating=False)
     if s.dtype != torch.bool or s.ndim < 2:
-        raise ValueError(f"sets must be a boolean array of shape (n, C, k), got dtype {s.dtype} and shape {tuple(s.shape)}.")
+        raise ValueError(f"sets must be a boolean array of shape (n, C, k), got dtype {s.dtype} and shape "
+                         f"{tuple(s.shape)}.")
     return s
 
 

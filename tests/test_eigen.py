@@ -5,7 +5,7 @@ import pytest
 import torch
 from scipy.linalg import subspace_angles
 
-from glas_sklearn.eigen import ConvergenceWarning, eigenvector_alignment, top_eigenpairs
+from glas_sklearn.eigen import ConvergenceWarning, top_eigenpairs
 from glas_sklearn.ggn import GGNOperator
 
 from .reference import dense_ggn, mlp
@@ -92,24 +92,6 @@ def test_bad_arguments(problem):
         top_eigenpairs(op, 2, tol=0)
     with pytest.raises(ValueError, match="square"):
         top_eigenpairs(torch.zeros(3, 4), 1)
-
-
-def test_eigenvector_alignment():
-    gen = torch.Generator().manual_seed(0)
-    Q, _ = torch.linalg.qr(torch.randn(30, 4, dtype=torch.float64, generator=gen))
-    p = Q[:, 0]
-    other = Q[:, 1]
-    mixed = (p + 0.1 * other) / (p + 0.1 * other).norm()
-    A = eigenvector_alignment([Q, -Q, other, mixed])
-    assert A.shape == (4, 4)
-    np.testing.assert_allclose(np.diag(A), 1.0)
-    assert A[0, 1] == pytest.approx(1.0)  # sign does not matter
-    assert A[0, 2] == pytest.approx(0.0, abs=1e-12)
-    assert A[0, 3] == pytest.approx(1 / np.sqrt(1.01))
-    ref = eigenvector_alignment([Q, other], reference=p)
-    np.testing.assert_allclose(ref, [1.0, 0.0], atol=1e-12)
-    with pytest.raises(ValueError, match="same length"):
-        eigenvector_alignment([Q, torch.ones(5)])
 
 
 def test_fit_laplace_subspace_passes_the_lanczos_budget(problem):

@@ -10,8 +10,7 @@ import torch
 from sklearn.datasets import make_blobs
 from sklearn.exceptions import NotFittedError
 
-from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
-from glas_sklearn import plotting
+from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor, plotting
 from glas_sklearn.calibration import CalibrationWarning, choose_dimension
 from glas_sklearn.plotting import plot_activity, plot_calibration, plot_intervals, plot_spectrum
 from glas_sklearn.posterior import ActiveSubspacePosterior
@@ -133,7 +132,7 @@ def test_plot_calibration_result_overlay(plt, reg_1d, data_1d):
     assert sum(ln.get_gid() == plotting._TARGET_GID for ln in ax.lines) == 1
     stars = [ln for ln in ax.lines if ln.get_marker() == "*"]
     assert len(stars) == 2
-    for res, star in zip(results, stars):
+    for res, star in zip(results, stars, strict=True):
         assert star.get_xdata()[0] == res.n_components
         assert star.get_label().startswith("chosen d" if res.reached else "not reached")
 
@@ -222,7 +221,7 @@ def test_plot_spectrum_posterior_and_classifier(plt, clf):
     assert len(axes[2].lines[0].get_ydata()) == clf.posterior_.max_components
     _, given = plt.subplots(3, 1)
     axes = plot_spectrum(clf, ax=given, d=2)
-    assert all(a is b for a, b in zip(axes, given))
+    assert all(a is b for a, b in zip(axes, given, strict=True))
     np.testing.assert_allclose(axes[2].lines[0].get_ydata(), clf.posterior_.contraction(2).double().numpy(),
                                rtol=1e-6)
     with pytest.raises(ValueError, match="3 Axes"):

@@ -45,7 +45,7 @@ def rd():
 
 @pytest.fixture(scope="module")
 def chem(rd):
-    from glas_sklearn import chem
+    from glas_sklearn.contrib import chem
 
     return chem
 
@@ -113,6 +113,6 @@ def test_import_without_rdkit_says_how_to_install(monkeypatch):
     for name in [m for m in sys.modules if m == "rdkit" or m.startswith("rdkit.")]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "rdkit", None)
-    monkeypatch.delitem(sys.modules, "glas_sklearn.chem", raising=False)
+    monkeypatch.delitem(sys.modules, "glas_sklearn.contrib.chem", raising=False)
     with pytest.raises(ImportError, match=r"pip install glas-sklearn\[chem\]"):
-        importlib.import_module("glas_sklearn.chem")
+        importlib.import_module("glas_sklearn.contrib.chem")

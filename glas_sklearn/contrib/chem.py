@@ -20,7 +20,7 @@ try:
     from rdkit.Chem import Crippen, Descriptors
 except ImportError as exc:  # pragma: no cover - exercised only without RDKit
     raise ImportError(
-        "glas_sklearn.chem needs RDKit, which is not installed. "
+        "glas_sklearn.contrib.chem needs RDKit, which is not installed. "
         "Install it with `pip install glas-sklearn[chem]` (or `pip install rdkit`)."
     ) from exc
 

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from glas_sklearn.smiles import (
+from glas_sklearn.contrib.smiles import (
     START_TOKEN,
     STOP_TOKEN,
     Vocabulary,
@@ -16,7 +16,7 @@ from glas_sklearn.smiles import (
     tokenize,
 )
 
-FIXTURE = os.path.join(os.path.dirname(__file__), "data", "smiles_sample.smi")
+FIXTURE = os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "smiles_sample.smi")
 
 # The paper's Table 3 (index 1, the start token, is written "^").
 PAPER_TABLE3 = [
@@ -115,7 +115,7 @@ def test_encode_batch_padding_and_mask(sample, vocab):
     assert mask.shape == (n, T - 1)
     assert torch.all(tokens[:, 0] == vocab.start_id)
     targets = tokens[:, 1:]
-    for i, (s, L) in enumerate(zip(batch, lengths)):
+    for i, (s, L) in enumerate(zip(batch, lengths, strict=True)):
         # real targets: the L tokens and the stop token, as one leading run
         assert mask[i].tolist() == [True] * (L + 1) + [False] * (T - 2 - L)
         assert targets[i, L].item() == vocab.stop_id
