@@ -50,11 +50,12 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 from smiles_lstm import CORPUS, MODEL_PATH, VOCAB_PATH, _split, generate, load_model  # noqa: E402
 
-from glas_sklearn.chem import describe  # noqa: E402
+from glas_sklearn.contrib.chem import describe  # noqa: E402
+from glas_sklearn.contrib.smiles import encode_batch, load_smiles  # noqa: E402
+from glas_sklearn.diagnostics import subsample_alignment  # noqa: E402
 from glas_sklearn.ggn import GGNOperator  # noqa: E402
 from glas_sklearn.posterior import ActiveSubspacePosterior, beta_for  # noqa: E402
-from glas_sklearn.sampling import sample_parameters, subsample_alignment  # noqa: E402
-from glas_sklearn.smiles import encode_batch, load_smiles  # noqa: E402
+from glas_sklearn.sampling import sample_parameters  # noqa: E402
 
 RESULTS = os.path.join(HERE, "results")
 logger = logging.getLogger("paper_smiles")

@@ -42,7 +42,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 
 from glas_sklearn._functional import eval_view  # noqa: E402
-from glas_sklearn.smiles import Vocabulary, encode_batch, load_smiles, tokenize  # noqa: E402
+from glas_sklearn.contrib.smiles import Vocabulary, encode_batch, load_smiles, tokenize  # noqa: E402
 
 __all__ = ["SmilesLSTM", "generate", "load_model", "sequence_loss", "PAPER_TABLE3_TOKENS"]
 
@@ -242,7 +242,7 @@ def _length_bucketed_batches(smiles: list[str], batch_size: int, rng: random.Ran
 
 
 def _valid_share(smiles: list[str]) -> float:
-    from glas_sklearn.chem import is_valid
+    from glas_sklearn.contrib.chem import is_valid
 
     return sum(is_valid(s) for s in smiles) / max(len(smiles), 1)
 

@@ -12,7 +12,16 @@ from sklearn.exceptions import NotFittedError
 
 from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor, plotting
 from glas_sklearn.calibration import CalibrationWarning, choose_dimension
-from glas_sklearn.plotting import plot_activity, plot_calibration, plot_intervals, plot_spectrum
+from glas_sklearn.plotting import (
+    ActivityDisplay,
+    CoverageDisplay,
+    IntervalDisplay,
+    SpectrumDisplay,
+    plot_activity,
+    plot_calibration,
+    plot_intervals,
+    plot_spectrum,
+)
 from glas_sklearn.posterior import ActiveSubspacePosterior
 
 TINY = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=20, n_samples=50, max_components=4,
@@ -85,6 +94,21 @@ def test_import_and_call_without_matplotlib(monkeypatch, reg_1d):
         plotting.plot_calibration(reg_1d)
     with pytest.raises(ImportError, match=r"pip install glas-sklearn\[plot\]"):
         plotting.plot_spectrum(reg_1d.posterior_)
+
+
+def test_displays_without_matplotlib_say_how_to_install(monkeypatch, reg_1d):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    importlib.reload(plotting)
+    hint = r"pip install glas-sklearn\[plot\]"
+    with pytest.raises(ImportError, match=r"CoverageDisplay.from_estimator needs matplotlib.*" + hint):
+        plotting.CoverageDisplay.from_estimator(reg_1d)
+    with pytest.raises(ImportError, match=r"SpectrumDisplay.from_posterior needs matplotlib.*" + hint):
+        plotting.SpectrumDisplay.from_posterior(reg_1d.posterior_)
+    # a display built from numbers needs matplotlib only to draw
+    disp = plotting.ActivityDisplay(ranks=[1, 2], kappa=[0.5, 1.0], d=1, n_weights=2)
+    with pytest.raises(ImportError, match=r"ActivityDisplay.plot needs matplotlib.*" + hint):
+        disp.plot()
 
 
 # ----------------------------------------------------------------------------- calibration
@@ -268,3 +292,120 @@ def test_plot_activity_posterior_overlay(plt):
         plot_activity(post, max_points=1)
     with pytest.raises(ValueError, match="top_fraction"):
         plot_activity(post, top_fraction=2.0)
+
+
+# ----------------------------------------------------------------------------- displays
+
+
+def test_coverage_display_holds_the_calibration_table(plt, reg_1d):
+    disp = CoverageDisplay.from_estimator(reg_1d)
+    table, d = reg_1d.calibration_, reg_1d.n_components_
+    np.testing.assert_array_equal(disp.d, table["d"].to_numpy())
+    np.testing.assert_array_equal(disp.coverage, table["coverage"].to_numpy())
+    assert disp.line_ is disp.ax_.lines[0] and disp.figure_ is disp.ax_.figure
+    np.testing.assert_array_equal(disp.line_.get_ydata(), table["coverage"].to_numpy())
+    assert disp.target_line_.get_gid() == plotting._TARGET_GID
+    np.testing.assert_allclose(disp.target_line_.get_ydata(), 0.9)
+    assert disp.chosen_d == d and disp.chosen_marker_.get_xdata()[0] == d
+    assert disp.chosen_marker_.get_ydata()[0] == pytest.approx(table.loc[table["d"] == d, "coverage"].iloc[0])
+    # plot() draws the same numbers again, on a given Axes
+    _, ax = plt.subplots()
+    assert disp.plot(ax=ax, label="again") is disp and disp.ax_ is ax
+    assert disp.line_.get_label() == "again"
+    with pytest.raises(TypeError, match="from_result"):
+        CoverageDisplay.from_estimator(reg_1d.calibration_)
+
+
+def test_coverage_display_from_result_overlay_shares_the_target(plt, reg_1d, data_1d):
+    post = reg_1d.posterior_
+    Xc = torch.as_tensor(reg_1d._transform_X(data_1d[0][:20]), dtype=post.dtype)
+    yc = torch.as_tensor((data_1d[1][:20] - reg_1d.y_mean_[0]) / reg_1d.y_scale_[0], dtype=post.dtype)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)
+        res = choose_dimension(post, Xc, yc, predictive="linearized", confidence_level=0.8, full_curve=True)
+    first = CoverageDisplay.from_result(res, label="a")
+    second = CoverageDisplay.from_result(res, ax=first.ax_, label="b")
+    assert second.target_line_ is first.target_line_
+    np.testing.assert_array_equal(second.line_.get_ydata(), res.table["coverage"].to_numpy())
+    assert (first.chosen_marker_.get_label().startswith("chosen d") if res.reached
+            else first.chosen_marker_.get_label().startswith("not reached"))
+    with pytest.raises(TypeError, match="CalibrationResult"):
+        CoverageDisplay.from_result(reg_1d)
+    # a chosen d outside the curve draws no star; an empty curve is refused
+    none = CoverageDisplay(d=[1, 2], coverage=[0.5, 0.7], confidence_level=0.9, chosen_d=5).plot()
+    assert none.chosen_marker_ is None
+    with pytest.raises(ValueError, match="empty"):
+        CoverageDisplay(d=[], coverage=[], confidence_level=0.9, chosen_d=1).plot()
+
+
+def test_interval_display_band_and_parity(plt, reg_1d, data_1d, reg_2d, data_2d):
+    X, y = data_1d
+    disp = IntervalDisplay.from_estimator(reg_1d, X, y)
+    pred, pis = reg_1d.predict_interval(X)
+    order = np.argsort(X[:, 0], kind="stable")
+    np.testing.assert_allclose(disp.mean_line_.get_xdata(), X[order, 0])
+    np.testing.assert_allclose(disp.mean_line_.get_ydata(), pred[order])
+    np.testing.assert_allclose(disp.points_.get_offsets(), np.column_stack([X[:, 0], y]))
+    band = disp.band_.get_paths()[0].vertices
+    assert band[:, 1].min() == pytest.approx(pis[:, 0, 0].min())
+    assert band[:, 1].max() == pytest.approx(pis[:, 1, 0].max())
+    assert disp.diagonal_ is None and disp.figure_ is disp.ax_.figure
+    assert disp.coverage == pytest.approx(np.mean((y >= pis[:, 0, 0]) & (y <= pis[:, 1, 0])))
+    assert f"{disp.coverage:.1%}" in disp.ax_.get_title()
+
+    X2, y2 = data_2d
+    disp = IntervalDisplay.from_estimator(reg_2d, X2, y2, confidence_level=0.5)
+    pred, pis = reg_2d.predict_interval(X2, confidence_level=0.5)
+    segments = np.asarray(disp.band_.get_segments())
+    np.testing.assert_allclose(segments[:, 0, 0], pred)
+    np.testing.assert_allclose(segments[:, 0, 1], pis[:, 0, 0])
+    np.testing.assert_allclose(segments[:, 1, 1], pis[:, 1, 0])
+    lims = [min(pred.min(), y2.min(), pis.min()), max(pred.max(), y2.max(), pis.max())]
+    np.testing.assert_allclose(disp.diagonal_.get_xdata(), lims)
+    assert disp.mean_line_ is None
+
+    # from numbers: coverage by hand (bounds count as inside), and no d in the title when none is given
+    disp = IntervalDisplay(y_true=[0.0, 1.0, 5.0, -2.0], y_pred=[0.0, 0.5, 1.0, 0.0], y_lower=[-1, 0, 0, -1],
+                           y_upper=[1, 1, 2, 1], confidence_level=0.8, interval_of="y").plot()
+    assert disp.coverage == 0.5
+    assert disp.ax_.get_title() == "50.0% of 4 points inside the 80 % intervals"
+    assert "80 % interval for y" in [t.get_text() for t in disp.ax_.get_legend().get_texts()]
+
+
+def test_spectrum_display_holds_the_posterior(plt, reg_1d, clf):
+    disp = SpectrumDisplay.from_estimator(reg_1d)
+    post, d = reg_1d.posterior_, reg_1d.n_components_
+    assert disp.d == d and disp.d_is_chosen
+    np.testing.assert_allclose(disp.eigenvalue_line_.get_ydata(), reg_1d.eigenvalues_, rtol=1e-6)
+    np.testing.assert_allclose(disp.variance_line_.get_ydata(), post.variances(d).double().numpy(), rtol=1e-6)
+    np.testing.assert_allclose(disp.contraction_line_.get_ydata(), post.contraction(d).double().numpy(), rtol=1e-6)
+    assert disp.d_line_.get_xdata()[0] == d and disp.d_line_.get_label() == f"chosen d = {d}"
+    assert disp.prior_line_.get_ydata()[0] == pytest.approx(reg_1d.sigma0_**2)
+    assert disp.axes_.shape == (3,) and disp.figure_ is disp.axes_[0].figure
+    bare = SpectrumDisplay.from_posterior(clf.posterior_, d=2)
+    assert not bare.d_is_chosen and len(bare.contraction_line_.get_ydata()) == 2
+    assert bare.sigma0 == pytest.approx(clf.posterior_.fit_sigma0(2))
+    with pytest.raises(TypeError, match="from_estimator"):
+        SpectrumDisplay.from_posterior(reg_1d)
+    with pytest.raises(TypeError, match="from_posterior"):
+        SpectrumDisplay.from_estimator(clf.posterior_)
+    with pytest.raises(ValueError, match="between 1 and K"):
+        SpectrumDisplay.from_estimator(clf, d=0)
+
+
+def test_activity_display_holds_kappa(plt):
+    net = torch.nn.Linear(6, 1, bias=False).double()
+    P = torch.eye(6, 3, dtype=torch.float64)
+    post = ActiveSubspacePosterior(net, torch.tensor([4.0, 2.0, 1.0], dtype=torch.float64), P, beta=1.0)
+    # activity ν = (4, 2, 1, 0, 0, 0): κ = (4/7, 6/7, 1, 1, 1, 1); the top 1/3 of the weights (2) hold 6/7
+    disp = ActivityDisplay.from_posterior(post, top_fraction=1 / 3)
+    np.testing.assert_array_equal(disp.ranks, np.arange(1, 7))
+    np.testing.assert_allclose(disp.line_.get_ydata(), [4 / 7, 6 / 7, 1, 1, 1, 1])
+    assert disp.top_rank == 2 and disp.top_share == pytest.approx(6 / 7)
+    assert disp.top_marker_.get_xdata()[0] == 2 and disp.top_marker_.get_ydata()[0] == pytest.approx(6 / 7)
+    assert disp.line_.get_label() == "d = 3" and disp.figure_ is disp.ax_.figure
+    light = ActivityDisplay.from_posterior(post, d=1, top_fraction=None, max_points=3)
+    np.testing.assert_array_equal(light.line_.get_xdata(), [1, 2, 6])
+    assert light.top_marker_ is None
+    with pytest.raises(TypeError, match="ActivityDisplay.from_posterior"):
+        ActivityDisplay.from_estimator(post)
