@@ -3,13 +3,15 @@
 Every module that evaluates the network at perturbed weights or differentiates it goes through
 these helpers: the trainable parameters are addressed as one flat vector (in ``named_parameters()``
 order), and the network is called with ``torch.func.functional_call`` on a view of the model in
-evaluation mode.
+evaluation mode. :class:`FunctionalModel` binds a model once in that form (layout, θ0, eval view,
+input checks); the GGN operator and the posterior both hold one.
 """
 
 from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import warnings
 from dataclasses import dataclass
 from typing import Iterator
@@ -18,7 +20,9 @@ import torch
 from torch import nn
 from torch.func import functional_call
 
-__all__ = ["ParameterLayout", "eval_view", "autodiff_context", "forward", "model_outputs"]
+from ._checks import check_finite_tensor
+
+__all__ = ["FunctionalModel", "ParameterLayout", "eval_view", "autodiff_context", "forward", "model_outputs"]
 
 
 @dataclass(frozen=True)
@@ -83,7 +87,13 @@ class ParameterLayout:
     def unflatten(self, vector: torch.Tensor) -> dict:
         """Split a flat vector of length D into a dict of parameter-shaped views."""
         parts = torch.split(vector, self.numels)
-        return {n: part.view(shape) for n, part, shape in zip(self.names, parts, self.shapes)}
+        return {n: part.view(shape) for n, part, shape in zip(self.names, parts, self.shapes, strict=True)}
+
+    def unflatten_rows(self, rows: torch.Tensor) -> dict:
+        """Split a (c, D) block of flat weight vectors into a dict of (c, *shape) tensors (for ``vmap``)."""
+        parts = torch.split(rows, self.numels, dim=1)
+        return {n: part.reshape(rows.shape[0], *shape)
+                for n, part, shape in zip(self.names, parts, self.shapes, strict=True)}
 
     def parameters_of(self, model: nn.Module) -> torch.Tensor:
         """θ0: a detached copy of the model's trainable weights as one flat vector."""
@@ -149,3 +159,127 @@ def model_outputs(model: nn.Module, X: torch.Tensor, batch_size: int | None = No
     size = batch_size or X.shape[0]
     with torch.no_grad(), autodiff_context(view, X.device):
         return torch.cat([forward(view, params, X[i:i + size]) for i in range(0, X.shape[0], size)])
+
+
+class FunctionalModel:
+    """A trained model as a pure function of its weights: f(x; θ), with θ0 its trained weights.
+
+    The one binding of a model that the GGN operator and the posterior share. It records the layout of the
+    trainable weights in the flat vector, a detached copy θ0 of them, and an eval-mode view of the model
+    (:func:`eval_view`); the model is only ever called through ``torch.func.functional_call`` and is never
+    written into.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        The trained network. Its trainable parameters (``requires_grad=True``, in ``named_parameters()``
+        order) are the D weights; they must share one floating dtype and one device.
+
+    Attributes
+    ----------
+    layout : ParameterLayout
+        Names, shapes and offsets of the weights in the flat vector.
+    module : torch.nn.Module
+        The eval-mode view of the model (the model itself when it is already in eval mode).
+    theta0 : torch.Tensor of shape (D,)
+        The trained weights, a detached copy taken at construction (later changes to the model do not move it).
+    params0 : dict
+        θ0 as a name → tensor dict of views into ``theta0``.
+
+    Examples
+    --------
+    >>> import torch
+    >>> net = torch.nn.Linear(3, 2).double()
+    >>> f = FunctionalModel(net)
+    >>> f.n_weights, f.dtype
+    (8, torch.float64)
+    >>> x = torch.ones(4, 3, dtype=torch.float64)
+    >>> torch.equal(f(x), net(x)), f(x, f.unflatten(torch.zeros(8, dtype=torch.float64))).abs().max().item()
+    (True, 0.0)
+    """
+
+    def __init__(self, model: nn.Module) -> None:
+        self.layout = ParameterLayout.from_model(model)
+        self.module = eval_view(model)
+        self.theta0 = self.layout.parameters_of(model)
+        self.params0 = self.layout.unflatten(self.theta0)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weights' dtype."""
+        return self.layout.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """The weights' device."""
+        return self.layout.device
+
+    @property
+    def n_weights(self) -> int:
+        """D, the number of trainable weights."""
+        return self.layout.size
+
+    def unflatten(self, theta: torch.Tensor) -> dict:
+        """A flat weight vector of length D as a name → tensor dict for :meth:`__call__`."""
+        return self.layout.unflatten(theta)
+
+    def __call__(self, inputs, params: dict | None = None) -> torch.Tensor:
+        """f(inputs; params): the model evaluated at ``params`` (a name → tensor dict; θ0 when None)."""
+        return forward(self.module, self.params0 if params is None else params, inputs)
+
+    def autodiff(self) -> contextlib.AbstractContextManager:
+        """:func:`autodiff_context` for this model: gradients on, oneDNN off for recurrent layers on CPU."""
+        return autodiff_context(self.module, self.device)
+
+    def check_inputs(self, X, name: str = "X") -> torch.Tensor:
+        """Check network inputs against the model: a non-empty, finite torch tensor with a leading record
+        axis, on the model's device, and with the model's dtype when floating (integer inputs such as
+        token ids pass as they are). Returns ``X`` unchanged; raises TypeError or ValueError naming ``name``."""
+        if not isinstance(X, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(X).__name__}; convert with torch.as_tensor.")
+        check_finite_tensor(name, X)
+        if X.ndim < 1:
+            raise ValueError(f"{name} must have a leading record axis, got a scalar.")
+        if X.device != self.device:
+            raise ValueError(f"{name} is on {X.device}, but the model lives on {self.device}; "
+                             f"move it with .to('{self.device}').")
+        if X.is_floating_point() and X.dtype != self.dtype:
+            raise TypeError(f"{name} has dtype {X.dtype}, but the model's weights are {self.dtype}; "
+                            f"convert it with .to({self.dtype}).")
+        return X
+
+    def output_shape(self, X: torch.Tensor, name: str = "X") -> tuple:
+        """The per-record output shape f(x; θ0).shape[1:], from one forward pass on the first row of ``X``.
+
+        Raises a ValueError naming the rows' shape when the model cannot be evaluated on them (wrong
+        number of features, token ids out of range, ...), or when it does not return a tensor.
+        """
+        try:
+            with torch.no_grad(), self.autodiff():
+                out = self(X[:1])
+        except (RuntimeError, TypeError, IndexError) as err:
+            raise ValueError(
+                f"The model {type(self.module).__name__} cannot be evaluated on {name}, whose rows have shape "
+                f"{tuple(X.shape[1:])} and dtype {X.dtype}: {err}"
+            ) from err
+        if not isinstance(out, torch.Tensor):
+            raise ValueError(f"The model must return a torch.Tensor, got {type(out).__name__}.")
+        return tuple(out.shape[1:])
+
+    def __getstate__(self) -> dict:
+        state = self.__dict__.copy()
+        del state["params0"]  # views of θ0, rebuilt on loading (a plain pickle would store them as copies)
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update(state)
+        # Unpickled with a map_location (e.g. a CUDA fit loaded on a CPU-only machine), the tensors may now
+        # live elsewhere than the recorded device: follow the tensors.
+        device = self.theta0.device
+        if device != self.layout.device:
+            self.layout = dataclasses.replace(self.layout, device=device)
+        self.params0 = self.layout.unflatten(self.theta0)
+
+    def __repr__(self) -> str:
+        return (f"FunctionalModel({type(self.module).__name__}, D={self.n_weights}, dtype={self.dtype}, "
+                f"device={self.device})")

@@ -19,7 +19,7 @@ from torch import nn
 
 from ._checks import check_choice, numpy_rng
 from ._functional import ParameterLayout, model_outputs
-from .ggn import GGNOperator, _OperatorProducts
+from .ggn import CurvatureOperator, GGNOperator
 
 __all__ = ["DistributedGGNOperator", "distributed_noise_variance", "shared_seed"]
 
@@ -46,11 +46,12 @@ def _all_agree(local_error: BaseException | None, group, device: torch.device) -
         raise RuntimeError("Building the distributed GGN failed on another process; see that process's error.")
 
 
-class DistributedGGNOperator(_OperatorProducts):
+class DistributedGGNOperator(CurvatureOperator):
     """The GGN of a model over data sharded across the processes of a ``torch.distributed`` group.
 
     Call it in every process of the group, with the same model (same weights) and that process's own rows. Its products
-    (``matvec``, ``matmat``, ``@``, ``to_scipy()``) are collective: every process must ask for the same vectors.
+    (``matvec``, ``matmat``, ``@``, ``to_scipy()``, the :class:`~glas_sklearn.ggn.CurvatureOperator` protocol) are
+    collective: every process must ask for the same vectors. A D×k block is one ``all_reduce``.
 
     Parameters
     ----------
@@ -74,7 +75,7 @@ class DistributedGGNOperator(_OperatorProducts):
     n_local_records : int
         N_r on this process.
     n_products : int
-        Products computed so far (each one all_reduce).
+        Single-vector products computed so far (a D×k block counts k and costs one all_reduce).
     local : GGNOperator or None
         This process's operator (None without rows).
 
@@ -134,14 +135,14 @@ class DistributedGGNOperator(_OperatorProducts):
         return (f"DistributedGGNOperator(D={self.shape[0]}, N={self.n_records}, local N={self.n_local_records}, "
                 f"processes={dist.get_world_size(self.group)}, loss={self.loss!r})")
 
-    def _apply(self, v: torch.Tensor) -> torch.Tensor:
+    def _matmat(self, V: torch.Tensor) -> torch.Tensor:
         if self.local is None:
-            out = torch.zeros(self.layout.size, dtype=self.dtype, device=self.device)
+            out = torch.zeros(V.shape, dtype=self.dtype, device=self.device)
         else:
-            out = self.local.matvec(v) * self._share
+            out = self.local.matmat(V) * self._share
         buf = out.to(self._comm)
         dist.all_reduce(buf, group=self.group)
-        self.n_products += 1
+        self.n_products += V.shape[1]
         return buf.to(self.device)
 
     def release(self) -> None:

@@ -7,26 +7,27 @@ Two solvers share one result type:
   projected problem is solved in float64 while the products may run in float32.
 - ``method="eigsh"``: scipy's ARPACK ``eigsh`` on ``op.to_scipy()``.
 
-Either way the residual norms ‖G p − λ p‖ are reported, and a :class:`ConvergenceWarning` is raised
-when they are not below ``tol · λ_1``.
+Both reach the operator only through the :class:`~glas_sklearn.ggn.CurvatureOperator` protocol (a dense
+torch matrix is wrapped in one). Either way the residual norms ‖G p − λ p‖ are reported, and scikit-learn's
+``ConvergenceWarning`` is raised when they are not below ``tol · λ_1``.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
-from scipy.sparse.linalg import ArpackNoConvergence, eigsh
+from scipy.sparse.linalg import ArpackNoConvergence, LinearOperator, eigsh
 from sklearn.exceptions import ConvergenceWarning
 
 from ._checks import check_choice, check_positive_int, make_generator
 from ._progress import progress
+from .ggn import CurvatureOperator
 
-__all__ = ["EigenResult", "top_eigenpairs", "ConvergenceWarning"]
+__all__ = ["EigenResult", "top_eigenpairs"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,20 +68,36 @@ class EigenResult:
         return self.residual_norms / (scale if scale > 0 else 1.0)
 
 
-def _operator_meta(op):
-    """Size, dtype and device of an operator (GGNOperator, torch matrix or anything with .shape)."""
+class _DenseMatrix(CurvatureOperator):
+    """A dense symmetric torch matrix behind the operator protocol."""
+
+    def __init__(self, A: torch.Tensor) -> None:
+        if A.ndim != 2 or A.shape[0] != A.shape[1]:
+            raise ValueError(f"A dense operator must be square, got shape {tuple(A.shape)}.")
+        self.A = A.detach()
+        self.dtype, self.device = A.dtype, A.device
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.A.shape)
+
+    def _matmat(self, V: torch.Tensor) -> torch.Tensor:
+        return self.A @ V
+
+
+def _as_operator(op) -> CurvatureOperator:
+    """The operator itself, or a dense square torch matrix wrapped in the protocol."""
+    if isinstance(op, CurvatureOperator):
+        shape = op.shape
+        if len(shape) != 2 or shape[0] != shape[1]:
+            raise ValueError(f"The operator must have a square .shape, got {shape!r}.")
+        return op
     if isinstance(op, torch.Tensor):
-        if op.ndim != 2 or op.shape[0] != op.shape[1]:
-            raise ValueError(f"A dense operator must be square, got shape {tuple(op.shape)}.")
-        return op.shape[0], op.dtype, op.device
-    shape = getattr(op, "shape", None)
-    if shape is None or len(shape) != 2 or shape[0] != shape[1]:
-        raise ValueError(f"The operator must have a square .shape, got {shape!r}.")
-    dtype = getattr(op, "dtype", torch.float64)
-    device = getattr(op, "device", torch.device("cpu"))
-    if not isinstance(dtype, torch.dtype):
-        dtype = torch.float64
-    return int(shape[0]), dtype, torch.device(device)
+        return _DenseMatrix(op)
+    raise TypeError(
+        f"op must be a CurvatureOperator (e.g. a GGNOperator) or a square torch matrix, got {type(op).__name__}; "
+        "wrap other operators in a subclass of glas_sklearn.ggn.CurvatureOperator that implements _matmat."
+    )
 
 
 def _warn_unconverged(result: EigenResult, k: int) -> None:
@@ -188,14 +205,9 @@ def _lanczos(matvec, D: int, k: int, dtype, device, *, tol: float, max_matvecs: 
     )
 
 
-def _eigsh(op, D: int, k: int, dtype, device, *, tol: float, max_matvecs: int, ncv: int,
+def _eigsh(op: CurvatureOperator, D: int, k: int, dtype, device, *, tol: float, max_matvecs: int, ncv: int,
            generator: torch.Generator, v0: torch.Tensor | None, bar=None) -> EigenResult:
-    if isinstance(op, torch.Tensor):
-        from scipy.sparse.linalg import aslinearoperator
-
-        lin = aslinearoperator(op.detach().cpu().double().numpy())
-    else:
-        lin = op.to_scipy()
+    lin = op.to_scipy()
     counter = {"n": 0}
 
     def mv(x):
@@ -204,8 +216,6 @@ def _eigsh(op, D: int, k: int, dtype, device, *, tol: float, max_matvecs: int, n
         if bar is not None:
             bar.update(step)
         return lin.matvec(x)
-
-    from scipy.sparse.linalg import LinearOperator
 
     counted = LinearOperator((D, D), matvec=mv, rmatvec=mv, dtype=np.float64)
     if v0 is None:
@@ -225,7 +235,7 @@ def _eigsh(op, D: int, k: int, dtype, device, *, tol: float, max_matvecs: int, n
     P = torch.as_tensor(np.ascontiguousarray(vecs), dtype=dtype, device=device)
     # Residuals are measured (k extra products, not counted in n_matvecs: ARPACK reports none).
     if P.shape[1]:
-        AP = np.column_stack([lin.matvec(vecs[:, j]) for j in range(vecs.shape[1])])
+        AP = lin.matmat(vecs)
         res = np.linalg.norm(AP - vecs * vals, axis=0)
     else:
         res = np.zeros(0)
@@ -249,11 +259,12 @@ def top_eigenpairs(op, k: int, *, method: str = "lanczos", tol: float = 1e-5,
 
     Parameters
     ----------
-    op : GGNOperator, torch.Tensor or operator
-        Anything with ``.shape == (D, D)`` and ``op @ v`` for a torch vector (a dense symmetric
-        torch matrix works too); ``method="eigsh"`` also needs ``op.to_scipy()`` unless ``op`` is a tensor.
+    op : CurvatureOperator or torch.Tensor
+        A :class:`~glas_sklearn.ggn.CurvatureOperator` of shape (D, D) (e.g. a GGNOperator or a
+        DistributedGGNOperator), or a dense symmetric torch matrix. Lanczos calls ``op.matvec``, eigsh
+        ``op.to_scipy()``.
     k : int
-        Number of eigenpairs, 1 ≤ k < D.
+        Number of eigenpairs, 1 ≤ k < D (for the GGN, D is the number of trainable weights).
     method : {"lanczos", "eigsh"}, default="lanczos"
     tol : float, default=1e-5
         Converged when every residual ‖A p − λ p‖ ≤ tol · λ_1.
@@ -273,7 +284,7 @@ def top_eigenpairs(op, k: int, *, method: str = "lanczos", tol: float = 1e-5,
     -------
     EigenResult
         Eigenvalues (descending), orthonormal eigenvectors, residual norms, number of products and a
-        convergence flag. A :class:`ConvergenceWarning` is issued when not converged.
+        convergence flag. A ``sklearn.exceptions.ConvergenceWarning`` is issued when not converged.
 
     Examples
     --------
@@ -284,10 +295,15 @@ def top_eigenpairs(op, k: int, *, method: str = "lanczos", tol: float = 1e-5,
     [100.0, 99.0, 98.0]
     """
     method = check_choice("method", method, ("lanczos", "eigsh"))
-    D, dtype, device = _operator_meta(op)
+    op = _as_operator(op)
+    D, dtype, device = op.shape[0], op.dtype, op.device
     k = check_positive_int("k", k)
     if k >= D:
-        raise ValueError(f"k={k} eigenpairs requested, but the operator has dimension D={D}; k must be < D.")
+        raise ValueError(
+            f"k={k} eigenpairs requested (n_components={k} in fit_laplace_subspace and the estimators), but the "
+            f"operator has dimension D={D} (the number of trainable weights); k must be < D: ask for at most "
+            f"{D - 1} eigenpairs, or use a larger network."
+        )
     if not (isinstance(tol, (int, float)) and 0 < tol < 1):
         raise ValueError(f"tol must be a float in (0, 1), got {tol!r}.")
     max_matvecs = check_positive_int("max_matvecs", max_matvecs if max_matvecs is not None else max(20 * k, 200))
@@ -295,18 +311,8 @@ def top_eigenpairs(op, k: int, *, method: str = "lanczos", tol: float = 1e-5,
         ncv = max(2 * k + 1, 20) if method == "eigsh" else max(2 * k + 10, k + 20)
     ncv = min(check_positive_int("ncv", ncv, minimum=k + 1), D)
     gen = make_generator(random_state, "cpu")
-    if isinstance(op, torch.Tensor):
-        dense = op.detach()
-
-        def matvec(v):
-            return dense @ v
-    else:
-
-        def matvec(v):
-            return op @ v
-
     solver = _lanczos if method == "lanczos" else _eigsh
-    target = matvec if method == "lanczos" else op
+    target = op.matvec if method == "lanczos" else op
     with progress(desc=f"{method}: top-{k} eigenpairs", unit="product", verbose=verbose, leave=False) as bar:
         result = solver(target, D, k, dtype, device, tol=tol, max_matvecs=max_matvecs, ncv=ncv,
                         generator=gen, v0=v0, bar=bar)

@@ -9,6 +9,7 @@ vector-Jacobian product per mini-batch, summed over the N records.
 
 from __future__ import annotations
 
+import abc
 import logging
 import math
 import os
@@ -20,10 +21,10 @@ import torch.autograd.forward_ad as fwAD
 from scipy.sparse.linalg import LinearOperator
 from torch import nn
 
-from ._checks import check_choice, check_finite_tensor, check_positive_int, check_vector, numpy_rng
-from ._functional import ParameterLayout, autodiff_context, eval_view, forward
+from ._checks import check_choice, check_positive_int, check_vector, numpy_rng
+from ._functional import FunctionalModel, ParameterLayout
 
-__all__ = ["GGNOperator"]
+__all__ = ["CurvatureOperator", "GGNOperator"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,45 +58,84 @@ def _available_memory(device: torch.device) -> int:
         return 2 * 1024**3
 
 
-class _OperatorProducts:
-    """The public product surface shared by the GGN operators: torch products checked against the
-    operator's size, dtype and device, ``@``, and a scipy ``LinearOperator``. Subclasses provide
-    ``layout``, ``dtype``, ``device`` and ``_apply(v)`` (one product with a detached vector)."""
+class CurvatureOperator(abc.ABC):
+    """A symmetric D×D operator known through its products with torch blocks (the curvature protocol).
+
+    A subclass provides ``dtype`` and ``device`` (attributes or properties), either a ``layout``
+    (:class:`~glas_sklearn._functional.ParameterLayout`, giving D) or its own ``shape``, and implements
+    :meth:`_matmat`. It then gets checked torch products (:meth:`matvec`, :meth:`matmat`, ``@``) and a
+    scipy ``LinearOperator`` (:meth:`to_scipy`), and works with :func:`~glas_sklearn.eigen.top_eigenpairs`.
+
+    Examples
+    --------
+    >>> import torch
+    >>> class Diagonal(CurvatureOperator):
+    ...     def __init__(self, d):
+    ...         self.d, self.dtype, self.device = d, d.dtype, d.device
+    ...     @property
+    ...     def shape(self):
+    ...         return (self.d.numel(), self.d.numel())
+    ...     def _matmat(self, V):
+    ...         return self.d[:, None] * V
+    >>> op = Diagonal(torch.tensor([1.0, 2.0, 3.0]))
+    >>> op @ torch.ones(3)
+    tensor([1., 2., 3.])
+    >>> op.to_scipy().matmat(np.eye(3)).diagonal()
+    array([1., 2., 3.])
+    """
+
+    dtype: torch.dtype
+    device: torch.device
 
     @property
     def shape(self) -> tuple[int, int]:
+        """(D, D), with D from ``self.layout`` (subclasses without a layout override this)."""
         D = self.layout.size
         return (D, D)
 
+    @abc.abstractmethod
+    def _matmat(self, V: torch.Tensor) -> torch.Tensor:
+        """A V for a detached (D, k) block V, k ≥ 1, in the operator's dtype and on its device; returns (D, k)."""
+
+    def _products(self, V: torch.Tensor) -> torch.Tensor:
+        """The one path to :meth:`_matmat`: a detached (D, k) block in, its checked (D, k) product out."""
+        out = self._matmat(V.detach())
+        if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(V.shape):
+            got = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+            raise RuntimeError(f"{type(self).__name__}._matmat returned {got} for a block of shape "
+                               f"{tuple(V.shape)}; it must return a tensor of the block's shape.")
+        return out
+
     def matvec(self, v: torch.Tensor) -> torch.Tensor:
-        """G v for a torch vector of length D (the model's dtype and device)."""
-        check_vector("v", v, self.layout.size, self.dtype, self.device, allow_matrix=False)
-        return self._apply(v.detach())
+        """A v for a torch vector of length D (the operator's dtype and device)."""
+        check_vector("v", v, self.shape[0], self.dtype, self.device, allow_matrix=False)
+        return self._products(v.unsqueeze(1))[:, 0]
 
     def matmat(self, V: torch.Tensor) -> torch.Tensor:
-        """G V for a D×k block, column by column."""
-        check_vector("V", V, self.layout.size, self.dtype, self.device)
+        """A V for a D×k torch block (or a vector of length D, giving a vector)."""
+        check_vector("V", V, self.shape[0], self.dtype, self.device)
         if V.ndim == 1:
-            return self._apply(V.detach())
-        return torch.stack([self._apply(V[:, j].detach()) for j in range(V.shape[1])], dim=1)
+            return self._products(V.unsqueeze(1))[:, 0]
+        return self._products(V)
 
     def __matmul__(self, v: torch.Tensor) -> torch.Tensor:
         return self.matmat(v)
 
     def to_scipy(self, dtype=np.float64) -> LinearOperator:
-        """A symmetric ``scipy.sparse.linalg.LinearOperator`` computing G v on numpy arrays."""
+        """A symmetric ``scipy.sparse.linalg.LinearOperator`` on numpy arrays: each of its products (a vector
+        or a whole block) is one call of :meth:`_matmat`, computed in the operator's dtype and device."""
         np_dtype = np.dtype(dtype)
 
-        def mv(x: np.ndarray) -> np.ndarray:
+        def mm(x: np.ndarray) -> np.ndarray:
             x = np.asarray(x)
             t = torch.as_tensor(x.reshape(x.shape[0], -1), dtype=self.dtype).to(self.device)
-            out = torch.stack([self._apply(t[:, j]) for j in range(t.shape[1])], dim=1)
+            out = self._products(t)
             return out.cpu().numpy().astype(np_dtype, copy=False).reshape(x.shape)
 
-        return LinearOperator(self.shape, matvec=mv, rmatvec=mv, matmat=mv, rmatmat=mv, dtype=np_dtype)
+        return LinearOperator(self.shape, matvec=mm, rmatvec=mm, matmat=mm, rmatmat=mm, dtype=np_dtype)
 
 
-class GGNOperator(_OperatorProducts):
+class GGNOperator(CurvatureOperator):
     """Matrix-free generalized Gauss-Newton matrix G of a torch model on a data set.
 
     Parameters
@@ -119,9 +159,13 @@ class GGNOperator(_OperatorProducts):
         count as records and contribute nothing to G.
     subsample : int, optional
         Use ``subsample`` rows drawn at random without replacement (paper §2.4); counted in rows,
-        that is in sequences for sequence data.
+        that is in sequences for sequence data, at most the number of rows of X. The rows are
+        ``np.sort(rng.choice(n_rows, size=subsample, replace=False))`` with ``rng`` the numpy Generator of
+        ``random_state``, and are kept in ``indices_``; the operator is then exactly the one built on
+        ``X[indices_]`` (and ``mask[indices_]``).
     random_state : int, numpy Generator or None
-        Seeds the subsample.
+        Seeds the subsample. A Generator is used as it is and advanced by the draw, so a caller can build
+        operators on successive independent subsamples from one stream.
     trim_padding : bool, default=False
         Only for *causal* sequence models, whose output at position t depends on inputs up to t alone
         (autoregressive RNNs, causal transformers): the rows are sorted by their last real position into
@@ -141,9 +185,24 @@ class GGNOperator(_OperatorProducts):
     n_records : int
         N, the number of records G averages over (unmasked tokens for sequence data).
     n_products : int
-        Number of single-vector products computed so far.
+        Number of single-vector products computed so far (a D×k block counts k).
+    functional_model : FunctionalModel
+        The model bound as a function of its weights (eval view, θ0, input checks).
     layout : ParameterLayout
         Names and shapes of the weights in the flat vector.
+    theta0 : torch.Tensor of shape (D,)
+        The trained weights (a detached copy).
+    dtype, device
+        Those of the weights; products take and return tensors in them.
+    output_shape : tuple of int
+        The per-record output shape of the model, e.g. (M,) or (T, M).
+    indices_ : numpy.ndarray or None
+        The sorted rows of X used with ``subsample``; None when every row is used.
+
+    Notes
+    -----
+    A :class:`CurvatureOperator`: ``matvec``, ``matmat``, ``@`` and ``to_scipy()`` all reach one product
+    path. Mini-batches are formed at construction; the cached linearisation is built on the first product.
 
     Examples
     --------
@@ -164,14 +223,9 @@ class GGNOperator(_OperatorProducts):
                  subsample: int | None = None, random_state=None, trim_padding: bool = False,
                  reuse_linearization: bool | str = "auto") -> None:
         self.loss = check_choice("loss", loss, _LOSSES)
-        self.layout = ParameterLayout.from_model(model)
-        self.dtype = self.layout.dtype
-        self.device = self.layout.device
-        self._model = eval_view(model)
-        self.theta0 = self.layout.parameters_of(model)
-        self._params = self.layout.unflatten(self.theta0)
+        self.functional_model = fm = FunctionalModel(model)
 
-        X = self._check_data("X", X)
+        X = fm.check_inputs(X, "X")
         n_rows = X.shape[0]
         if y is not None:
             if not isinstance(y, torch.Tensor):
@@ -205,14 +259,9 @@ class GGNOperator(_OperatorProducts):
         else:
             self.indices_ = None
 
-        with torch.no_grad(), autodiff_context(self._model, self.device):
-            probe = forward(self._model, self._params, X[:1])
-        if not isinstance(probe, torch.Tensor) or probe.ndim < 2:
-            raise ValueError(
-                "The model must return a tensor of shape (n, M) or (n, T, M); got "
-                f"{tuple(probe.shape) if isinstance(probe, torch.Tensor) else type(probe).__name__}."
-            )
-        self.output_shape = tuple(probe.shape[1:])
+        self.output_shape = fm.output_shape(X)
+        if len(self.output_shape) < 1:
+            raise ValueError("The model must return a tensor of shape (n, M) or (n, T, M); got one of shape (n,).")
         if mask is not None and tuple(mask.shape[1:]) != self.output_shape[:-1]:
             raise ValueError(
                 f"mask has shape {tuple(mask.shape)}, but the model's output has shape "
@@ -252,20 +301,23 @@ class GGNOperator(_OperatorProducts):
                 batches.append((X[rows][:, :t], mask[rows][:, :t]))
         return batches
 
-    # ------------------------------------------------------------------ checks
-    def _check_data(self, name: str, X) -> torch.Tensor:
-        if not isinstance(X, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(X).__name__}; convert with torch.as_tensor.")
-        check_finite_tensor(name, X)
-        if X.ndim < 1:
-            raise ValueError(f"{name} must have a leading record axis, got a scalar.")
-        if X.device != self.device:
-            raise ValueError(f"{name} is on {X.device}, but the model lives on {self.device}; move it with .to('{self.device}').")
-        if X.is_floating_point() and X.dtype != self.dtype:
-            raise TypeError(f"{name} has dtype {X.dtype}, but the model's weights are {self.dtype}; convert it with .to({self.dtype}).")
-        return X
-
     # ------------------------------------------------------------- properties
+    @property
+    def layout(self) -> ParameterLayout:
+        return self.functional_model.layout
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.functional_model.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.functional_model.device
+
+    @property
+    def theta0(self) -> torch.Tensor:
+        return self.functional_model.theta0
+
     def __repr__(self) -> str:
         return (f"GGNOperator(D={self.shape[0]}, N={self.n_records}, loss={self.loss!r}, "
                 f"batches={len(self._batches)}, dtype={self.dtype}, device={self.device})")
@@ -288,9 +340,10 @@ class GGNOperator(_OperatorProducts):
             return t
 
         first = self._batches[0][0]
-        leaves = {n: p.detach().requires_grad_() for n, p in self._params.items()}
-        with autodiff_context(self._model, self.device), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            forward(self._model, leaves, first)
+        fm = self.functional_model
+        leaves = {n: p.detach().requires_grad_() for n, p in fm.params0.items()}
+        with fm.autodiff(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            fm(first, leaves)
 
         def cells(x):
             return x.shape[0] * (x.shape[1] if self.trim_padding else 1)
@@ -300,10 +353,11 @@ class GGNOperator(_OperatorProducts):
     def _build_cache(self) -> list:
         """Per mini-batch: the output graph at θ0 and the transposed graph u ↦ Jᵀu (kept for J v)."""
         cache = []
-        with autodiff_context(self._model, self.device):
+        fm = self.functional_model
+        with fm.autodiff():
             for xb, mb in self._batches:
-                leaves = [p.detach().requires_grad_() for p in self._params.values()]
-                out = forward(self._model, dict(zip(self.layout.names, leaves)), xb)
+                leaves = [p.detach().requires_grad_() for p in fm.params0.values()]
+                out = fm(xb, dict(zip(self.layout.names, leaves, strict=True)))
                 dummy = torch.zeros_like(out, requires_grad=True)
                 grads = torch.autograd.grad(out, leaves, dummy, create_graph=True, allow_unused=True)
                 live = [i for i, g in enumerate(grads) if g is not None and g.requires_grad]
@@ -333,7 +387,7 @@ class GGNOperator(_OperatorProducts):
 
     def _product_cached(self, tangents: list) -> torch.Tensor:
         result = torch.zeros(self.layout.size, dtype=self.dtype, device=self.device)
-        with autodiff_context(self._model, self.device):
+        with self.functional_model.autodiff():
             for out, leaves, dummy, grads, live, probs, weight in self._cache:
                 jv = torch.autograd.grad(grads, dummy, [tangents[i] for i in live],
                                          retain_graph=True, allow_unused=True)[0]
@@ -341,26 +395,35 @@ class GGNOperator(_OperatorProducts):
                     continue
                 hjv = _output_hessian_product(self.loss, out, probs, jv) * weight
                 vjp = torch.autograd.grad(out, leaves, hjv, retain_graph=True, allow_unused=True)
-                result += self.layout.flatten([torch.zeros_like(p) if g is None else g for g, p in zip(vjp, leaves)])
+                result += self.layout.flatten([torch.zeros_like(p) if g is None else g
+                                               for g, p in zip(vjp, leaves, strict=True)])
         return result
 
     def _product_streamed(self, tangents: list) -> torch.Tensor:
         result = torch.zeros(self.layout.size, dtype=self.dtype, device=self.device)
-        with autodiff_context(self._model, self.device):
+        fm = self.functional_model
+        with fm.autodiff():
             for xb, mb in self._batches:
-                leaves = [p.detach().requires_grad_() for p in self._params.values()]
+                leaves = [p.detach().requires_grad_() for p in fm.params0.values()]
                 with fwAD.dual_level():
-                    duals = {n: fwAD.make_dual(p, t) for n, p, t in zip(self.layout.names, leaves, tangents)}
-                    primal, jv = fwAD.unpack_dual(forward(self._model, duals, xb))
+                    duals = {n: fwAD.make_dual(p, t)
+                             for n, p, t in zip(self.layout.names, leaves, tangents, strict=True)}
+                    primal, jv = fwAD.unpack_dual(fm(xb, duals))
                 if jv is None:
                     continue
                 probs = torch.softmax(primal.detach(), dim=-1) if self.loss == "cross_entropy" else None
                 hjv = _output_hessian_product(self.loss, primal, probs, jv.detach()) * self._record_weight(mb, primal)
                 vjp = torch.autograd.grad(primal, leaves, hjv, allow_unused=True)
-                result += self.layout.flatten([torch.zeros_like(p) if g is None else g for g, p in zip(vjp, leaves)])
+                result += self.layout.flatten([torch.zeros_like(p) if g is None else g
+                                               for g, p in zip(vjp, leaves, strict=True)])
         return result
 
-    def _apply(self, v: torch.Tensor) -> torch.Tensor:
+    def _matmat(self, V: torch.Tensor) -> torch.Tensor:
+        # One product per column, the single place where the block is split (batched tangents go here).
+        return torch.stack([self._product(V[:, j]) for j in range(V.shape[1])], dim=1)
+
+    def _product(self, v: torch.Tensor) -> torch.Tensor:
+        """G v for one vector v of length D: the cached or the streamed path."""
         if self._use_cache is None:
             self._use_cache = self._decide_cache()
         tangents = list(self.layout.unflatten(v).values())

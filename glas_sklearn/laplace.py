@@ -95,7 +95,8 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
     noise_var : float, optional
         σ² for regression; estimated from the training residuals when None.
     n_components : int, default=50
-        K, the number of eigenpairs computed (the largest d available afterwards).
+        K, the number of eigenpairs computed (the largest d available afterwards); K < D, the number of
+        weights (checked by :func:`~glas_sklearn.eigen.top_eigenpairs`).
     sigma0 : "auto" or float, default="auto"
         Prior standard deviation; "auto" = empirical Bayes at each d.
     batch_size, subsample, random_state, reuse_linearization, trim_padding
@@ -140,10 +141,6 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         op = GGNOperator(model, X, y, loss=loss, batch_size=batch_size, mask=mask, subsample=subsample,
                          random_state=random_state, trim_padding=trim_padding,
                          reuse_linearization=reuse_linearization)
-    D = op.shape[0]
-    if n_components >= D:
-        raise ValueError(f"n_components={n_components} eigenpairs requested, but the model has only D={D} "
-                         f"weights; use at most {D - 1}.")
     if task == "regression" and not isinstance(scaling, (int, float)):
         if noise_var is None:
             if y is None:

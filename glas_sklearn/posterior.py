@@ -9,7 +9,6 @@ into: perturbed weights only ever enter ``torch.func.functional_call``.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import numbers
@@ -27,7 +26,7 @@ from ._checks import (
     check_positive_int,
     make_generator,
 )
-from ._functional import ParameterLayout, autodiff_context, eval_view, forward
+from ._functional import FunctionalModel, ParameterLayout
 
 __all__ = ["ActiveSubspacePosterior", "beta_for", "estimate_noise_variance"]
 
@@ -144,10 +143,14 @@ class ActiveSubspacePosterior:
 
     Attributes
     ----------
+    functional_model : FunctionalModel
+        The model bound as a function of its weights (eval view, θ0, input checks).
     theta0 : torch.Tensor of shape (D,)
         The trained weights (a detached copy).
     layout : ParameterLayout
         Names and shapes of the weights in the flat vector.
+    dtype, device
+        Those of the weights; tensors are returned in them.
     n_weights : int
         D.
     max_components : int
@@ -174,12 +177,7 @@ class ActiveSubspacePosterior:
 
     def __init__(self, model: nn.Module, eigenvalues: torch.Tensor, eigenvectors: torch.Tensor, *,
                  beta: float, sigma0: str | float = "auto") -> None:
-        self.layout = ParameterLayout.from_model(model)
-        self.dtype = self.layout.dtype
-        self.device = self.layout.device
-        self._model = eval_view(model)
-        self.theta0 = self.layout.parameters_of(model)
-        self._params0 = self.layout.unflatten(self.theta0)
+        self.functional_model = FunctionalModel(model)
 
         lam, P = self._check_eigenpairs(eigenvalues, eigenvectors)
         self.eigenvalues = lam
@@ -256,18 +254,25 @@ class ActiveSubspacePosterior:
         return int(d)
 
     def _check_X(self, X) -> torch.Tensor:
-        if not isinstance(X, torch.Tensor):
-            raise TypeError(f"X must be a torch.Tensor, got {type(X).__name__}; convert with torch.as_tensor.")
-        check_finite_tensor("X", X)
-        if X.ndim < 1:
-            raise ValueError("X must have a leading record axis, got a scalar.")
-        if X.device != self.device:
-            raise ValueError(f"X is on {X.device}, but the model lives on {self.device}; move it with .to('{self.device}').")
-        if X.is_floating_point() and X.dtype != self.dtype:
-            raise TypeError(f"X has dtype {X.dtype}, but the model's weights are {self.dtype}; convert it with .to({self.dtype}).")
-        return X
+        return self.functional_model.check_inputs(X, "X")
 
     # -------------------------------------------------------------- properties
+    @property
+    def layout(self) -> ParameterLayout:
+        return self.functional_model.layout
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.functional_model.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.functional_model.device
+
+    @property
+    def theta0(self) -> torch.Tensor:
+        return self.functional_model.theta0
+
     @property
     def n_weights(self) -> int:
         return self.layout.size
@@ -280,15 +285,6 @@ class ActiveSubspacePosterior:
         state = self.__dict__.copy()
         state["_jp_cache"] = None  # holds the last inputs and their J P: not worth pickling
         return state
-
-    def __setstate__(self, state: dict) -> None:
-        self.__dict__.update(state)
-        # Unpickled with a map_location (e.g. a CUDA fit loaded on a CPU-only machine), the tensors may now
-        # live elsewhere than the recorded device: follow the tensors.
-        device = self.theta0.device
-        if device != self.device:
-            self.device = device
-            self.layout = dataclasses.replace(self.layout, device=device)
 
     def __repr__(self) -> str:
         return (f"ActiveSubspacePosterior(D={self.n_weights}, K={self.max_components}, beta={self.beta:.4g}, "
@@ -416,7 +412,8 @@ class ActiveSubspacePosterior:
         """θ0 + P z for one z of shape (d,), as a name → tensor dict for ``torch.func.functional_call``."""
         z_row = self._check_z(z_row)
         if z_row.ndim != 1:
-            raise ValueError(f"z_row must have shape (d,), got {tuple(z_row.shape)}; use perturbations() for many rows.")
+            raise ValueError(f"z_row must have shape (d,), got {tuple(z_row.shape)}; "
+                             "use perturbations() for many rows.")
         return self.layout.unflatten(self.theta0 + self.perturbations(z_row))
 
     # ------------------------------------------------------------- evaluation
@@ -434,16 +431,18 @@ class ActiveSubspacePosterior:
         """f(x; θ0), the trained network's output; shape (n, *out)."""
         X = self._check_X(X)
         batch_size = check_positive_int("batch_size", batch_size, allow_none=True)
+        f = self.functional_model
         with torch.no_grad():
-            outs = [forward(self._model, self._params0, X[sl]) for sl in self._row_batches(X.shape[0], batch_size)]
+            outs = [f(X[sl]) for sl in self._row_batches(X.shape[0], batch_size)]
         return torch.cat(outs, 0)
 
     def _forward_many(self, delta: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
         """f(Xb; θ0 + δ_s) for every row δ_s of ``delta`` (c, D): shape (c, nb, *out)."""
-        batched = _unflatten_rows(self.layout, self.theta0 + delta)
+        f = self.functional_model
+        batched = self.layout.unflatten_rows(self.theta0 + delta)
         if self._vmap_forward_ok is not False:
             try:
-                out = vmap(lambda p: forward(self._model, p, Xb))(batched)
+                out = vmap(lambda p: f(Xb, p))(batched)
                 self._vmap_forward_ok = True
                 return out
             except Exception as err:  # noqa: BLE001 - any failure of the vectorised path falls back to a loop
@@ -451,9 +450,7 @@ class ActiveSubspacePosterior:
                     raise
                 logger.debug("vmap over weight samples failed (%s); evaluating them one by one", err)
                 self._vmap_forward_ok = False
-        return torch.stack([
-            forward(self._model, {n: t[s] for n, t in batched.items()}, Xb) for s in range(delta.shape[0])
-        ])
+        return torch.stack([f(Xb, {n: t[s] for n, t in batched.items()}) for s in range(delta.shape[0])])
 
     def predict_samples(self, X: torch.Tensor, d: int, n_samples: int = 1000, random_state=None,
                         batch_size: int | None = None) -> torch.Tensor:
@@ -492,15 +489,16 @@ class ActiveSubspacePosterior:
     # --------------------------------------------------------------- linearised
     def _jvp_many(self, tangents: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
         """J(Xb) t_k for every row t_k of ``tangents`` (c, D): shape (c, nb, *out)."""
-        batched = _unflatten_rows(self.layout, tangents)
+        fm = self.functional_model
+        batched = self.layout.unflatten_rows(tangents)
 
         def f(params):
-            return forward(self._model, params, Xb)
+            return fm(Xb, params)
 
-        with autodiff_context(self._model, self.device):
+        with fm.autodiff():
             if self._vmap_jvp_ok is not False:
                 try:
-                    out = vmap(lambda t: jvp(f, (self._params0,), (t,))[1])(batched)
+                    out = vmap(lambda t: jvp(f, (fm.params0,), (t,))[1])(batched)
                     self._vmap_jvp_ok = True
                     return out.detach()
                 except Exception as err:  # noqa: BLE001 - any failure of the vectorised path falls back to a loop
@@ -512,8 +510,8 @@ class ActiveSubspacePosterior:
             for k in range(tangents.shape[0]):
                 with torch.autograd.forward_ad.dual_level():
                     duals = {n: torch.autograd.forward_ad.make_dual(p, batched[n][k])
-                             for n, p in self._params0.items()}
-                    primal, tangent = torch.autograd.forward_ad.unpack_dual(forward(self._model, duals, Xb))
+                             for n, p in fm.params0.items()}
+                    primal, tangent = torch.autograd.forward_ad.unpack_dual(fm(Xb, duals))
                 cols.append(torch.zeros_like(primal) if tangent is None else tangent.detach())
             return torch.stack(cols)
 
@@ -571,9 +569,3 @@ class ActiveSubspacePosterior:
         if jp.ndim < 3:
             raise ValueError("full_cov=True needs an output axis: the model returns one scalar per record.")
         return (jp * var) @ jp.transpose(-1, -2)
-
-
-def _unflatten_rows(layout: ParameterLayout, rows: torch.Tensor) -> dict:
-    """Split a (c, D) block of flat weight vectors into a dict of (c, *shape) tensors."""
-    parts = torch.split(rows, layout.numels, dim=1)
-    return {n: part.reshape(rows.shape[0], *shape) for n, part, shape in zip(layout.names, parts, layout.shapes)}

@@ -54,6 +54,8 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, case: str) -> N
             return
         V = torch.randn(op.shape[0], 2, generator=torch.Generator().manual_seed(5), dtype=torch.float64)
         out["GV"] = op @ V
+        out["n_products"] = op.n_products  # the block: 2 single-vector products, in one all_reduce
+        out["Gv"] = op.matvec(V[:, 1])
         out["n_records"] = op.n_records
         out["n_local"] = op.n_local_records
         eig = top_eigenpairs(op, 3, random_state=0)
@@ -99,10 +101,17 @@ def test_distributed_ggn_equals_the_single_process_one(tmp_path, case):
     for o in outs:
         assert o["n_records"] == N_ROWS
         torch.testing.assert_close(o["GV"], G @ V, rtol=1e-11, atol=1e-13)
+        torch.testing.assert_close(o["Gv"], G @ V[:, 1], rtol=1e-11, atol=1e-13)
+        assert o["n_products"] == 2
         np.testing.assert_allclose(o["eigenvalues"].numpy(), evals, rtol=1e-8)
         assert o["noise_var"] == pytest.approx(residual_noise_variance(net, X, y), rel=1e-12)
     assert outs[0]["n_local"] + outs[1]["n_local"] == N_ROWS
-    # every process holds the same eigenpairs and posterior (bitwise: the products are all-reduced)
+    # Every process holds the same eigenpairs and posterior, bit for bit. This is exact, not a coincidence of
+    # round-off: Lanczos sees the operator only through the products, and every product is an all_reduce,
+    # which hands every rank the identical summed tensor (gloo reduces each chunk once and broadcasts the
+    # result; with two ranks the sum a + b is also commutative). From the same seed, Lanczos then runs the
+    # same deterministic float operations (one thread per process) on identical inputs on every rank, and
+    # σ0 is a function of those eigenpairs and of θ0 (checked equal on all ranks).
     torch.testing.assert_close(outs[0]["eigenvectors"], outs[1]["eigenvectors"], rtol=0, atol=0)
     torch.testing.assert_close(outs[0]["fresh_eigenvectors"], outs[1]["fresh_eigenvectors"], rtol=0, atol=0)
     assert outs[0]["fresh_sigma0"] == outs[1]["fresh_sigma0"]

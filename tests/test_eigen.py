@@ -4,11 +4,14 @@ import numpy as np
 import pytest
 import torch
 from scipy.linalg import subspace_angles
+from sklearn.exceptions import ConvergenceWarning
 
-from glas_sklearn.eigen import ConvergenceWarning, top_eigenpairs
+from glas_sklearn import eigen
+from glas_sklearn.eigen import top_eigenpairs
 from glas_sklearn.ggn import GGNOperator
 
 from .reference import dense_ggn, mlp
+from .test_ggn import DenseCurvature, spd_matrix
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +87,8 @@ def test_bad_arguments(problem):
     D = op.shape[0]
     with pytest.raises(ValueError, match="k must be < D"):
         top_eigenpairs(op, D)
+    with pytest.raises(ValueError, match=rf"k={D + 3} eigenpairs requested .*D={D} .*at most {D - 1}"):
+        top_eigenpairs(op, D + 3)
     with pytest.raises(ValueError, match="k must be"):
         top_eigenpairs(op, 0)
     with pytest.raises(ValueError, match="method"):
@@ -92,6 +97,34 @@ def test_bad_arguments(problem):
         top_eigenpairs(op, 2, tol=0)
     with pytest.raises(ValueError, match="square"):
         top_eigenpairs(torch.zeros(3, 4), 1)
+    with pytest.raises(TypeError, match="CurvatureOperator"):
+        top_eigenpairs(np.eye(5), 1)
+
+
+def test_convergence_warning_is_sklearns_and_not_reexported():
+    assert "ConvergenceWarning" not in eigen.__all__
+    from glas_sklearn.eigen import ConvergenceWarning as plain_import  # still importable, as a plain name
+
+    assert plain_import is ConvergenceWarning
+
+
+@pytest.mark.parametrize("method", ["lanczos", "eigsh"])
+def test_any_curvature_operator_works(method):
+    """A user-defined CurvatureOperator goes through the same protocol as the GGN: its eigenpairs are those
+    of its dense matrix (λ spread over [1, 100]: tolerances relative to λ1 from float64 and D)."""
+    D, k = 50, 4
+    A64, _ = spd_matrix(D, seed=40)
+    op = DenseCurvature(A64)
+    res = top_eigenpairs(op, k, method=method, random_state=0, tol=1e-10)
+    assert res.converged
+    vals, vecs = np.linalg.eigh(A64.numpy())
+    tol = 50 * np.finfo(np.float64).eps * np.sqrt(D) * vals[-1]
+    np.testing.assert_allclose(res.eigenvalues.numpy(), vals[::-1][:k], rtol=0, atol=tol + 1e-9 * vals[-1])
+    assert subspace_angles(res.eigenvectors.numpy(), vecs[:, ::-1][:, :k]).max() < 1e-6
+    if method == "lanczos":
+        assert set(op.blocks) == {(D, 1)} and len(op.blocks) == res.n_matvecs  # Lanczos: one matvec per step
+    else:
+        assert op.blocks  # eigsh reached the operator through to_scipy()
 
 
 def test_fit_laplace_subspace_passes_the_lanczos_budget(problem):

@@ -1,11 +1,12 @@
 import copy
+import math
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
-from glas_sklearn.ggn import GGNOperator
+from glas_sklearn.ggn import CurvatureOperator, GGNOperator
 
 from .reference import TinyLSTM, assert_unchanged, dense_ggn, mlp, snapshot
 
@@ -14,14 +15,22 @@ def _rel(a, b):
     return float((a - b).norm() / b.norm())
 
 
+def _randn(*shape, seed, dtype=torch.float64):
+    return torch.randn(*shape, dtype=dtype, generator=torch.Generator().manual_seed(seed))
+
+
+def _tokens(*shape, seed, vocab=6):
+    return torch.randint(0, vocab, shape, generator=torch.Generator().manual_seed(seed))
+
+
 @pytest.mark.parametrize("reuse", [True, False])
 @pytest.mark.parametrize("loss,n_out", [("mse", 1), ("mse", 3), ("cross_entropy", 4)])
 def test_matches_dense_float64(loss, n_out, reuse):
     net = mlp(n_out=n_out)
-    X = torch.randn(23, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    X = _randn(23, 3, seed=1)
     G = dense_ggn(net, X, loss)
     op = GGNOperator(net, X, loss=loss, reuse_linearization=reuse)
-    V = torch.randn(op.shape[0], 4, dtype=torch.float64)
+    V = _randn(op.shape[0], 4, seed=2)
     assert op.shape == G.shape
     assert op.n_records == 23
     assert _rel(op @ V, G @ V) < 1e-12
@@ -31,11 +40,11 @@ def test_matches_dense_float64(loss, n_out, reuse):
 
 def test_float32_products_close_to_float64_reference():
     net64 = mlp(n_out=2)
-    X = torch.randn(40, 3, dtype=torch.float64)
+    X = _randn(40, 3, seed=3)
     G = dense_ggn(net64, X)
     op = GGNOperator(copy.deepcopy(net64).float(), X.float())
     assert op.dtype == torch.float32
-    v = torch.randn(op.shape[0], dtype=torch.float64)
+    v = _randn(op.shape[0], seed=4)
     assert _rel((op @ v.float()).double(), G @ v) < 1e-5
 
 
@@ -43,37 +52,37 @@ def test_float32_products_close_to_float64_reference():
 def test_lstm_with_masked_sequences(reuse):
     torch.manual_seed(0)
     net = TinyLSTM().double()
-    tokens = torch.randint(0, 6, (7, 5))
+    tokens = _tokens(7, 5, seed=5)
     mask = torch.ones(7, 5, dtype=torch.bool)
     mask[0, 3:] = False
     mask[4, 1:] = False
     G = dense_ggn(net, tokens, "cross_entropy", mask)
     op = GGNOperator(net, tokens, loss="cross_entropy", mask=mask, batch_size=3, reuse_linearization=reuse)
     assert op.n_records == int(mask.sum())
-    V = torch.randn(op.shape[0], 2, dtype=torch.float64)
+    V = _randn(op.shape[0], 2, seed=6)
     assert _rel(op @ V, G @ V) < 1e-12
 
 
 def test_padding_has_no_effect():
     torch.manual_seed(0)
     net = TinyLSTM().double()
-    tokens = torch.randint(0, 6, (6, 4))
+    tokens = _tokens(6, 4, seed=7)
     mask = torch.ones(6, 4, dtype=torch.bool)
     # Append three padded positions filled with arbitrary tokens: the LSTM is causal, so the real
     # positions see the same outputs, and the padded ones must contribute nothing.
-    padded = torch.cat([tokens, torch.randint(0, 6, (6, 3))], dim=1)
+    padded = torch.cat([tokens, _tokens(6, 3, seed=8)], dim=1)
     pmask = torch.cat([mask, torch.zeros(6, 3, dtype=torch.bool)], dim=1)
     a = GGNOperator(net, tokens, loss="cross_entropy", mask=mask)
     b = GGNOperator(net, padded, loss="cross_entropy", mask=pmask)
     assert a.n_records == b.n_records == 24
-    v = torch.randn(a.shape[0], dtype=torch.float64)
+    v = _randn(a.shape[0], seed=9)
     assert _rel(b @ v, a @ v) < 1e-12
 
 
 def test_minibatches_equal_full_batch():
     net = mlp(n_out=2)
-    X = torch.randn(50, 3, dtype=torch.float64)
-    v = torch.randn(sum(p.numel() for p in net.parameters()), dtype=torch.float64)
+    X = _randn(50, 3, seed=10)
+    v = _randn(sum(p.numel() for p in net.parameters()), seed=11)
     full = GGNOperator(net, X) @ v
     for bs in (1, 7, 50, 64):
         assert _rel(GGNOperator(net, X, batch_size=bs) @ v, full) < 1e-12
@@ -81,31 +90,69 @@ def test_minibatches_equal_full_batch():
 
 def test_subsample_reproducible_and_exact():
     net = mlp()
-    X = torch.randn(60, 3, dtype=torch.float64)
-    a = GGNOperator(net, X, subsample=20, random_state=3)
-    b = GGNOperator(net, X, subsample=20, random_state=3)
+    X = _randn(60, 3, seed=12)
+    # Both pinned to the cached path ("auto" decides from the free memory at the first product, which may
+    # differ between a and b): then a and b replay the same computation on the same rows, bit for bit.
+    a = GGNOperator(net, X, subsample=20, random_state=3, reuse_linearization=True)
+    b = GGNOperator(net, X, subsample=20, random_state=3, reuse_linearization=True)
     c = GGNOperator(net, X, subsample=20, random_state=4)
     assert a.n_records == 20
     np.testing.assert_array_equal(a.indices_, b.indices_)
     assert not np.array_equal(a.indices_, c.indices_)
-    v = torch.randn(a.shape[0], dtype=torch.float64)
+    v = _randn(a.shape[0], seed=13)
     G_sub = dense_ggn(net, X[torch.as_tensor(a.indices_)])
     assert _rel(a @ v, G_sub @ v) < 1e-12
     assert torch.equal(a @ v, b @ v)
+
+
+def test_subsample_semantics_are_the_documented_draw():
+    """subsample=m with a numpy Generator takes np.sort(rng.choice(n, m, replace=False)) from that generator and
+    advances it, and the operator is the one built on X[indices_]: what a caller needs to draw successive
+    independent subsamples from one stream (the subsample-alignment study) without drawing rows itself."""
+    net = mlp()
+    X = _randn(60, 3, seed=14)
+    rng, twin = np.random.default_rng(7), np.random.default_rng(7)
+    first = GGNOperator(net, X, subsample=25, random_state=rng, reuse_linearization=False)
+    second = GGNOperator(net, X, subsample=25, random_state=rng, reuse_linearization=False)
+    np.testing.assert_array_equal(first.indices_, np.sort(twin.choice(60, size=25, replace=False)))
+    np.testing.assert_array_equal(second.indices_, np.sort(twin.choice(60, size=25, replace=False)))
+    assert rng.integers(0, 2**62) == twin.integers(0, 2**62)  # the stream continues where the draws left it
+    assert GGNOperator(net, X).indices_ is None
+    # Same rows, same (streamed) path, same mini-batches: the same computation replayed, bit for bit.
+    on_rows = GGNOperator(net, X[torch.as_tensor(first.indices_)], reuse_linearization=False)
+    v = _randn(first.shape[0], seed=15)
+    assert torch.equal(first @ v, on_rows @ v)
+    with pytest.raises(ValueError, match="subsample=61 is larger than the 60 rows"):
+        GGNOperator(net, X, subsample=61, random_state=rng)
+
+
+@pytest.mark.parametrize("loss,n_out", [("mse", 2), ("cross_entropy", 3)])
+def test_cached_and_streamed_products_agree(loss, n_out):
+    """Two different computational paths (cached double-backward graph vs fresh forward-mode JVP): equal up to
+    round-off, relative error below 50·eps·√D."""
+    net = mlp(n_out=n_out, seed=2)
+    X = _randn(37, 3, seed=16)
+    cached = GGNOperator(net, X, loss=loss, batch_size=10, reuse_linearization=True)
+    streamed = GGNOperator(net, X, loss=loss, batch_size=10, reuse_linearization=False)
+    V = _randn(cached.shape[0], 3, seed=17)
+    tol = 50 * torch.finfo(torch.float64).eps * math.sqrt(cached.shape[0])
+    assert _rel(cached @ V, streamed @ V) < tol
+    assert cached._use_cache is True and streamed._use_cache is False
 
 
 def test_model_left_exactly_as_found():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(3, 6), nn.Tanh(), nn.Dropout(0.5), nn.Linear(6, 2)).double()
     net.train()  # dropout active in the user's model
-    X = torch.randn(30, 3, dtype=torch.float64)
+    X = _randn(30, 3, seed=18)
     net(X).sum().backward()  # the user has gradients lying around
     before = snapshot(net)
     op = GGNOperator(net, X)
-    v = torch.randn(op.shape[0], dtype=torch.float64)
+    v = _randn(op.shape[0], seed=19)
     g1, g2 = op @ v, op @ v
     assert_unchanged(net, before)
-    # Evaluated in eval mode (dropout off): deterministic and equal to the eval-mode reference.
+    # Evaluated in eval mode (dropout off): deterministic (one operator decides its path once, so g1 and g2
+    # replay the same computation, bit for bit) and equal to the eval-mode reference.
     assert torch.equal(g1, g2)
     net_eval = nn.Sequential(*[m for m in net]).eval()
     assert _rel(g1, dense_ggn(net_eval, X) @ v) < 1e-12
@@ -114,10 +161,10 @@ def test_model_left_exactly_as_found():
 
 def test_operator_snapshots_theta0():
     net = mlp()
-    X = torch.randn(20, 3, dtype=torch.float64)
+    X = _randn(20, 3, seed=20)
     op = GGNOperator(net, X)
-    v = torch.randn(op.shape[0], dtype=torch.float64)
-    before = op @ v
+    v = _randn(op.shape[0], seed=21)
+    before = op @ v  # the operator keeps the path it chose here: the product below replays it
     with torch.no_grad():
         for p in net.parameters():
             p.add_(1.0)
@@ -128,7 +175,7 @@ def test_to_scipy_linear_operator():
     from scipy.sparse.linalg import eigsh
 
     net = mlp()
-    X = torch.randn(25, 3, dtype=torch.float64)
+    X = _randn(25, 3, seed=22)
     op = GGNOperator(net, X)
     G = dense_ggn(net, X).numpy()
     lin = op.to_scipy()
@@ -144,7 +191,7 @@ def test_works_under_no_grad_and_without_grad_layers():
     net = mlp()
     for p in net[0].parameters():
         p.requires_grad_(False)  # frozen first layer: not part of the D weights
-    X = torch.randn(15, 3, dtype=torch.float64)
+    X = _randn(15, 3, seed=23)
     op = GGNOperator(net, X)
     D = sum(p.numel() for p in net.parameters() if p.requires_grad)
     assert op.shape == (D, D)
@@ -155,7 +202,7 @@ def test_works_under_no_grad_and_without_grad_layers():
 
 def test_bad_inputs_raise_clear_errors():
     net = mlp()
-    X = torch.randn(10, 3, dtype=torch.float64)
+    X = _randn(10, 3, seed=24)
     with pytest.raises(ValueError, match="NaN"):
         GGNOperator(net, torch.full((4, 3), float("nan"), dtype=torch.float64))
     with pytest.raises(ValueError, match="empty"):
@@ -178,13 +225,15 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(ValueError, match="no trainable parameters"):
         GGNOperator(frozen, X)
     seq = TinyLSTM().double()
-    tokens = torch.randint(0, 6, (4, 5))
+    tokens = _tokens(4, 5, seed=25)
     with pytest.raises(ValueError, match="mask"):
         GGNOperator(seq, tokens, loss="cross_entropy", mask=torch.ones(4, 6, dtype=torch.bool))
     with pytest.raises(TypeError, match="boolean"):
         GGNOperator(seq, tokens, loss="cross_entropy", mask=torch.ones(4, 5))
     with pytest.raises(ValueError, match="no record"):
         GGNOperator(seq, tokens, loss="cross_entropy", mask=torch.zeros(4, 5, dtype=torch.bool))
+    with pytest.raises(ValueError, match=r"cannot be evaluated on X, whose rows have shape \(4,\)"):
+        GGNOperator(net, _randn(10, 4, seed=26))  # a 3-feature network given 4 features
     op = GGNOperator(net, X)
     with pytest.raises(ValueError, match="shape"):
         op @ torch.ones(op.shape[0] + 1, dtype=torch.float64)
@@ -192,3 +241,99 @@ def test_bad_inputs_raise_clear_errors():
         op @ torch.ones(op.shape[0])
     with pytest.raises(TypeError, match="to_scipy"):
         op @ np.ones(op.shape[0])
+
+
+# --------------------------------------------------------------------- the operator protocol
+
+
+class DenseCurvature(CurvatureOperator):
+    """The smallest CurvatureOperator: a dense symmetric matrix, recording the block shapes _matmat receives."""
+
+    def __init__(self, A: torch.Tensor):
+        self.A, self.dtype, self.device = A, A.dtype, A.device
+        self.blocks = []
+
+    @property
+    def shape(self):
+        return tuple(self.A.shape)
+
+    def _matmat(self, V):
+        self.blocks.append(tuple(V.shape))
+        return self.A @ V
+
+
+def spd_matrix(D: int, seed: int, dtype=torch.float64) -> tuple[torch.Tensor, torch.Tensor]:
+    """A = Q diag(λ) Qᵀ with λ spread over [1, 100] (float64 reference), and A in ``dtype``."""
+    Q, _ = torch.linalg.qr(_randn(D, D, seed=seed))
+    lam = torch.linspace(100.0, 1.0, D, dtype=torch.float64)
+    A64 = (Q * lam) @ Q.T
+    A64 = (A64 + A64.T) / 2
+    return A64, A64.to(dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_curvature_operator_products_match_its_matrix(dtype):
+    from scipy.sparse.linalg import eigsh
+
+    D = 40
+    A64, A = spd_matrix(D, seed=30, dtype=dtype)
+    op = DenseCurvature(A)
+    v64, V64 = _randn(D, seed=31), _randn(D, 3, seed=32)
+    v, V = v64.to(dtype), V64.to(dtype)
+    eps = torch.finfo(dtype).eps
+    tol = 50 * eps * math.sqrt(D)  # relative error of a product of a well-scaled D×D matrix, with margin
+    assert op.shape == (D, D)
+    mv, at_v, mm, at_V = op.matvec(v), op @ v, op.matmat(V), op @ V
+    assert mv.shape == at_v.shape == (D,) and mm.shape == at_V.shape == (D, 3)
+    assert mv.dtype == mm.dtype == dtype
+    for got, ref in ((mv, A64 @ v64), (at_v, A64 @ v64), (mm, A64 @ V64), (at_V, A64 @ V64)):
+        assert _rel(got.double(), ref) < tol
+    assert op.blocks == [(D, 1), (D, 1), (D, 3), (D, 3)]  # a block reaches _matmat whole
+    lin = op.to_scipy()
+    assert lin.shape == (D, D) and lin.dtype == np.float64
+    X = V64.numpy()
+    op.blocks.clear()
+    np.testing.assert_allclose(lin.matmat(X), (A64 @ V64).numpy(), rtol=0, atol=tol * float(A64.norm(2)) * 3)
+    np.testing.assert_allclose(lin @ X[:, 0], (A64 @ V64[:, 0]).numpy(), rtol=0, atol=tol * float(A64.norm(2)) * 3)
+    assert op.blocks == [(D, 3), (D, 1)]  # scipy's block product is one _matmat call, not a loop of columns
+    vals = np.sort(eigsh(lin, k=3, which="LA", tol=1e-10, return_eigenvectors=False))
+    # eigenvalues of A in its own dtype: perturbed by at most ‖A − A64‖ ≤ eps·√D·λ_max (Weyl), with margin
+    np.testing.assert_allclose(vals, np.linalg.eigvalsh(A64.numpy())[-3:], rtol=0, atol=tol * 100.0)
+
+
+def test_curvature_operator_checks_inputs_and_outputs():
+    A64, _ = spd_matrix(6, seed=33)
+    op = DenseCurvature(A64)
+    with pytest.raises(ValueError, match=r"shape \(7,\), expected \(6,\)"):
+        op.matvec(torch.ones(7, dtype=torch.float64))
+    with pytest.raises(ValueError, match="expected"):
+        op.matvec(torch.ones(6, 2, dtype=torch.float64))  # matvec takes vectors only
+    with pytest.raises(TypeError, match="dtype"):
+        op @ torch.ones(6)
+    with pytest.raises(TypeError, match="to_scipy"):
+        op @ np.ones(6)
+
+    class Broken(DenseCurvature):
+        def _matmat(self, V):
+            return V[:, :1]
+
+    with pytest.raises(RuntimeError, match="_matmat returned"):
+        Broken(A64) @ torch.ones(6, 2, dtype=torch.float64)
+
+    class Incomplete(CurvatureOperator):
+        dtype, device, shape = torch.float64, torch.device("cpu"), (2, 2)
+
+    with pytest.raises(TypeError, match="abstract"):
+        Incomplete()
+
+
+def test_ggn_is_a_curvature_operator_with_one_product_path():
+    net = mlp()
+    X = _randn(20, 3, seed=34)
+    op = GGNOperator(net, X)
+    assert isinstance(op, CurvatureOperator)
+    V = _randn(op.shape[0], 3, seed=35)
+    G = dense_ggn(net, X)
+    np.testing.assert_allclose(op.to_scipy().matmat(V.numpy()), (G @ V).numpy(), rtol=1e-10, atol=1e-14)
+    assert op.n_products == 3  # a block of 3 counts 3 single-vector products
+    assert op.functional_model.n_weights == op.shape[0] and op.theta0 is op.functional_model.theta0

@@ -409,3 +409,32 @@ def test_eigenpair_conditioning(setup):
     post32 = ActiveSubspacePosterior(net, lam.float(), P.float(), beta=BETA)
     assert post32.eigenvectors.dtype == torch.float64
     assert math.isfinite(post32.fit_sigma0(2))
+
+
+def test_pickle_round_trip_keeps_every_output(setup2):
+    """The posterior (and the FunctionalModel it holds) pickles; the J P cache of the last inputs is dropped."""
+    import pickle
+
+    net, X, lam, P = setup2
+    post = ActiveSubspacePosterior(net, lam, P, beta=BETA)
+    var = post.linearized_variance(X, 4)
+    assert post._jp_cache is not None
+    loaded = pickle.loads(pickle.dumps(post))
+    assert loaded._jp_cache is None
+    assert loaded.layout == post.layout and loaded.device == post.device and loaded.dtype == post.dtype
+    assert torch.equal(loaded.theta0, post.theta0)
+    # the same computations replayed on equal tensors: equal bit for bit
+    assert torch.equal(loaded.linearized_variance(X, 4), var)
+    assert torch.equal(loaded.predict_samples(X, 3, n_samples=5, random_state=0),
+                       post.predict_samples(X, 3, n_samples=5, random_state=0))
+    assert [loaded.fit_sigma0(d) for d in (1, 4)] == [post.fit_sigma0(d) for d in (1, 4)]
+
+
+def test_shares_the_functional_model_binding(setup):
+    net, X, lam, P, _ = setup
+    post = ActiveSubspacePosterior(net, lam, P, beta=BETA)
+    f = post.functional_model
+    assert post.layout is f.layout and post.theta0 is f.theta0 and post.n_weights == f.n_weights
+    torch.testing.assert_close(post.predict_mean(X), f(X), rtol=0, atol=0)
+    with pytest.raises(ValueError, match="X is on meta"):  # the posterior's input checks are the binding's
+        post.predict_mean(torch.zeros(2, 3, dtype=torch.long, device="meta"))

@@ -1,0 +1,128 @@
+"""FunctionalModel: the one binding of a model as a function of its weights (layout, θ0, eval view, checks)."""
+
+import copy
+import dataclasses
+import pickle
+
+import pytest
+import torch
+from torch import nn
+
+from glas_sklearn._functional import FunctionalModel
+
+from .reference import TinyLSTM, assert_unchanged, flat_params, mlp, snapshot
+
+
+def _randn(*shape, seed, dtype=torch.float64):
+    return torch.randn(*shape, dtype=dtype, generator=torch.Generator().manual_seed(seed))
+
+
+def test_binds_layout_theta0_and_an_eval_view_without_touching_the_model():
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 6), nn.Tanh(), nn.Dropout(0.5), nn.Linear(6, 2)).double()
+    net.train()  # dropout active in the user's model
+    net[0].weight.requires_grad_(False)  # frozen: not one of the D weights
+    before = snapshot(net)
+    f = FunctionalModel(net)
+    assert f.layout.names == ("0.bias", "3.weight", "3.bias")
+    assert f.n_weights == 6 + 12 + 2 and f.dtype == torch.float64 and f.device == torch.device("cpu")
+    assert torch.equal(f.theta0, flat_params(net))
+    assert f.theta0.data_ptr() != net[0].bias.data_ptr()  # a copy, not a view of the model's weights
+    assert all(p.data_ptr() == f.theta0.data_ptr() + f.theta0.element_size() * off
+               for p, off in zip(f.params0.values(), (0, 6, 18), strict=True))  # params0 are views of θ0
+    X = _randn(9, 3, seed=1)
+    reference = copy.deepcopy(net).eval()
+    with torch.no_grad():
+        expected = reference(X)
+    torch.testing.assert_close(f(X), expected, rtol=0, atol=0)  # eval mode, θ0: the same computation
+    # at other weights: the output of a copy of the model holding them
+    theta = f.theta0 + _randn(f.n_weights, seed=2)
+    moved = copy.deepcopy(reference)
+    with torch.no_grad():
+        for name, value in f.unflatten(theta).items():
+            moved.get_parameter(name).copy_(value)
+        torch.testing.assert_close(f(X, f.unflatten(theta)), moved(X), rtol=1e-14, atol=1e-14)
+    assert_unchanged(net, before)
+    assert net.training
+    with torch.no_grad():
+        net[3].bias.add_(1.0)  # later changes of the model do not move θ0
+    assert torch.equal(f.theta0, flat_params(reference))
+
+
+def test_input_checks_name_the_problem():
+    f = FunctionalModel(mlp())
+    X = _randn(5, 3, seed=3)
+    assert f.check_inputs(X) is X
+    tokens = torch.zeros(4, 3, dtype=torch.long)
+    assert f.check_inputs(tokens) is tokens  # integer inputs (token ids) pass as they are
+    with pytest.raises(TypeError, match="X_cal must be a torch.Tensor, got ndarray"):
+        f.check_inputs(X.numpy(), "X_cal")
+    bad = X.clone()
+    bad[1, 2] = float("nan")
+    bad[3, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"X contains 2 NaN or infinite value\(s\)"):
+        f.check_inputs(bad)
+    with pytest.raises(ValueError, match="empty"):
+        f.check_inputs(X[:0])
+    with pytest.raises(ValueError, match="leading record axis"):
+        f.check_inputs(torch.tensor(1.0, dtype=torch.float64))
+    with pytest.raises(TypeError, match=r"X has dtype torch.float32, but the model's weights are torch.float64; "
+                                        r"convert it with .to\(torch.float64\)"):
+        f.check_inputs(X.float())
+    on_meta = torch.zeros(4, 3, dtype=torch.long, device="meta")  # another device, on a CPU-only machine too
+    with pytest.raises(ValueError, match=r"X is on meta, but the model lives on cpu; move it with .to\('cpu'\)"):
+        f.check_inputs(on_meta)
+
+
+def test_output_shape_and_wrong_row_shape():
+    f = FunctionalModel(mlp(n_out=2))
+    assert f.output_shape(_randn(4, 3, seed=4)) == (2,)
+    with pytest.raises(ValueError, match=r"cannot be evaluated on X, whose rows have shape \(5,\) and dtype "
+                                         r"torch.float64") as info:
+        f.output_shape(_randn(4, 5, seed=5))
+    assert isinstance(info.value.__cause__, RuntimeError)  # torch's own message is kept as the cause
+    seq = FunctionalModel(TinyLSTM(vocab=6).double())
+    tokens = torch.randint(0, 6, (3, 7), generator=torch.Generator().manual_seed(6))
+    assert seq.output_shape(tokens) == (7, 6)
+    with pytest.raises(ValueError, match=r"rows have shape \(7,\)"):
+        seq.output_shape(tokens + 6)  # token ids out of the vocabulary
+
+    class Pair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 1)
+
+        def forward(self, x):
+            return self.lin(x), x
+
+    with pytest.raises(ValueError, match="must return a torch.Tensor, got tuple"):
+        FunctionalModel(Pair().double()).output_shape(_randn(2, 3, seed=7))
+
+
+def test_bad_models():
+    with pytest.raises(TypeError, match="torch.nn.Module"):
+        FunctionalModel(lambda x: x)
+    frozen = mlp()
+    for p in frozen.parameters():
+        p.requires_grad_(False)
+    with pytest.raises(ValueError, match="no trainable parameters"):
+        FunctionalModel(frozen)
+    mixed = mlp()
+    mixed[0].float()
+    with pytest.raises(TypeError, match="one dtype"):
+        FunctionalModel(mixed)
+
+
+def test_pickling_keeps_the_binding_and_follows_the_tensors_device():
+    f = FunctionalModel(mlp(n_out=2))
+    X = _randn(6, 3, seed=8)
+    g = pickle.loads(pickle.dumps(f))
+    torch.testing.assert_close(g(X), f(X), rtol=0, atol=0)
+    assert g.params0["0.weight"].data_ptr() == g.theta0.data_ptr()  # still views of θ0 after the round trip
+    # A pickle whose recorded device differs from where its tensors were loaded (a CUDA fit loaded with
+    # map_location="cpu") follows the tensors.
+    state = dict(f.__getstate__(), layout=dataclasses.replace(f.layout, device=torch.device("meta")))
+    h = FunctionalModel.__new__(FunctionalModel)
+    h.__setstate__(state)
+    assert h.device == torch.device("cpu") and h.layout.device == torch.device("cpu")
+    torch.testing.assert_close(h(X), f(X), rtol=0, atol=0)
