@@ -65,6 +65,9 @@ class CalibrationResult:
         Coverage at ``n_components``.
     confidence_level : float
         The target level 1 − γ.
+    sample_seed : int or None
+        The seed of the posterior samples (``predict_samples(..., random_state=sample_seed)``), the same for
+        every d: drawing with it reproduces the samples behind ``table``.
     """
 
     n_components: int
@@ -73,6 +76,7 @@ class CalibrationResult:
     table: pd.DataFrame
     coverage: float = float("nan")
     confidence_level: float = float("nan")
+    sample_seed: int | None = None
 
 
 def _check_targets(y, task: str, n: int, device: torch.device) -> torch.Tensor:
@@ -221,7 +225,7 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
         chosen = d_top
     row = table.loc[table["d"] == chosen].iloc[0]
     return CalibrationResult(n_components=int(chosen), sigma0=float(row["sigma0"]), reached=reached, table=table,
-                             coverage=float(row["coverage"]), confidence_level=level)
+                             coverage=float(row["coverage"]), confidence_level=level, sample_seed=seed)
 
 
 def _match_regression(y: torch.Tensor, out_shape: tuple) -> torch.Tensor:

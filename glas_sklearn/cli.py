@@ -75,13 +75,13 @@ def _demo(args) -> int:
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
-    for ax, scaling in zip(axes, ("mean", "standard")):
+    for ax, scaling in zip(axes, ("mean", "standard"), strict=True):
         plot_calibration(fitted[scaling], ax=ax)
         ax.set_title(f"{scaling} scaling")
     fig.tight_layout()
     fig.savefig(out / "coverage_vs_d.png", dpi=120)
     fig, axes = plt.subplots(1, 2, figsize=(11, 5))
-    for ax, scaling in zip(axes, ("mean", "standard")):
+    for ax, scaling in zip(axes, ("mean", "standard"), strict=True):
         plot_intervals(fitted[scaling], X_test, y_test, ax=ax)
         ax.set_title(f"{scaling} scaling, test rows")
     fig.tight_layout()

@@ -1,8 +1,8 @@
-"""Shared fit logic of the two estimators: validation, the network, training, the posterior and d."""
+"""What the two estimators share: their hyperparameters (constraints and documentation), the fit
+orchestration (validate → split → train → posterior → choose d), prediction chunking and pickling."""
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import io
 import logging
@@ -11,6 +11,7 @@ import time
 import warnings
 
 import numpy as np
+import pandas as pd
 import scipy.sparse as sp
 import torch
 from sklearn.base import BaseEstimator
@@ -20,15 +21,23 @@ from torch import nn
 
 from .._checks import check_confidence_levels, numpy_rng
 from .._functional import eval_view
-from .._progress import progress
 from ..calibration import CalibrationWarning, choose_dimension
 from ..laplace import fit_laplace_subspace
+from ._training import OPTIMIZERS, default_mlp, seeded_torch, train_module
+from ._validation import (
+    BOOLEAN,
+    NO_VALIDATION,
+    InstanceOf,
+    Interval,
+    Options,
+    Satisfies,
+    validate_hyperparameters,
+)
 
-__all__ = ["LaplaceActiveSubspaceBase", "default_mlp"]
+__all__ = ["ATTRIBUTES_DOC", "LaplaceActiveSubspaceBase", "NOTES_DOC", "PARAMETERS_DOC"]
 
 logger = logging.getLogger(__name__)
 
-_OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 # Fitted state that holds torch objects; pickled through torch.save so that tensors can be re-mapped on load.
 _TORCH_STATE = ("module", "module_", "posterior_")
@@ -37,18 +46,103 @@ _TORCH_STATE = ("module", "module_", "posterior_")
 # does not change the results.
 _PREDICT_BUDGET = 2**24
 
+# numpydoc fragments shared by both estimators' docstrings: each parameter and attribute is documented once.
+PARAMETERS_DOC = """\
+    module : None, torch.nn.Module, skorch net or callable, default=None
+        None: an MLP (two tanh layers of 50; ``module_kwargs`` may set ``hidden_layer_sizes`` and
+        ``activation``, one of "tanh", "relu", "gelu", "silu"). A module instance is copied before training;
+        with ``prefit=True`` it is used as θ0 as it is, never trained, moved or modified. A callable is called
+        with ``module_kwargs``. The network maps (n, n_features) to (n, n_outputs) for regression and to
+        logits (n, n_classes) for classification.
+    module_kwargs : dict, optional
+        Keyword arguments of the default MLP or of the callable ``module``.
+    prefit : bool, default=False
+        The module is already trained (inputs and targets in the user's own units; ``standardize`` is then
+        ignored). The rows of ``X`` are its training data, less the calibration part.
+    scaling : {"mean", "standard"} or float, default="mean"
+        Posterior scaling: β = 1/σ² ("mean", the paper's proposal), N/σ² ("standard", Bayes) or a given β;
+        for classification "mean" is β = 1 and "standard" is β = N.
+    n_components : "auto" or int, default="auto"
+        The subspace dimension d; "auto" chooses it by calibration, up to ``max_components``. A given d must
+        be smaller than the number D of trainable weights.
+    max_components : int, default=50
+        The eigenpairs computed for ``n_components="auto"``, at most D − 1.
+    sigma0 : "auto" or float, default="auto"
+        Prior standard deviation (in the network's weight units); "auto" = empirical Bayes at each d.
+    predictive : {"sampled", "linearized"}, default="sampled"
+        Push posterior samples through the network, or use the linearised network's Gaussian.
+    n_samples : int, default=1000
+        Posterior samples (at least 2) for the sampled predictive.
+    confidence_level : float or list of float, default=0.9
+        Interval (or prediction-set) level(s) 1 − γ, strictly between 0 and 1; the first one is the
+        calibration target.
+    calibration_size : float or int, default=0.1
+        Share (or number) of rows held out of ``X`` to choose d, when ``X_cal`` is not passed to ``fit``.
+    max_epochs : int, default=500
+        Training epochs when ``prefit=False``.
+    lr : float, default=1e-3
+        Learning rate.
+    batch_size : int or None, default=64
+        Rows per training step (None: all rows).
+    weight_decay : float, default=0.0
+        Weight decay of the optimizer.
+    optimizer : {"adam", "adamw", "sgd"} or torch.optim.Optimizer subclass, default="adam"
+        Built as ``optimizer(params, lr=lr, weight_decay=weight_decay)``.
+    standardize : bool, default=True
+        Standardise the inputs (and regression targets) internally; results are in the original units.
+    subsample : int, optional
+        Build the curvature on a random subsample of that many training rows (paper §2.4).
+    eigen_method : {"lanczos", "eigsh"}, default="lanczos"
+        The eigen-solver: thick-restart Lanczos in torch, or scipy's ARPACK.
+    device : "auto" or str, default="auto"
+        "auto": where a prefit module lives, else CUDA when available, else CPU.
+    dtype : {"float32", "float64"}, default="float32"
+    random_state : int, RandomState or None, default=None
+        Seeds weight initialisation, training order, the calibration split, Lanczos and posterior samples.
+    verbose : int, default=0
+        0 silent; ≥ 1 progress bars."""
 
-def default_mlp(n_features: int, n_outputs: int, hidden_layer_sizes=(50, 50), activation: str = "tanh") -> nn.Module:
-    """The default network: a fully connected MLP (tanh, two hidden layers of 50, as in the paper)."""
-    acts = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
-    if activation not in acts:
-        raise ValueError(f"activation must be one of {sorted(acts)}, got {activation!r}.")
-    layers, width = [], n_features
-    for h in hidden_layer_sizes:
-        layers += [nn.Linear(width, int(h)), acts[activation]()]
-        width = int(h)
-    layers.append(nn.Linear(width, n_outputs))
-    return nn.Sequential(*layers)
+ATTRIBUTES_DOC = """\
+    module_ : torch.nn.Module
+        The trained network (θ0).
+    n_components_ : int
+        The subspace dimension d used.
+    sigma0_ : float
+        The prior standard deviation at d.
+    beta_ : float
+    eigenvalues_ : ndarray of shape (K,)
+        Top eigenvalues of the GGN (in the internal, standardised units).
+    calibration_ : pandas.DataFrame
+        d, coverage, mean_width (regression: in the units of y for a single output, standardised units
+        otherwise) or mean_set_size (classification), sigma0 for every d tried on the calibration data;
+        :meth:`coverage_curve` gives the whole curve on any data.
+    calibration_seed_ : int
+        The seed of the calibration's posterior samples (predictions reuse them).
+    calibration_reached_ : bool or None
+        Whether the target coverage was reached (None when d was given).
+    eigen_info_ : dict
+        Products used, residuals and convergence of the eigen-solver.
+    posterior_ : ActiveSubspacePosterior
+    timings_ : dict
+        Wall seconds of training, curvature, calibration.
+    training_loss_ : list of float
+        Mean training loss per epoch (empty when prefit).
+    n_records_ : int
+        N, the training rows the curvature averages over.
+    n_calibration_rows_ : int
+        Rows used to choose d (``X_cal`` or the held-out part of ``X``).
+    x_mean_, x_scale_ : ndarray or None
+        The internal standardisation of the inputs (None when off or prefit).
+    n_features_in_ : int
+    feature_names_in_ : ndarray of str
+        Only when ``X`` has string column names (a pandas DataFrame)."""
+
+NOTES_DOC = """\
+    Posterior samples are drawn in weight space from a generator seeded by ``random_state`` and shared by
+    all rows, so a prediction does not depend on the other rows passed with it, on their order, or on the
+    global torch/numpy seeds (exactly so with ``dtype="float64"``; in float32 a matrix product may round
+    differently for different numbers of rows). Sparse inputs are densified. A fitted estimator pickles
+    (``pickle``, ``joblib``) with its network; one fitted on CUDA loads on a machine without CUDA, on the CPU."""
 
 
 def _check_level_list(confidence_level, name: str = "confidence_level") -> list[float]:
@@ -60,24 +154,55 @@ def _check_level_list(confidence_level, name: str = "confidence_level") -> list[
     return [float(v) for v in levels]
 
 
-@contextlib.contextmanager
-def _seeded_torch(seed: int, device: torch.device):
-    """The global torch RNG seeded from ``seed`` inside the block (for weight initialisation and layers such
-    as dropout that draw from it), and restored on exit: results depend on ``random_state`` only, and the
-    caller's global RNG state is left as it was."""
-    devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield
+def _is_level_list(value) -> bool:
+    try:
+        check_confidence_levels(value)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_optimizer_class(value) -> bool:
+    return isinstance(value, type) and issubclass(value, torch.optim.Optimizer)
 
 
 class LaplaceActiveSubspaceBase(BaseEstimator):
     """Common machinery of :class:`LaplaceActiveSubspaceRegressor` and :class:`LaplaceActiveSubspaceClassifier`.
 
-    Subclasses set ``_task`` ("regression" | "classification") and implement the target handling.
+    Subclasses set ``_task`` ("regression" | "classification"), extend ``_parameter_constraints`` with their
+    own parameters and implement the target handling.
     """
 
     _task = "regression"
+
+    # Every constructor parameter → the forms it may take (any one); checked at fit by validate_hyperparameters.
+    _parameter_constraints: dict = {
+        "module": NO_VALIDATION,  # checked when the network is built
+        "module_kwargs": [None, InstanceOf(dict, "a dict")],
+        "prefit": [BOOLEAN],
+        "scaling": [Options("mean", "standard"), Interval(numbers.Real, 0, None, closed="neither")],
+        "n_components": [Options("auto"), Interval(numbers.Integral, 1, None)],
+        "max_components": [Interval(numbers.Integral, 1, None)],
+        "sigma0": [Options("auto"), Interval(numbers.Real, 0, None, closed="neither")],
+        "predictive": [Options("sampled", "linearized")],
+        "n_samples": [Interval(numbers.Integral, 2, None)],
+        "confidence_level": [Satisfies(_is_level_list, "a number or a non-empty list of numbers strictly between "
+                                                       "0 and 1 (e.g. 0.9 for 90 % intervals)")],
+        "calibration_size": [Interval(numbers.Real, 0, 1, closed="neither"), Interval(numbers.Integral, 1, None)],
+        "max_epochs": [Interval(numbers.Integral, 0, None)],
+        "lr": [Interval(numbers.Real, 0, None, closed="neither")],
+        "batch_size": [None, Interval(numbers.Integral, 1, None)],
+        "weight_decay": [Interval(numbers.Real, 0, None)],
+        "optimizer": [Options(*OPTIMIZERS), Satisfies(_is_optimizer_class, "a torch.optim.Optimizer subclass")],
+        "standardize": [BOOLEAN],
+        "subsample": [None, Interval(numbers.Integral, 1, None)],
+        "eigen_method": [Options("lanczos", "eigsh")],
+        "device": NO_VALIDATION,  # checked when resolved (torch parses it)
+        "dtype": [Options(*_DTYPES)],
+        "random_state": [None, Interval(numbers.Integral, 0, 2**32, closed="left"),
+                         InstanceOf(np.random.RandomState, "a numpy.random.RandomState")],
+        "verbose": [Interval(numbers.Integral, 0, None), BOOLEAN],
+    }
 
     def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="mean", n_components="auto",
                  max_components=50, sigma0="auto", predictive="sampled", n_samples=1000, confidence_level=0.9,
@@ -108,61 +233,36 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         self.random_state = random_state
         self.verbose = verbose
 
-    # ------------------------------------------------------------------ checks
-    def _validate_hyperparameters(self) -> None:
-        def is_int(v, lo=1):
-            return isinstance(v, numbers.Integral) and not isinstance(v, bool) and v >= lo
+    # -------------------------------------------------------------------- fit
+    def _fit(self, X, y, X_cal, y_cal):
+        """``fit`` of both estimators, one step per line in the order the data flows."""
+        t_start = time.perf_counter()
+        validate_hyperparameters(self)
+        X, y, X_cal, y_cal = self._validate_fit_data(X, y, X_cal, y_cal)
+        device, dtype, seed = self._resolve_device(), _DTYPES[self.dtype], self._seed()
+        if X_cal is None:
+            X, X_cal, y, y_cal = self._split_off_calibration_rows(X, y, seed)
+        self._fit_scalers(X, y)
+        Xt = self._to_tensor(self._transform_X(X), device, dtype)
+        yt = self._target_tensor(y, device, dtype)
+        Xc = self._to_tensor(self._transform_X(X_cal), device, dtype)
+        yc = self._calibration_targets(y_cal, device, dtype)
+        self.timings_ = {}
+        self.module_ = self._theta0_module(Xt, yt, self._n_outputs(y), seed)
+        self._fit_posterior(Xt, yt, Xc, yc, seed)
+        self._choose_dimension(Xc, yc, seed)
+        self.timings_["total"] = time.perf_counter() - t_start
+        return self
 
-        def is_pos(v):
-            return isinstance(v, numbers.Real) and not isinstance(v, bool) and np.isfinite(v) and v > 0
-
-        name = type(self).__name__
-        if not (self.scaling in ("mean", "standard") or (not isinstance(self.scaling, str) and is_pos(self.scaling))):
-            raise ValueError(f"{name}: scaling must be 'mean', 'standard' or a positive float β, got {self.scaling!r}.")
-        if not (self.n_components == "auto" or is_int(self.n_components)):
-            raise ValueError(f"{name}: n_components must be 'auto' or a positive int, got {self.n_components!r}.")
-        if not is_int(self.max_components):
-            raise ValueError(f"{name}: max_components must be a positive int, got {self.max_components!r}.")
-        if not (self.sigma0 == "auto" or (not isinstance(self.sigma0, str) and is_pos(self.sigma0))):
-            raise ValueError(f"{name}: sigma0 must be 'auto' or a positive float, got {self.sigma0!r}.")
-        if self.predictive not in ("sampled", "linearized"):
-            raise ValueError(f"{name}: predictive must be 'sampled' or 'linearized', got {self.predictive!r}.")
-        if not is_int(self.n_samples, 2):
-            raise ValueError(f"{name}: n_samples must be an int >= 2, got {self.n_samples!r}.")
-        _check_level_list(self.confidence_level, f"{name}: confidence_level")
-        cs = self.calibration_size
-        if not ((isinstance(cs, numbers.Real) and not isinstance(cs, bool) and 0 < cs < 1) or is_int(cs)):
-            raise ValueError(f"{name}: calibration_size must be a fraction in (0, 1) or a number of rows, got {cs!r}.")
-        if not is_int(self.max_epochs, 0):
-            raise ValueError(f"{name}: max_epochs must be a non-negative int, got {self.max_epochs!r}.")
-        if not is_pos(self.lr):
-            raise ValueError(f"{name}: lr must be a positive float, got {self.lr!r}.")
-        if not (self.batch_size is None or is_int(self.batch_size)):
-            raise ValueError(f"{name}: batch_size must be None or a positive int, got {self.batch_size!r}.")
-        if not (isinstance(self.weight_decay, numbers.Real) and self.weight_decay >= 0):
-            raise ValueError(f"{name}: weight_decay must be a float >= 0, got {self.weight_decay!r}.")
-        if not (self.optimizer in _OPTIMIZERS or (isinstance(self.optimizer, type)
-                                                  and issubclass(self.optimizer, torch.optim.Optimizer))):
-            raise ValueError(f"{name}: optimizer must be one of {sorted(_OPTIMIZERS)} or a torch.optim.Optimizer "
-                             f"class, got {self.optimizer!r}.")
-        if not (self.subsample is None or is_int(self.subsample)):
-            raise ValueError(f"{name}: subsample must be None or a positive int, got {self.subsample!r}.")
-        if self.eigen_method not in ("lanczos", "eigsh"):
-            raise ValueError(f"{name}: eigen_method must be 'lanczos' or 'eigsh', got {self.eigen_method!r}.")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"{name}: dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}.")
-        if not (self.module_kwargs is None or isinstance(self.module_kwargs, dict)):
-            raise ValueError(f"{name}: module_kwargs must be None or a dict, got {type(self.module_kwargs).__name__}.")
-        for flag in ("prefit", "standardize"):
-            if not isinstance(getattr(self, flag), (bool, np.bool_)):
-                raise ValueError(f"{name}: {flag} must be True or False, got {getattr(self, flag)!r}.")
-        if not (isinstance(self.verbose, (numbers.Integral, np.bool_)) and self.verbose >= 0):
-            raise ValueError(f"{name}: verbose must be an int >= 0, got {self.verbose!r}.")
-        if not (self.random_state is None or isinstance(self.random_state, np.random.RandomState)
-                or (isinstance(self.random_state, numbers.Integral) and not isinstance(self.random_state, bool)
-                    and 0 <= self.random_state < 2**32)):
-            raise ValueError(f"{name}: random_state must be None, an int in [0, 2**32) or a "
-                             f"numpy.random.RandomState, got {self.random_state!r}.")
+    def _validate_fit_data(self, X, y, X_cal, y_cal):
+        """The training rows and, when given, the calibration rows, validated (X densified)."""
+        X, y = self._validate_train(X, y)
+        if X_cal is None and y_cal is None:
+            return X, y, None, None
+        if X_cal is None or y_cal is None:
+            raise ValueError(f"{type(self).__name__}.fit: pass both X_cal and y_cal, or neither.")
+        X_cal, y_cal = self._validate_calibration(X_cal, y_cal)
+        return X, y, X_cal, y_cal
 
     def _resolve_device(self) -> torch.device:
         if self.device == "auto":
@@ -185,6 +285,87 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         it when it is a RandomState)."""
         return int(numpy_rng(self.random_state).integers(0, 2**31 - 1))
 
+    def _split_off_calibration_rows(self, X, y, seed):
+        """``X, X_cal, y, y_cal``: ``calibration_size`` rows held out (stratified for classes when possible)."""
+        n_cal = self._n_calibration_rows(X.shape[0])
+        stratify = y if self._task == "classification" and self._can_stratify(y, n_cal) else None
+        return train_test_split(X, y, test_size=n_cal, random_state=seed, stratify=stratify)
+
+    def _theta0_module(self, Xt: torch.Tensor, yt: torch.Tensor, n_outputs: int, seed: int) -> nn.Module:
+        """θ0: the prefit module as it is, or our own network (new or copied) trained on the training rows."""
+        if self.prefit:
+            module = self._prefit_module(Xt.device, Xt.dtype)
+            self.training_loss_ = []
+        else:
+            module = self._build_module(Xt.shape[1], n_outputs, seed).to(device=Xt.device, dtype=Xt.dtype)
+            t0 = time.perf_counter()
+            self.training_loss_ = train_module(
+                module, Xt, yt, self._loss, optimizer=self.optimizer, lr=self.lr, weight_decay=self.weight_decay,
+                batch_size=self.batch_size, max_epochs=self.max_epochs, seed=seed, verbose=self.verbose,
+                owner=type(self).__name__)
+            self.timings_["training"] = time.perf_counter() - t0
+        self._check_output_shape(module, Xt[:1], n_outputs)
+        return module
+
+    def _fit_posterior(self, Xt, yt, Xc, yc, seed: int) -> None:
+        """The curvature's top eigenpairs at θ0 and the posterior on them (β from σ² for regression)."""
+        t0 = time.perf_counter()
+        regression = self._task == "regression"
+        fitted = fit_laplace_subspace(
+            self.module_, Xt, yt if regression else None, loss="mse" if regression else "cross_entropy",
+            scaling=self.scaling, noise_var=self._noise_var(self.module_, Xt, yt, Xc, yc),
+            n_components=self._n_eigenpairs(self.module_), sigma0=self.sigma0, subsample=self.subsample,
+            eigen_method=self.eigen_method, random_state=seed, verbose=self.verbose)
+        self.timings_["curvature"] = time.perf_counter() - t0
+        self.posterior_ = fitted.posterior
+        self.beta_ = float(fitted.beta)
+        self.n_records_ = int(fitted.n_records)
+        self.eigenvalues_ = fitted.eigen.eigenvalues.detach().cpu().numpy()
+        self.eigen_info_ = {
+            "method": fitted.eigen.method, "n_matvecs": fitted.eigen.n_matvecs, "converged": fitted.eigen.converged,
+            "residual_norms": fitted.eigen.residual_norms.detach().cpu().numpy(),
+            "relative_residuals": fitted.eigen.relative_residuals.detach().cpu().numpy(),
+        }
+        self._set_noise()
+
+    def _n_eigenpairs(self, module: nn.Module) -> int:
+        """K: the given n_components, or for "auto" max_components capped at D − 1 (fit_laplace_subspace
+        refuses K ≥ D, naming D)."""
+        if self.n_components != "auto":
+            return self.n_components
+        D = sum(p.numel() for p in module.parameters() if p.requires_grad)
+        K = max(1, min(self.max_components, D - 1))
+        if K < self.max_components:
+            logger.info("max_components=%d capped at D - 1 = %d (the network has D=%d weights)",
+                        self.max_components, K, D)
+        return K
+
+    def _choose_dimension(self, Xc, yc, seed: int) -> None:
+        """d on the calibration rows: the smallest reaching the first level ("auto"), or the given one (its
+        coverage recorded, not judged); σ0 at d; and the posterior samples' seed that predictions reuse."""
+        t0 = time.perf_counter()
+        common = dict(task=self._task, confidence_level=_check_level_list(self.confidence_level)[0],
+                      predictive=self.predictive, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
+                      random_state=seed, verbose=self.verbose)
+        if self.n_components == "auto":
+            result = choose_dimension(self.posterior_, Xc, yc, d_max=self.posterior_.max_components,
+                                      full_curve=False, **common)
+            self.calibration_reached_ = bool(result.reached)
+        else:
+            with warnings.catch_warnings():  # a user-chosen d: its coverage is recorded, not judged
+                warnings.simplefilter("ignore", CalibrationWarning)
+                result = choose_dimension(self.posterior_, Xc, yc, d_min=self.n_components,
+                                          d_max=self.n_components, **common)
+            self.calibration_reached_ = None
+        self.timings_["calibration"] = time.perf_counter() - t0
+        self.n_components_ = int(result.n_components)
+        self.calibration_ = self._table_in_user_units(result.table.reset_index(drop=True))
+        # Predictions draw the posterior samples (in weight space, shared by all rows) that the calibration saw.
+        self.calibration_seed_ = seed
+        self._sample_seed_ = int(result.sample_seed)
+        self.sigma0_ = float(self.posterior_.fit_sigma0(self.n_components_))
+        self.n_calibration_rows_ = int(len(Xc))
+
     # ----------------------------------------------------------------- module
     def _user_module(self) -> nn.Module | None:
         """The nn.Module inside ``module`` when it is an instance (or a fitted skorch net)."""
@@ -198,7 +379,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
     def _build_module(self, n_features: int, n_outputs: int, seed: int) -> nn.Module:
         user = self._user_module()
         kwargs = dict(self.module_kwargs or {})
-        with _seeded_torch(seed, torch.device("cpu")):  # initial weights from our seed, global RNG untouched
+        with seeded_torch(seed, torch.device("cpu")):  # initial weights from our seed, global RNG untouched
             if user is not None:
                 return copy.deepcopy(user)  # never train the user's own instance
             if self.module is None:
@@ -206,157 +387,25 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             if callable(self.module):
                 module = self.module(**kwargs)
                 if not isinstance(module, nn.Module):
-                    raise TypeError(f"module(**module_kwargs) must return a torch.nn.Module, got {type(module).__name__}.")
+                    raise TypeError(f"module(**module_kwargs) must return a torch.nn.Module, "
+                                    f"got {type(module).__name__}.")
                 return module
         raise TypeError(f"module must be None, a torch.nn.Module, a fitted skorch net or a callable returning one; "
                         f"got {type(self.module).__name__}.")
 
-    def _prefit_module(self) -> nn.Module:
+    def _prefit_module(self, device: torch.device, dtype: torch.dtype) -> nn.Module:
+        """The user's trained module, used as it is: it must live on the estimator's device and dtype (one
+        without trainable parameters is refused where the posterior binds it)."""
         user = self._user_module()
         if user is None:
             raise ValueError(f"{type(self).__name__}: prefit=True needs module to be a trained torch.nn.Module "
                              f"(or a fitted skorch net), got {type(self.module).__name__}.")
+        p = next((p for p in user.parameters() if p.requires_grad), None)
+        if p is not None and (p.device != device or p.dtype != dtype):
+            raise ValueError(f"{type(self).__name__}: the prefit module lives on {p.device} with dtype {p.dtype}, "
+                             f"but the estimator was asked for device={str(device)!r}, dtype={self.dtype!r}; set "
+                             "device/dtype to match the module (it is never moved or copied).")
         return user
-
-    def _train(self, module: nn.Module, X: torch.Tensor, y: torch.Tensor, seed: int) -> list[float]:
-        """Mini-batch training of ``module`` (our own copy) on the mean loss; returns the epoch losses."""
-        with _seeded_torch(seed + 1, X.device):  # dropout & co. draw from the seeded global RNG
-            return self._train_loop(module, X, y, seed)
-
-    def _train_loop(self, module: nn.Module, X: torch.Tensor, y: torch.Tensor, seed: int) -> list[float]:
-        module.train()
-        opt_cls = _OPTIMIZERS.get(self.optimizer, self.optimizer) if isinstance(self.optimizer, str) else self.optimizer
-        opt = opt_cls(module.parameters(), lr=self.lr, weight_decay=self.weight_decay)
-        gen = torch.Generator().manual_seed(seed)
-        n = X.shape[0]
-        size = min(self.batch_size or n, n)
-        losses = []
-        bar = progress(range(self.max_epochs), desc="training", verbose=self.verbose, leave=False)
-        for _ in bar:
-            perm = torch.randperm(n, generator=gen).to(X.device)
-            total = 0.0
-            for i in range(0, n, size):
-                idx = perm[i:i + size]
-                opt.zero_grad(set_to_none=True)
-                loss = self._loss(module(X[idx]), y[idx])
-                loss.backward()
-                opt.step()
-                total += float(loss.detach()) * len(idx)
-            losses.append(total / n)
-            bar.set_postfix(loss=f"{losses[-1]:.4g}")
-            if not np.isfinite(losses[-1]):
-                raise FloatingPointError(f"{type(self).__name__}: the training loss diverged to {losses[-1]}; "
-                                         "lower lr or standardize the data.")
-        module.eval()
-        for p in module.parameters():
-            p.grad = None
-        return losses
-
-    # -------------------------------------------------------------------- fit
-    def _fit(self, X, y, X_cal, y_cal):
-        self._validate_hyperparameters()
-        name = type(self).__name__
-        t_start = time.perf_counter()
-        X, y = self._validate_train(X, y)
-        if X_cal is not None or y_cal is not None:
-            if X_cal is None or y_cal is None:
-                raise ValueError(f"{name}.fit: pass both X_cal and y_cal, or neither.")
-            X_cal, y_cal = self._validate_calibration(X_cal, y_cal)
-        device = self._resolve_device()
-        dtype = _DTYPES[self.dtype]
-        seed = self._seed()
-        if X_cal is None:
-            n_cal = self._n_calibration_rows(X.shape[0])
-            stratify = y if self._task == "classification" and self._can_stratify(y, n_cal) else None
-            X, X_cal, y, y_cal = train_test_split(X, y, test_size=n_cal, random_state=seed, stratify=stratify)
-        self._fit_scalers(X, y)
-        Xt = self._to_tensor(self._transform_X(X), device, dtype)
-        yt = self._target_tensor(y, device, dtype)
-        n_outputs = self._n_outputs(y)
-        timings = {}
-        if self.prefit:
-            module = self._prefit_module()
-            ps = [p for p in module.parameters() if p.requires_grad]
-            if not ps:
-                raise ValueError(f"{name}: the prefit module has no trainable parameters (none with "
-                                 "requires_grad=True); there is no weight posterior to build.")
-            if ps[0].device != device or ps[0].dtype != dtype:
-                raise ValueError(f"{name}: the prefit module lives on {ps[0].device} with dtype {ps[0].dtype}, but "
-                                 f"the estimator was asked for device={str(device)!r}, dtype={self.dtype!r}; set "
-                                 "device/dtype to match the module (it is never moved or copied).")
-            self.training_loss_ = []
-        else:
-            module = self._build_module(X.shape[1], n_outputs, seed).to(device=device, dtype=dtype)
-            t0 = time.perf_counter()
-            self.training_loss_ = self._train(module, Xt, yt, seed)
-            timings["training"] = time.perf_counter() - t0
-        self.module_ = module
-        self._check_output_shape(module, Xt[:1], n_outputs)
-
-        D = sum(p.numel() for p in module.parameters() if p.requires_grad)
-        if self.n_components == "auto":
-            K = min(self.max_components, D - 1)
-            if K < self.max_components:
-                logger.info("max_components=%d capped at D - 1 = %d (the network has D=%d weights)",
-                            self.max_components, K, D)
-        else:
-            K = self.n_components
-            if K >= D:
-                raise ValueError(f"{name}: n_components={K} but the network has only D={D} weights; the subspace "
-                                 f"dimension must be smaller than D: use n_components <= {D - 1}.")
-        if K < 1:
-            raise ValueError(f"{name}: the network has a single weight; there is no subspace to build.")
-        if self.subsample is not None and self.subsample > Xt.shape[0]:
-            raise ValueError(f"{name}: subsample={self.subsample} is larger than the {Xt.shape[0]} training rows.")
-        Xc = self._to_tensor(self._transform_X(X_cal), device, dtype)
-        yc = self._calibration_targets(y_cal, device, dtype)
-        t0 = time.perf_counter()
-        noise_var = self._noise_var(module, Xt, yt, Xc, yc)
-        fitted = fit_laplace_subspace(
-            module, Xt, yt if self._task == "regression" else None,
-            loss="mse" if self._task == "regression" else "cross_entropy",
-            scaling=self.scaling, noise_var=noise_var, n_components=K, sigma0=self.sigma0,
-            subsample=self.subsample, eigen_method=self.eigen_method, random_state=seed, verbose=self.verbose)
-        timings["curvature"] = time.perf_counter() - t0
-        self.posterior_ = fitted.posterior
-        self.beta_ = float(fitted.beta)
-        self.n_records_ = int(fitted.n_records)
-        self.eigenvalues_ = fitted.eigen.eigenvalues.detach().cpu().numpy()
-        self.eigen_info_ = {
-            "method": fitted.eigen.method, "n_matvecs": fitted.eigen.n_matvecs, "converged": fitted.eigen.converged,
-            "residual_norms": fitted.eigen.residual_norms.detach().cpu().numpy(),
-            "relative_residuals": fitted.eigen.relative_residuals.detach().cpu().numpy(),
-        }
-        self._set_noise()
-        # choose_dimension draws one sample seed from random_state=seed; predictions use the same one, so the
-        # posterior samples (in weight space, shared by all rows) are those the calibration saw.
-        self._sample_seed_ = int(numpy_rng(seed).integers(0, 2**62))
-        self.calibration_seed_ = seed
-
-        levels = _check_level_list(self.confidence_level)
-        t0 = time.perf_counter()
-        common = dict(task=self._task, confidence_level=levels[0], predictive=self.predictive,
-                      n_samples=self.n_samples, noise_var=self._interval_noise_var(), random_state=seed,
-                      verbose=self.verbose)
-        if self.n_components == "auto":
-            result = choose_dimension(self.posterior_, Xc, yc, d_max=K, full_curve=False, **common)
-            self.n_components_ = int(result.n_components)
-            self.calibration_ = self._table_in_user_units(result.table.reset_index(drop=True))
-            self.calibration_reached_ = bool(result.reached)
-        else:
-            self.n_components_ = int(self.n_components)
-            with warnings.catch_warnings():  # a user-chosen d: its coverage is recorded, not judged
-                warnings.simplefilter("ignore", CalibrationWarning)
-                result = choose_dimension(self.posterior_, Xc, yc, d_min=self.n_components_,
-                                          d_max=self.n_components_, **common)
-            self.calibration_ = self._table_in_user_units(result.table.reset_index(drop=True))
-            self.calibration_reached_ = None
-        timings["calibration"] = time.perf_counter() - t0
-        self.sigma0_ = float(self.posterior_.fit_sigma0(self.n_components_))
-        timings["total"] = time.perf_counter() - t_start
-        self.timings_ = timings
-        self.n_calibration_rows_ = int(len(Xc))
-        return self
 
     # --------------------------------------------------------------- helpers
     def _n_calibration_rows(self, n: int) -> int:

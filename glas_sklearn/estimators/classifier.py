@@ -9,13 +9,13 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
 from ..predictive import linearized_probabilities, prediction_sets, sampled_probabilities
-from ._base import LaplaceActiveSubspaceBase
+from ._base import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, LaplaceActiveSubspaceBase
 
 __all__ = ["LaplaceActiveSubspaceClassifier"]
 
 
 class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase):
-    """Classification with a torch network and generalized Laplace active-subspace uncertainty.
+    __doc__ = f"""Classification with a torch network and generalized Laplace active-subspace uncertainty.
 
     The network returns logits (n, n_classes); the curvature is the generalized Gauss-Newton matrix of
     softmax cross-entropy. Probabilities average the softmax over posterior weight samples
@@ -25,26 +25,20 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
 
     Parameters
     ----------
-    module, module_kwargs, prefit, scaling, n_components, max_components, sigma0, predictive, n_samples,
-    confidence_level, calibration_size, max_epochs, lr, batch_size, weight_decay, optimizer, standardize,
-    subsample, eigen_method, device, dtype, random_state, verbose
-        As for :class:`~glas_sklearn.LaplaceActiveSubspaceRegressor`; ``scaling="mean"`` is β = 1 and
-        ``"standard"`` is β = N. ``standardize`` scales the inputs only.
+{PARAMETERS_DOC}
 
     Attributes
     ----------
+{ATTRIBUTES_DOC}
     classes_ : ndarray of shape (n_classes,)
         The class labels (any sortable labels, strings included).
-    module_, n_components_, sigma0_, beta_, eigenvalues_, calibration_, calibration_reached_, eigen_info_,
-    posterior_, timings_, training_loss_, n_records_, n_calibration_rows_, x_mean_, x_scale_, n_features_in_,
-    feature_names_in_
-        As for the regressor; ``calibration_`` holds set coverage and mean set size per d.
 
     Notes
     -----
+{NOTES_DOC}
+
     Labels passed as calibration data (``y_cal``) must be among the classes seen in ``y``. The calibration
-    split is stratified when every class has two rows and fits on both sides. Randomness, sparse inputs and
-    pickling behave as for the regressor.
+    split is stratified when every class has two rows and fits on both sides.
 
     Examples
     --------
@@ -84,7 +78,7 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         index = {label: i for i, label in enumerate(self.classes_.tolist())}
         codes = np.fromiter((index.get(label, -1) for label in y.tolist()), dtype=np.int64, count=len(y))
         if (codes < 0).any():
-            unseen = sorted({repr(label) for label, c in zip(y.tolist(), codes) if c < 0})
+            unseen = sorted({repr(label) for label, c in zip(y.tolist(), codes, strict=True) if c < 0})
             raise ValueError(f"{name} contains labels not seen during fit: {', '.join(unseen)}; the classes seen in y "
                              f"are {self.classes_.tolist()}. Calibration labels must be among the training classes.")
         return codes

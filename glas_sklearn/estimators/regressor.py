@@ -12,7 +12,8 @@ from sklearn.utils.validation import check_is_fitted
 from .._checks import make_generator, numpy_rng
 from ..laplace import residual_noise_variance
 from ..predictive import linearized_interval, sampled_interval
-from ._base import LaplaceActiveSubspaceBase
+from ._base import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, LaplaceActiveSubspaceBase
+from ._validation import BOOLEAN, Interval, Options
 
 __all__ = ["LaplaceActiveSubspaceRegressor"]
 
@@ -22,7 +23,7 @@ _MIN_CALIBRATION_ROWS_FOR_NOISE = 30
 
 
 class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
-    """Regression with a torch network and generalized Laplace active-subspace uncertainty.
+    __doc__ = f"""Regression with a torch network and generalized Laplace active-subspace uncertainty.
 
     ``fit`` trains the network (unless ``prefit``), builds the generalized Gauss-Newton matrix of the
     ½-squared loss matrix-free, takes its top eigenpairs, sets the prior scale σ0 by empirical Bayes and
@@ -31,29 +32,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
     Parameters
     ----------
-    module : None, torch.nn.Module, skorch net or callable, default=None
-        None: an MLP (two tanh layers of 50; ``module_kwargs`` may set ``hidden_layer_sizes`` and
-        ``activation``). A module instance is copied before training; with ``prefit=True`` it is used as
-        θ0 as it is, never trained, moved or modified. A callable is called with ``module_kwargs``.
-    module_kwargs : dict, optional
-    prefit : bool, default=False
-        The module is already trained (inputs and targets in the user's own units; ``standardize`` is then
-        ignored). The rows of ``X`` are its training data, less the calibration part.
-    scaling : {"mean", "standard"} or float, default="mean"
-        Posterior scaling: β = 1/σ² ("mean", the paper's proposal), N/σ² ("standard", Bayes) or a given β.
-    n_components : "auto" or int, default="auto"
-        The subspace dimension d; "auto" chooses it by calibration, up to ``max_components``.
-    max_components : int, default=50
-    sigma0 : "auto" or float, default="auto"
-        Prior standard deviation (in the network's weight units); "auto" = empirical Bayes at each d.
-    predictive : {"sampled", "linearized"}, default="sampled"
-        Push posterior samples through the network, or use the linearised network's Gaussian.
-    n_samples : int, default=1000
-        Posterior samples for the sampled predictive.
-    confidence_level : float or list of float, default=0.9
-        Interval level(s) 1 − γ; the first one is the calibration target.
-    calibration_size : float or int, default=0.1
-        Share (or number) of rows held out of ``X`` to choose d, when ``X_cal`` is not passed to ``fit``.
+{PARAMETERS_DOC}
     noise_std : "auto", "calibration", "training" or float, default="auto"
         Observation-noise standard deviation σ in β: from the residuals of the held-out calibration rows
         ("calibration"), from the training residuals ("training", the paper's choice), or given (in the
@@ -70,67 +49,20 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         True: they describe y = f(x; θ) + ε with ε ~ N(0, σ²), σ = ``noise_std_`` per output (exact
         Gaussian-mixture quantiles for the sampled predictive), and d is chosen for those intervals:
         prediction intervals in the usual statistical sense, usually reaching the level at a smaller d.
-    max_epochs, lr, batch_size, weight_decay, optimizer
-        Training settings (Adam by default) when ``prefit=False``.
-    standardize : bool, default=True
-        Standardise inputs and targets internally; results are in the original units.
-    subsample : int, optional
-        Build the curvature on a random subsample of that many training rows (paper §2.4).
-    eigen_method : {"lanczos", "eigsh"}, default="lanczos"
-    device : "auto" or str, default="auto"
-        "auto": CUDA when available, else CPU.
-    dtype : {"float32", "float64"}, default="float32"
-    random_state : int, RandomState or None
-        Seeds weight initialisation, training order, the calibration split, Lanczos and posterior samples.
-    verbose : int, default=0
-        0 silent; ≥ 1 progress bars.
 
     Attributes
     ----------
-    module_ : torch.nn.Module
-        The trained network (θ0).
-    n_components_ : int
-        The subspace dimension d used.
-    sigma0_ : float
-        The prior standard deviation at d.
-    beta_ : float
-    noise_source_ : {"calibration", "training", "given"}
+{ATTRIBUTES_DOC}
+    noise_source_ : {{"calibration", "training", "given"}}
         Where σ came from.
     noise_std_ : float or ndarray
         σ in the units of y (per output for multi-output y).
-    eigenvalues_ : ndarray of shape (K,)
-        Top eigenvalues of the GGN (in the internal, standardised units).
-    calibration_ : pandas.DataFrame
-        d, coverage, mean_width (in the units of y for a single output, standardised units otherwise), sigma0
-        for every d tried on the calibration data; :meth:`coverage_curve` gives the whole curve on any data.
-    calibration_seed_ : int
-        The seed of the calibration's posterior samples (predictions reuse them).
-    calibration_reached_ : bool or None
-        Whether the target coverage was reached (None when d was given).
-    eigen_info_ : dict
-        Products used, residuals and convergence of the eigen-solver.
-    posterior_ : ActiveSubspacePosterior
-    timings_ : dict
-        Wall seconds of training, curvature, calibration.
-    training_loss_ : list of float
-        Mean training loss per epoch (empty when prefit).
-    n_records_ : int
-        N, the training rows the curvature averages over.
-    n_calibration_rows_ : int
-        Rows used to choose d (``X_cal`` or the held-out part of ``X``).
-    x_mean_, x_scale_, y_mean_, y_scale_ : ndarray or None
-        The internal standardisation (None / zeros and ones when off or prefit).
-    n_features_in_ : int
-    feature_names_in_ : ndarray of str
-        Only when ``X`` has string column names (a pandas DataFrame).
+    y_mean_, y_scale_ : ndarray
+        The internal standardisation of the targets (zeros and ones when off or prefit).
 
     Notes
     -----
-    Posterior samples are drawn in weight space from a generator seeded by ``random_state`` and shared by
-    all rows, so a prediction does not depend on the other rows passed with it, on their order, or on the
-    global torch/numpy seeds (exactly so with ``dtype="float64"``; in float32 a matrix product may round
-    differently for different numbers of rows). Sparse inputs are densified. A fitted estimator pickles (``pickle``,
-    ``joblib``) with its network; one fitted on CUDA loads on a machine without CUDA, on the CPU.
+{NOTES_DOC}
 
     Examples
     --------
@@ -146,6 +78,11 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     """
 
     _task = "regression"
+    _parameter_constraints: dict = {
+        **LaplaceActiveSubspaceBase._parameter_constraints,
+        "noise_std": [Options(*_NOISE_SOURCES), Interval(numbers.Real, 0, None, closed="neither")],
+        "include_noise": [BOOLEAN],
+    }
 
     def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="mean", n_components="auto",
                  max_components=50, sigma0="auto", predictive="sampled", n_samples=1000, confidence_level=0.9,
@@ -163,17 +100,6 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         self.include_noise = include_noise
 
     # ------------------------------------------------------------------ hooks
-    def _validate_hyperparameters(self) -> None:
-        super()._validate_hyperparameters()
-        ns = self.noise_std
-        if not (ns in _NOISE_SOURCES or (isinstance(ns, numbers.Real) and not isinstance(ns, (bool, str))
-                                         and np.isfinite(ns) and ns > 0)):
-            raise ValueError(f"LaplaceActiveSubspaceRegressor: noise_std must be 'auto', 'calibration', 'training' "
-                             f"or a positive float, got {ns!r}.")
-        if not isinstance(self.include_noise, (bool, np.bool_)):
-            raise ValueError(f"LaplaceActiveSubspaceRegressor: include_noise must be True or False, "
-                             f"got {self.include_noise!r}.")
-
     def _validate_train(self, X, y):
         X, y = self._validate_X(X, y, reset=True, multi_output=True, y_numeric=True)
         if X.shape[0] < 3:
