@@ -130,5 +130,8 @@ def validate_hyperparameters(estimator) -> None:
         constraints = table[param]
         if constraints == NO_VALIDATION or any(_satisfied(c, value) for c in constraints):
             continue
-        allowed = _join(["None" if c is None else str(c) for c in constraints])
+        words = []  # one flat list, so that options and other forms read "'a', 'b' or an int >= 1"
+        for c in constraints:
+            words += [repr(v) for v in c.values] if isinstance(c, Options) else ["None" if c is None else str(c)]
+        allowed = _join(words)
         raise ValueError(f"{name}: {param} must be {allowed}, got {value!r}.")
