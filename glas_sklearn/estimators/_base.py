@@ -145,11 +145,11 @@ NOTES_DOC = """\
     (``pickle``, ``joblib``) with its network; one fitted on CUDA loads on a machine without CUDA, on the CPU."""
 
 
-def _check_level_list(confidence_level, name: str = "confidence_level") -> list[float]:
+def _check_level_list(confidence_level) -> list[float]:
     try:
         levels = check_confidence_levels(confidence_level)
     except ValueError:
-        raise ValueError(f"{name} must be a number or a non-empty list of numbers strictly between 0 and 1 "
+        raise ValueError(f"confidence_level must be a number or a non-empty list of numbers strictly between 0 and 1 "
                          f"(e.g. 0.9 for 90 % intervals), got {confidence_level!r}.") from None
     return [float(v) for v in levels]
 
