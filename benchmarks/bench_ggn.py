@@ -9,29 +9,26 @@ On the standardized concrete data (the 90 % training part, 927 rows) with tanh M
    ``eigsh`` on curvlinops: wall time, number of products, largest relative residual ‖Gp − λp‖/λ1
    (measured afterwards with one more product per pair, outside the timing).
 
-Usage: ``python benchmarks/bench_ggn.py [--threads N] [--quick]``. Writes
-``benchmarks/results/bench_ggn.md`` and ``bench_ggn.json``.
+Usage: ``python benchmarks/bench_ggn.py [--threads N] [--quick] [--device cuda] [--out-dir DIR] [--report-only]``.
+Writes ``benchmarks/results/bench_ggn.json`` and the report ``bench_ggn.md`` rendered from it
+(``bench_ggn_quick.*`` with ``--quick``, ``bench_ggn_cuda.*`` on a GPU).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import statistics
 import time
-from pathlib import Path
 
+import _common
 import numpy as np
 import torch
-from scipy.sparse.linalg import eigsh
+from scipy.sparse.linalg import LinearOperator, eigsh
 from torch import nn
 
 from glas_sklearn.datasets import load_concrete
 from glas_sklearn.eigen import top_eigenpairs
 from glas_sklearn.ggn import GGNOperator
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def make_data(device):
@@ -46,16 +43,9 @@ def make_data(device):
 
 
 def make_model(width, X, y, steps, seed=0):
-    torch.manual_seed(seed)
-    net = nn.Sequential(nn.Linear(8, width), nn.Tanh(), nn.Linear(width, width), nn.Tanh(), nn.Linear(width, 1)).to(X.device)
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    for _ in range(steps):
-        opt.zero_grad()
-        loss = 0.5 * ((net(X) - y) ** 2).mean()
-        loss.backward()
-        opt.step()
-    net.eval()
-    return net, float(loss.detach())
+    net = _common.mlp(8, (width, width), seed=seed).to(X.device)
+    fit = _common.train_adam(net, X, y, steps=steps, lr=1e-3, loss=_common.half_mse)
+    return net, fit.last_loss
 
 
 def timeit(fn, reps, warmup=2):
@@ -90,117 +80,136 @@ def relative_residuals(op, lam, P):
     return max(res) / float(lam[0])
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--quick", action="store_true", help="fewer repetitions and k values (smoke run)")
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = torch.device(args.device)
+def product_row(width: int, X, y, steps: int, reps: int):
+    """One trained network: the cost of G v (ours cached / streamed, curvlinops) ÷ one forward+backward pass."""
+    net, loss = make_model(width, X, y, steps=steps)
+    D = _common.n_weights(net)
+
+    def fwd_bwd():
+        net.zero_grad(set_to_none=True)
+        (0.5 * ((net(X) - y) ** 2).mean()).backward()
+
+    t_fb = timeit(fwd_bwd, reps)
+    net.zero_grad(set_to_none=True)
+    v = torch.randn(D, device=X.device)
+    row = {"network": f"8-{width}-{width}-1", "D": D, "train_loss": loss, "fwd_bwd_ms": 1e3 * t_fb}
+    ops = {}
+    for name, reuse in (("ours_reuse", True), ("ours_stream", False)):
+        op = ops[name] = GGNOperator(net, X, reuse_linearization=reuse)
+        t0 = time.perf_counter()
+        op @ v
+        setup = time.perf_counter() - t0
+        row[f"{name}_ratio"] = timeit(lambda op=op: op @ v, reps) / t_fb
+        row[f"{name}_first_ms"] = 1e3 * setup
+    curv = curvlinops_operator(net, X, y)
+    if curv is not None:
+        row["curvlinops_ratio"] = timeit(lambda: curv @ v, reps) / t_fb
+        # Same matrix up to curvlinops' MSELoss scaling (2/M for reduction="mean"):
+        ref = ops["ours_reuse"] @ v
+        row["curvlinops_rel_diff"] = float((curv @ v / 2 - ref).norm() / ref.norm())
+    return row, ops["ours_reuse"], curv
+
+
+def eigsh_on_curvlinops(curv, k: int, D: int, device):
+    """scipy eigsh on curvlinops' operator, counting its products; eigenpairs of G (curvlinops' is 2 G)."""
+    lin = curv.to_scipy()
+    count = {"n": 0}
+
+    def mv(x):
+        count["n"] += 1
+        return lin @ x
+
+    counted = LinearOperator(lin.shape, matvec=mv, rmatvec=mv, dtype=np.float64)
+    v0 = np.random.default_rng(0).standard_normal(D)
+    t0 = time.perf_counter()
+    vals, vecs = eigsh(counted, k=k, which="LA", tol=1e-6, v0=v0)
+    t_c = time.perf_counter() - t0
+    order = np.argsort(vals)[::-1]
+    lam = torch.tensor(vals[order] / 2)  # curvlinops' MSELoss(mean) GGN is 2 G
+    P = torch.tensor(vecs[:, order].copy(), dtype=torch.float32, device=device)
+    return "eigsh on curvlinops", t_c, count["n"], lam, P
+
+
+def eigen_rows(op, curv, k: int, D: int, device) -> list[dict]:
+    """Top-k eigenpairs of the large network's G by each method, with their largest relative residual."""
+    entries = []
+    op.n_products = 0
+    t0 = time.perf_counter()
+    res = top_eigenpairs(op, k, method="lanczos", random_state=0, tol=1e-5)
+    entries.append(("ours: Lanczos", time.perf_counter() - t0, res.n_matvecs, res.eigenvalues, res.eigenvectors))
+    t0 = time.perf_counter()
+    res = top_eigenpairs(op, k, method="eigsh", random_state=0, tol=1e-5)
+    t_eigsh = time.perf_counter() - t0  # includes the k residual products eigsh lacks
+    entries.append(("eigsh on our operator", t_eigsh, res.n_matvecs, res.eigenvalues, res.eigenvectors))
+    if curv is not None:
+        entries.append(eigsh_on_curvlinops(curv, k, D, device))
+    return [{"k": k, "method": name, "wall_s": t, "products": n, "max_rel_residual": relative_residuals(op, lam, P),
+             "lambda_1": float(lam[0]), "lambda_k": float(lam[-1])} for name, t, n, lam, P in entries]
+
+
+def run(args, device) -> dict:
+    """Both networks: product ratios; the large one: eigenpairs by each method."""
     reps = 3 if args.quick else 10
     X, y = make_data(device)
-    rows = []
-    products = []
-    eig_rows = []
+    rows, eig_rows = [], []
     for width in (50, 1000):
-        net, loss = make_model(width, X, y, steps=200 if args.quick else 1000)
-        D = sum(p.numel() for p in net.parameters())
-
-        def fwd_bwd():
-            net.zero_grad(set_to_none=True)
-            (0.5 * ((net(X) - y) ** 2).mean()).backward()
-
-        t_fb = timeit(fwd_bwd, reps)
-        net.zero_grad(set_to_none=True)
-        v = torch.randn(D, device=device)
-        row = {"network": f"8-{width}-{width}-1", "D": D, "train_loss": loss, "fwd_bwd_ms": 1e3 * t_fb}
-        ops = {}
-        for name, reuse in (("ours_reuse", True), ("ours_stream", False)):
-            op = GGNOperator(net, X, reuse_linearization=reuse)
-            t0 = time.perf_counter()
-            op @ v
-            setup = time.perf_counter() - t0
-            t = timeit(lambda: op @ v, reps)
-            row[f"{name}_ratio"] = t / t_fb
-            row[f"{name}_first_ms"] = 1e3 * setup
-            ops[name] = op
-        curv = curvlinops_operator(net, X, y)
-        if curv is not None:
-            t = timeit(lambda: curv @ v, reps)
-            row["curvlinops_ratio"] = t / t_fb
-            # Same matrix up to curvlinops' MSELoss scaling (2/M for reduction="mean"):
-            ref = ops["ours_reuse"] @ v
-            row["curvlinops_rel_diff"] = float((curv @ v / 2 - ref).norm() / ref.norm())
+        row, op, curv = product_row(width, X, y, steps=200 if args.quick else 1000, reps=reps)
         rows.append(row)
-        if width != 1000:
-            continue
-        op = ops["ours_reuse"]
-        for k in ((5, 20) if args.quick else (5, 20, 50)):
-            entries = []
-            op.n_products = 0
-            t0 = time.perf_counter()
-            res = top_eigenpairs(op, k, method="lanczos", random_state=0, tol=1e-5)
-            entries.append(("ours: Lanczos", time.perf_counter() - t0, res.n_matvecs, res.eigenvalues, res.eigenvectors))
-            t0 = time.perf_counter()
-            res = top_eigenpairs(op, k, method="eigsh", random_state=0, tol=1e-5)
-            t_eigsh = time.perf_counter() - t0  # includes the k residual products eigsh lacks
-            entries.append(("eigsh on our operator", t_eigsh, res.n_matvecs, res.eigenvalues, res.eigenvectors))
-            if curv is not None:
-                lin = curv.to_scipy()
-                count = {"n": 0}
-                from scipy.sparse.linalg import LinearOperator
+        if width == 1000:
+            for k in ((5, 20) if args.quick else (5, 20, 50)):
+                eig_rows += eigen_rows(op, curv, k, row["D"], device)
+    return {"reps": reps, "products": rows, "eigen": eig_rows}
 
-                def mv(x):
-                    count["n"] += 1
-                    return lin @ x
 
-                counted = LinearOperator(lin.shape, matvec=mv, rmatvec=mv, dtype=np.float64)
-                v0 = np.random.default_rng(0).standard_normal(D)
-                t0 = time.perf_counter()
-                vals, vecs = eigsh(counted, k=k, which="LA", tol=1e-6, v0=v0)
-                t_c = time.perf_counter() - t0
-                order = np.argsort(vals)[::-1]
-                lam = torch.tensor(vals[order] / 2)  # curvlinops' MSELoss(mean) GGN is 2 G
-                P = torch.tensor(vecs[:, order].copy(), dtype=torch.float32, device=device)
-                entries.append(("eigsh on curvlinops", t_c, count["n"], lam, P))
-            for name, t, n, lam, P in entries:
-                eig_rows.append({"k": k, "method": name, "wall_s": t, "products": n,
-                                 "max_rel_residual": relative_residuals(op, lam, P),
-                                 "lambda_1": float(lam[0]), "lambda_k": float(lam[-1])})
-        products.append(row)
-
-    lines = [f"# GGN products and eigenpairs ({platform.processor() or platform.machine()}, "
-             f"{torch.get_num_threads()} threads, device {device}, torch {torch.__version__})", "",
-             "## One G v product ÷ one forward+backward pass (median of %d)" % reps, "",
-             "| network | D | fwd+bwd ms | ours, reuse | ours, streaming | curvlinops | curvlinops vs ours (rel. diff) |",
-             "|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['network']} | {r['D']} | {r['fwd_bwd_ms']:.2f} | {r['ours_reuse_ratio']:.2f} | "
-                     f"{r['ours_stream_ratio']:.2f} | {r.get('curvlinops_ratio', float('nan')):.2f} | "
-                     f"{r.get('curvlinops_rel_diff', float('nan')):.1e} |")
+def render(R: dict) -> str:
+    """The markdown report, from the results JSON alone."""
+    lines = [f"# GGN products and eigenpairs ({_common.machine_line(R['machine'])})", "",
+             f"Command: `{R['command']}`.", "",
+             f"## One G v product ÷ one forward+backward pass (median of {R['reps']})", ""]
+    nan = float("nan")
+    lines += _common.markdown_table(
+        ["network", "D", "fwd+bwd ms", "ours, reuse", "ours, streaming", "curvlinops",
+         "curvlinops vs ours (rel. diff)"],
+        [[r["network"], r["D"], f"{r['fwd_bwd_ms']:.2f}", f"{r['ours_reuse_ratio']:.2f}",
+          f"{r['ours_stream_ratio']:.2f}", f"{r.get('curvlinops_ratio', nan):.2f}",
+          f"{r.get('curvlinops_rel_diff', nan):.1e}"] for r in R["products"]])
     lines += ["", "Targets: ≤ 1.4 with reuse, ≤ 2.5 streaming.", "",
-              "## Top-k eigenpairs of G, 8-1000-1000-1", "",
-              "| k | method | wall s | products | max ‖Gp−λp‖/λ1 | λ1 | λk |", "|---|---|---|---|---|---|---|"]
-    for r in eig_rows:
-        lines.append(f"| {r['k']} | {r['method']} | {r['wall_s']:.2f} | {r['products']} | "
-                     f"{r['max_rel_residual']:.1e} | {r['lambda_1']:.4g} | {r['lambda_k']:.3g} |")
+              "## Top-k eigenpairs of G, 8-1000-1000-1", ""]
+    lines += _common.markdown_table(
+        ["k", "method", "wall s", "products", "max ‖Gp−λp‖/λ1", "λ1", "λk"],
+        [[r["k"], r["method"], f"{r['wall_s']:.2f}", r["products"], f"{r['max_rel_residual']:.1e}",
+          f"{r['lambda_1']:.4g}", f"{r['lambda_k']:.3g}"] for r in R["eigen"]])
     speedups = []
-    for k in sorted({r["k"] for r in eig_rows}):
-        by = {r["method"]: r for r in eig_rows if r["k"] == k}
+    for k in sorted({r["k"] for r in R["eigen"]}):
+        by = {r["method"]: r for r in R["eigen"] if r["k"] == k}
         if "eigsh on curvlinops" in by:
             speedups.append(f"k={k}: ours {by['eigsh on curvlinops']['wall_s'] / by['ours: Lanczos']['wall_s']:.1f}× "
                             "faster than eigsh on curvlinops")
     lines += ["", "Target: ≥ 2× faster than eigsh on curvlinops at k = 20 and 50, residuals ≤ 1e-5·λ1.",
               "; ".join(speedups)]
-    text = "\n".join(lines)
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    _common.add_common_arguments(parser, threads=None, quick="fewer repetitions and k values")
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    args = parser.parse_args(argv)
+    device = torch.device(args.device)
+    stem = "bench_ggn" + ("" if device.type == "cpu" else f"_{device.type}") + ("_quick" if args.quick else "")
+    path = args.out_dir / f"{stem}.json"
+    if args.report_only:
+        R = _common.read_results(path)
+    else:
+        if args.threads:
+            torch.set_num_threads(args.threads)
+        R = _common.write_results(path, run(args, device), command=_common.command_line(__file__, argv),
+                                  device=device)
+    text = render(R)
+    _common.write_report(args.out_dir / f"{stem}.md", text)
     print(text)
-    RESULTS.mkdir(exist_ok=True)
-    suffix = "" if device.type == "cpu" else f"_{device.type}"
-    (RESULTS / f"bench_ggn{suffix}.md").write_text(text + "\n")
-    (RESULTS / f"bench_ggn{suffix}.json").write_text(json.dumps({"products": rows, "eigen": eig_rows}, indent=2))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -19,37 +19,35 @@ seed).
 
 Usage::
 
-    python benchmarks/paper_1d.py [--seeds 5] [--steps 15000] [--n-cal 100] [--threads 1] [--quick]
+    python benchmarks/paper_1d.py [--seeds 5] [--steps 15000] [--n-cal 100] [--threads 1] [--quick] [--out-dir DIR]
+    python benchmarks/paper_1d.py --report-only     # the report and figures again from paper_1d.json
 
-Writes ``benchmarks/results/paper_1d.md``, ``paper_1d.json`` and ``paper_1d_*.png`` (``paper_1d_quick*``
-with ``--quick``, a smoke run: one seed, few training steps, 200 samples).
+Writes ``benchmarks/results/paper_1d.json``, the report ``paper_1d.md`` rendered from it and ``paper_1d_*.png``
+(``paper_1d_quick*`` with ``--quick``, a smoke run: one seed, few training steps, 200 samples).
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
-import json
 import math
-import platform
-import sys
 import time
 import warnings
 from pathlib import Path
 
+import _common
 import numpy as np
 import torch
 from scipy.stats import norm
+from sklearn.exceptions import ConvergenceWarning
 from torch import nn
 from torch.func import functional_call, jacrev, vmap
 
 from glas_sklearn.calibration import CalibrationWarning, choose_dimension
-from glas_sklearn.eigen import ConvergenceWarning
 from glas_sklearn.laplace import fit_laplace_subspace
 from glas_sklearn.posterior import ActiveSubspacePosterior, beta_for
-from glas_sklearn.predictive import interval_coverage, linearized_interval, sampled_interval
+from glas_sklearn.predictive import linearized_interval, sampled_interval
 
-RESULTS = Path(__file__).resolve().parent / "results"
 NOISE_STD = 0.1
 LIN_LEVEL = 0.9545  # z_{1 - γ/2} = Φ⁻¹(0.97725) = 2.000: the paper's ±2σ_f
 SAMPLED_LEVEL = 0.9
@@ -77,40 +75,21 @@ def draw(n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
     return x, true_f(x) + NOISE_STD * rng.standard_normal((n, 1))
 
 
-def make_net() -> nn.Module:
-    return nn.Sequential(nn.Linear(1, 50), nn.Tanh(), nn.Linear(50, 50), nn.Tanh(), nn.Linear(50, 1))
-
-
 def train(x: np.ndarray, y: np.ndarray, steps: int, seed: int, stop: str = "discrepancy",
-          snapshots=()) -> tuple[nn.Module, list, int, dict]:
-    """Full-batch Adam (lr 1e-3) on the MSE, float32 as in the paper.
+          snapshots=()) -> tuple[nn.Module, _common.Training]:
+    """A seeded tanh MLP 1-50-50-1, trained full-batch with Adam (lr 1e-3) on the MSE, float32 as in the paper.
 
     ``stop="discrepancy"``: stop at the first step whose training MSE (of the weights before that step's update)
     is at most σ² = 0.1² (the known noise level; Morozov's discrepancy principle), at most ``steps`` steps.
     ``stop="fixed"``: exactly ``steps`` steps. ``snapshots``: steps at which a copy of the network is kept.
-    Returns the net (at the stop), the loss history, the number of steps taken, and the snapshots.
+    Returns the net (at the stop) and the training record (steps taken, loss every 500 steps, snapshots).
     """
-    torch.manual_seed(seed)
-    net = make_net()
+    net = _common.mlp(1, (50, 50), seed=seed)
     X = torch.tensor(x, dtype=torch.float32)
     Y = torch.tensor(y, dtype=torch.float32)
-    opt = torch.optim.Adam(net.parameters(), lr=1e-3)
-    history, snaps = [], {}
-    taken = 0
-    for step in range(steps):
-        opt.zero_grad()
-        loss = ((net(X) - Y) ** 2).mean()
-        if stop == "discrepancy" and float(loss.detach()) <= NOISE_STD**2:
-            break
-        loss.backward()
-        opt.step()
-        taken = step + 1
-        if taken % 500 == 0:
-            history.append((taken, float(loss.detach())))
-        if taken in snapshots:
-            snaps[taken] = copy.deepcopy(net).eval()
-    net.eval()
-    return net, history, taken, snaps
+    fit = _common.train_adam(net, X, Y, steps=steps, lr=1e-3, record_every=500, snapshot_steps=snapshots,
+                             stop_below=NOISE_STD**2 if stop == "discrepancy" else None)
+    return net, fit
 
 
 def dense_spectrum(net: nn.Module, X: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -134,11 +113,6 @@ def dense_spectrum(net: nn.Module, X: torch.Tensor, k: int) -> tuple[np.ndarray,
 
 def rmse(a, b) -> float:
     return float(np.sqrt(np.mean((np.asarray(a) - np.asarray(b)) ** 2)))
-
-
-def sample_seed(seed: int) -> int:
-    """The seed ``choose_dimension`` derives from ``random_state=seed`` for its samples (common random numbers)."""
-    return int(np.random.default_rng(seed).integers(0, 2**62))
 
 
 def run_config(post: ActiveSubspacePosterior, kind: str, X_cal, y_cal, X_grid, f_grid, theta0_grid, seed: int,
@@ -175,7 +149,7 @@ def run_config(post: ActiveSubspacePosterior, kind: str, X_cal, y_cal, X_grid, f
     t0 = time.perf_counter()
     with torch.no_grad():
         if kind == "sampled":
-            samples = post.predict_samples(X_grid, d, n_samples=args.n_samples, random_state=sample_seed(seed))
+            samples = post.predict_samples(X_grid, d, n_samples=args.n_samples, random_state=res.sample_seed)
             mean, bounds = sampled_interval(samples, SAMPLED_LEVEL)
             mean = mean[:, 0].numpy()
         else:
@@ -201,7 +175,8 @@ def run_model(seed: int, N: int, args, log) -> dict:
     x_cal, y_cal = draw(args.n_cal, rng)
     timings = {}
     t0 = time.perf_counter()
-    net32, history, steps_taken, _ = train(x, y, args.steps, seed, args.train_stop)
+    net32, fit = train(x, y, args.steps, seed, args.train_stop)
+    history, steps_taken = fit.history, fit.steps
     timings["train"] = time.perf_counter() - t0
     net = copy.deepcopy(net32).double()  # exact copy of the float32 weights; Laplace stage in float64
     dt = torch.float64
@@ -232,7 +207,8 @@ def run_model(seed: int, N: int, args, log) -> dict:
     P = eig.eigenvectors.numpy()
     align = np.abs(np.sum(P * vec_dense, 0))  # |<p_j, v_j>|, meaningful for well-separated λ_j
     # Subspace agreement: smallest principal-angle cosine between span(P_d) and the dense span, per d.
-    sub_cos = [float(np.linalg.svd(P[:, :d].T @ vec_dense[:, :d], compute_uv=False).min()) for d in range(1, args.d_max + 1)]
+    sub_cos = [float(np.linalg.svd(P[:, :d].T @ vec_dense[:, :d], compute_uv=False).min())
+               for d in range(1, args.d_max + 1)]
     check = {
         "lam_rel_err_vs_dense": (np.abs(lam - lam_dense) / np.maximum(lam_dense, 1e-300)).tolist(),
         "lam_abs_err_over_lam1": float(np.max(np.abs(lam - lam_dense)) / lam_dense[0]),
@@ -283,7 +259,7 @@ def sweep(seed: int, N: int, args, log) -> dict:
     x, y = draw(N, rng)
     x_cal, y_cal = draw(args.n_cal, rng)
     t0 = time.perf_counter()
-    _, _, _, snaps = train(x, y, max(args.sweep_steps), seed, "fixed", snapshots=set(args.sweep_steps))
+    snaps = train(x, y, max(args.sweep_steps), seed, "fixed", snapshots=set(args.sweep_steps))[1].snapshots
     t_train = time.perf_counter() - t0
     dt = torch.float64
     X, Y = torch.tensor(x, dtype=dt), torch.tensor(y, dtype=dt)
@@ -327,8 +303,8 @@ def summarize_sweep(sweeps: list) -> str:
              "One full-batch Adam trajectory per seed, the network taken at several step counts; same data and "
              "calibration set as the main runs. d chosen (coverage target reached unless marked *), "
              "σ² from residuals and, in brackets, with the known σ = 0.1.\n",
-             "| seed | N | Adam steps | train MSE | calib. MSE | RMSE θ0 vs true | sampled mean d | sampled standard d | "
-             "linearised standard: coverage at d = 50 (%) | linearised mean d |",
+             "| seed | N | Adam steps | train MSE | calib. MSE | RMSE θ0 vs true | sampled mean d | "
+             "sampled standard d | linearised standard: coverage at d = 50 (%) | linearised mean d |",
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def dd(row, key):
@@ -358,7 +334,7 @@ def fmt_pm(values, digits=1, pct=False) -> str:
     if len(v) == 0:
         return "–"
     if len(v) == 1:
-        return f"{v[0]:.{digits}f}" + (f" (1 seed)" if len(values) > 1 else "")
+        return f"{v[0]:.{digits}f}" + (" (1 seed)" if len(values) > 1 else "")
     return f"{np.mean(v):.{digits}f} ± {np.std(v, ddof=1):.{digits}f}"
 
 
@@ -410,8 +386,8 @@ def summarize(records: list, args) -> tuple[str, dict]:
     for noise, title in noises:
         lines.append(f"\n## All configurations, {title}\n")
         lines.append("| predictive | scaling | N | σ² | β | d chosen | d per seed | coverage at d (%) | reached | "
-                     "cov. at d=50 (%) | best cov. over d (%) | mean width (grid) | RMSE mean vs true | RMSE θ0 vs true | "
-                     "true f covered on grid (%) |")
+                     "cov. at d=50 (%) | best cov. over d (%) | mean width (grid) | RMSE mean vs true | "
+                     "RMSE θ0 vs true | true f covered on grid (%) |")
         lines.append("|---|---|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|")
         for kind in ("sampled", "linearized"):
             for scaling in ("mean", "standard"):
@@ -448,7 +424,8 @@ def summarize(records: list, args) -> tuple[str, dict]:
         s = rows_for("sampled", "standard", N, "residual")
         ratio = [b["rmse_mean_vs_true"] / b["rmse_theta0_vs_true"] for b in s]
         lines.append(f"| {N} | {fmt_pm([r['rmse_theta0_vs_true'] for r in m], 3)} | "
-                     f"{fmt_pm([r['rmse_mean_vs_true'] for r in m], 3)} | {fmt_pm([r['rmse_mean_vs_true'] for r in s], 3)} | "
+                     f"{fmt_pm([r['rmse_mean_vs_true'] for r in m], 3)} | "
+                     f"{fmt_pm([r['rmse_mean_vs_true'] for r in s], 3)} | "
                      f"{fmt_pm(ratio, 2)} |")
 
     lines.append("\n## Trained networks and eigenpairs\n")
@@ -459,7 +436,8 @@ def summarize(records: list, args) -> tuple[str, dict]:
     for N in Ns:
         rs = [by[(s, N)] for s in seeds if (s, N) in by]
         lines.append(
-            f"| {N} | {fmt_pm([r['steps'] for r in rs], 0)} | {fmt_pm([r['train_mse'] for r in rs], 5)} | {fmt_pm([r['noise_var_residual'] for r in rs], 5)} | "
+            f"| {N} | {fmt_pm([r['steps'] for r in rs], 0)} | {fmt_pm([r['train_mse'] for r in rs], 5)} | "
+            f"{fmt_pm([r['noise_var_residual'] for r in rs], 5)} | "
             f"{fmt_pm([r['cal_mse'] for r in rs], 5)} | {fmt_pm([r['rmse_theta0_vs_true'] for r in rs], 3)} | "
             f"{fmt_pm([r['eigenvalues'][0] for r in rs], 2)} | "
             f"{np.mean([r['eigenvalues'][-1] / r['eigenvalues'][0] for r in rs]):.1e} | "
@@ -469,17 +447,17 @@ def summarize(records: list, args) -> tuple[str, dict]:
             f"{min(min(r['eigen_check']['vec_alignment'][:10]) for r in rs):.6f} | "
             f"{fmt_list([good_d(r) for r in rs])} | "
             f"{fmt_list([int(np.sum(np.asarray(r['eigenvalues']) < 1e-13 * r['eigenvalues'][0])) for r in rs])} |")
-    lines.append("\nThe GGN spectrum of this 1-D problem decays exponentially: the trailing eigenvalues sit at the float64 "
-                 "round-off floor (≈1e-16 λ1), where the eigenvectors are arbitrary directions of the numerical null "
-                 "space; the dense SVD and Lanczos then agree on λ ≈ 0 but not on those vectors (hence the last "
-                 "columns). The d chosen by the sampled predictive lie well inside the agreed span.")
+    lines.append("\nThe GGN spectrum of this 1-D problem decays exponentially: the trailing eigenvalues sit at the "
+                 "float64 round-off floor (≈1e-16 λ1), where the eigenvectors are arbitrary directions of the "
+                 "numerical null space; the dense SVD and Lanczos then agree on λ ≈ 0 but not on those vectors (hence "
+                 "the last columns). The d chosen by the sampled predictive lie well inside the agreed span.")
     return "\n".join(lines), summary
 
 
 # ------------------------------------------------------------------------------------------ figures
 
 
-def make_figures(records: list, args, tag: str) -> list:
+def make_figures(records: list, args, out_dir: Path, tag: str) -> list:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -519,7 +497,7 @@ def make_figures(records: list, args, tag: str) -> list:
     axes[0, 0].legend(fontsize=7, loc="lower left", ncol=2)
     fig.suptitle(f"Sampled Laplace, 90 % intervals ({args.n_samples} samples), seed {seed0} (paper Fig. 3–4)")
     fig.tight_layout()
-    files.append(RESULTS / f"paper_1d{tag}_intervals.png")
+    files.append(out_dir / f"paper_1d{tag}_intervals.png")
     fig.savefig(files[-1], dpi=110)
     plt.close(fig)
 
@@ -531,9 +509,10 @@ def make_figures(records: list, args, tag: str) -> list:
             panel(axes[i, j], by[(seed0, N)], f"linearized/{scaling}/residual",
                   f"linearised, {scaling} scaling, N = {N}")
     axes[0, 0].legend(fontsize=7, loc="lower left", ncol=2)
-    fig.suptitle(f"Linearised Laplace f(x; θ0) ± 2σ_f, d_max = {args.d_max}, seed {seed0} (paper Fig. 5; right: mean scaling)")
+    fig.suptitle(f"Linearised Laplace f(x; θ0) ± 2σ_f, d_max = {args.d_max}, seed {seed0} "
+                 "(paper Fig. 5; right: mean scaling)")
     fig.tight_layout()
-    files.append(RESULTS / f"paper_1d{tag}_linearized.png")
+    files.append(out_dir / f"paper_1d{tag}_linearized.png")
     fig.savefig(files[-1], dpi=110)
     plt.close(fig)
 
@@ -559,7 +538,7 @@ def make_figures(records: list, args, tag: str) -> list:
         axes[2, i].set_xlabel("j (σ0 fitted at the chosen d, dotted)")
     fig.suptitle(f"Spectrum, contraction and posterior variances, seed {seed0} (paper Fig. 13)")
     fig.tight_layout()
-    files.append(RESULTS / f"paper_1d{tag}_contraction.png")
+    files.append(out_dir / f"paper_1d{tag}_contraction.png")
     fig.savefig(files[-1], dpi=110)
     plt.close(fig)
 
@@ -570,7 +549,7 @@ def make_figures(records: list, args, tag: str) -> list:
     fig, axes = plt.subplots(nrows, ncols, figsize=(5.5 * ncols, 3.9 * nrows), squeeze=False)
     for ax in axes.flat[len(panels):]:
         ax.set_visible(False)
-    for ax, (kind, N) in zip(axes.flat, panels):
+    for ax, (kind, N) in zip(axes.flat, panels, strict=False):  # axes.flat may have a spare panel
         for scaling, color in (("mean", "tab:blue"), ("standard", "tab:red")):
             for s in sorted({r["seed"] for r in records}):
                 if (s, N) not in by:
@@ -590,20 +569,53 @@ def make_figures(records: list, args, tag: str) -> list:
     fig.suptitle("Calibration coverage vs subspace dimension d\n(thick: seed "
                  f"{seed0}; thin: other seeds, sampled curves stop at their chosen d)", fontsize=10)
     fig.tight_layout()
-    files.append(RESULTS / f"paper_1d{tag}_coverage.png")
+    files.append(out_dir / f"paper_1d{tag}_coverage.png")
     fig.savefig(files[-1], dpi=110)
     plt.close(fig)
     return files
 
 
-# --------------------------------------------------------------------------------------------- main
+def verdict(records: list) -> str:
+    """The qualitative claims of the paper, checked on these runs."""
+    seeds = sorted({r["seed"] for r in records})
+    by = {(r["seed"], r["N"]): r for r in records}
+    Ns = {r["N"] for r in records}
+    lines = ["\n## The paper's qualitative claims on these runs\n"]
+
+    def d(seed, N, key):
+        return by[(seed, N)]["configs"][key]["d"]
+
+    for N in sorted(Ns & {50, 1000}):
+        m = [d(s, N, "sampled/mean/residual") for s in seeds]
+        st = [d(s, N, "sampled/standard/residual") for s in seeds]
+        lines.append(f"- N = {N}, sampled 90 %: mean scaling d ∈ [{min(m)}, {max(m)}], standard scaling d ∈ "
+                     f"[{min(st)}, {max(st)}]; standard − mean = {fmt_pm([b - a for a, b in zip(m, st, strict=True)])} "
+                     f"(every seed: standard ≥ mean + 15: {all(b >= a + 15 for a, b in zip(m, st, strict=True))}).")
+    if {50, 1000} <= Ns:
+        grow = sum(d(s, 1000, "sampled/standard/residual") > d(s, 50, "sampled/standard/residual") for s in seeds)
+        same = sum(abs(d(s, 1000, "sampled/mean/residual") - d(s, 50, "sampled/mean/residual")) <= 2 for s in seeds)
+        lines.append(f"- Standard-scaling d larger at N = 1000 than at N = 50: {grow}/{len(seeds)} seeds; mean-scaling "
+                     f"d within ±2 of its N = 50 value at N = 1000: {same}/{len(seeds)} seeds.")
+        rm = [by[(s, 1000)]["configs"]["sampled/standard/residual"]["rmse_mean_vs_true"] for s in seeds]
+        r0 = [by[(s, 1000)]["rmse_theta0_vs_true"] for s in seeds]
+        lines.append(f"- Sampled mean of the standard scaling at N = 1000 worse than θ0 against the true function: "
+                     f"{sum(a > b for a, b in zip(rm, r0, strict=True))}/{len(seeds)} seeds "
+                     f"(RMSE {fmt_pm(rm, 3)} vs {fmt_pm(r0, 3)}).")
+    for N in sorted(Ns & {100, 1000}):
+        c = [by[(s, N)]["configs"]["linearized/standard/residual"] for s in seeds]
+        lines.append(f"- Linearised ±2σ_f, standard scaling, N = {N}: target never reached up to d = 50 in "
+                     f"{sum(not x['reached'] for x in c)}/{len(seeds)} seeds; coverage at d = 50 "
+                     f"{fmt_pm([x['coverage_at_dmax'] for x in c], pct=True)} % (paper ≈{75 if N == 100 else 40} %).")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    _common.add_common_arguments(p, quick="1 seed, ≤ 3000 steps, 200 samples, no sweep")
     p.add_argument("--seeds", type=int, default=5, help="number of seeds (0, 1, ...); default 5")
     p.add_argument("--steps", type=int, default=20000,
-                   help="full-batch Adam steps: the cap with --train-stop discrepancy, the count with fixed; default 20000")
+                   help="full-batch Adam steps: the cap with --train-stop discrepancy, the count with fixed; "
+                        "default 20000")
     p.add_argument("--train-stop", choices=("discrepancy", "fixed"), default="discrepancy",
                    help="discrepancy: stop once the training MSE <= 0.1² (default); fixed: run --steps steps")
     p.add_argument("--full-curve-seeds", type=int, default=1,
@@ -621,18 +633,24 @@ def main(argv=None) -> int:
     p.add_argument("--n-samples", type=int, default=1000, help="posterior samples; default 1000")
     p.add_argument("--d-max", type=int, default=50, help="eigenpairs K = d_max; default 50")
     p.add_argument("--n-grid", type=int, default=400, help="grid points for the figures and RMSE")
-    p.add_argument("--threads", type=int, default=1, help="torch threads; default 1")
-    p.add_argument("--quick", action="store_true", help="smoke run: 1 seed, ≤ 3000 steps, 200 samples, no sweep; writes paper_1d_quick*")
-    p.add_argument("--from-json", type=Path, default=None,
-                   help="re-render the tables and figures from a saved paper_1d*.json (no computation)")
     args = p.parse_args(argv)
-    argv_used = list(sys.argv[1:] if argv is None else argv)
-    if args.from_json is not None:
-        payload = json.loads(args.from_json.read_text())
-        saved = argparse.Namespace(**payload["args"])
-        saved.from_json = None
-        render(payload, saved, payload.get("argv"))
-        return 0
+    tag = "_quick" if args.quick else ("" if args.train_stop == "discrepancy" else f"_fixed{args.steps}")
+    out_dir = args.out_dir
+    if args.report_only:
+        R = _common.read_results(out_dir / f"paper_1d{tag}.json")
+        files = make_figures(R["records"], argparse.Namespace(**R["args"]), out_dir, tag)
+    else:
+        R, files = run(args, argv, out_dir, tag)
+    text = render(R)
+    _common.write_report(out_dir / f"paper_1d{tag}.md", text)
+    print(text)
+    print(f"wrote {out_dir / f'paper_1d{tag}.md'}, {out_dir / f'paper_1d{tag}.json'}, "
+          + ", ".join(f.name for f in files))
+    return 0
+
+
+def run(args, argv, out_dir: Path, tag: str) -> tuple[dict, list]:
+    """Every (seed, N) model and the sweeps; the figures; the results JSON (returned with the figure paths)."""
     if args.quick:
         args.seeds, args.steps, args.n_samples, args.sweep_seeds = 1, 3000, 200, 0
     torch.set_num_threads(args.threads)
@@ -653,60 +671,34 @@ def main(argv=None) -> int:
             records.append(run_model(seed, N, args, log))
     sweeps = [sweep(seed, N, args, log) for seed in range(min(args.sweep_seeds, args.seeds)) for N in args.sweep_n]
     t_runs = time.perf_counter() - t_start
-    payload = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-               "argv": argv_used, "z_linearized": z, "z_library": z_lib, "records": records, "sweeps": sweeps,
-               "run_seconds": t_runs, "torch": torch.__version__,
-               "machine": platform.processor() or platform.machine()}
-    render(payload, args, argv_used)
-    return 0
+    t0 = time.perf_counter()
+    files = make_figures(records, args, out_dir, tag)
+    t_fig = time.perf_counter() - t0
+    # The JSON keeps the grid predictions of the first seed only (the one plotted).
+    seed0 = min(r["seed"] for r in records)
+    for r in records:
+        if r["seed"] != seed0:
+            r.pop("theta0_grid", None)
+            for c in r["configs"].values():
+                c.pop("grid", None)
+    results = {"args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+               "z_linearized": z, "z_library": z_lib, "records": records, "sweeps": sweeps,
+               "run_seconds": t_runs, "figure_seconds": t_fig, "figures": [f.name for f in files],
+               "summary": summarize(records, args)[1]}
+    R = _common.write_results(out_dir / f"paper_1d{tag}.json", results,
+                              command=_common.command_line(__file__, argv))
+    return R, files
 
 
-def verdict(records: list) -> str:
-    """The qualitative claims of the paper, checked on these runs."""
-    seeds = sorted({r["seed"] for r in records})
-    by = {(r["seed"], r["N"]): r for r in records}
-    Ns = {r["N"] for r in records}
-    lines = ["\n## The paper's qualitative claims on these runs\n"]
-
-    def d(seed, N, key):
-        return by[(seed, N)]["configs"][key]["d"]
-
-    for N in sorted(Ns & {50, 1000}):
-        m = [d(s, N, "sampled/mean/residual") for s in seeds]
-        st = [d(s, N, "sampled/standard/residual") for s in seeds]
-        lines.append(f"- N = {N}, sampled 90 %: mean scaling d ∈ [{min(m)}, {max(m)}], standard scaling d ∈ "
-                     f"[{min(st)}, {max(st)}]; standard − mean = {fmt_pm([b - a for a, b in zip(m, st)])} "
-                     f"(every seed: standard ≥ mean + 15: {all(b >= a + 15 for a, b in zip(m, st))}).")
-    if {50, 1000} <= Ns:
-        grow = sum(d(s, 1000, "sampled/standard/residual") > d(s, 50, "sampled/standard/residual") for s in seeds)
-        same = sum(abs(d(s, 1000, "sampled/mean/residual") - d(s, 50, "sampled/mean/residual")) <= 2 for s in seeds)
-        lines.append(f"- Standard-scaling d larger at N = 1000 than at N = 50: {grow}/{len(seeds)} seeds; mean-scaling "
-                     f"d within ±2 of its N = 50 value at N = 1000: {same}/{len(seeds)} seeds.")
-        rm = [by[(s, 1000)]["configs"]["sampled/standard/residual"]["rmse_mean_vs_true"] for s in seeds]
-        r0 = [by[(s, 1000)]["rmse_theta0_vs_true"] for s in seeds]
-        lines.append(f"- Sampled mean of the standard scaling at N = 1000 worse than θ0 against the true function: "
-                     f"{sum(a > b for a, b in zip(rm, r0))}/{len(seeds)} seeds (RMSE {fmt_pm(rm, 3)} vs {fmt_pm(r0, 3)}).")
-    for N in sorted(Ns & {100, 1000}):
-        c = [by[(s, N)]["configs"]["linearized/standard/residual"] for s in seeds]
-        lines.append(f"- Linearised ±2σ_f, standard scaling, N = {N}: target never reached up to d = 50 in "
-                     f"{sum(not x['reached'] for x in c)}/{len(seeds)} seeds; coverage at d = 50 "
-                     f"{fmt_pm([x['coverage_at_dmax'] for x in c], pct=True)} % (paper ≈{75 if N == 100 else 40} %).")
-    return "\n".join(lines)
-
-
-def render(payload: dict, args, argv_used) -> None:
-    """Tables (markdown), figures and the JSON from the computed records."""
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    tag = "_quick" if args.quick else ("" if args.train_stop == "discrepancy" else f"_fixed{args.steps}")
-    records, sweeps = payload["records"], payload["sweeps"]
-    z, z_lib = payload["z_linearized"], payload["z_library"]
-    text, summary = summarize(records, args)
+def render(R: dict) -> str:
+    """The markdown report, from the results JSON alone."""
+    args = argparse.Namespace(**R["args"])
+    records, sweeps = R["records"], R["sweeps"]
+    z, z_lib = R["z_linearized"], R["z_library"]
+    text = summarize(records, args)[0]
     text += "\n" + verdict(records)
     if sweeps:
         text += "\n" + summarize_sweep(sweeps)
-    t0 = time.perf_counter()
-    files = make_figures(records, args, tag)
-    t_fig = time.perf_counter() - t0
 
     # Stage timings, mean over seeds.
     stage_lines = ["\n\n## Wall time per stage (s, mean over seeds)\n", "| N | " + " | ".join(
@@ -714,24 +706,24 @@ def render(payload: dict, args, argv_used) -> None:
         "|---:|---:|---:|---:|---:|---:|"]
     for N in args.n_values:
         rs = [r for r in records if r["N"] == N]
-        tm = lambda k: np.mean([r["timings"][k] for r in rs])  # noqa: E731
+        tm = lambda k, rs=rs: np.mean([r["timings"][k] for r in rs])  # noqa: E731
         cal = np.mean([sum(v for k, v in r["timings"].items() if k.startswith("calibrate")) for r in rs])
         stage_lines.append(f"| {N} | {tm('train'):.1f} ({fmt_pm([r['steps'] for r in rs], 0)} steps) | "
                            f"{tm('laplace_ggn_setup'):.2f} | {tm('laplace_eigen'):.2f} | {tm('dense_check'):.2f} | "
                            f"{cal:.1f} |")
     for sw in sweeps:
-        stage_lines.append(f"\nTraining-length sweep, seed {sw['seed']}, N = {sw['N']}: training {sw['t_train']:.1f} s, "
-                           f"calibrations {sw['t_calibrate']:.1f} s.")
-    stage_lines.append(f"\nTotal {payload['run_seconds']:.0f} s of computation plus {t_fig:.1f} s of figures, on "
-                       f"{args.threads} thread(s) of a shared 2-core {payload.get('machine', '')} machine (other jobs "
-                       "running).")
+        stage_lines.append(f"\nTraining-length sweep, seed {sw['seed']}, N = {sw['N']}: "
+                           f"training {sw['t_train']:.1f} s, calibrations {sw['t_calibrate']:.1f} s.")
+    m = R["machine"]
+    stage_lines.append(f"\nTotal {R['run_seconds']:.0f} s of computation plus {R['figure_seconds']:.1f} s of figures, "
+                       f"on {args.threads} thread(s) of a shared {m['cpu_count']}-core {m['machine']} machine (other "
+                       "jobs running).")
     text += "\n".join(stage_lines)
 
-    command = "python benchmarks/paper_1d.py " + " ".join(argv_used or [])
     header = [
         "# The paper's 1-D study (§2.2): mean vs standard posterior scaling",
         "",
-        f"Generated by `{command.rstrip()}` (torch {payload['torch']}).",
+        f"Generated by `{R['command']}` (torch {m['torch']}).",
         "",
         "Setup: y = sin(4πx) + sin(7πx) + ε, ε ~ N(0, 0.1²), x ~ U[0, 1]; tanh MLP 1-50-50-1 (D = 2701), "
         + (f"full-batch Adam lr 1e-3 in float32 (PyTorch default init, seeded), stopped at the first step whose "
@@ -753,21 +745,7 @@ def render(payload: dict, args, argv_used) -> None:
         "",
         "",
     ]
-    md = "\n".join(header) + text + "\n\nFigures: " + ", ".join(f"`{f.name}`" for f in files) + "\n"
-    (RESULTS / f"paper_1d{tag}.md").write_text(md)
-    # The JSON keeps the grid predictions of the first seed only (the one plotted).
-    seed0 = min(r["seed"] for r in records)
-    for r in records:
-        if r["seed"] != seed0:
-            r.pop("theta0_grid", None)
-            for c in r["configs"].values():
-                c.pop("grid", None)
-    payload = dict(payload, summary=summary)
-    (RESULTS / f"paper_1d{tag}.json").write_text(json.dumps(payload, indent=1))
-    print()
-    print(text)
-    print(f"\nwrote {RESULTS / f'paper_1d{tag}.md'}, {RESULTS / f'paper_1d{tag}.json'}, "
-          + ", ".join(f.name for f in files))
+    return "\n".join(header) + text + "\n\nFigures: " + ", ".join(f"`{f}`" for f in R["figures"]) + "\n"
 
 
 if __name__ == "__main__":

@@ -22,39 +22,31 @@ Usage::
     python benchmarks/paper_concrete.py --report-only     # markdown + Fig. 6/7 again from the JSON
     python benchmarks/paper_concrete.py --quick           # a small smoke run (≈ 20 s)
 
-Writes ``benchmarks/results/paper_concrete.md``, ``.json`` and ``paper_concrete_*.png`` (``--quick``: a small
-smoke run written to ``paper_concrete_quick*``). Text after the line ``<!-- discussion -->`` in an existing
-markdown file is kept when the file is rewritten.
+Writes ``benchmarks/results/paper_concrete.json``, the report ``paper_concrete.md`` rendered from it and
+``paper_concrete_*.png`` (``--quick``: a small smoke run written to ``paper_concrete_quick*``; ``--out-dir``:
+another folder). Text after the line ``<!-- discussion -->`` in an existing report is kept when it is rewritten.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
 import time
 import warnings
 from pathlib import Path
 
-import matplotlib
+import _common
+import numpy as np
+import pandas as pd
+import torch
 
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import numpy as np  # noqa: E402
-import pandas as pd  # noqa: E402
-import torch  # noqa: E402
-from torch import nn  # noqa: E402
+from glas_sklearn import LaplaceActiveSubspaceRegressor
+from glas_sklearn.calibration import CalibrationResult, CalibrationWarning, choose_dimension
+from glas_sklearn.datasets import load_concrete
+from glas_sklearn.plotting import plot_activity, plot_calibration, plot_spectrum
+from glas_sklearn.posterior import ActiveSubspacePosterior, beta_for, estimate_noise_variance
+from glas_sklearn.predictive import interval_coverage, sampled_interval
 
-from glas_sklearn import LaplaceActiveSubspaceRegressor  # noqa: E402
-from glas_sklearn.calibration import CalibrationResult, CalibrationWarning, choose_dimension  # noqa: E402
-from glas_sklearn.datasets import load_concrete  # noqa: E402
-from glas_sklearn.plotting import plot_activity, plot_calibration, plot_spectrum  # noqa: E402
-from glas_sklearn.posterior import ActiveSubspacePosterior, beta_for, estimate_noise_variance  # noqa: E402
-from glas_sklearn.predictive import interval_coverage, sampled_interval  # noqa: E402
-
-RESULTS = Path(__file__).resolve().parent / "results"
-DISCUSSION_MARK = "<!-- discussion -->"
 SAMPLED_LEVEL = 0.9
 LINEAR_LEVEL = float(math.erf(2 / math.sqrt(2)))  # ±2σ_f, the paper's "95 %" = 0.9545
 TOP_WEIGHTS = 1000
@@ -81,36 +73,10 @@ def split_data(seed: int, cal_fraction: float = 0.1):
     return (Xs[train], ys[train]), (Xs[cal], ys[cal]), std
 
 
-def make_mlp(width: int, depth: int = 2) -> nn.Module:
-    layers, w = [], 8
-    for _ in range(depth):
-        layers += [nn.Linear(w, width), nn.Tanh()]
-        w = width
-    layers.append(nn.Linear(w, 1))
-    return nn.Sequential(*layers)
-
-
-def train(net: nn.Module, X: torch.Tensor, y: torch.Tensor, steps: int, lr: float) -> list[float]:
-    opt = torch.optim.Adam(net.parameters(), lr=lr)
-    losses = []
-    net.train()
-    for step in range(steps):
-        opt.zero_grad(set_to_none=True)
-        loss = 0.5 * ((net(X) - y) ** 2).mean()
-        loss.backward()
-        opt.step()
-        losses.append(float(loss.detach()))
-        if (step + 1) % max(1, steps // 10) == 0:
-            print(f"  step {step + 1}/{steps}: ½-MSE {losses[-1]:.5f}", flush=True)
-    net.eval()
-    for p in net.parameters():
-        p.grad = None
-    return losses
-
-
-def curve_rows(res: CalibrationResult, y_std: float) -> list[dict]:
+def curve_rows(table: pd.DataFrame, y_std: float) -> list[dict]:
+    """A calibration table (d, coverage, mean_width, sigma0) as JSON rows, widths in MPa."""
     return [{"d": int(r.d), "coverage": float(r.coverage), "mean_width_mpa": float(r.mean_width) * y_std,
-             "sigma0": float(r.sigma0)} for r in res.table.itertuples()]
+             "sigma0": float(r.sigma0)} for r in table.itertuples()]
 
 
 def sampled_parity(post: ActiveSubspacePosterior, Xc: torch.Tensor, yc: np.ndarray, d: int, n_samples: int,
@@ -149,6 +115,7 @@ def as_result(part: dict, y_std: float) -> CalibrationResult:
 
 def coverage_figure(R: dict, path: Path) -> None:
     """Paper Fig. 6: coverage vs d, both scalings per panel; rows = noise estimate, columns = predictive."""
+    plt = _common.pyplot()
     y_std = R["config"]["y_std_mpa"]
     fig, axes = plt.subplots(2, 2, figsize=(10, 7.8), layout="constrained", sharex=True)
     for i, noise_name in enumerate(("training residuals", "calibration residuals")):
@@ -174,8 +141,9 @@ def coverage_figure(R: dict, path: Path) -> None:
 
 def parity_figure(R: dict, path: Path) -> None:
     """Paper Fig. 7: parity plots with 90 % sampled intervals; rows = noise estimate, columns = scaling."""
+    plt = _common.pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(10, 9.5), layout="constrained")
-    for ax, p in zip(axes.reshape(-1), R["parity"]):
+    for ax, p in zip(axes.reshape(-1), R["parity"], strict=True):
         p = {k: (np.asarray(v) if isinstance(v, list) else v) for k, v in p.items()}
         draw_parity(ax, p, f"{p['scaling']} scaling, σ² from {p['noise']}")
     fig.suptitle("Concrete: parity plots with 90 % sampled intervals (paper Fig. 7)")
@@ -190,16 +158,12 @@ def fmt_cov(x):
     return "–" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{100 * x:.1f} %"
 
 
-def write_markdown(path: Path, R: dict, prefix: str) -> None:
-    old_discussion = ""
-    if path.exists():
-        text = path.read_text()
-        if DISCUSSION_MARK in text:
-            old_discussion = text.split(DISCUSSION_MARK, 1)[1]
+def render(R: dict, prefix: str) -> str:
+    """The markdown report from the results JSON alone (its hand-written discussion is kept by write_report)."""
     c, t = R["config"], R["timings_s"]
     L = []
     L.append(f"# The paper's concrete study (§2.3) with glas-sklearn{' — QUICK smoke run' if c['quick'] else ''}\n")
-    L.append(f"Command: `{R['command']}` — {R['machine']}; total wall time {t['total']:.0f} s.\n")
+    L.append(f"Command: `{R['command']}` — {_common.machine_line(R['machine'])}; total wall time {t['total']:.0f} s.\n")
     L.append("Setup: UCI concrete (embedded), random 90 % / 10 % split (seed "
              f"{c['seed']}): N = {c['n_train']} training, N_cal = {c['n_cal']} calibration rows; inputs and target "
              f"standardized with the training part's statistics. tanh MLP 8-{c['width']}-{c['width']}-1, "
@@ -295,33 +259,16 @@ def write_markdown(path: Path, R: dict, prefix: str) -> None:
     for k, v in t.items():
         L.append(f"| {k} | {v:.1f} |")
     L.append("")
-    L.append(DISCUSSION_MARK + (old_discussion if old_discussion else "\n"))
-    path.write_text("\n".join(L))
+    L.append(_common.DISCUSSION_MARK + "\n")
+    return "\n".join(L)
 
 
 # ----------------------------------------------------------------------------- main
 
 
-def report_only(prefix: str) -> None:
-    R = json.loads((RESULTS / f"{prefix}.json").read_text())
-    if "estimator" not in R:  # results written before the estimator's curve was stored in this form
-        t = R.pop("estimator_calibration")
-        y_std = R["config"]["y_std_mpa"]
-        R["estimator"] = {"noise": "training residuals", "scaling": "mean", "n_samples": 1000,
-                          "level": SAMPLED_LEVEL, "d": t["d"][-1], "reached": t["coverage"][-1] >= SAMPLED_LEVEL,
-                          "coverage": t["coverage"][-1], "sigma0": t["sigma0"][-1],
-                          "curve": [{"d": d, "coverage": c, "mean_width_mpa": w * y_std, "sigma0": s0}
-                                    for d, c, w, s0 in zip(t["d"], t["coverage"], t["mean_width"], t["sigma0"])]}
-        (RESULTS / f"{prefix}.json").write_text(json.dumps(R, indent=1))
-    coverage_figure(R, RESULTS / f"{prefix}_coverage.png")
-    parity_figure(R, RESULTS / f"{prefix}_parity.png")
-    write_markdown(RESULTS / f"{prefix}.md", R, prefix)
-    print(f"rewrote {RESULTS / prefix}.md and the coverage / parity figures from the JSON", flush=True)
-
-
-def main(argv=None) -> None:
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--threads", type=int, default=1)
+    _common.add_common_arguments(ap, quick="small network and sizes: a smoke test of the script")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--steps", type=int, default=3000)
     ap.add_argument("--n-samples", type=int, default=1000)
@@ -330,13 +277,23 @@ def main(argv=None) -> None:
                          "when one measured d projects beyond it")
     ap.add_argument("--cache-dir", type=Path, default=None,
                     help="keep the trained network here and reuse it on the next run")
-    ap.add_argument("--quick", action="store_true", help="small network and sizes: a smoke test of the script")
-    ap.add_argument("--report-only", action="store_true",
-                    help="rewrite the markdown and the coverage / parity figures from the existing JSON")
     args = ap.parse_args(argv)
-    if args.report_only:
-        report_only("paper_concrete_quick" if args.quick else "paper_concrete")
-        return
+    prefix = "paper_concrete_quick" if args.quick else "paper_concrete"
+    out = args.out_dir
+    if args.report_only:  # the report and the figures drawn from the JSON alone (Fig. 6, 7)
+        R = _common.read_results(out / f"{prefix}.json")
+        coverage_figure(R, out / f"{prefix}_coverage.png")
+        parity_figure(R, out / f"{prefix}_parity.png")
+    else:
+        R = compute(args, argv, out, prefix)
+    _common.write_report(out / f"{prefix}.md", render(R, prefix))
+    print(f"wrote {out / prefix}.md" if args.report_only else
+          f"wrote {out / prefix}.md/.json/_*.png in {R['timings_s']['total']:.0f} s", flush=True)
+    return 0
+
+
+def compute(args, argv, out: Path, prefix: str) -> dict:
+    """Train (or load) the network, all posteriors and curves, the figures; writes and returns the results."""
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore", CalibrationWarning)  # non-reached levels are reported in the tables
     t_all = time.perf_counter()
@@ -345,7 +302,6 @@ def main(argv=None) -> None:
     if args.quick:
         width, steps, K, n_samples = 64, min(args.steps, 300), 10, min(args.n_samples, 100)
     d_max = K
-    prefix = "paper_concrete_quick" if args.quick else "paper_concrete"
     seed = args.seed
 
     # -- data
@@ -358,9 +314,8 @@ def main(argv=None) -> None:
     timings["data"] = time.perf_counter() - t0
 
     # -- training
-    torch.manual_seed(seed)
-    net = make_mlp(width)
-    D = sum(p.numel() for p in net.parameters())
+    net = _common.mlp(8, (width, width), seed=seed)
+    D = _common.n_weights(net)
     cache = args.cache_dir / f"{prefix}_w{width}_s{steps}_seed{seed}.pt" if args.cache_dir else None
     t0 = time.perf_counter()
     if cache is not None and cache.exists():
@@ -373,7 +328,8 @@ def main(argv=None) -> None:
         print(f"loaded network from {cache}", flush=True)
     else:
         print(f"training 8-{width}-{width}-1 (D = {D:,}) for {steps} full-batch Adam steps", flush=True)
-        train(net, Xt, yt, steps, lr=1e-3)
+        _common.train_adam(net, Xt, yt, steps=steps, lr=1e-3, loss=_common.half_mse, log=print,
+                           log_every=max(1, steps // 10))
         train_time = time.perf_counter() - t0
         if cache is not None:
             cache.parent.mkdir(parents=True, exist_ok=True)
@@ -404,11 +360,9 @@ def main(argv=None) -> None:
     eigen = {"eigenvalues": est.eigenvalues_.tolist(), "n_matvecs": int(est.eigen_info_["n_matvecs"]),
              "converged": bool(est.eigen_info_["converged"]),
              "max_rel_residual": float(np.max(est.eigen_info_["relative_residuals"]))}
-    # The seed the estimator handed to choose_dimension (deterministic for an int random_state), so the curves
-    # below use the same posterior draws and can be compared with its calibration table row by row; and the
-    # seed choose_dimension draws from it for predict_samples, so the parity plots show the same draws.
-    fit_seed = est._seed()
-    draw_seed = int(np.random.default_rng(fit_seed).integers(0, 2**62))
+    # The seed the estimator handed to choose_dimension, so that the curves below use the same posterior draws and
+    # can be compared with its calibration table row by row.
+    fit_seed = est.calibration_seed_
 
     def posterior(scaling: str, noise_var: float) -> ActiveSubspacePosterior:
         return ActiveSubspacePosterior(net, lam, P, beta=beta_for(scaling, N, noise_var))
@@ -416,7 +370,7 @@ def main(argv=None) -> None:
     # -- measure one sampled d, reduce the sample count if the full curves would not fit the budget
     probe = posterior("standard", noise["training residuals"]["var"])
     t0 = time.perf_counter()
-    probe.predict_samples(Xc, d_max, n_samples=n_samples, random_state=draw_seed)
+    probe.predict_samples(Xc, d_max, n_samples=n_samples, random_state=fit_seed)  # timed only
     t_one = time.perf_counter() - t0
     timings["one sampled d (probe)"] = t_one
     n_curves = 4
@@ -442,7 +396,7 @@ def main(argv=None) -> None:
                                        n_samples=n_samples, random_state=fit_seed, full_curve=True)
                 dt = time.perf_counter() - t0
                 timings[f"curve: {noise_name}, {scaling}, {pred}"] = dt
-                curve = curve_rows(res, std["y_std"])
+                curve = curve_rows(res.table, std["y_std"])
                 run[pred] = {"level": level, "d": res.n_components, "reached": res.reached,
                              "coverage": res.coverage, "sigma0": res.sigma0, "result": res, "curve": curve,
                              "mean_width_mpa": curve[res.n_components - 1]["mean_width_mpa"], "time_s": dt}
@@ -463,7 +417,8 @@ def main(argv=None) -> None:
         consistency += " (The sample count was reduced after the estimator ran, so the rows need not agree.)"
     print(consistency, flush=True)
 
-    # -- parity (Fig. 7): mean scaling at its sampled d, standard at d_max
+    # -- parity (Fig. 7): mean scaling at its sampled d, standard at d_max, with the calibration's posterior draws
+    draw_seed = runs[0]["sampled"]["result"].sample_seed
     t0 = time.perf_counter()
     parity = []
     for run in runs:
@@ -507,9 +462,6 @@ def main(argv=None) -> None:
         for pred in ("sampled", "linearized"):
             run[pred].pop("result")
     R = {
-        "command": "python benchmarks/paper_concrete.py" + (" --quick" if args.quick else "")
-        + (f" --threads {args.threads}" if args.threads != 1 else ""),
-        "machine": f"{platform.machine()}, torch {torch.__version__}, {args.threads} thread(s), CPU",
         "config": {"seed": seed, "n_train": len(ytr), "n_cal": len(ycal), "width": width, "D": D, "steps": steps,
                    "lr": 1e-3, "K": K, "d_max": d_max, "n_samples": n_samples, "quick": args.quick,
                    "sampled_level": SAMPLED_LEVEL, "linearized_level": LINEAR_LEVEL, "y_std_mpa": std["y_std"],
@@ -521,39 +473,37 @@ def main(argv=None) -> None:
         "estimator": {"noise": "training residuals", "scaling": "mean", "n_samples": est.n_samples,
                       "level": SAMPLED_LEVEL, "d": est.n_components_, "reached": bool(est.calibration_reached_),
                       "coverage": float(est.calibration_["coverage"].iloc[-1]), "sigma0": est.sigma0_,
-                      "curve": curve_rows(CalibrationResult(est.n_components_, est.sigma0_, True, est.calibration_),
-                                          std["y_std"])},
+                      "curve": curve_rows(est.calibration_, std["y_std"])},
         "timings_s": timings,
     }
     # -- figures
     t0 = time.perf_counter()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    coverage_figure(R, RESULTS / f"{prefix}_coverage.png")
-    parity_figure(R, RESULTS / f"{prefix}_parity.png")
+    out.mkdir(parents=True, exist_ok=True)
+    coverage_figure(R, out / f"{prefix}_coverage.png")
+    parity_figure(R, out / f"{prefix}_parity.png")
+    plt = _common.pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.8), layout="constrained")
     for d in act_ds:
         plot_activity(act_post, ax=ax, d=d, top_fraction=TOP_WEIGHTS / D if D > TOP_WEIGHTS else None)
     ax.set_title("Concrete: cumulative activity share (paper Fig. 8)", fontsize="medium")
-    fig.savefig(RESULTS / f"{prefix}_activity.png", dpi=110)
+    fig.savefig(out / f"{prefix}_activity.png", dpi=110)
     plt.close(fig)
 
     fig, axes = plt.subplots(2, 3, figsize=(13, 7.5), layout="constrained")
-    for row, scaling in zip(axes, ("mean", "standard")):
+    for row, scaling in zip(axes, ("mean", "standard"), strict=True):
         run = next(r for r in runs if r["noise"] == "training residuals" and r["scaling"] == scaling)
         plot_spectrum(posts[("training residuals", scaling)], ax=row, d=run["sampled"]["d"])
         row[0].set_ylabel(f"{scaling} scaling\nGGN eigenvalue λ_j")
     fig.suptitle("Concrete: spectrum, posterior variances and contraction at the sampled chosen d "
                  "(training-residual noise)")
-    fig.savefig(RESULTS / f"{prefix}_spectrum.png", dpi=110)
+    fig.savefig(out / f"{prefix}_spectrum.png", dpi=110)
     plt.close(fig)
     timings["figures"] = time.perf_counter() - t0
     timings["total"] = time.perf_counter() - t_all
     R["timings_s"] = timings
 
-    (RESULTS / f"{prefix}.json").write_text(json.dumps(R, indent=1))
-    write_markdown(RESULTS / f"{prefix}.md", R, prefix)
-    print(f"wrote {RESULTS / prefix}.md/.json/_*.png in {timings['total']:.0f} s", flush=True)
+    return _common.write_results(out / f"{prefix}.json", R, command=_common.command_line(__file__, argv))
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -23,16 +23,17 @@ Usage::
 
     python benchmarks/paper_smiles.py --quick            # minutes: smoke test, writes paper_smiles_quick*
     nohup python benchmarks/paper_smiles.py > benchmarks/results/paper_smiles.log 2>&1 &
+    python benchmarks/paper_smiles.py --report-only      # the report and figures again from the results files
 
-Outputs under ``benchmarks/results/``: ``paper_smiles.json`` and ``paper_smiles.md`` (tables),
-``paper_smiles_alignment.csv`` (one row per eigen run), ``paper_smiles_generated.csv.gz`` (every
-generated SMILES with its properties), and ``paper_smiles_fig{9,10,11,12}_*.png``.
+Outputs under ``benchmarks/results/`` (or ``--out-dir``): ``paper_smiles.json``, ``paper_smiles_alignment.csv``
+(one row per eigen run), ``paper_smiles_generated.csv.gz`` (every generated SMILES with its properties), the
+report ``paper_smiles.md`` rendered from the JSON and the alignment CSV, and ``paper_smiles_fig{9,10,11,12}_*.png``
+drawn from the CSVs.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
 import os
@@ -40,24 +41,18 @@ import sys
 import time
 import warnings
 
+import _common
 import numpy as np
 import pandas as pd
 import torch
+from smiles_lstm import CORPUS, MODEL_PATH, VOCAB_PATH, generate, load_model, split_corpus
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.dirname(HERE))
+from glas_sklearn.contrib.smiles import encode_batch, load_smiles
+from glas_sklearn.diagnostics import subsample_alignment
+from glas_sklearn.ggn import GGNOperator
+from glas_sklearn.posterior import ActiveSubspacePosterior, beta_for
+from glas_sklearn.sampling import sample_parameters
 
-from smiles_lstm import CORPUS, MODEL_PATH, VOCAB_PATH, _split, generate, load_model  # noqa: E402
-
-from glas_sklearn.contrib.chem import describe  # noqa: E402
-from glas_sklearn.contrib.smiles import encode_batch, load_smiles  # noqa: E402
-from glas_sklearn.diagnostics import subsample_alignment  # noqa: E402
-from glas_sklearn.ggn import GGNOperator  # noqa: E402
-from glas_sklearn.posterior import ActiveSubspacePosterior, beta_for  # noqa: E402
-from glas_sklearn.sampling import sample_parameters  # noqa: E402
-
-RESULTS = os.path.join(HERE, "results")
 logger = logging.getLogger("paper_smiles")
 
 # The paper's Table 1 (valid SMILES out of 10k).
@@ -77,11 +72,13 @@ class Clock:
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    _common.add_common_arguments(p, quick="tiny sizes for a smoke test")
     p.add_argument("--n-generate", type=int, default=None, help="SMILES per configuration (default 10000; quick 200)")
     p.add_argument("--block-size", type=int, default=None, help="molecules per weight sample (default 100; quick 50)")
     p.add_argument("--sizes", type=int, nargs="+", default=None, help="N_sub values of the subsampling study "
                    "(default 250 500 1000 2000)")
-    p.add_argument("--replicas", type=int, default=None, help="independent subsamples per N_sub (default 2; 3 adds about 20 min CPU)")
+    p.add_argument("--replicas", type=int, default=None,
+                   help="independent subsamples per N_sub (default 2; 3 adds about 20 min CPU)")
     p.add_argument("--reference-size", type=int, default=None, help="sequences of the reference run (default 3000)")
     p.add_argument("--n-sub", type=int, default=None,
                    help="N_sub of the curvature used for the posteriors (default 2000)")
@@ -90,15 +87,10 @@ def parse_args(argv=None):
     p.add_argument("--ggn-batch", type=int, default=100, help="sequences per GGN mini-batch")
     p.add_argument("--max-len", type=int, default=256)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--quick", action="store_true", help="tiny sizes for a smoke test (outputs paper_smiles_quick*)")
-    p.add_argument("--replot", action="store_true", help="only redo the figures and markdown from the files of "
-                   "an earlier run with the same --out")
     p.add_argument("--probe-only", action="store_true", help="time one GGN product and one generation block, "
                    "log the projected cost of the run with these options, and stop")
     p.add_argument("--model", default=MODEL_PATH)
     p.add_argument("--vocab", default=VOCAB_PATH)
-    p.add_argument("--out", default=None, help="output prefix (default benchmarks/results/paper_smiles[_quick])")
     args = p.parse_args(argv)
     full = dict(n_generate=10000, block_size=100, sizes=[250, 500, 1000, 2000], replicas=2, reference_size=3000,
                 n_sub=2000)
@@ -108,8 +100,7 @@ def parse_args(argv=None):
             setattr(args, key, value)
     if args.n_sub not in args.sizes:
         args.sizes = sorted(args.sizes + [args.n_sub])
-    if args.out is None:
-        args.out = os.path.join(RESULTS, "paper_smiles_quick" if args.quick else "paper_smiles")
+    args.out = str(args.out_dir / ("paper_smiles_quick" if args.quick else "paper_smiles"))  # prefix of all outputs
     return args
 
 
@@ -118,7 +109,7 @@ def parse_args(argv=None):
 
 def load_training_data(vocab):
     corpus = load_smiles(CORPUS)
-    train, _ = _split(corpus, 0.05, 0)  # the split smiles_lstm.py trained on
+    train, _ = split_corpus(corpus, 0.05, 0)  # the split smiles_lstm.py trained on
     tokens, mask = encode_batch(train, vocab)
     return train, tokens[:, :-1].contiguous(), mask
 
@@ -196,6 +187,8 @@ def build_posteriors(model, eig, n_records, d_max):
 
 
 def generate_configs(model, vocab, posts, args):
+    from glas_sklearn.contrib.chem import describe  # needs RDKit (the chem extra)
+
     configs = [("baseline", 0)] + [(s, d) for s in ("standard", "mean") for d in range(1, args.d_max + 1)]
     n_blocks = math.ceil(args.n_generate / args.block_size)
     frames, timings = [], {}
@@ -308,7 +301,7 @@ def _size_axis(ax, sizes):
 
 
 def fig9(res, args, path):
-    import matplotlib.pyplot as plt
+    plt = _common.pyplot()
 
     table = res["table"]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
@@ -348,12 +341,12 @@ def fig9(res, args, path):
 
 
 def fig10(df, args, path):
-    import matplotlib.pyplot as plt
+    plt = _common.pyplot()
 
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
     grid = np.linspace(0, args.max_len + 10, 400)
     base = df[df.config == "baseline"]
-    for ax, scaling in zip(axes, ("standard", "mean")):
+    for ax, scaling in zip(axes, ("standard", "mean"), strict=True):
         _kde(ax, base.length, grid, color="k", ls="--", label="baseline")
         for d in range(1, args.d_max + 1):
             g = df[(df.scaling == scaling) & (df.d == d)]
@@ -371,7 +364,7 @@ def fig10(df, args, path):
 
 
 def fig11(df, args, path):
-    import matplotlib.pyplot as plt
+    plt = _common.pyplot()
 
     qois = [("mol_wt", "molecular weight", (0, 900)), ("sa_score", "SA score", (1, 10)), ("slogp", "SlogP", (-6, 12))]
     fig, axes = plt.subplots(2, 3, figsize=(14, 7))
@@ -397,7 +390,7 @@ def fig11(df, args, path):
 
 
 def fig12(curve, n_weights, info, path):
-    import matplotlib.pyplot as plt
+    plt = _common.pyplot()
 
     D = n_weights
     fig, ax = plt.subplots(figsize=(6, 4))
@@ -431,14 +424,15 @@ def _pattern_checks(summary, d_max):
     base = get["baseline"]
     lines = []
     diffs = [(d, get[f"standard d={d}"]["valid_share"] - base["valid_share"],
-              math.hypot(get[f"standard d={d}"]["valid_share_se"], base["valid_share_se"])) for d in range(1, d_max + 1)]
+              math.hypot(get[f"standard d={d}"]["valid_share_se"], base["valid_share_se"]))
+             for d in range(1, d_max + 1)]
     ok = all(abs(x) <= 3 * se for _, x, se in diffs)
     lines.append(f"- Standard scaling indistinguishable from the baseline (valid share within 3 standard errors): "
                  f"{'yes' if ok else 'NO'} (differences "
                  + ", ".join(f"d={d}: {100 * x:+.2f} pp ± {100 * se:.2f}" for d, x, se in diffs) + ").")
     shares = [get[f"mean d={d}"]["valid_share"] for d in range(1, d_max + 1)]
     below = all(x < base["valid_share"] for x in shares)
-    falling = all(b < a for a, b in zip(shares, shares[1:]))
+    falling = all(b < a for a, b in zip(shares[:-1], shares[1:], strict=True))
     lines.append(f"- Mean scaling loses validity against the baseline at every d: {'yes' if below else 'NO'}; "
                  f"and falls monotonically with d: {'yes' if falling else 'NO'} ("
                  + " → ".join(f"{100 * x:.1f} %" for x in [base["valid_share"]] + shares) + ").")
@@ -480,12 +474,18 @@ def _reading(ctx, d_max):
     return lines
 
 
-def write_markdown(path, ctx):
-    args, summ = ctx["args"], ctx["summary"]
+def figure_names(out: str) -> list[str]:
+    return [out + suffix for suffix in ("_fig9_alignment.png", "_fig10_lengths.png", "_fig11_qoi.png",
+                                        "_fig12_activity.png")]
+
+
+def render(ctx: dict, table: pd.DataFrame) -> str:
+    """The markdown report from the results JSON and the alignment table (``*_alignment.csv``)."""
+    args, summ = argparse.Namespace(**ctx["args"]), ctx["summary"]
     L = []
     L.append("# SMILES LSTM: GLAS study (paper §2.4, Table 1, Fig. 9 to 12)\n")
     L.append(f"Command: `{ctx['command']}`  ")
-    L.append(f"Model: `{os.path.relpath(args.model, os.path.dirname(HERE))}` (epoch {ctx['checkpoint']['epoch']}, "
+    L.append(f"Model: `{args.model}` (epoch {ctx['checkpoint']['epoch']}, "
              f"D = {ctx['n_weights']} weights; last training record: {ctx['checkpoint']['last']})  ")
     L.append(f"Curvature: N_sub = {args.n_sub} training SMILES = N = {ctx['n_records']} tokens; d_max = {args.d_max}, "
              f"l = {args.lanczos_steps} Lanczos steps.  ")
@@ -504,7 +504,7 @@ def write_markdown(path, ctx):
     L += _reading(ctx, args.d_max)
     L.append("")
     L.append("## Table 1: valid SMILES\n")
-    L.append(f"| d | baseline | standard (β = N) | mean (β = 1) | paper: baseline / std / mean (of 10k) |")
+    L.append("| d | baseline | standard (β = N) | mean (β = 1) | paper: baseline / std / mean (of 10k) |")
     L.append("|---|---|---|---|---|")
     get = {r["config"]: r for r in summ}
     for d in range(1, args.d_max + 1):
@@ -546,7 +546,6 @@ def write_markdown(path, ctx):
     L.append("| N_sub | mean N (tokens) | λ1 (mean) | min / mean \\|⟨p1_i, p1_j⟩\\| (i ≠ j) "
              "| \\|⟨p1, p1_ref⟩\\| per replica | max rel. residual |")
     L.append("|---|---|---|---|---|---|")
-    table = ctx["alignment_table"]
     for s in ctx["summary_alignment"]:
         size = s["subsample_size"]
         t = table[(table.run == "replica") & (table.subsample_size == size)]
@@ -577,9 +576,9 @@ def write_markdown(path, ctx):
     L.append(f"\nProbe: GGN product {1e3 * probe['ggn_cpu_s_per_sequence_product']:.1f} ms CPU per sequence; "
              "generation "
              f"{1e3 * probe['gen_cpu_s_per_molecule']:.1f} ms CPU per molecule at θ0.\n")
-    L.append("Figures: " + ", ".join(f"`{os.path.basename(p)}`" for p in ctx["figures"]))
-    with open(path, "w", encoding="utf-8") as fh:
-        fh.write("\n".join(L) + "\n")
+    stem = "paper_smiles_quick" if args.quick else "paper_smiles"
+    L.append("Figures: " + ", ".join(f"`{name}`" for name in figure_names(stem)))
+    return "\n".join(L) + "\n"
 
 
 # ------------------------------------------------------------------------------------------- main
@@ -592,11 +591,11 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    if args.replot:
+    if args.report_only:
         report(args.out)
         return
     total = Clock()
-    command = "python benchmarks/paper_smiles.py " + " ".join(sys.argv[1:] if argv is None else argv)
+    command = _common.command_line(__file__, argv)
     logger.info("config: %s", vars(args))
 
     model, vocab = load_model(args.model, args.vocab)
@@ -644,7 +643,9 @@ def main(argv=None):
     if args.quick:
         notes.append("--quick smoke run: tiny sizes, not a result.")
     idx = np.unique(np.geomspace(1, len(kappa), 600).astype(int)) - 1  # Fig. 12 curve, log-spaced
-    ctx = {"command": command, "args": vars(args), "checkpoint": checkpoint, "n_weights": n_weights,
+    saved_args = {k: (_common.repo_path(v) if k in ("model", "vocab", "out", "out_dir") else v)
+                  for k, v in vars(args).items()}
+    ctx = {"args": saved_args, "checkpoint": checkpoint, "n_weights": n_weights,
            "n_records": n_records, "summary": summ.to_dict("records"), "posterior": post_rows, "probe": probe,
            "runtime": runtime,
            "eigen_main": {"eigenvalues": [float(x) for x in main_eig.eigenvalues],
@@ -656,8 +657,7 @@ def main(argv=None):
            "activity": act, "activity_curve": {"rank": (idx + 1).tolist(), "kappa": kappa[idx].tolist()},
            "timings": {**timings, **{f"  {k}": v["total"] for k, v in gen_timings.items()}},
            "notes": notes, "paper_table1": {str(k): v for k, v in PAPER_TABLE1.items()}}
-    with open(args.out + ".json", "w", encoding="utf-8") as fh:
-        json.dump(ctx, fh, indent=1, default=lambda o: o.item() if hasattr(o, "item") else str(o))
+    _common.write_results(args.out + ".json", ctx, command=command)
     report(args.out)
     logger.info("done in %.1f min CPU, %.1f min wall; wrote %s.{json,md,_alignment.csv,_generated.csv.gz} and 4 PNGs",
                 runtime["cpu_s"] / 60, runtime["wall_s"] / 60, args.out)
@@ -667,27 +667,20 @@ def main(argv=None):
 
 
 def report(out: str) -> None:
-    """Figures and markdown from the files a run wrote (``--replot`` redoes just this)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    with open(out + ".json", encoding="utf-8") as fh:
-        ctx = json.load(fh)
+    """Figures (from the CSVs) and the report (from the JSON and the alignment CSV) of a run's files."""
+    ctx = _common.read_results(out + ".json")
     args = argparse.Namespace(**ctx["args"])
     table = pd.read_csv(out + "_alignment.csv")
     df = pd.read_csv(out + "_generated.csv.gz")
     res = {"table": table,
            "replica_alignment": {int(k): np.asarray(v) for k, v in ctx["replica_alignment"].items()},
            "reference_alignment": {int(k): np.asarray(v) for k, v in ctx["reference_alignment"].items()}}
-    figures = [out + "_fig9_alignment.png", out + "_fig10_lengths.png", out + "_fig11_qoi.png",
-               out + "_fig12_activity.png"]
+    figures = figure_names(out)
     fig9(res, args, figures[0])
     fig10(df, args, figures[1])
     fig11(df, args, figures[2])
     fig12(ctx["activity_curve"], ctx["n_weights"], ctx["activity"], figures[3])
-    ctx["summary"] = summarize(df, args.max_len).to_dict("records")
-    ctx.update(args=args, alignment_table=table, replica_alignment=res["replica_alignment"], figures=figures)
-    write_markdown(out + ".md", ctx)
+    _common.write_report(out + ".md", render(ctx, table))
 
 
 if __name__ == "__main__":

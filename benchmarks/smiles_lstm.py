@@ -13,6 +13,7 @@ saves ``benchmarks/models/smiles_lstm.pt`` (weights + config + history) and
 loss and the share of valid SMILES among 1000 freshly generated ones.
 ``python benchmarks/smiles_lstm.py estimate`` times a few batches to size a run.
 
+The corpus is ``$GLAS_DATA_DIR/smiles/chembl_78k.smi`` (default ``../shared/data`` next to the repository).
 Using the trained model from another benchmark script (``benchmarks/`` is on ``sys.path`` when a
 script in it is run)::
 
@@ -26,27 +27,24 @@ script in it is run)::
 from __future__ import annotations
 
 import argparse
+import copy
 import json
-import math
 import os
 import random
-import sys
 import time
 from typing import Mapping
 
+import _common
 import torch
 from torch import nn
 from torch.func import functional_call
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+from glas_sklearn.contrib.smiles import Vocabulary, encode_batch, load_smiles, tokenize
 
-from glas_sklearn._functional import eval_view  # noqa: E402
-from glas_sklearn.contrib.smiles import Vocabulary, encode_batch, load_smiles, tokenize  # noqa: E402
+__all__ = ["SmilesLSTM", "generate", "load_model", "sequence_loss", "split_corpus", "PAPER_TABLE3_TOKENS"]
 
-__all__ = ["SmilesLSTM", "generate", "load_model", "sequence_loss", "PAPER_TABLE3_TOKENS"]
-
-CORPUS = os.path.join(HERE, "..", "..", "shared", "data", "smiles", "chembl_78k.smi")
+HERE = str(_common.HERE)
+CORPUS = str(_common.data_dir("smiles") / "chembl_78k.smi")
 MODEL_DIR = os.path.join(HERE, "models")
 MODEL_PATH = os.path.join(MODEL_DIR, "smiles_lstm.pt")
 VOCAB_PATH = os.path.join(MODEL_DIR, "smiles_lstm_vocab.json")
@@ -155,7 +153,8 @@ def generate(
     Parameters
     ----------
     model : SmilesLSTM (or any module with the same ``forward(tokens, state, return_state)``)
-        Never modified: it is called through ``torch.func.functional_call`` on an eval-mode view.
+        Never modified: it is called through ``torch.func.functional_call``, on an eval-mode copy when it is in
+        training mode.
     vocab : Vocabulary
     n : int
         Number of SMILES to sample.
@@ -177,7 +176,7 @@ def generate(
     smiles : list of str
     lengths : list of int, only when ``return_lengths``
     """
-    view = eval_view(model)
+    view = model if not any(m.training for m in model.modules()) else copy.deepcopy(model).eval()
     device = next(view.parameters()).device
     call_params = {} if params is None else dict(params)
     smiles: list[str] = []
@@ -264,7 +263,8 @@ def _atomic_save(obj, path: str) -> None:
     os.replace(tmp, path)
 
 
-def _split(smiles: list[str], val_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+def split_corpus(smiles: list[str], val_fraction: float, seed: int) -> tuple[list[str], list[str]]:
+    """The training and validation SMILES of a seeded random split (the one training used: 0.05, seed 0)."""
     idx = list(range(len(smiles)))
     random.Random(seed).shuffle(idx)
     n_val = int(round(val_fraction * len(smiles)))
@@ -283,7 +283,7 @@ def _prepare(args, fh):
     _log(f"vocabulary: {vocab.tokens}", fh)
     lengths = sorted(len(tokenize(s)) for s in corpus)
     _log(f"token lengths: median {lengths[len(lengths) // 2]}, max {lengths[-1]}", fh)
-    train, val = _split(corpus, args.val_fraction, args.seed)
+    train, val = split_corpus(corpus, args.val_fraction, args.seed)
     if args.train_size and args.train_size < len(train):
         train = train[: args.train_size]
     _log(f"split (seed {args.seed}): {len(train)} training, {len(val)} validation SMILES", fh)

@@ -1,9 +1,9 @@
 """UCI regression benchmark: GLAS against split conformal, conformalised Laplace, laplace-torch and a deep ensemble.
 
 Data: folders in the standard UCI split format (``data.txt``, ``index_features.txt``, ``index_target.txt``,
-``index_train_K.txt`` / ``index_test_K.txt``), by default ``../shared/data/uci`` relative to the repository
-(concrete, energy, yacht, wine-quality-red with their 20 splits). Any other folder in that format runs unchanged:
-``--data-dir DIR --datasets NAME [NAME ...]``.
+``index_train_K.txt`` / ``index_test_K.txt``), by default ``$GLAS_DATA_DIR/uci``, else ``../shared/data/uci``
+relative to the repository (concrete, energy, yacht, wine-quality-red with their 20 splits). Any other folder in
+that format runs unchanged: ``--data-dir DIR --datasets NAME [NAME ...]``.
 
 Per split
 ---------
@@ -45,8 +45,10 @@ Usage
     python benchmarks/uci.py --splits 5              # splits 0..4
     python benchmarks/uci.py --datasets yacht --splits 0 3 7
     python benchmarks/uci.py --quick                 # smoke test: 1 split, small budgets, *_quick outputs
+    python benchmarks/uci.py --report-only [--tag epochs500]   # the report again from uci[_TAG].json
 
-Writes ``benchmarks/results/uci.md`` and ``uci.json`` (``uci_quick.*`` with ``--quick``) and prints the table.
+Writes ``benchmarks/results/uci.json`` and the report ``uci.md`` rendered from it (``uci_quick.*`` with
+``--quick``), after every split, and prints the table.
 """
 
 from __future__ import annotations
@@ -54,32 +56,20 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime as _dt
-import json
 import math
-import os
-import platform
 import sys
 import time
 import warnings
 from pathlib import Path
 
+import _common
 import numpy as np
 import torch
+from sklearn.base import BaseEstimator, RegressorMixin
 from torch import nn
 
-REPO = Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))
-
-from sklearn.base import BaseEstimator, RegressorMixin  # noqa: E402
-
-from glas_sklearn import LaplaceActiveSubspaceRegressor  # noqa: E402
-from glas_sklearn.datasets import load_uci  # noqa: E402
-
-try:  # the library's scorers (the same definitions as below; ours are used if they are missing)
-    from glas_sklearn.metrics import coverage_score, interval_score, mean_width_score
-except ImportError:  # pragma: no cover
-    coverage_score = interval_score = mean_width_score = None
+from glas_sklearn import LaplaceActiveSubspaceRegressor
+from glas_sklearn.metrics import coverage_score, interval_score, mean_width_score
 
 LEVEL = 0.9
 Z = 1.6448536269514722  # standard normal 95 % quantile: central 90 % interval
@@ -162,7 +152,7 @@ class BatchedMLP(nn.Module):
 
     def member(self, e: int) -> nn.Sequential:
         n_in, n_hidden = self.W1.shape[1:]
-        net = nn.Sequential(nn.Linear(n_in, n_hidden), nn.Tanh(), nn.Linear(n_hidden, 1))
+        net = _common.mlp(n_in, (n_hidden,))
         with torch.no_grad():
             net[0].weight.copy_(self.W1[e].T)
             net[0].bias.copy_(self.b1[e, 0])
@@ -171,25 +161,21 @@ class BatchedMLP(nn.Module):
         return net.eval()
 
 
+def members_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The sum of the members' mean squared errors (pred, target: (E, b, 1))."""
+    return ((pred - target) ** 2).mean(dim=(1, 2)).sum()
+
+
 def train_members(X: np.ndarray, y: np.ndarray, *, n_members: int, n_hidden: int, epochs: int, lr: float,
                   batch_size: int, seed: int) -> tuple[list[nn.Sequential], float]:
     """Train n_members networks on standardised (X, y) with Adam (mean squared error), each with its own
     initialisation and batch order; returns the members and the wall time."""
     t0 = time.perf_counter()
     model = BatchedMLP(n_members, X.shape[1], n_hidden, seed)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
     Xt = torch.as_tensor(X, dtype=torch.float32)
     yt = torch.as_tensor(y, dtype=torch.float32)[:, None]
-    n = len(Xt)
-    g = torch.Generator().manual_seed(seed + 1)
-    for _ in range(epochs):
-        perms = torch.stack([torch.randperm(n, generator=g) for _ in range(n_members)])  # (E, n)
-        for i in range(0, n, batch_size):
-            idx = perms[:, i:i + batch_size]
-            opt.zero_grad(set_to_none=True)
-            loss = ((model(Xt[idx]) - yt[idx]) ** 2).mean(dim=(1, 2)).sum()  # sum of the members' mean losses
-            loss.backward()
-            opt.step()
+    _common.train_adam(model, Xt, yt, lr=lr, epochs=epochs, batch_size=batch_size, members=n_members, seed=seed + 1,
+                       loss=members_loss)
     members = [model.member(e) for e in range(n_members)]
     for m in members:
         for p in m.parameters():
@@ -258,15 +244,9 @@ def metrics(y: np.ndarray, y_pred: np.ndarray, lower: np.ndarray, upper: np.ndar
             seconds: float) -> dict:
     """Coverage, width, Winkler score, Gaussian NLL (when a predictive variance is given), RMSE, time."""
     pis = np.stack([lower, upper], axis=1)  # (n, 2)
-    if coverage_score is not None:
-        cov = coverage_score(y, pis)
-        width = mean_width_score(pis)
-        winkler = interval_score(y, pis, confidence_level=LEVEL)
-    else:  # pragma: no cover
-        cov = float(np.mean((y >= lower) & (y <= upper)))
-        width = float(np.mean(upper - lower))
-        g = 1 - LEVEL
-        winkler = float(np.mean(upper - lower + 2 / g * (np.maximum(lower - y, 0) + np.maximum(y - upper, 0))))
+    cov = coverage_score(y, pis)
+    width = mean_width_score(pis)
+    winkler = interval_score(y, pis, confidence_level=LEVEL)
     nll = None
     if var is not None:
         var = np.maximum(var, 1e-300)
@@ -363,7 +343,7 @@ def run_ensemble(members_orig, X_fit, y_fit, X_te, y_te, train_seconds):
 
 # -------------------------------------------------------------------------------------------------------- a split
 def run_split(folder: Path, split: int, cfg: argparse.Namespace, Laplace) -> dict:
-    X, y, train, test = load_uci(folder, split)
+    X, y, train, test = _common.load_uci(folder, split)
     rng = np.random.default_rng(1000 + split)
     perm = rng.permutation(train)
     n_cal = int(round(0.1 * len(train)))
@@ -405,8 +385,8 @@ def run_split(folder: Path, split: int, cfg: argparse.Namespace, Laplace) -> dic
                                                                       with_noise=True, glas_seconds=t_base)
     if Laplace is not None:
         try:
-            res["methods"]["laplace_torch"] = run_laplace_torch(Laplace, net, X_fit, y_fit, X_te, y_te,
-                                                                float(np.sqrt(np.mean((y_fit - _predict(net, X_fit)) ** 2))))
+            noise_std = float(np.sqrt(np.mean((y_fit - _predict(net, X_fit)) ** 2)))
+            res["methods"]["laplace_torch"] = run_laplace_torch(Laplace, net, X_fit, y_fit, X_te, y_te, noise_std)
         except Exception as err:  # noqa: BLE001 - a peer failing must not stop the benchmark
             print(f"[uci] laplace-torch failed on split {split}: {type(err).__name__}: {err}", flush=True)
             res["laplace_torch_error"] = f"{type(err).__name__}: {err}"
@@ -463,8 +443,9 @@ def table_markdown(name: str, summary: dict, n_splits: int, train_seconds: tuple
                      f"{_fmt(e, 'interval_score', 3)} | {_fmt(e, 'nll', 3)} | {_fmt(e, 'rmse', 3)} | "
                      f"{_fmt(e, 'time', 2)} | {d} |")
     lines.append("")
-    lines.append(f"Training the five networks (batched, one pass) took {train_seconds[0]:.1f} ± {train_seconds[1]:.1f} s "
-                 "per split; it is in the ensemble's time and not in the post-hoc methods' times.")
+    lines.append(f"Training the five networks (batched, one pass) took {train_seconds[0]:.1f} ± "
+                 f"{train_seconds[1]:.1f} s per split; it is in the ensemble's time and not in the post-hoc methods' "
+                 "times.")
     lines.append("")
     return "\n".join(lines)
 
@@ -522,13 +503,13 @@ def findings(results: dict) -> list[str]:
     return lines
 
 
-def write_outputs(results: dict, out_dir: Path, stem: str) -> str:
-    out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / f"{stem}.json", "w") as fh:
-        json.dump(results, fh, indent=1, default=float)
+def render(results: dict) -> str:
+    """The markdown report, from the results JSON alone."""
     cfg = results["config"]
+    methods = {k for ds in results["datasets"].values() for k in ds["summary"]}
     parts = [f"# UCI regression benchmark{' (quick mode)' if cfg['quick'] else ''}", "",
-             f"Generated by `{results['command']}` on {results['date']} ({results['machine']}).", "",
+             f"Generated by `{results['command']}` on {results['date']} "
+             f"({_common.machine_line(results['machine'])}).", "",
              "Setup: per split, a 90 %/10 % random fitting/calibration split of the training rows; inputs and "
              "target standardised with the fitting part's statistics; one-hidden-layer tanh MLP "
              f"({cfg['hidden']} units), Adam lr {cfg['lr']}, {cfg['epochs']} epochs of batches of {cfg['batch_size']} "
@@ -540,9 +521,11 @@ def write_outputs(results: dict, out_dir: Path, stem: str) -> str:
              f"d_max = {cfg['max_components']}), noise σ from the training residuals, sampled predictive with "
              f"n_samples = {cfg['n_samples']} (the library's default is 1000); one extra row uses "
              "`noise_std=\"calibration\"` (σ from the calibration residuals) instead. GLAS intervals are the paper's "
-             "parameter-uncertainty intervals with d calibrated to cover y; its NLL uses σ_f² + σ². The rows "
-             "'intervals for y' use `include_noise=True`: intervals of f + N(0, σ²) (σ from the training residuals; "
-             "exact mixture quantiles when sampled), with d calibrated for those intervals. Conformalised "
+             "parameter-uncertainty intervals with d calibrated to cover y; its NLL uses σ_f² + σ². "
+             + ("The rows 'intervals for y' use `include_noise=True`: intervals of f + N(0, σ²) (σ from the training "
+                "residuals; exact mixture quantiles when sampled), with d calibrated for those intervals. "
+                if "glas_mean_sampled_y" in methods else "")
+             + "Conformalised "
              "Laplace wraps the GLAS mean-scaling linearised regressor (whose d was chosen on the same calibration "
              "part). laplace-torch: full Kron GGN, GLM predictive, prior precision by marginal likelihood, σ = "
              "training-residual std; intervals include σ. Deep ensemble: mean ± 1.645·sqrt(var of member means + "
@@ -561,21 +544,20 @@ def write_outputs(results: dict, out_dir: Path, stem: str) -> str:
     parts.extend(findings(results))
     parts.append("Peers: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()) + ".")
     parts.append("")
-    text = "\n".join(parts)
-    (out_dir / f"{stem}.md").write_text(text)
-    return text
+    return "\n".join(parts)
 
 
 # --------------------------------------------------------------------------------------------------------- main
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--data-dir", type=Path, default=REPO.parent / "shared" / "data" / "uci",
-                   help="folder holding one sub-folder per data set (default: ../shared/data/uci)")
+    _common.add_common_arguments(p, quick="smoke test: 1 split, small budgets")
+    p.add_argument("--data-dir", type=Path, default=_common.data_dir("uci"),
+                   help="folder holding one sub-folder per data set (default: $GLAS_DATA_DIR/uci or "
+                        "../shared/data/uci)")
     p.add_argument("--datasets", nargs="+", default=None,
                    help="data set folder names (default: concrete energy yacht wine-quality-red, those present)")
     p.add_argument("--splits", nargs="+", type=int, default=None,
                    help="one number N: splits 0..N-1; several numbers: those splits (default: all)")
-    p.add_argument("--quick", action="store_true", help="smoke test: 1 split, small budgets, writes uci_quick.*")
     p.add_argument("--epochs", type=int, default=None, help="training epochs (default 200; quick 30)")
     p.add_argument("--lr", type=float, default=3e-3)
     p.add_argument("--batch-size", type=int, default=32)
@@ -584,10 +566,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--n-samples", type=int, default=None, help="GLAS posterior samples (default 500; quick 100)")
     p.add_argument("--max-components", type=int, default=None, help="GLAS d_max (default 50; quick 20)")
     p.add_argument("--no-laplace-torch", action="store_true")
-    p.add_argument("--out-dir", type=Path, default=REPO / "benchmarks" / "results")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--from-json", type=Path, default=None,
-                   help="only rewrite the markdown report (next to it) from a saved results JSON")
     p.add_argument("--tag", default=None, help="write uci_TAG.* instead of uci.* (e.g. for a sensitivity run)")
     args = p.parse_args(argv)
     q = args.quick
@@ -599,22 +577,21 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    if args.from_json is not None:
-        results = json.loads(args.from_json.read_text())
-        text = write_outputs(results, args.from_json.parent, args.from_json.stem)
+    stem = ("uci_quick" if args.quick else "uci") + (f"_{args.tag}" if args.tag else "")
+    json_path, md_path = args.out_dir / f"{stem}.json", args.out_dir / f"{stem}.md"
+    if args.report_only:
+        R = _common.read_results(json_path)
+        text = render(R)
+        _common.write_report(md_path, text)
         print(text)
-        return results
+        return R
     torch.set_num_threads(args.threads)
     data_dir = args.data_dir.resolve()
     names = args.datasets or [n for n in DEFAULT_DATASETS if (data_dir / n).is_dir()]
     Laplace = None if args.no_laplace_torch else _import_laplace_torch()
-    stem = "uci_quick" if args.quick else "uci"
-    if args.tag:
-        stem = f"{stem}_{args.tag}"
+    command = _common.command_line(__file__, argv)
     results = {
-        "command": "python benchmarks/uci.py " + " ".join(sys.argv[1:] if argv is None else argv),
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
-        "machine": f"{platform.machine()}, {os.cpu_count()} CPU cores, torch threads {args.threads}",
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
         "versions": {k: _version(k) for k in ("torch", "scikit-learn", "mapie", "laplace-torch")},
         "datasets": {},
@@ -649,10 +626,14 @@ def main(argv=None) -> dict:
                   + ", ".join(f"{k}: cov {v['coverage']:.2f} IS {v['interval_score']:.3g}"
                               + (f" d {v['d']}" if "d" in v else "") for k, v in m.items()),
                   flush=True)
-            write_outputs(results, args.out_dir, stem)  # partial results survive an interruption
-    text = write_outputs(results, args.out_dir, stem)
+            # partial results survive an interruption
+            R = _common.write_results(json_path, results, command=command)
+            _common.write_report(md_path, render(R))
+    R = _common.write_results(json_path, results, command=command)
+    text = render(R)
+    _common.write_report(md_path, text)
     print(text)
-    return results
+    return R
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
-"""The example notebooks run top to bottom, so that they cannot rot.
+"""The example notebooks run top to bottom, so that they cannot rot, and match their percent-format sources.
 
+Each notebook is generated from a plain Python script (``notebooks/NN_*.py``, jupytext's "py:percent" format) by
+``notebooks/build.py``; the committed ``.ipynb`` must have the script's cells (sources, types, tags).
 Each notebook is executed in quick mode (``GLAS_NOTEBOOK_QUICK=1``: small sizes) on a copy in a temporary
 folder; the committed files are never rewritten. The kernel is an IPython kernel started from this test's
 own interpreter (``sys.executable -m ipykernel_launcher``) through a kernel spec written to a temporary
@@ -27,6 +29,7 @@ manager = pytest.importorskip("jupyter_client.manager")
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = ["01_sine_1d.ipynb", "02_concrete.ipynb", "03_sklearn_workflows.ipynb"]
+SOURCES = sorted(p.name for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.py"))
 KERNEL_NAME = "glas-sklearn-test"
 CELL_TIMEOUT = 600  # seconds per cell; a quick run takes well under a minute per notebook
 
@@ -93,3 +96,24 @@ def test_committed_notebook_is_executed(name):
     assert len(params) == 1 and "GLAS_NOTEBOOK_QUICK" in params[0].source
     text = "".join(o.get("text", "") for c in cells for o in c.outputs if o.output_type == "stream")
     assert "(full mode)" in text, f"{name} was committed with quick-mode outputs"
+
+
+def _cells(nb):
+    return [(c.cell_type, c.source, c.metadata.get("tags", [])) for c in nb.cells]
+
+
+def test_every_source_has_its_notebook():
+    assert [Path(n).stem for n in NOTEBOOKS] == [Path(n).stem for n in SOURCES]
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_committed_notebook_matches_its_source(name):
+    """The .ipynb holds exactly the cells of its .py source (rebuild with python notebooks/build.py --execute)."""
+    jupytext = pytest.importorskip("jupytext")
+    source = jupytext.read(NOTEBOOK_DIR / name.replace(".ipynb", ".py"), fmt="py:percent")
+    committed = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
+    expected, got = _cells(source), _cells(committed)
+    assert len(got) == len(expected), f"{name}: {len(got)} cells, its source has {len(expected)}"
+    for i, (e, g) in enumerate(zip(expected, got, strict=True)):
+        assert g == e, f"{name}, cell {i}: differs from its source; run python notebooks/build.py --execute"
+    assert [c["id"] for c in committed.cells] == [f"cell-{i:02d}" for i in range(len(got))]
