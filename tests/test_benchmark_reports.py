@@ -1,0 +1,67 @@
+"""Each committed benchmark report is what its script renders from the committed results (no hand edits, no drift).
+
+The scripts compute and write JSON; their ``render`` functions turn that JSON (and, for the SMILES study, its
+alignment CSV) into the markdown report. Here each render function runs on the committed results and its output
+must equal the committed ``.md`` (for paper_concrete, up to the hand-written discussion after its marker).
+Nothing is computed and no figure is drawn.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+MARK = "<!-- discussion -->"
+
+
+@pytest.fixture
+def script(monkeypatch):
+    """Import a benchmark script as ``python benchmarks/x.py`` would (benchmarks/ first on sys.path)."""
+    monkeypatch.syspath_prepend(str(ROOT / "benchmarks"))
+
+    def load(name):
+        return importlib.import_module(name)
+
+    return load
+
+
+def _results(stem):
+    return json.loads((RESULTS / f"{stem}.json").read_text())
+
+
+def _report(stem):
+    return (RESULTS / f"{stem}.md").read_text()
+
+
+@pytest.mark.parametrize("stem", ["bench_ggn", "uci", "uci_epochs500", "paper_1d"])
+def test_report_is_rendered_from_its_json(stem, script):
+    module = script(stem.split("_epochs")[0])
+    assert module.render(_results(stem)) == _report(stem)
+
+
+def test_paper_concrete_report_is_rendered_from_its_json(script):
+    module = script("paper_concrete")
+    rendered = module.render(_results("paper_concrete"), "paper_concrete")
+    committed = _report("paper_concrete")
+    assert rendered.endswith(MARK + "\n") and MARK in committed
+    assert rendered.split(MARK)[0] == committed.split(MARK)[0]
+    assert committed.split(MARK)[1].strip().startswith("## Discussion")  # the hand-written part is still there
+
+
+def test_paper_smiles_report_is_rendered_from_its_json(script):
+    pd = pytest.importorskip("pandas")
+    module = script("paper_smiles")
+    table = pd.read_csv(RESULTS / "paper_smiles_alignment.csv")
+    assert module.render(_results("paper_smiles"), table) == _report("paper_smiles")
+
+
+def test_results_carry_command_and_machine():
+    for path in sorted(RESULTS.glob("*.json")):
+        R = json.loads(path.read_text())
+        assert R["command"].startswith("python benchmarks/"), path.name
+        assert isinstance(R["machine"], dict) and R["machine"].get("threads"), path.name
