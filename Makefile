@@ -5,7 +5,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 
-.PHONY: venv demo test bench clean
+.PHONY: venv demo test bench bench-quick reports notebooks clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,28 @@ test: venv
 bench: venv
 	$(PY) -m pip install -q -c benchmarks/constraints.txt -e ".[bench]"
 	$(PY) -m pip uninstall -y -q torchvision || true
-	$(PY) benchmarks/bench_ggn.py
+	$(PY) benchmarks/bench_ggn.py --threads 1
+
+# Smoke runs of the benchmark scripts (small sizes; outputs *_quick.* under $(QUICK_DIR), not in results/).
+QUICK_DIR ?= /tmp/glas-bench-quick
+bench-quick: venv
+	$(PY) benchmarks/bench_ggn.py --quick --threads 1 --out-dir $(QUICK_DIR)
+	$(PY) benchmarks/paper_1d.py --quick --out-dir $(QUICK_DIR)
+	$(PY) benchmarks/paper_concrete.py --quick --out-dir $(QUICK_DIR)
+	$(PY) benchmarks/uci.py --quick --datasets yacht --no-laplace-torch --out-dir $(QUICK_DIR)
+
+# The reports in benchmarks/results/ re-rendered from their committed JSON (no computation).
+reports: venv
+	$(PY) benchmarks/bench_ggn.py --report-only
+	$(PY) benchmarks/paper_1d.py --report-only
+	$(PY) benchmarks/paper_concrete.py --report-only
+	$(PY) benchmarks/uci.py --report-only
+	$(PY) benchmarks/uci.py --report-only --tag epochs500
+	$(PY) benchmarks/paper_smiles.py --report-only
+
+# The example notebooks generated from their percent-format sources and executed in full mode (≈ 3 min).
+notebooks: venv
+	$(PY) notebooks/build.py --execute
 
 clean:
 	rm -rf $(VENV) build *.egg-info
