@@ -290,6 +290,17 @@ def _prepare(args, fh):
     return vocab, train, val
 
 
+def _train_step(model: nn.Module, opt: torch.optim.Optimizer, tokens: torch.Tensor, mask: torch.Tensor,
+                clip: float) -> torch.Tensor:
+    """One teacher-forced step: masked cross-entropy, backward, gradient norm clipped to ``clip``, Adam step."""
+    loss = sequence_loss(model, tokens, mask)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), clip)
+    opt.step()
+    return loss
+
+
 def estimate(args) -> None:
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -302,11 +313,7 @@ def estimate(args) -> None:
     ntok = 0
     for b in batches[:n_time]:
         tokens, mask = encode_batch(b, vocab)
-        loss = sequence_loss(model, tokens, mask)
-        opt.zero_grad()
-        loss.backward()
-        nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-        opt.step()
+        _train_step(model, opt, tokens, mask, args.clip)
         ntok += tokens.numel()
     dt = (time.perf_counter() - t0) / n_time
     t0 = time.perf_counter()
@@ -359,11 +366,7 @@ def train(args) -> None:
         run_loss, run_tok = 0.0, 0
         for k, b in enumerate(batches, 1):
             tokens, mask = encode_batch(b, vocab)
-            loss = sequence_loss(model, tokens, mask)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            nn.utils.clip_grad_norm_(model.parameters(), args.clip)
-            opt.step()
+            loss = _train_step(model, opt, tokens, mask, args.clip)
             ntok = int(mask.sum())
             run_loss += float(loss.detach()) * ntok
             run_tok += ntok
