@@ -23,9 +23,9 @@ def _is_terminal(stream) -> bool:
 def progress(iterable=None, *, verbose: int | bool = 1, **kwargs: Any) -> tqdm:
     """A tqdm bar that stays readable in non-interactive logs.
 
-    In a terminal the bar updates live (tqdm's defaults). When standard error is a file or a pipe (CI, ``make demo > log``),
-    it is redrawn at most every ``LOG_INTERVAL`` seconds, so a log holds its first and last state and one line per half
-    minute instead of one per update. ``verbose=0`` (or False) silences it.
+    In a terminal the bar updates live (tqdm's defaults). When standard error is a file or a pipe (CI,
+    ``make demo > log``), it is redrawn at most every ``LOG_INTERVAL`` seconds, so a log holds its first and last
+    state and one line per half minute instead of one per update. ``verbose=0`` (or False) silences it.
 
     Parameters
     ----------

@@ -60,7 +60,7 @@ def assert_unchanged(model: nn.Module, before: dict) -> None:
         assert torch.equal(before["state"][k], after["state"][k]), f"{k} changed"
     assert before["training"] == after["training"]
     assert before["requires_grad"] == after["requires_grad"]
-    for a, b in zip(before["grads"], after["grads"]):
+    for a, b in zip(before["grads"], after["grads"], strict=True):
         assert (a is None and b is None) or torch.equal(a, b)
 
 
