@@ -1,7 +1,12 @@
-"""Choosing the active-subspace dimension d by coverage on held-out data (paper eq. 42, §4.1.7).
+"""Calibrating the posterior's intervals and sets on held-out data.
 
-For d = 1, 2, …: refit σ0 by empirical Bayes, build (1 − γ) intervals (regression) or prediction sets
-(classification) on the calibration inputs, and keep the smallest d whose empirical coverage reaches 1 − γ.
+"coverage" (the paper, eq. 42, §4.1.7; :func:`choose_dimension`): for d = 1, 2, …: refit σ0 by empirical
+Bayes, build (1 − γ) intervals (regression) or prediction sets (classification) on the calibration inputs,
+and keep the smallest d whose empirical coverage reaches 1 − γ.
+
+"conformal" (SPEC "Beyond the paper"; :func:`conformal_calibrate`): at a d fixed before looking at the
+calibration rows, split-conformal quantiles of std-normalised residuals |y − ŷ| / σ̂ (regression) or of the
+LAC score 1 − p_y (classification), with coverage ≥ 1 − γ for exchangeable data at any number of rows.
 """
 
 from __future__ import annotations
@@ -23,6 +28,8 @@ from ._checks import (
 from ._progress import progress
 from .posterior import ActiveSubspacePosterior
 from .predictive import (
+    conformal_interval,
+    conformal_sets,
     interval_coverage,
     linearized_interval,
     linearized_probabilities,
@@ -34,7 +41,17 @@ from .predictive import (
     set_coverage,
 )
 
-__all__ = ["CalibrationResult", "CalibrationWarning", "choose_dimension"]
+__all__ = [
+    "CalibrationResult",
+    "CalibrationWarning",
+    "ConformalResult",
+    "ConformalWarning",
+    "choose_dimension",
+    "class_probabilities",
+    "conformal_calibrate",
+    "conformal_quantile",
+    "regression_moments",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +61,10 @@ _COVERAGE_TOL = 1e-12
 
 class CalibrationWarning(UserWarning):
     """No subspace dimension up to d_max reached the requested coverage."""
+
+
+class ConformalWarning(UserWarning):
+    """Too few calibration rows for a finite conformal quantile at the requested level."""
 
 
 @dataclass(frozen=True)
@@ -236,3 +257,220 @@ def _match_regression(y: torch.Tensor, out_shape: tuple) -> torch.Tensor:
         return y.unsqueeze(-1)
     raise ValueError(f"y_cal has shape {tuple(y.shape)}, but the model's outputs on X_cal have shape {out_shape}; "
                      "they must match (a 1-D y_cal is accepted for a single output).")
+
+
+# ------------------------------------------------------------------------------------------- conformal
+
+
+def conformal_quantile(scores, confidence_levels) -> np.ndarray:
+    """Split-conformal quantiles: the ⌈(n + 1)(1 − γ)⌉-th smallest of the n calibration scores, per level.
+
+    For exchangeable calibration and test scores (continuous or not), P(s_test ≤ q) ≥ 1 − γ; with
+    distinct scores it is exactly ⌈(n + 1)(1 − γ)⌉ / (n + 1).
+
+    Parameters
+    ----------
+    scores : array-like of shape (n,) or (n, M)
+        Calibration scores along axis 0 (one column per output: one quantile per output).
+    confidence_levels : float or sequence of float
+        Levels 1 − γ in (0, 1).
+
+    Returns
+    -------
+    ndarray of shape (k,) or (k, M), float64
+        +inf where the rank exceeds n (too few rows for that level: n < 1/γ − 1), with a
+        :class:`ConformalWarning`.
+
+    Examples
+    --------
+    >>> conformal_quantile([0.3, 0.1, 0.4, 0.2], 0.6)  # ⌈5 · 0.6⌉ = 3rd smallest
+    array([0.3])
+    """
+    levels = check_confidence_levels(confidence_levels)
+    s = np.asarray(scores.detach().cpu() if isinstance(scores, torch.Tensor) else scores, dtype=np.float64)
+    if s.ndim not in (1, 2) or s.shape[0] == 0:
+        raise ValueError(f"scores must have shape (n,) or (n, M) with n >= 1, got {s.shape}.")
+    if np.isnan(s).any():
+        raise ValueError("scores contains NaN values.")
+    n = s.shape[0]
+    s = np.sort(s, axis=0)
+    # ⌈(n + 1)(1 − γ)⌉, with the round-off of e.g. 100 · 0.9 = 90.00000000000001 absorbed
+    ranks = np.ceil((n + 1) * levels - 1e-9 * (n + 1)).astype(np.int64)
+    out = np.full((len(levels),) + s.shape[1:], np.inf)
+    finite = ranks <= n
+    if not finite.all():
+        bad = levels[~finite]
+        warnings.warn(
+            f"{n} calibration rows are too few for a conformal quantile at level(s) {bad.tolist()} "
+            f"(⌈(n+1)(1−γ)⌉ > n needs n ≥ {int(np.ceil(1 / (1 - bad.max()))) - 1}); the intervals or sets are "
+            "infinite (every class) there. Use more calibration rows.", ConformalWarning, stacklevel=2)
+    out[finite] = s[np.maximum(ranks[finite], 1) - 1]
+    return out
+
+
+def regression_moments(posterior: ActiveSubspacePosterior, X: torch.Tensor, d: int, *,
+                       predictive: str = "linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
+                       batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Predictive mean ŷ and standard deviation σ̂ = sqrt(σ_f² + σ²) of a regression posterior at dimension d.
+
+    Sampled: the mean and (population) variance of the S network outputs at the posterior samples (common
+    to all rows: seeded by ``random_state``). Linearised: f(x; θ0) and J Σ Jᵀ's diagonal. ``noise_var`` σ²
+    (one value or one per output) is added to the variance: the σ̂ of intervals for y.
+
+    Returns
+    -------
+    mean, std : torch.Tensor of shape (n, *out)
+    """
+    predictive = check_choice("predictive", predictive, ("sampled", "linearized"))
+    if predictive == "sampled":
+        s = posterior.predict_samples(X, d, n_samples=n_samples, random_state=random_state, batch_size=batch_size)
+        mean, var = s.mean(0), s.var(0, unbiased=False)
+    else:
+        mean = posterior.predict_mean(X, batch_size=batch_size)
+        var = posterior.linearized_variance(X, d, batch_size=batch_size).clamp_min(0)
+    noise = np.asarray(noise_var, dtype=np.float64)
+    if np.any(noise != 0):
+        var = var + torch.as_tensor(noise, dtype=var.dtype, device=var.device)
+    return mean, var.sqrt()
+
+
+def class_probabilities(posterior: ActiveSubspacePosterior, X: torch.Tensor, d: int, *,
+                        predictive: str = "sampled", n_samples: int = 1000, random_state=None,
+                        linearized_method: str = "probit", batch_size: int | None = None) -> torch.Tensor:
+    """Class probabilities (n, C) of a classification posterior at dimension d: the softmax averaged over
+    posterior samples (seeded by ``random_state``), or the linearised logit Gaussian pushed through the
+    softmax (probit, or Monte Carlo with the full C × C logit covariance)."""
+    predictive = check_choice("predictive", predictive, ("sampled", "linearized"))
+    linearized_method = check_choice("linearized_method", linearized_method, ("probit", "mc"))
+    if predictive == "sampled":
+        return sampled_probabilities(posterior.predict_samples(X, d, n_samples=n_samples, random_state=random_state,
+                                                               batch_size=batch_size))
+    mean = posterior.predict_mean(X, batch_size=batch_size)
+    cov = posterior.linearized_variance(X, d, full_cov=linearized_method == "mc", batch_size=batch_size)
+    gen = None if random_state is None else int(numpy_rng(random_state).integers(0, 2**62)) + 1
+    return linearized_probabilities(mean, cov, method=linearized_method, n_samples=n_samples, generator=gen)
+
+
+@dataclass(frozen=True)
+class ConformalResult:
+    """Outcome of :func:`conformal_calibrate`.
+
+    Attributes
+    ----------
+    n_components : int
+        The subspace dimension d the scores were computed at.
+    sigma0 : float
+        The prior standard deviation at d.
+    scores : ndarray
+        The calibration scores, sorted along axis 0: |y − ŷ| / σ̂ of shape (n, M) (regression, one column
+        per output) or 1 − p_y of shape (n,) (classification, the LAC score).
+    confidence_levels : ndarray of shape (k,)
+    quantiles : ndarray of shape (k, M) (regression) or (k,) (classification)
+        :func:`conformal_quantile` of ``scores`` at each level.
+    table : pandas.DataFrame
+        One row per level: ``level``, ``quantile`` (the first output's for regression), ``coverage`` and
+        ``mean_width`` / ``mean_set_size`` of the conformal intervals or sets on the calibration rows.
+    """
+
+    n_components: int
+    sigma0: float
+    scores: np.ndarray
+    confidence_levels: np.ndarray
+    quantiles: np.ndarray
+    table: pd.DataFrame
+
+    def quantile(self, confidence_levels) -> np.ndarray:
+        """Conformal quantiles of the stored scores at other levels; shape (k,) or (k, M)."""
+        return conformal_quantile(self.scores, confidence_levels)
+
+
+def conformal_calibrate(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_cal, *, d: int,
+                        task: str = "regression", confidence_level=0.9, predictive: str = "linearized",
+                        n_samples: int = 1000, noise_var=0.0, random_state=None, linearized_method: str = "probit",
+                        batch_size: int | None = None) -> ConformalResult:
+    """Split-conformal calibration of the posterior's predictive at a given d.
+
+    Regression: scores s_i = |y_i − ŷ_i| / σ̂_i per output, with ŷ, σ̂ from :func:`regression_moments`
+    (σ̂² = σ_f² + σ² with ``noise_var``); the interval at level 1 − γ is ŷ ± q σ̂, q the
+    ⌈(n + 1)(1 − γ)⌉-th smallest score (:func:`~glas_sklearn.predictive.conformal_interval`).
+    Classification: the LAC score s_i = 1 − p̂_{y_i} and the sets {c : 1 − p̂_c ≤ q}
+    (:func:`~glas_sklearn.predictive.conformal_sets`).
+
+    The guarantee (coverage ≥ 1 − γ on a new exchangeable row) holds when nothing about the predictor —
+    the network, σ0, β, σ², d, the sample seed — depends on the calibration rows: fit the posterior on other
+    data and fix d beforehand.
+
+    Parameters
+    ----------
+    posterior : ActiveSubspacePosterior
+    X_cal : torch.Tensor of shape (n, ...)
+    y_cal : tensor or array
+        Regression targets (n,) or (n, M), or integer labels (n,).
+    d : int
+        Subspace dimension.
+    task : {"regression", "classification"}, default="regression"
+    confidence_level : float or sequence of float, default=0.9
+    predictive : {"sampled", "linearized"}, default="linearized"
+    n_samples : int, default=1000
+    noise_var : float or array of shape (M,), default=0.0
+        Regression only: σ² added to σ̂².
+    random_state : int, numpy Generator or None
+        Seeds the posterior samples; use the same seed when predicting on new rows.
+    linearized_method : {"probit", "mc"}, default="probit"
+    batch_size : int, optional
+
+    Returns
+    -------
+    ConformalResult
+    """
+    if not isinstance(posterior, ActiveSubspacePosterior):
+        raise TypeError(f"posterior must be an ActiveSubspacePosterior, got {type(posterior).__name__}.")
+    task = check_choice("task", task, ("regression", "classification"))
+    levels = check_confidence_levels(confidence_level)
+    d = posterior._check_d(d)
+    if task == "classification" and np.any(np.asarray(noise_var) != 0):
+        raise ValueError("noise_var applies to regression intervals only; leave it at 0 for classification.")
+    X_cal = posterior._check_X(X_cal)
+    n = X_cal.shape[0]
+    y = _check_targets(y_cal, task, n, posterior.device)
+    rows = []
+    if task == "regression":
+        mean, std = regression_moments(posterior, X_cal, d, predictive=predictive, n_samples=n_samples,
+                                       noise_var=noise_var, random_state=random_state, batch_size=batch_size)
+        target = _match_regression(y, tuple(mean.shape)).to(mean.dtype)
+        sd = std.to(torch.float64).reshape(n, -1)
+        res = (target - mean).abs().to(torch.float64).reshape(n, -1)
+        if bool((sd <= 0).any()):
+            raise ValueError("The predictive standard deviation is 0 on some calibration rows, so the normalised "
+                             "scores |y − ŷ| / σ̂ are undefined; use include_noise / a positive noise_var.")
+        scores = np.sort((res / sd).cpu().numpy(), axis=0)
+        quantiles = conformal_quantile(scores, levels)
+        bounds = conformal_interval(mean.reshape(n, -1).to(torch.float64), sd, quantiles)
+        target2 = target.reshape(n, -1).to(torch.float64)
+        for i, lev in enumerate(levels):
+            rows.append({"level": float(lev), "quantile": float(quantiles[i, 0]),
+                         "coverage": float(interval_coverage(target2, bounds[..., i:i + 1])[0]),
+                         "mean_width": float(mean_interval_width(bounds[..., i:i + 1])[0])})
+        size_col = "mean_width"
+    else:
+        probs = class_probabilities(posterior, X_cal, d, predictive=predictive, n_samples=n_samples,
+                                    random_state=random_state, linearized_method=linearized_method,
+                                    batch_size=batch_size)
+        lab = y.reshape(-1).long()
+        if probs.ndim != 2 or lab.shape[0] != probs.shape[0]:
+            raise ValueError(f"Conformal classification needs logits of shape (n, C) and labels of shape (n,); "
+                             f"got probabilities {tuple(probs.shape)} and labels {tuple(y.shape)}.")
+        if bool(((lab < 0) | (lab >= probs.shape[1])).any()):
+            raise ValueError(f"y_cal must hold class indices between 0 and {probs.shape[1] - 1}.")
+        p_true = probs.gather(1, lab[:, None])[:, 0].to(torch.float64)
+        scores = np.sort((1.0 - p_true).cpu().numpy())
+        quantiles = conformal_quantile(scores, levels)
+        sets = conformal_sets(probs.to(torch.float64), quantiles)
+        for i, lev in enumerate(levels):
+            rows.append({"level": float(lev), "quantile": float(quantiles[i]),
+                         "coverage": float(set_coverage(lab, sets[..., i:i + 1])[0]),
+                         "mean_set_size": float(mean_set_size(sets[..., i:i + 1])[0])})
+        size_col = "mean_set_size"
+    table = pd.DataFrame(rows, columns=["level", "quantile", "coverage", size_col])
+    return ConformalResult(n_components=d, sigma0=float(posterior.fit_sigma0(d)), scores=scores,
+                           confidence_levels=levels, quantiles=quantiles, table=table)

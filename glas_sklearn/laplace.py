@@ -75,7 +75,7 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
                          eigen_method: str = "lanczos", tol: float = 1e-5, random_state=None,
                          reuse_linearization="auto", trim_padding: bool = False, max_matvecs: int | None = None,
                          ncv: int | None = None, distributed: bool = False, process_group=None,
-                         verbose: int = 0) -> LaplaceSubspace:
+                         verbose: int = 0, posterior: str = "subspace") -> LaplaceSubspace:
     """Build the generalized Laplace active-subspace posterior of a trained model.
 
     Parameters
@@ -97,8 +97,10 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
     n_components : int, default=50
         K, the number of eigenpairs computed (the largest d available afterwards); K < D, the number of
         weights (checked by :func:`~glas_sklearn.eigen.top_eigenpairs`).
-    sigma0 : "auto" or float, default="auto"
-        Prior standard deviation; "auto" = empirical Bayes at each d.
+    sigma0 : {"auto", "eb_subspace", "eb_full"} or float, default="auto"
+        Prior standard deviation; "auto" = empirical Bayes at each d, in the subspace (the paper) for
+        ``posterior="subspace"``, over all D weights for ``posterior="low_rank"``
+        (:class:`~glas_sklearn.posterior.ActiveSubspacePosterior`).
     batch_size, subsample, random_state, reuse_linearization, trim_padding
         Passed to :class:`~glas_sklearn.ggn.GGNOperator` (``random_state`` also seeds Lanczos;
         ``trim_padding=True`` cuts length-sorted mini-batches after their last real token, for causal
@@ -118,6 +120,8 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         The group for ``distributed=True`` (default: the world).
     verbose : int, default=0
         ≥ 1 shows a progress bar over the eigen-solver's products.
+    posterior : {"subspace", "low_rank"}, default="subspace"
+        "subspace": the paper's θ0 + P z. "low_rank": adds the prior's variance σ0² (I − P Pᵀ) off span(P).
 
     Returns
     -------
@@ -160,6 +164,7 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
                          max_matvecs=max_matvecs, ncv=ncv, verbose=verbose)
     t2 = time.perf_counter()
     op.release()
-    posterior = ActiveSubspacePosterior(model, eig.eigenvalues, eig.eigenvectors, beta=beta, sigma0=sigma0)
-    return LaplaceSubspace(posterior=posterior, eigen=eig, beta=beta, n_records=op.n_records,
+    post = ActiveSubspacePosterior(model, eig.eigenvalues, eig.eigenvectors, beta=beta, sigma0=sigma0,
+                                   posterior=posterior)
+    return LaplaceSubspace(posterior=post, eigen=eig, beta=beta, n_records=op.n_records,
                            noise_var=noise_var, timings={"ggn_setup": t1 - t0, "eigen": t2 - t1})

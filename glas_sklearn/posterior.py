@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from scipy.optimize import brentq
 from torch import nn
-from torch.func import jvp, vmap
+from torch.func import jacrev, jvp, vmap
 
 from ._checks import (
     check_choice,
@@ -25,6 +25,7 @@ from ._checks import (
     check_positive_float,
     check_positive_int,
     make_generator,
+    numpy_rng,
 )
 from ._functional import FunctionalModel, ParameterLayout
 
@@ -34,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 _TASKS = ("regression", "classification")
 _SCALINGS = ("mean", "standard")
+_POSTERIORS = ("subspace", "low_rank")
+_SIGMA0_FITS = ("auto", "eb_subspace", "eb_full")
 # Memory bounds for batched evaluation: weight rows (chunk × D) per chunk, and (chunk × input rows)
 # network evaluations per vectorised call.
 _WEIGHT_CHUNK_BYTES = 128 * 2**20
@@ -137,9 +140,16 @@ class ActiveSubspacePosterior:
         Orthonormal eigenvectors p_j as columns. Both tensors are moved to the model's device and dtype.
     beta : float
         The posterior scaling β (see :func:`beta_for`).
-    sigma0 : "auto" or float, default="auto"
-        The prior standard deviation σ0. "auto" fits it by empirical Bayes separately for every
-        subspace dimension d (:meth:`fit_sigma0`); a float is used for every d.
+    sigma0 : {"auto", "eb_subspace", "eb_full"} or float, default="auto"
+        The prior standard deviation σ0, fitted separately for every subspace dimension d
+        (:meth:`fit_sigma0`): "eb_subspace" by the paper's empirical Bayes in the subspace (eq. 39–41),
+        "eb_full" by the full-space condition over all D weights (SPEC "Beyond the paper"); "auto" is
+        "eb_subspace" for ``posterior="subspace"`` and "eb_full" for ``posterior="low_rank"``.
+        A float is used for every d.
+    posterior : {"subspace", "low_rank"}, default="subspace"
+        "subspace" (the paper): θ = θ0 + P z, no variance off span(P). "low_rank": the Laplace
+        posterior of the precision β P Λ Pᵀ + σ0⁻² I, Σ = P diag(σ_j²) Pᵀ + σ0² (I − P Pᵀ): the prior keeps
+        its variance σ0² in the D − d directions the leading curvature does not constrain.
 
     Attributes
     ----------
@@ -176,16 +186,17 @@ class ActiveSubspacePosterior:
     """
 
     def __init__(self, model: nn.Module, eigenvalues: torch.Tensor, eigenvectors: torch.Tensor, *,
-                 beta: float, sigma0: str | float = "auto") -> None:
+                 beta: float, sigma0: str | float = "auto", posterior: str = "subspace") -> None:
         self.functional_model = FunctionalModel(model)
 
         lam, P = self._check_eigenpairs(eigenvalues, eigenvectors)
         self.eigenvalues = lam
         self.eigenvectors = P
         self.beta = check_positive_float("beta", beta)
+        self.posterior = check_choice("posterior", posterior, _POSTERIORS)
         if isinstance(sigma0, str):
-            if sigma0 != "auto":
-                raise ValueError(f"sigma0 must be 'auto' or a positive float, got {sigma0!r}.")
+            if sigma0 not in _SIGMA0_FITS:
+                raise ValueError(f"sigma0 must be one of {list(_SIGMA0_FITS)} or a positive float, got {sigma0!r}.")
             self.sigma0 = sigma0
         else:
             self.sigma0 = check_positive_float("sigma0", sigma0)
@@ -197,9 +208,11 @@ class ActiveSubspacePosterior:
         w0 = np.array([float(P[:, j].to(torch.float64) @ theta64) for j in range(P.shape[1])])
         self._w0_sq_cumsum = np.cumsum(w0**2)
         self._w0_floor = (10 * math.sqrt(self.layout.size) * np.finfo(np.float64).eps * float(theta64.norm())) ** 2
+        self._theta_sq = float(theta64 @ theta64)
         self._sigma0_cache: dict[int, float] = {}
         self._vmap_forward_ok: bool | None = None
         self._vmap_jvp_ok: bool | None = None
+        self._vmap_jac_ok: bool | None = None
         self._jp_cache: dict | None = None
 
     # ------------------------------------------------------------------ checks
@@ -286,23 +299,35 @@ class ActiveSubspacePosterior:
         state["_jp_cache"] = None  # holds the last inputs and their J P: not worth pickling
         return state
 
+    def __setstate__(self, state: dict) -> None:
+        state.setdefault("posterior", "subspace")  # pickled before the low-rank option existed
+        state.setdefault("_vmap_jac_ok", None)
+        self.__dict__.update(state)
+
     def __repr__(self) -> str:
         return (f"ActiveSubspacePosterior(D={self.n_weights}, K={self.max_components}, beta={self.beta:.4g}, "
-                f"sigma0={self.sigma0!r}, dtype={self.dtype}, device={self.device})")
+                f"sigma0={self.sigma0!r}, posterior={self.posterior!r}, dtype={self.dtype}, device={self.device})")
 
     # ------------------------------------------------------------ EB and variances
     def fit_sigma0(self, d: int) -> float:
         """Prior standard deviation σ0 for the leading d directions by empirical Bayes (eq. 39–41).
 
-        Solves ‖w0‖² = Σ_{i≤d} (1/α − 1/(βλ_i + α)) for α = σ0⁻², w0 = P_dᵀ θ0; the right side falls
+        With ``sigma0="eb_full"`` (the default of ``posterior="low_rank"``) the condition is over all D
+        weights instead, with the rank-d curvature (λ_j = 0 for j > d): tr Σ(α) = ‖θ0‖², that is
+        Σ_{j≤d} 1/(βλ_j + α) + (D − d)/α = ‖θ0‖². Its left side falls strictly from +∞ to 0, and lies between
+        (D − d)/α and D/α, so the root is bracketed by (D − d)/‖θ0‖² ≤ α ≤ D/‖θ0‖² and found with Brent's
+        method in log α. Otherwise (the paper) it solves
+        ‖w0‖² = Σ_{i≤d} (1/α − 1/(βλ_i + α)) for α = σ0⁻², w0 = P_dᵀ θ0; the right side falls
         strictly from +∞ to 0, so the root is unique. Bracketed in log α and refined with Brent's method
         to a relative tolerance of 1e-10 in α. Returns the fixed σ0 when one was given.
         """
         d = self._check_d(d)
-        if self.sigma0 != "auto":
+        if not isinstance(self.sigma0, str):
             return self.sigma0
         if d in self._sigma0_cache:
             return self._sigma0_cache[d]
+        if self.sigma0_method == "eb_full":
+            return self._fit_sigma0_full(d)
         w_sq = float(self._w0_sq_cumsum[d - 1])
         blam = self.beta * self._lam64[:d]
         n_pos = int(np.count_nonzero(blam > 0))
@@ -338,6 +363,45 @@ class ActiveSubspacePosterior:
         sigma0 = float(math.exp(-0.5 * log_alpha))
         self._sigma0_cache[d] = sigma0
         logger.debug("empirical Bayes: d=%d, sigma0=%.6g", d, sigma0)
+        return sigma0
+
+    @property
+    def sigma0_method(self) -> str | None:
+        """How σ0 is set: "eb_subspace", "eb_full", or None when it was given as a number."""
+        if not isinstance(self.sigma0, str):
+            return None
+        if self.sigma0 == "auto":
+            return "eb_full" if self.posterior == "low_rank" else "eb_subspace"
+        return self.sigma0
+
+    def _fit_sigma0_full(self, d: int) -> float:
+        """Full-space condition Σ_{j≤d} 1/(βλ_j + α) + (D − d)/α = ‖θ0‖² for α = σ0⁻² (see fit_sigma0)."""
+        D, t = self.n_weights, self._theta_sq
+        if not t > 0:
+            raise ValueError("The trained weights are all 0 (‖θ0‖ = 0), so the full-space empirical Bayes "
+                             "condition has no solution; pass a fixed sigma0.")
+        blam = self.beta * self._lam64[:d]
+
+        def excess(log_alpha: float) -> float:  # tr Σ(α) − ‖θ0‖², strictly decreasing in α
+            alpha = math.exp(log_alpha)
+            return float(np.sum(1.0 / (blam + alpha))) + (D - d) / alpha - t
+
+        hi = math.log(2.0 * D / t)  # excess ≤ D/α − t = −t/2 there
+        if D > d:
+            lo = math.log(0.5 * (D - d) / t)  # excess ≥ (D − d)/α − t = t there
+        else:  # no complement: Σ 1/(βλ_j + α) = ‖θ0‖² needs Σ 1/(βλ_j) > ‖θ0‖²
+            lo = hi
+            for _ in range(700):
+                lo -= math.log(10.0)
+                if excess(lo) > 0:
+                    break
+            else:
+                raise ValueError(f"d = D = {D}: Σ 1/(βλ_j + α) stays below ‖θ0‖² for every α, so the full-space "
+                                 "empirical Bayes condition has no solution; pass a fixed sigma0.")
+        log_alpha = brentq(excess, lo, hi, xtol=1e-12, rtol=1e-12, maxiter=500)
+        sigma0 = float(math.exp(-0.5 * log_alpha))
+        self._sigma0_cache[d] = sigma0
+        logger.debug("full-space empirical Bayes: d=%d, sigma0=%.6g", d, sigma0)
         return sigma0
 
     def _variances64(self, d: int) -> np.ndarray:
@@ -416,6 +480,49 @@ class ActiveSubspacePosterior:
                              "use perturbations() for many rows.")
         return self.layout.unflatten(self.theta0 + self.perturbations(z_row))
 
+    def _draws(self, n_samples: int, d: int, random_state) -> tuple[torch.Tensor, np.ndarray | None]:
+        """z of shape (n_samples, d), and for the low-rank posterior one seed per sample for its complement
+        normals ε_s ∈ R^D (None for the subspace posterior, whose draws stay those of :meth:`sample`)."""
+        if self.posterior == "subspace":
+            return self.sample(n_samples, d, random_state), None
+        if isinstance(random_state, torch.Generator):
+            z = self.sample(n_samples, d, random_state)
+            base = int(torch.randint(0, 2**62, (1,), generator=random_state))
+        else:
+            rng = numpy_rng(random_state)
+            z_seed, base = (int(v) for v in rng.integers(0, 2**62, size=2))
+            z = self.sample(n_samples, d, z_seed)
+        # a seed per sample: sample s gets the same ε_s whatever the number of samples or the chunking
+        return z, np.random.default_rng(base).integers(0, 2**62, size=n_samples)
+
+    def _perturbation_block(self, z: torch.Tensor, seeds: np.ndarray | None, start: int, stop: int) -> torch.Tensor:
+        """Weight perturbations of samples start … stop − 1: P z_s, plus σ0 (ε_s − P Pᵀ ε_s) when low-rank."""
+        d = z.shape[1]
+        delta = self.perturbations(z[start:stop])
+        if seeds is None:
+            return delta
+        P = self.eigenvectors[:, :d]
+        eps = torch.stack([
+            torch.randn(self.n_weights, generator=torch.Generator().manual_seed(int(seeds[s])), dtype=self.dtype)
+            for s in range(start, stop)
+        ]).to(self.device)
+        return delta + self.fit_sigma0(d) * (eps - (eps @ P) @ P.T)
+
+    def sample_perturbations(self, n_samples: int, d: int, random_state=None) -> torch.Tensor:
+        """Weight perturbations θ − θ0 drawn from the posterior at dimension d; shape (n_samples, D).
+
+        "subspace": P z with z from :meth:`sample`. "low_rank": P z + σ0 (ε − P Pᵀ ε), ε ~ N(0, I_D), whose
+        covariance is Σ = P diag(σ_j²) Pᵀ + σ0² (I − P Pᵀ). An int ``random_state`` gives the same z-normals
+        for every d (common random numbers, as :meth:`sample`) and the same ε for every d; each sample's ε is
+        drawn on the CPU from its own seed, so it does not depend on the device, on ``n_samples`` or on how
+        the samples are chunked. For large D and many
+        samples the (n_samples, D) result is large: :meth:`predict_samples` never forms it whole.
+        """
+        n_samples = check_positive_int("n_samples", n_samples)
+        d = self._check_d(d)
+        z, seeds = self._draws(n_samples, d, random_state)
+        return self._perturbation_block(z, seeds, 0, n_samples)
+
     # ------------------------------------------------------------- evaluation
     def _row_batches(self, n: int, batch_size: int | None) -> list[slice]:
         size = batch_size or n
@@ -465,7 +572,8 @@ class ActiveSubspacePosterior:
         n_samples : int, default=1000
             S, the number of posterior samples.
         random_state : int, numpy Generator, torch.Generator or None
-            Seeds :meth:`sample`; an int gives the same standard normals for every d.
+            Seeds :meth:`sample`; an int gives the same standard normals for every d. With
+            ``posterior="low_rank"`` the weights are those of :meth:`sample_perturbations`.
         batch_size : int, optional
             Input rows per forward pass (all at once when None). Samples are evaluated in memory-bounded
             chunks, vectorised with ``torch.func.vmap`` where the model allows it.
@@ -476,15 +584,38 @@ class ActiveSubspacePosterior:
         """
         X = self._check_X(X)
         batch_size = check_positive_int("batch_size", batch_size, allow_none=True)
-        z = self.sample(n_samples, d, random_state)
+        z, seeds = self._draws(n_samples, d, random_state)
         rows = self._row_batches(X.shape[0], batch_size)
         chunk = self._chunk(rows[0].stop - rows[0].start, n_samples)
         out = []
         with torch.no_grad():
             for s in range(0, n_samples, chunk):
-                delta = self.perturbations(z[s:s + chunk])
+                delta = self._perturbation_block(z, seeds, s, min(s + chunk, n_samples))
                 out.append(torch.cat([self._forward_many(delta, X[sl]) for sl in rows], 1))
         return torch.cat(out, 0)
+
+    def linearized_samples(self, X: torch.Tensor, d: int, n_samples: int = 1000, random_state=None,
+                           batch_size: int | None = None) -> torch.Tensor:
+        """Draws of the linearised network f(x; θ0) + J(x)(θ − θ0) at the weight draws of
+        :meth:`sample_perturbations` (same seed, same draws); shape (S, n, *out).
+
+        Their distribution is the linearised predictive N(f(x; θ0), J Σ Jᵀ) of :meth:`linearized_variance`,
+        which for ``posterior="low_rank"`` is the one to draw from: the complement's perturbations of every
+        weight are meaningful for the linearised network, not for the non-linear one.
+        """
+        X = self._check_X(X)
+        batch_size = check_positive_int("batch_size", batch_size, allow_none=True)
+        n_samples = check_positive_int("n_samples", n_samples)
+        d = self._check_d(d)
+        z, seeds = self._draws(n_samples, d, random_state)
+        mean = self.predict_mean(X, batch_size=batch_size)
+        rows = self._row_batches(X.shape[0], batch_size)
+        chunk = self._chunk(rows[0].stop - rows[0].start, n_samples)
+        out = []
+        for s in range(0, n_samples, chunk):
+            delta = self._perturbation_block(z, seeds, s, min(s + chunk, n_samples))
+            out.append(torch.cat([self._jvp_many(delta, X[sl]) for sl in rows], 1))
+        return mean + torch.cat(out, 0)
 
     # --------------------------------------------------------------- linearised
     def _jvp_many(self, tangents: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
@@ -515,6 +646,13 @@ class ActiveSubspacePosterior:
                 cols.append(torch.zeros_like(primal) if tangent is None else tangent.detach())
             return torch.stack(cols)
 
+    def _cache_for(self, X: torch.Tensor) -> dict:
+        """The cache of Jacobian quantities for ``X`` (the same tensor object, unmodified), reset otherwise."""
+        cache = self._jp_cache
+        if cache is None or cache["X"] is not X or cache["version"] != X._version:
+            cache = self._jp_cache = {"X": X, "version": X._version, "JP": None}
+        return cache
+
     def jacobian_projections(self, X: torch.Tensor, d: int, batch_size: int | None = None) -> torch.Tensor:
         """J(x) p_j for j ≤ d by forward-mode JVPs; shape (n, *out, d).
 
@@ -527,9 +665,7 @@ class ActiveSubspacePosterior:
 
     def _jacobian_projections(self, X: torch.Tensor, d: int, batch_size: int | None) -> torch.Tensor:
         batch_size = check_positive_int("batch_size", batch_size, allow_none=True)
-        cache = self._jp_cache
-        if cache is None or cache["X"] is not X or cache["version"] != X._version:
-            cache = self._jp_cache = {"X": X, "version": X._version, "JP": None}
+        cache = self._cache_for(X)
         have = 0 if cache["JP"] is None else cache["JP"].shape[-1]
         if have < d:
             rows = self._row_batches(X.shape[0], batch_size)
@@ -544,7 +680,8 @@ class ActiveSubspacePosterior:
 
     def linearized_variance(self, X: torch.Tensor, d: int, full_cov: bool = False,
                             batch_size: int | None = None) -> torch.Tensor:
-        """Output variance of the linearised network, J Σ Jᵀ with Σ = P diag(σ_j²) Pᵀ (eq. 45–46).
+        """Output variance of the linearised network, J Σ Jᵀ with Σ = P diag(σ_j²) Pᵀ (eq. 45–46), plus
+        σ0² (J Jᵀ − (J P)(J P)ᵀ) for ``posterior="low_rank"`` (needs the per-record J Jᵀ: :meth:`jacobian_gram`).
 
         Parameters
         ----------
@@ -563,9 +700,93 @@ class ActiveSubspacePosterior:
         X = self._check_X(X)
         d = self._check_d(d)
         jp = self._jacobian_projections(X, d, batch_size)
+        if full_cov and jp.ndim < 3:
+            raise ValueError("full_cov=True needs an output axis: the model returns one scalar per record.")
+        if self.posterior == "low_rank":
+            return self._low_rank_output_covariance(X, jp, d, full_cov, batch_size)
         var = self.variances(d)
         if not full_cov:
             return (jp**2 * var).sum(-1)
-        if jp.ndim < 3:
-            raise ValueError("full_cov=True needs an output axis: the model returns one scalar per record.")
         return (jp * var) @ jp.transpose(-1, -2)
+
+    def _low_rank_output_covariance(self, X, jp, d, full_cov, batch_size) -> torch.Tensor:
+        """J Σ Jᵀ for Σ = P diag(σ_j²) Pᵀ + σ0² (I − P Pᵀ): Σ_j σ_j² (Jp_j)(Jp_j)ᵀ + σ0² (J Jᵀ − (JP)(JP)ᵀ),
+        in float64 (the complement is a difference of two close terms when J lies mostly in span(P))."""
+        jp = jp.to(torch.float64)
+        var = torch.as_tensor(self._variances64(d), device=jp.device)
+        s0sq = self.fit_sigma0(d) ** 2
+        gram = self.jacobian_gram(X, full_cov=full_cov, batch_size=batch_size)
+        if not full_cov:
+            comp = (gram - (jp**2).sum(-1)).clamp_min(0.0)
+            return ((jp**2 * var).sum(-1) + s0sq * comp).to(self.dtype)
+        comp = gram - jp @ jp.transpose(-1, -2)
+        cov = (jp * var) @ jp.transpose(-1, -2) + s0sq * comp
+        return (0.5 * (cov + cov.transpose(-1, -2))).to(self.dtype)
+
+    def jacobian_gram(self, X: torch.Tensor, full_cov: bool = False, batch_size: int | None = None) -> torch.Tensor:
+        """J(x) J(x)ᵀ over the last output axis, per record: ‖J_m(x)‖² of shape (n, *out) (``full_cov=False``)
+        or the (M × M) blocks, shape (n, *out[:-1], M, M); in float64.
+
+        Per-record Jacobians by reverse mode, vectorised over records with ``torch.func.vmap`` where the
+        model allows it (a loop over records otherwise), in chunks of records holding at most about
+        128 MiB of Jacobian entries (at least one record at a time). Cached for the last ``X`` like
+        :meth:`jacobian_projections`.
+        """
+        X = self._check_X(X)
+        batch_size = check_positive_int("batch_size", batch_size, allow_none=True)
+        cache = self._cache_for(X)
+        key = "gram_full" if full_cov else "gram_diag"
+        if cache.get(key) is None:
+            cache[key] = self._compute_gram(X, full_cov, batch_size)
+        return cache[key]
+
+    def _compute_gram(self, X: torch.Tensor, full_cov: bool, batch_size: int | None) -> torch.Tensor:
+        n_out = int(np.prod(self.functional_model.output_shape(X)))
+        per_record = max(1, n_out * self.n_weights * 8)
+        size = max(1, _WEIGHT_CHUNK_BYTES // per_record)
+        if batch_size is not None:
+            size = min(size, batch_size)
+        parts = []
+        for i in range(0, X.shape[0], size):
+            jac = self._record_jacobians(X[i:i + size])  # (c, *out, D)
+            jac = jac.to(torch.float64)
+            if full_cov:
+                parts.append(jac @ jac.transpose(-1, -2))
+            else:
+                parts.append((jac**2).sum(-1))
+        return torch.cat(parts, 0)
+
+    def _record_jacobians(self, Xb: torch.Tensor) -> torch.Tensor:
+        """∂f(x_i)/∂θ for every record of Xb, flattened over the weights: shape (c, *out, D)."""
+        fm = self.functional_model
+
+        def single(params, x):
+            return fm(x.unsqueeze(0), params).squeeze(0)
+
+        def flat(jac: dict, lead: int) -> torch.Tensor:
+            return torch.cat([jac[n].reshape(*jac[n].shape[:lead], -1) for n in self.layout.names], -1)
+
+        with fm.autodiff():
+            if self._vmap_jac_ok is not False:
+                try:
+                    jac = vmap(jacrev(single), in_dims=(None, 0))(fm.params0, Xb)
+                    self._vmap_jac_ok = True
+                    out_ndim = next(iter(jac.values())).ndim - len(self.layout.shapes[0]) - 1
+                    return flat(jac, 1 + out_ndim).detach()
+                except Exception as err:  # noqa: BLE001 - any failure of the vectorised path falls back to a loop
+                    if self._vmap_jac_ok:
+                        raise
+                    logger.debug("vmap over per-record Jacobians failed (%s); computing them one by one", err)
+                    self._vmap_jac_ok = False
+            rows = []
+            params = {n: p.detach().requires_grad_(True) for n, p in fm.params0.items()}
+            for i in range(Xb.shape[0]):
+                out = fm(Xb[i:i + 1], params)[0]
+                flat_out = out.reshape(-1)
+                grads = []
+                for k in range(flat_out.shape[0]):
+                    g = torch.autograd.grad(flat_out[k], list(params.values()), retain_graph=True, allow_unused=True)
+                    grads.append(torch.cat([torch.zeros(p.numel(), dtype=p.dtype, device=p.device) if gi is None
+                                            else gi.reshape(-1) for gi, p in zip(g, params.values(), strict=True)]))
+                rows.append(torch.stack(grads).reshape(*out.shape, -1))
+            return torch.stack(rows).detach()

@@ -36,6 +36,8 @@ from ._checks import (
 )
 
 __all__ = [
+    "conformal_interval",
+    "conformal_sets",
     "linearized_interval",
     "linearized_probabilities",
     "mean_set_size",
@@ -271,6 +273,58 @@ def linearized_interval(mean: Array, variance: Array, confidence_levels, noise_v
     return _out(bounds, was_numpy)
 
 
+def _quantiles_tensor(quantiles, like: torch.Tensor, name: str) -> torch.Tensor:
+    """Conformal quantiles of shape (k,) or (k, M) as a tensor like ``like``; +inf is allowed, NaN and < 0 are not."""
+    q = torch.as_tensor(np.asarray(quantiles, dtype=np.float64), dtype=like.dtype, device=like.device)
+    if q.ndim == 0:
+        q = q.reshape(1)
+    if q.ndim not in (1, 2) or q.numel() == 0:
+        raise ValueError(f"{name} must have shape (k,) or (k, M), got {tuple(q.shape)}.")
+    if bool(torch.isnan(q).any()) or bool((q < 0).any()):
+        raise ValueError(f"{name} must be >= 0 (+inf allowed), got {q.cpu().numpy()!r}.")
+    return q
+
+
+def conformal_interval(mean: Array, std: Array, quantiles) -> Array:
+    """Split-conformal intervals ŷ ± q_k σ̂ from std-normalised scores (SPEC "Beyond the paper").
+
+    Parameters
+    ----------
+    mean : shape (n, M)
+        ŷ(x).
+    std : shape (n, M)
+        σ̂(x) > 0, the scale the calibration scores |y − ŷ| / σ̂ were divided by.
+    quantiles : shape (k,) or (k, M)
+        One conformal quantile per level (and per output), e.g. from
+        :func:`glas_sklearn.calibration.conformal_quantile`; +inf gives an infinite interval.
+
+    Returns
+    -------
+    bounds : shape (n, M, 2, k)
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> conformal_interval(np.zeros((1, 1)), np.full((1, 1), 2.0), [1.5])[0, 0, :, 0]
+    array([-3.,  3.])
+    """
+    mu, was_numpy = _as_tensor("mean", mean)
+    sd, _ = _as_tensor("std", std)
+    sd = sd.to(mu.dtype)
+    if sd.shape != mu.shape:
+        raise ValueError(f"mean has shape {tuple(mu.shape)} but std has shape {tuple(sd.shape)}; they must match.")
+    if bool((sd < 0).any()):
+        raise ValueError(f"std must be >= 0, got a minimum of {float(sd.min()):.3e}.")
+    q = _quantiles_tensor(quantiles, mu, "quantiles")
+    if q.ndim == 2 and q.shape[1] not in (1, mu.shape[-1]):
+        raise ValueError(f"quantiles has {q.shape[1]} columns, but the outputs have M={mu.shape[-1]}.")
+    q = q.T if q.ndim == 2 else q  # (M, k) or (k,)
+    half = sd.unsqueeze(-1) * q  # (*b, k); 0 · inf is not an issue: std > 0 wherever it matters
+    half = torch.where(torch.isinf(q) & (sd.unsqueeze(-1) == 0), torch.full_like(half, float("inf")), half)
+    bounds = torch.stack([mu.unsqueeze(-1) - half, mu.unsqueeze(-1) + half], -2)
+    return _out(bounds, was_numpy)
+
+
 # ----------------------------------------------------------------------- classification
 
 
@@ -379,6 +433,39 @@ def prediction_sets(probs: Array, confidence_levels) -> Array:
     keep_sorted = before.unsqueeze(-1) < levels - tol  # (*b, C, k): rank r joins while the mass so far is short
     sets = torch.zeros_like(keep_sorted)
     sets.scatter_(-2, order.unsqueeze(-1).expand_as(keep_sorted), keep_sorted)
+    return _out(sets, was_numpy)
+
+
+def conformal_sets(probs: Array, thresholds) -> Array:
+    """Split-conformal prediction sets for the LAC score 1 − p_y: {c : 1 − p_c ≤ q_k} per level.
+
+    Parameters
+    ----------
+    probs : shape (n, C)
+        Class probabilities.
+    thresholds : shape (k,)
+        Conformal quantiles of the calibration scores 1 − p_y (e.g. from
+        :func:`glas_sklearn.calibration.conformal_quantile`); ≥ 1 (or +inf) gives every class.
+
+    Returns
+    -------
+    sets : bool, shape (n, C, k)
+        A set may be empty (when no class is probable enough); coverage holds on average all the same.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> conformal_sets(np.array([[0.1, 0.6, 0.3]]), [0.5, 0.75])[0].T
+    array([[False,  True, False],
+           [False,  True,  True]])
+    """
+    p, was_numpy = _as_tensor("probs", probs)
+    if p.ndim < 1:
+        raise ValueError("probs must have shape (n, C).")
+    q = _quantiles_tensor(thresholds, p, "thresholds")
+    if q.ndim != 1:
+        raise ValueError(f"thresholds must have shape (k,), got {tuple(q.shape)}.")
+    sets = (1.0 - p).unsqueeze(-1) <= q
     return _out(sets, was_numpy)
 
 
