@@ -191,3 +191,136 @@ def test_result_carries_the_seed_of_its_posterior_samples():
     # a different seed draws other samples: the widths move (the coverage, a ratio of 10 records, may not)
     other = post.predict_samples(X, 4, n_samples=300, random_state=res.sample_seed + 1)
     assert float(mean_interval_width(sampled_interval(other, 0.9)[1])[0]) != res.table["mean_width"].iloc[-1]
+
+
+# ------------------------------------------------------------------------------ conformal
+
+
+def test_conformal_quantile_hand_computation():
+    from glas_sklearn.calibration import ConformalWarning, conformal_quantile
+
+    s = np.array([0.7, 0.1, 0.5, 0.3, 0.9, 0.2, 0.8, 0.4, 0.6])  # n = 9; sorted: 0.1 … 0.9
+    # ⌈10 · 0.8⌉ = 8 → 0.8; ⌈10 · 0.5⌉ = 5 → 0.5; ⌈10 · 0.75⌉ = 8 (7.5 rounds up) → 0.8; ⌈10 · 0.9⌉ = 9 → 0.9
+    np.testing.assert_array_equal(conformal_quantile(s, [0.8, 0.5, 0.75, 0.9]), [0.8, 0.5, 0.8, 0.9])
+    # one quantile per output column
+    two = np.stack([s, 10 * s[::-1]], 1)
+    np.testing.assert_array_equal(conformal_quantile(two, 0.5), [[0.5, 5.0]])
+    # (n + 1)(1 − γ) = 100 · 0.9 is 90.00000000000001 in floating point: still the 90th smallest
+    np.testing.assert_array_equal(conformal_quantile(np.arange(1.0, 100.0), 0.9), [90.0])
+    # rank > n: infinite, with a warning (n = 9 supports levels up to 0.9)
+    with pytest.warns(ConformalWarning, match="too few"):
+        q = conformal_quantile(s, [0.9, 0.95])
+    np.testing.assert_array_equal(q, [0.9, np.inf])
+    with pytest.raises(ValueError, match="NaN"):
+        conformal_quantile([0.1, np.nan], 0.5)
+    with pytest.raises(ValueError, match="shape"):
+        conformal_quantile(np.zeros((2, 2, 2)), 0.5)
+
+
+def _gradient_descent(net, loss_fn, lr, steps):
+    """Plain full-batch gradient descent (no torch.optim: its first import is slow)."""
+    for _ in range(steps):
+        net.zero_grad()
+        loss_fn().backward()
+        with torch.no_grad():
+            for p in net.parameters():
+                p -= lr * p.grad
+
+
+def _trained_pool(n_pool=600, seed=0):
+    """A small fitted network (trained on separate rows), its low-rank posterior, and a pool of fresh rows."""
+    from glas_sklearn.laplace import fit_laplace_subspace
+
+    g = torch.Generator().manual_seed(seed)
+
+    def data(n):
+        x = torch.rand(n, 1, generator=g, dtype=torch.float64) * 2 - 1
+        y = torch.sin(3 * x[:, 0]) + (0.1 + 0.2 * x[:, 0].abs()) * torch.randn(n, generator=g, dtype=torch.float64)
+        return x, y
+
+    torch.manual_seed(seed)
+    net = nn.Sequential(nn.Linear(1, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+    x, y = data(80)
+    _gradient_descent(net, lambda: ((net(x)[:, 0] - y) ** 2).mean(), lr=0.2, steps=300)
+    fitted = fit_laplace_subspace(net, x, y[:, None], n_components=5, posterior="low_rank", random_state=0)
+    xp, yp = data(n_pool)
+    return fitted, xp, yp
+
+
+def test_conformal_calibrate_matches_hand_computation_and_guarantee_by_simulation():
+    from glas_sklearn.calibration import conformal_calibrate, conformal_quantile, regression_moments
+    from glas_sklearn.predictive import conformal_interval
+
+    fitted, xp, yp = _trained_pool()
+    post, nv, d = fitted.posterior, fitted.noise_var, 5
+    # σ̂² = σ_f² + σ² by the dense-free path the estimators use, checked against J Σ Jᵀ + σ² here
+    mean, std = regression_moments(post, xp, d, noise_var=nv)
+    torch.testing.assert_close(std**2, post.linearized_variance(xp, d) + nv, rtol=1e-10, atol=1e-14)
+    res = conformal_calibrate(post, xp[:24], yp[:24], d=d, confidence_level=[0.9, 0.5], noise_var=nv)
+    scores = ((yp[:24, None] - mean[:24]).abs() / std[:24]).numpy()
+    np.testing.assert_allclose(res.scores, np.sort(scores, 0), rtol=1e-12)
+    np.testing.assert_allclose(res.quantiles[:, 0], [np.sort(scores[:, 0])[22], np.sort(scores[:, 0])[12]], rtol=1e-12)
+    np.testing.assert_allclose(res.quantile(0.9), res.quantiles[:1], rtol=0)
+    assert list(res.table["level"]) == [0.9, 0.5] and (res.table["coverage"] >= [0.9, 0.5]).all()
+
+    # the finite-sample guarantee: random exchangeable calibration/test splits of the pool. With n = 24 rows and
+    # continuous scores, a test row is covered with probability exactly ⌈25 · 0.9⌉ / 25 = 0.92 (≥ 0.9)
+    rng = np.random.default_rng(0)
+    s_all = ((yp[:, None] - mean).abs() / std).numpy()[:, 0]
+    n_cal, trials, level = 24, 3000, 0.9
+    covs = np.empty(trials)
+    for t in range(trials):
+        perm = rng.permutation(len(yp))
+        cal, test = perm[:n_cal], perm[n_cal:]
+        q = conformal_quantile(s_all[cal], level)
+        covs[t] = np.mean(s_all[test] <= q[0])  # y ∈ ŷ ± q σ̂  ⇔  |y − ŷ| / σ̂ ≤ q
+        if t == 0:  # the same, through the interval bounds
+            b = conformal_interval(mean[test], std[test], q).numpy()[:, 0, :, 0]
+            assert covs[t] == np.mean((yp[test].numpy() >= b[:, 0]) & (yp[test].numpy() <= b[:, 1]))
+    expected = 23 / 25
+    se = covs.std(ddof=1) / np.sqrt(trials)  # ≈ 0.001: the per-split coverage varies like Beta(23, 2)
+    assert covs.mean() >= level - 3 * se
+    assert abs(covs.mean() - expected) < 4 * se
+    # whereas the un-calibrated Gaussian ±1.645 σ̂ interval of the same posterior is not at 90 % here
+    gauss = np.mean(np.abs(yp.numpy() - mean[:, 0].numpy()) <= 1.6448536 * std[:, 0].numpy())
+    assert abs(gauss - level) > 0.02
+
+
+def test_conformal_classification_lac_guarantee_by_simulation():
+    from glas_sklearn.calibration import class_probabilities, conformal_calibrate, conformal_quantile
+    from glas_sklearn.predictive import conformal_sets
+    from glas_sklearn.laplace import fit_laplace_subspace
+
+    g = torch.Generator().manual_seed(1)
+    centers = torch.tensor([[0.0, 0.0], [1.2, 0.0], [0.0, 1.2]], dtype=torch.float64)
+
+    def data(n):
+        lab = torch.randint(0, 3, (n,), generator=g)
+        return centers[lab] + 0.6 * torch.randn(n, 2, generator=g, dtype=torch.float64), lab
+
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(2, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+    x, lab = data(90)
+    _gradient_descent(net, lambda: nn.functional.cross_entropy(net(x), lab), lr=0.5, steps=200)
+    post = fit_laplace_subspace(net, x, loss="cross_entropy", n_components=4, posterior="low_rank",
+                                random_state=0).posterior
+    xp, lp = data(500)
+    probs = class_probabilities(post, xp, 4, predictive="linearized")
+    res = conformal_calibrate(post, xp[:30], lp[:30], d=4, task="classification", confidence_level=0.8,
+                              predictive="linearized")
+    s = (1 - probs[torch.arange(500), lp]).numpy()
+    np.testing.assert_allclose(res.scores, np.sort(s[:30]), rtol=1e-12)
+    assert res.quantiles[0] == pytest.approx(np.sort(s[:30])[24], rel=1e-12)  # ⌈31 · 0.8⌉ = 25
+    rng = np.random.default_rng(1)
+    covs = []
+    for _ in range(2000):
+        perm = rng.permutation(500)
+        cal, test = perm[:30], perm[30:]
+        q = conformal_quantile(s[cal], 0.8)
+        covs.append(np.mean(s[test] <= q[0]))  # y ∈ {c : 1 − p_c ≤ q}  ⇔  1 − p_y ≤ q
+        if len(covs) == 1:
+            sets = conformal_sets(probs[test], q).numpy()[:, :, 0]
+            assert covs[0] == sets[np.arange(len(test)), lp[test].numpy()].mean()
+    covs = np.array(covs)
+    se = covs.std(ddof=1) / np.sqrt(len(covs))
+    assert covs.mean() >= 0.8 - 3 * se and abs(covs.mean() - 25 / 31) < 4 * se

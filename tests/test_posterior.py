@@ -438,3 +438,147 @@ def test_shares_the_functional_model_binding(setup):
     torch.testing.assert_close(post.predict_mean(X), f(X), rtol=0, atol=0)
     with pytest.raises(ValueError, match="X is on meta"):  # the posterior's input checks are the binding's
         post.predict_mean(torch.zeros(2, 3, dtype=torch.long, device="meta"))
+
+
+# --------------------------------------------------------------------- low-rank posterior
+
+
+def _dense_low_rank_cov(post, P, d):
+    """Σ = (β P_d Λ_d P_dᵀ + σ0⁻² I)⁻¹, inverted explicitly (an independent path to P diag Pᵀ + σ0²(I − PPᵀ))."""
+    D = P.shape[0]
+    lam = post.eigenvalues[:d].to(torch.float64)
+    prec = post.beta * (P[:, :d] * lam) @ P[:, :d].T + post.fit_sigma0(d) ** -2 * torch.eye(D, dtype=torch.float64)
+    return torch.linalg.inv(prec)
+
+
+@pytest.fixture(scope="module")
+def setup3():
+    net = mlp(n_out=3, seed=5)
+    X = torch.randn(20, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(4))
+    lam, P, _ = _eigenpairs(net, X, loss="cross_entropy", k=6)
+    return net, X, lam, P
+
+
+@pytest.mark.parametrize("sigma0", ["auto", "eb_subspace", 0.7])
+def test_low_rank_linearized_covariance_matches_dense_sigma(setup3, sigma0):
+    net, X, lam, P = setup3
+    post = ActiveSubspacePosterior(net, lam, P, beta=BETA, posterior="low_rank", sigma0=sigma0)
+    assert post.sigma0_method == {"auto": "eb_full", "eb_subspace": "eb_subspace", 0.7: None}[sigma0]
+    J = dense_jacobian(net, X)  # (n, C, D)
+    torch.testing.assert_close(post.jacobian_gram(X, full_cov=True), J @ J.transpose(1, 2), rtol=1e-10, atol=1e-13)
+    torch.testing.assert_close(post.jacobian_gram(X), (J**2).sum(-1), rtol=1e-10, atol=1e-13)
+    for d in (1, 4, 6):
+        Sigma = _dense_low_rank_cov(post, P, d)
+        s0 = post.fit_sigma0(d)
+        closed = P[:, :d] @ torch.diag(post.variances(d)) @ P[:, :d].T + s0**2 * (
+            torch.eye(P.shape[0], dtype=torch.float64) - P[:, :d] @ P[:, :d].T)
+        torch.testing.assert_close(closed, Sigma, rtol=1e-9, atol=1e-12)
+        full = J @ Sigma @ J.transpose(1, 2)  # the C × C logit covariances
+        torch.testing.assert_close(post.linearized_variance(X, d, full_cov=True), full, rtol=1e-8, atol=1e-12)
+        torch.testing.assert_close(post.linearized_variance(X, d), torch.diagonal(full, dim1=1, dim2=2),
+                                   rtol=1e-8, atol=1e-12)
+    # the complement adds variance: low-rank ≥ subspace at the same σ0
+    sub = ActiveSubspacePosterior(net, lam, P, beta=BETA, sigma0=post.fit_sigma0(3))
+    assert bool((post.linearized_variance(X, 3) > sub.linearized_variance(X, 3)).all())
+
+
+def test_low_rank_scalar_output_and_loop_fallback(setup):
+    net, X, lam, P, _ = setup
+    post = ActiveSubspacePosterior(net, lam, P, beta=BETA, posterior="low_rank")
+    J = dense_jacobian(net, X)[:, 0]  # (n, D)
+    ref = torch.einsum("nd,de,ne->n", J, _dense_low_rank_cov(post, P, 3), J)
+    torch.testing.assert_close(post.linearized_variance(X, 3)[:, 0], ref, rtol=1e-8, atol=1e-12)
+    loop = ActiveSubspacePosterior(net, lam, P, beta=BETA, posterior="low_rank")
+    loop._vmap_jac_ok = False  # the per-record loop must agree with the vectorised Jacobians
+    torch.testing.assert_close(loop.jacobian_gram(X, batch_size=7), post.jacobian_gram(X), rtol=1e-10, atol=1e-13)
+
+
+def test_full_space_eb_matches_brute_force_dense_solve(setup):
+    net, _, lam, P, _ = setup
+    post = ActiveSubspacePosterior(net, lam, P, beta=BETA, posterior="low_rank")
+    D = P.shape[0]
+    theta_sq = float(flat_params(net).pow(2).sum())
+    for d in (1, 5, K):
+        lamd = lam[:d]
+
+        def trace_minus(log_alpha):  # tr (β P Λ Pᵀ + α I)⁻¹ − ‖θ0‖², dense
+            prec = BETA * (P[:, :d] * lamd) @ P[:, :d].T + math.exp(log_alpha) * torch.eye(D, dtype=torch.float64)
+            return float(torch.trace(torch.linalg.inv(prec))) - theta_sq
+
+        lo, hi = math.log(1e-8), math.log(1e8)  # plain bisection on a wide bracket
+        assert trace_minus(lo) > 0 > trace_minus(hi)
+        for _ in range(80):
+            mid = 0.5 * (lo + hi)
+            lo, hi = (mid, hi) if trace_minus(mid) > 0 else (lo, mid)
+        assert post.fit_sigma0(d) == pytest.approx(math.exp(-0.25 * (lo + hi)), rel=1e-9)
+        # and the posterior's trace is ‖θ0‖²
+        assert float(torch.trace(_dense_low_rank_cov(post, P, d))) == pytest.approx(theta_sq, rel=1e-9)
+    # a subspace posterior may use the full-space σ0 too
+    sub = ActiveSubspacePosterior(net, lam, P, beta=BETA, sigma0="eb_full")
+    assert sub.fit_sigma0(4) == post.fit_sigma0(4)
+
+
+def test_low_rank_sample_moments_reproducibility_and_common_random_numbers(setup):
+    net, X, lam, P, _ = setup
+    post = ActiveSubspacePosterior(net, lam, P, beta=BETA, posterior="low_rank")
+    n, d = 20000, 3
+    delta = post.sample_perturbations(n, d, random_state=3)
+    assert delta.shape == (n, P.shape[0]) and delta.dtype == torch.float64
+    Sigma = _dense_low_rank_cov(post, P, d)
+    emp = torch.cov(delta.T)
+    dg = torch.diagonal(Sigma)
+    se = torch.sqrt((torch.outer(dg, dg) + Sigma**2) / n)  # standard error of each sample covariance entry
+    assert float(((emp - Sigma).abs() / se).max()) < 5.5
+    assert float((delta.mean(0).abs() / torch.sqrt(dg / n)).max()) < 5.0
+    # same seed → same draws (the same path replayed: bitwise)
+    a = post.sample_perturbations(40, d, random_state=3)
+    assert torch.equal(a, post.sample_perturbations(40, d, random_state=3))
+    assert not torch.equal(a, post.sample_perturbations(40, d, random_state=4))
+    # each sample's complement normals ε_s do not depend on how many samples are drawn
+    P5 = P[:, :5]
+    out5 = torch.eye(P.shape[0], dtype=torch.float64) - P5 @ P5.T
+    torch.testing.assert_close(a[:10] @ out5, post.sample_perturbations(10, d, random_state=3) @ out5,
+                               rtol=1e-12, atol=1e-14)
+    # common random numbers across d: the same ε behind the complement, the same normals behind z
+    e = {k: post.sample_perturbations(40, k, random_state=3) for k in (2, 5)}
+    torch.testing.assert_close(e[2] @ out5 / post.fit_sigma0(2), e[5] @ out5 / post.fit_sigma0(5), rtol=1e-10, atol=1e-12)
+    z = {k: (e[k] @ P[:, :k]) / post.variances(k).sqrt() for k in (2, 5)}
+    torch.testing.assert_close(z[2], z[5][:, :2], rtol=1e-9, atol=1e-10)
+    # predict_samples pushes exactly these weights through the network
+    out = post.predict_samples(X, d, n_samples=6, random_state=3)
+    theta0 = flat_params(net)
+    for s in range(6):
+        ref = functional_call(net, post.layout.unflatten(theta0 + a[s]), (X,))
+        torch.testing.assert_close(out[s], ref, rtol=1e-12, atol=1e-12)
+
+
+def test_low_rank_options_errors_and_pickle(setup):
+    import pickle
+
+    net, X, lam, P, _ = setup
+    with pytest.raises(ValueError, match="posterior"):
+        ActiveSubspacePosterior(net, lam, P, beta=BETA, posterior="full")
+    with pytest.raises(ValueError, match="sigma0"):
+        ActiveSubspacePosterior(net, lam, P, beta=BETA, sigma0="eb")
+    zero = copy.deepcopy(net)
+    with torch.no_grad():
+        for p in zero.parameters():
+            p.zero_()
+    with pytest.raises(ValueError, match="all 0"):
+        ActiveSubspacePosterior(zero, lam, P, beta=BETA, posterior="low_rank").fit_sigma0(2)
+    post = ActiveSubspacePosterior(net, lam, P, beta=BETA, posterior="low_rank")
+    v = post.linearized_variance(X, 4)
+    back = pickle.loads(pickle.dumps(post))
+    assert back.posterior == "low_rank" and "low_rank" in repr(back)
+    torch.testing.assert_close(back.linearized_variance(X, 4), v, rtol=1e-12, atol=1e-15)
+
+
+def test_linearized_samples_are_the_linearised_network_at_the_weight_draws(setup2):
+    net, X, lam, P = setup2
+    for kind in ("subspace", "low_rank"):
+        post = ActiveSubspacePosterior(net, lam, P, beta=BETA, posterior=kind)
+        delta = post.sample_perturbations(5, 3, random_state=2)
+        J = dense_jacobian(net, X)  # (n, M, D)
+        ref = net(X).detach()[None] + torch.einsum("nmd,sd->snm", J, delta)
+        torch.testing.assert_close(post.linearized_samples(X, 3, n_samples=5, random_state=2, batch_size=7), ref,
+                                   rtol=1e-10, atol=1e-12)

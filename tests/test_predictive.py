@@ -273,3 +273,41 @@ def test_set_coverage_and_size_on_hand_made_arrays():
         set_coverage(labels[:3], sets)
     with pytest.raises(ValueError, match="boolean"):
         set_coverage(labels, sets.astype(float))
+
+
+# ---------------------------------------------------------------------------- conformal
+
+
+def test_conformal_interval_by_hand():
+    from glas_sklearn.predictive import conformal_interval
+
+    mean = np.array([[0.0, 1.0], [2.0, -1.0]])
+    std = np.array([[1.0, 0.5], [2.0, 0.25]])
+    b = conformal_interval(mean, std, [[1.0, 2.0], [3.0, 4.0]])  # levels × outputs
+    assert b.shape == (2, 2, 2, 2)
+    np.testing.assert_allclose(b[1, 0, :, 0], [0.0, 4.0])  # 2 ± 1 · 2
+    np.testing.assert_allclose(b[1, 1, :, 1], [-2.0, 0.0])  # −1 ± 4 · 0.25
+    np.testing.assert_allclose(b[0, 1, :, 0], [0.0, 2.0])  # 1 ± 2 · 0.5
+    one = conformal_interval(mean, std, [1.5])  # one quantile shared by the outputs
+    np.testing.assert_allclose(one[..., 1, 0] - one[..., 0, 0], 3.0 * std)
+    inf = conformal_interval(torch.zeros(3, 1), torch.tensor([[1.0], [0.0], [2.0]]), [np.inf])
+    assert torch.isinf(inf).all() and bool((inf[:, 0, 0, 0] < 0).all())
+    with pytest.raises(ValueError, match="match"):
+        conformal_interval(mean, std[:, :1], [1.0])
+    with pytest.raises(ValueError, match=">= 0"):
+        conformal_interval(mean, std, [-1.0])
+    with pytest.raises(ValueError, match="columns"):
+        conformal_interval(mean, std, np.ones((1, 3)))
+
+
+def test_conformal_sets_by_hand():
+    from glas_sklearn.predictive import conformal_sets
+
+    probs = torch.tensor([[0.1, 0.6, 0.3], [0.34, 0.33, 0.33]])
+    sets = conformal_sets(probs, [0.4, 0.7, 0.0, np.inf])
+    assert sets.shape == (2, 3, 4) and sets.dtype == torch.bool
+    assert sets[0, :, 0].tolist() == [False, True, False]  # 1 − p ≤ 0.4 ⇔ p ≥ 0.6
+    assert sets[0, :, 1].tolist() == [False, True, True]
+    assert sets[1, :, 0].tolist() == [False, False, False]  # an empty set: nothing is probable enough
+    assert not sets[..., 2].any() and sets[..., 3].all()
+    np.testing.assert_allclose(set_coverage(np.array([1, 0]), sets.numpy()), [0.5, 1.0, 0.0, 1.0])
