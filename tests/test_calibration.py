@@ -288,8 +288,8 @@ def test_conformal_calibrate_matches_hand_computation_and_guarantee_by_simulatio
 
 def test_conformal_classification_lac_guarantee_by_simulation():
     from glas_sklearn.calibration import class_probabilities, conformal_calibrate, conformal_quantile
-    from glas_sklearn.predictive import conformal_sets
     from glas_sklearn.laplace import fit_laplace_subspace
+    from glas_sklearn.predictive import conformal_sets
 
     g = torch.Generator().manual_seed(1)
     centers = torch.tensor([[0.0, 0.0], [1.2, 0.0], [0.0, 1.2]], dtype=torch.float64)

@@ -501,7 +501,7 @@ def test_full_space_eb_matches_brute_force_dense_solve(setup):
     for d in (1, 5, K):
         lamd = lam[:d]
 
-        def trace_minus(log_alpha):  # tr (β P Λ Pᵀ + α I)⁻¹ − ‖θ0‖², dense
+        def trace_minus(log_alpha, d=d, lamd=lamd):  # tr (β P Λ Pᵀ + α I)⁻¹ − ‖θ0‖², dense
             prec = BETA * (P[:, :d] * lamd) @ P[:, :d].T + math.exp(log_alpha) * torch.eye(D, dtype=torch.float64)
             return float(torch.trace(torch.linalg.inv(prec))) - theta_sq
 
@@ -541,7 +541,8 @@ def test_low_rank_sample_moments_reproducibility_and_common_random_numbers(setup
                                rtol=1e-12, atol=1e-14)
     # common random numbers across d: the same ε behind the complement, the same normals behind z
     e = {k: post.sample_perturbations(40, k, random_state=3) for k in (2, 5)}
-    torch.testing.assert_close(e[2] @ out5 / post.fit_sigma0(2), e[5] @ out5 / post.fit_sigma0(5), rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(e[2] @ out5 / post.fit_sigma0(2), e[5] @ out5 / post.fit_sigma0(5),
+                               rtol=1e-10, atol=1e-12)
     z = {k: (e[k] @ P[:, :k]) / post.variances(k).sqrt() for k in (2, 5)}
     torch.testing.assert_close(z[2], z[5][:, :2], rtol=1e-9, atol=1e-10)
     # predict_samples pushes exactly these weights through the network
