@@ -28,7 +28,6 @@ from ._checks import (
 from ._progress import progress
 from .posterior import ActiveSubspacePosterior
 from .predictive import (
-    conformal_interval,
     conformal_sets,
     interval_coverage,
     linearized_interval,
@@ -368,8 +367,13 @@ class ConformalResult:
     quantiles : ndarray of shape (k, M) (regression) or (k,) (classification)
         :func:`conformal_quantile` of ``scores`` at each level.
     table : pandas.DataFrame
-        One row per level: ``level``, ``quantile`` (the first output's for regression), ``coverage`` and
-        ``mean_width`` / ``mean_set_size`` of the conformal intervals or sets on the calibration rows.
+        One row per level: ``level``, ``d``, ``quantile`` (the first output's for regression), ``coverage``
+        and ``mean_width`` / ``mean_set_size`` of the conformal intervals or sets on the calibration rows,
+        ``sigma0``.
+    sample_seed : int
+        The seed of the posterior samples behind the scores (``random_state=sample_seed`` in
+        :func:`regression_moments` / :func:`class_probabilities` reproduces them): new rows must be
+        predicted with it for the scores to be exchangeable with theirs.
     """
 
     n_components: int
@@ -378,6 +382,7 @@ class ConformalResult:
     confidence_levels: np.ndarray
     quantiles: np.ndarray
     table: pd.DataFrame
+    sample_seed: int
 
     def quantile(self, confidence_levels) -> np.ndarray:
         """Conformal quantiles of the stored scores at other levels; shape (k,) or (k, M)."""
@@ -415,7 +420,8 @@ def conformal_calibrate(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor,
     noise_var : float or array of shape (M,), default=0.0
         Regression only: σ² added to σ̂².
     random_state : int, numpy Generator or None
-        Seeds the posterior samples; use the same seed when predicting on new rows.
+        Seeds the posterior samples: one seed is drawn from it (``sample_seed`` of the result), to be used
+        when predicting on new rows.
     linearized_method : {"probit", "mc"}, default="probit"
     batch_size : int, optional
 
@@ -433,28 +439,30 @@ def conformal_calibrate(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor,
     X_cal = posterior._check_X(X_cal)
     n = X_cal.shape[0]
     y = _check_targets(y_cal, task, n, posterior.device)
+    seed = int(numpy_rng(random_state).integers(0, 2**62))  # as choose_dimension draws its sample seed
+    sigma0 = float(posterior.fit_sigma0(d))
     rows = []
     if task == "regression":
         mean, std = regression_moments(posterior, X_cal, d, predictive=predictive, n_samples=n_samples,
-                                       noise_var=noise_var, random_state=random_state, batch_size=batch_size)
+                                       noise_var=noise_var, random_state=seed, batch_size=batch_size)
         target = _match_regression(y, tuple(mean.shape)).to(mean.dtype)
         sd = std.to(torch.float64).reshape(n, -1)
         res = (target - mean).abs().to(torch.float64).reshape(n, -1)
         if bool((sd <= 0).any()):
             raise ValueError("The predictive standard deviation is 0 on some calibration rows, so the normalised "
                              "scores |y − ŷ| / σ̂ are undefined; use include_noise / a positive noise_var.")
-        scores = np.sort((res / sd).cpu().numpy(), axis=0)
+        raw = (res / sd).cpu().numpy()
+        scores = np.sort(raw, axis=0)
         quantiles = conformal_quantile(scores, levels)
-        bounds = conformal_interval(mean.reshape(n, -1).to(torch.float64), sd, quantiles)
-        target2 = target.reshape(n, -1).to(torch.float64)
-        for i, lev in enumerate(levels):
-            rows.append({"level": float(lev), "quantile": float(quantiles[i, 0]),
-                         "coverage": float(interval_coverage(target2, bounds[..., i:i + 1])[0]),
-                         "mean_width": float(mean_interval_width(bounds[..., i:i + 1])[0])})
+        sd_np = sd.cpu().numpy()
+        for i, lev in enumerate(levels):  # y ∈ ŷ ± q σ̂  ⇔  score ≤ q; width 2 q σ̂ (infinite q: infinite width)
+            rows.append({"level": float(lev), "d": d, "quantile": float(quantiles[i, 0]), "sigma0": sigma0,
+                         "coverage": float(np.mean(raw <= quantiles[i])),
+                         "mean_width": float(np.mean(2 * quantiles[i] * sd_np))})
         size_col = "mean_width"
     else:
         probs = class_probabilities(posterior, X_cal, d, predictive=predictive, n_samples=n_samples,
-                                    random_state=random_state, linearized_method=linearized_method,
+                                    random_state=seed, linearized_method=linearized_method,
                                     batch_size=batch_size)
         lab = y.reshape(-1).long()
         if probs.ndim != 2 or lab.shape[0] != probs.shape[0]:
@@ -467,10 +475,10 @@ def conformal_calibrate(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor,
         quantiles = conformal_quantile(scores, levels)
         sets = conformal_sets(probs.to(torch.float64), quantiles)
         for i, lev in enumerate(levels):
-            rows.append({"level": float(lev), "quantile": float(quantiles[i]),
+            rows.append({"level": float(lev), "d": d, "quantile": float(quantiles[i]), "sigma0": sigma0,
                          "coverage": float(set_coverage(lab, sets[..., i:i + 1])[0]),
                          "mean_set_size": float(mean_set_size(sets[..., i:i + 1])[0])})
         size_col = "mean_set_size"
-    table = pd.DataFrame(rows, columns=["level", "quantile", "coverage", size_col])
-    return ConformalResult(n_components=d, sigma0=float(posterior.fit_sigma0(d)), scores=scores,
-                           confidence_levels=levels, quantiles=quantiles, table=table)
+    table = pd.DataFrame(rows, columns=["level", "d", "quantile", "coverage", size_col, "sigma0"])
+    return ConformalResult(n_components=d, sigma0=sigma0, scores=scores, confidence_levels=levels,
+                           quantiles=quantiles, table=table, sample_seed=seed)

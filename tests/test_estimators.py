@@ -19,8 +19,11 @@ from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceR
 from glas_sklearn.calibration import CalibrationWarning
 from tests.reference import assert_unchanged, mlp, snapshot
 
+# The tests of the paper's method pass its settings explicitly (the defaults are the low-rank posterior with
+# conformal calibration, tested in their own section below).
+PAPER = dict(calibration="coverage", posterior="subspace")
 SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=30, lr=0.05, batch_size=None,
-             n_samples=50, max_components=3, dtype="float64", random_state=0)
+             n_samples=50, max_components=3, dtype="float64", random_state=0, **PAPER)
 
 
 @pytest.fixture(autouse=True)
@@ -425,7 +428,7 @@ def test_bad_hyperparameters_raise_at_fit_naming_the_parameter(param, value):
 BAD_VALUES = [
     ("module_kwargs", (1,), "None or a dict"), ("prefit", 1, "True or False"), ("scaling", 0.0, "'mean', 'standard'"),
     ("scaling", float("nan"), "> 0"), ("n_components", True, "'auto' or an int >= 1"),
-    ("max_components", 2.0, "an int >= 1"), ("sigma0", -1.0, "'auto' or a finite float > 0"),
+    ("max_components", 2.0, "an int >= 1"), ("sigma0", -1.0, "'auto', 'eb_subspace', 'eb_full' or a finite float > 0"),
     ("sigma0", float("inf"), "> 0"), ("predictive", "Sampled", "'sampled' or 'linearized'"),
     ("n_samples", np.int64(1), "an int >= 2"), ("confidence_level", [], "strictly between 0 and 1"),
     ("confidence_level", "0.9", "strictly between 0 and 1"), ("calibration_size", 0, "(0, 1) or an int >= 1"),
@@ -439,6 +442,7 @@ BAD_VALUES = [
     ("random_state", np.random.default_rng(0), "numpy.random.RandomState"), ("verbose", -1, "an int >= 0"),
     ("noise_std", 0.0, "'auto', 'calibration', 'training' or a finite float > 0"),
     ("include_noise", np.float64(1.0), "True or False"),
+    ("posterior", "full", "'low_rank' or 'subspace'"), ("calibration", "Conformal", "'conformal' or 'coverage'"),
 ]
 
 

@@ -21,7 +21,7 @@ from torch import nn
 
 from .._checks import check_confidence_levels, numpy_rng
 from .._functional import eval_view
-from ..calibration import CalibrationWarning, choose_dimension
+from ..calibration import CalibrationWarning, choose_dimension, conformal_calibrate, conformal_quantile
 from ..laplace import fit_laplace_subspace
 from ._training import OPTIMIZERS, default_mlp, seeded_torch, train_module
 from ._validation import (
@@ -63,21 +63,39 @@ PARAMETERS_DOC = """\
         Posterior scaling: β = 1/σ² ("mean", the paper's proposal), N/σ² ("standard", Bayes) or a given β;
         for classification "mean" is β = 1 and "standard" is β = N.
     n_components : "auto" or int, default="auto"
-        The subspace dimension d; "auto" chooses it by calibration, up to ``max_components``. A given d must
-        be smaller than the number D of trainable weights.
+        The subspace dimension d. "auto": with ``calibration="coverage"`` the smallest d whose intervals
+        cover the first level on the calibration rows (up to ``max_components``); with
+        ``calibration="conformal"`` d = ``max_components`` (fixed before the calibration rows are seen, so
+        the conformal guarantee holds). A given d must be smaller than the number D of trainable weights.
     max_components : int, default=50
         The eigenpairs computed for ``n_components="auto"``, at most D − 1.
-    sigma0 : "auto" or float, default="auto"
-        Prior standard deviation (in the network's weight units); "auto" = empirical Bayes at each d.
-    predictive : {"sampled", "linearized"}, default="sampled"
-        Push posterior samples through the network, or use the linearised network's Gaussian.
+    sigma0 : {"auto", "eb_subspace", "eb_full"} or float, default="auto"
+        Prior standard deviation (in the network's weight units), fitted at each d: "eb_subspace" by the
+        paper's empirical Bayes in the subspace, "eb_full" by the full-space condition over all D weights
+        (tr Σ = ‖θ0‖²); "auto" is "eb_full" for ``posterior="low_rank"`` and "eb_subspace" for "subspace".
+    posterior : {"low_rank", "subspace"}, default="low_rank"
+        "subspace" (the paper): θ = θ0 + P z, no variance off the top-d eigenvectors. "low_rank": the Laplace
+        posterior of the rank-d curvature, Σ = P diag(σ_j²) Pᵀ + σ0² (I − P Pᵀ): the directions the data do
+        not constrain keep the prior's variance, so intervals widen where the network extrapolates.
+    calibration : {"conformal", "coverage"}, default="conformal"
+        "conformal": split conformal on the calibration rows at a fixed d, with coverage ≥ 1 − γ for
+        exchangeable data at any number of rows: regression intervals ŷ ± q σ̂ with q the
+        ⌈(n + 1)(1 − γ)⌉-th smallest |y − ŷ| / σ̂ (per output), classification sets {c : 1 − p_c ≤ q} (LAC).
+        "coverage" (the paper): d is the smallest whose posterior intervals or sets cover the level.
+        The paper's method is ``calibration="coverage", posterior="subspace"``.
+    predictive : {"auto", "sampled", "linearized"}, default="auto"
+        Push posterior samples through the network, or use the linearised network's Gaussian. "auto":
+        "linearized" for ``posterior="low_rank"`` (the complement perturbs every weight: meaningful for the
+        linearised network, not for the non-linear one) and "sampled" for "subspace".
     n_samples : int, default=1000
         Posterior samples (at least 2) for the sampled predictive.
     confidence_level : float or list of float, default=0.9
         Interval (or prediction-set) level(s) 1 − γ, strictly between 0 and 1; the first one is the
         calibration target.
     calibration_size : float or int, default=0.1
-        Share (or number) of rows held out of ``X`` to choose d, when ``X_cal`` is not passed to ``fit``.
+        Share (or number) of rows held out of ``X`` for calibration, when ``X_cal`` is not passed to ``fit``.
+        With ``calibration="conformal"`` a share is raised, if need be, to the ⌈1/γ⌉ − 1 rows (9 at 90 %)
+        that a finite conformal quantile needs at the highest level (as far as the data allow).
     max_epochs : int, default=500
         Training epochs when ``prefit=False``.
     lr : float, default=1e-3
@@ -107,19 +125,27 @@ ATTRIBUTES_DOC = """\
         The trained network (θ0).
     n_components_ : int
         The subspace dimension d used.
+    predictive_ : {"sampled", "linearized"}
+        The predictive used (``predictive`` with "auto" resolved).
     sigma0_ : float
         The prior standard deviation at d.
     beta_ : float
     eigenvalues_ : ndarray of shape (K,)
         Top eigenvalues of the GGN (in the internal, standardised units).
     calibration_ : pandas.DataFrame
-        d, coverage, mean_width (regression: in the units of y for a single output, standardised units
-        otherwise) or mean_set_size (classification), sigma0 for every d tried on the calibration data;
-        :meth:`coverage_curve` gives the whole curve on any data.
+        "coverage": d, coverage, mean_width (regression: in the units of y for a single output, standardised
+        units otherwise) or mean_set_size (classification), sigma0 for every d tried on the calibration data;
+        :meth:`coverage_curve` gives the whole curve on any data. "conformal": one row per level: level, d,
+        quantile, coverage and mean_width / mean_set_size of the conformal intervals or sets on the
+        calibration rows, sigma0.
+    conformity_scores_ : ndarray or None
+        "conformal" only (None otherwise): the sorted calibration scores, |y − ŷ| / σ̂ of shape (n, M)
+        (regression) or 1 − p_y of shape (n,) (classification); the quantile for any level is computed from
+        them at prediction time.
     calibration_seed_ : int
         The seed of the calibration's posterior samples (predictions reuse them).
     calibration_reached_ : bool or None
-        Whether the target coverage was reached (None when d was given).
+        Whether the target coverage was reached (None when d was given, and with ``calibration="conformal"``).
     eigen_info_ : dict
         Products used, residuals and convergence of the eigen-solver.
     posterior_ : ActiveSubspacePosterior
@@ -183,8 +209,10 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         "scaling": [Options("mean", "standard"), Interval(numbers.Real, 0, None, closed="neither")],
         "n_components": [Options("auto"), Interval(numbers.Integral, 1, None)],
         "max_components": [Interval(numbers.Integral, 1, None)],
-        "sigma0": [Options("auto"), Interval(numbers.Real, 0, None, closed="neither")],
-        "predictive": [Options("sampled", "linearized")],
+        "sigma0": [Options("auto", "eb_subspace", "eb_full"), Interval(numbers.Real, 0, None, closed="neither")],
+        "posterior": [Options("low_rank", "subspace")],
+        "calibration": [Options("conformal", "coverage")],
+        "predictive": [Options("auto", "sampled", "linearized")],
         "n_samples": [Interval(numbers.Integral, 2, None)],
         "confidence_level": [Satisfies(_is_level_list, "a number or a non-empty list of numbers strictly between "
                                                        "0 and 1 (e.g. 0.9 for 90 % intervals)")],
@@ -205,7 +233,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
     }
 
     def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="mean", n_components="auto",
-                 max_components=50, sigma0="auto", predictive="sampled", n_samples=1000, confidence_level=0.9,
+                 max_components=50, sigma0="auto", posterior="low_rank", calibration="conformal",
+                 predictive="auto", n_samples=1000, confidence_level=0.9,
                  calibration_size=0.1, max_epochs=500, lr=1e-3, batch_size=64, weight_decay=0.0,
                  optimizer="adam", standardize=True, subsample=None, eigen_method="lanczos", device="auto",
                  dtype="float32", random_state=None, verbose=0):
@@ -216,6 +245,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         self.n_components = n_components
         self.max_components = max_components
         self.sigma0 = sigma0
+        self.posterior = posterior
+        self.calibration = calibration
         self.predictive = predictive
         self.n_samples = n_samples
         self.confidence_level = confidence_level
@@ -315,7 +346,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             self.module_, Xt, yt if regression else None, loss="mse" if regression else "cross_entropy",
             scaling=self.scaling, noise_var=self._noise_var(self.module_, Xt, yt, Xc, yc),
             n_components=self._n_eigenpairs(self.module_), sigma0=self.sigma0, subsample=self.subsample,
-            eigen_method=self.eigen_method, random_state=seed, verbose=self.verbose)
+            eigen_method=self.eigen_method, random_state=seed, verbose=self.verbose, posterior=self.posterior)
         self.timings_["curvature"] = time.perf_counter() - t0
         self.posterior_ = fitted.posterior
         self.beta_ = float(fitted.beta)
@@ -342,10 +373,23 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
 
     def _choose_dimension(self, Xc, yc, seed: int) -> None:
         """d on the calibration rows: the smallest reaching the first level ("auto"), or the given one (its
-        coverage recorded, not judged); σ0 at d; and the posterior samples' seed that predictions reuse."""
+        coverage recorded, not judged); σ0 at d; and the posterior samples' seed that predictions reuse.
+        With ``calibration="conformal"``: d fixed (given, or max_components) and the conformal scores."""
         t0 = time.perf_counter()
+        self.predictive_ = self._resolved_predictive()
+        self.conformity_scores_ = None
+        if self.calibration == "conformal":
+            d = self.posterior_.max_components if self.n_components == "auto" else self.n_components
+            result = conformal_calibrate(
+                self.posterior_, Xc, yc, d=d, task=self._task, confidence_level=_check_level_list(self.confidence_level),
+                predictive=self.predictive_, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
+                random_state=seed)
+            self.conformity_scores_ = result.scores
+            self.calibration_reached_ = None
+            self._store_calibration(result, Xc, seed, t0)
+            return
         common = dict(task=self._task, confidence_level=_check_level_list(self.confidence_level)[0],
-                      predictive=self.predictive, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
+                      predictive=self.predictive_, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
                       random_state=seed, verbose=self.verbose)
         if self.n_components == "auto":
             result = choose_dimension(self.posterior_, Xc, yc, d_max=self.posterior_.max_components,
@@ -357,6 +401,9 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
                 result = choose_dimension(self.posterior_, Xc, yc, d_min=self.n_components,
                                           d_max=self.n_components, **common)
             self.calibration_reached_ = None
+        self._store_calibration(result, Xc, seed, t0)
+
+    def _store_calibration(self, result, Xc, seed: int, t0: float) -> None:
         self.timings_["calibration"] = time.perf_counter() - t0
         self.n_components_ = int(result.n_components)
         self.calibration_ = self._table_in_user_units(result.table.reset_index(drop=True))
@@ -365,6 +412,16 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         self._sample_seed_ = int(result.sample_seed)
         self.sigma0_ = float(self.posterior_.fit_sigma0(self.n_components_))
         self.n_calibration_rows_ = int(len(Xc))
+
+    def _resolved_predictive(self) -> str:
+        """``predictive`` with "auto" resolved: linearised for the low-rank posterior, sampled for the subspace."""
+        if self.predictive != "auto":
+            return self.predictive
+        return "linearized" if self.posterior == "low_rank" else "sampled"
+
+    def _conformal_quantiles(self, levels) -> np.ndarray:
+        """The conformal quantiles of the calibration scores at ``levels``; shape (k,) or (k, M)."""
+        return conformal_quantile(self.conformity_scores_, levels)
 
     # ----------------------------------------------------------------- module
     def _user_module(self) -> nn.Module | None:
@@ -409,14 +466,18 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
 
     # --------------------------------------------------------------- helpers
     def _n_calibration_rows(self, n: int) -> int:
-        """Rows held out of the n training rows for choosing d (at least one, leaving at least two)."""
+        """Rows held out of the n training rows for calibration (at least one, leaving at least two; with
+        "conformal" and a fraction, at least the ⌈1/γ⌉ − 1 rows a finite quantile needs at the highest level)."""
         cs = self.calibration_size
         if isinstance(cs, numbers.Integral):
             if cs > n - 2:
                 raise ValueError(f"{type(self).__name__}: calibration_size={cs} rows, but only {n} rows were passed; "
                                  f"hold out at most {n - 2} rows, give a fraction, or pass X_cal and y_cal.")
             return int(cs)
-        return int(min(max(1, np.ceil(cs * n)), n - 2))
+        n_cal = max(1, int(np.ceil(cs * n)))
+        if self.calibration == "conformal":  # enough rows for a finite conformal quantile at every level
+            n_cal = max(n_cal, int(np.ceil(1.0 / (1.0 - max(_check_level_list(self.confidence_level))) - 1e-9)) - 1)
+        return int(min(n_cal, n - 2))
 
     @staticmethod
     def _can_stratify(y, n_cal: int) -> bool:
@@ -480,8 +541,9 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         """Coverage on ``(X, y)`` of the (1 − γ) intervals (or prediction sets) for every d = 1 … d_max.
 
         The posterior samples are those of the calibration (same seed), and σ0 is refitted at every d, so
-        on the calibration rows this reproduces ``calibration_`` and extends it past the chosen d
-        (the paper's Fig. 6); on test rows it shows how coverage generalises.
+        on the calibration rows this reproduces ``calibration_`` of ``calibration="coverage"`` and extends it
+        past the chosen d (the paper's Fig. 6); on test rows it shows how coverage generalises. These are the
+        posterior's own intervals (or sets), also with ``calibration="conformal"``.
 
         Parameters
         ----------
@@ -511,14 +573,14 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         with warnings.catch_warnings():  # the whole curve is asked for, reaching the level or not
             warnings.simplefilter("ignore", CalibrationWarning)
             result = choose_dimension(p, Xt, yt, task=self._task, confidence_level=level, d_max=d_max,
-                                      predictive=self.predictive, n_samples=self.n_samples,
+                                      predictive=self.predictive_, n_samples=self.n_samples,
                                       noise_var=self._interval_noise_var(),
                                       random_state=self.calibration_seed_, full_curve=True, verbose=self.verbose)
         return self._table_in_user_units(result.table.reset_index(drop=True))
 
     def _row_chunks(self, n_rows: int, n_outputs: int) -> list[slice]:
         """Row slices for prediction, sized so that samples × rows × outputs stays within the budget."""
-        per_row = (self.n_samples if self.predictive == "sampled" else 1) * max(1, n_outputs)
+        per_row = (self.n_samples if self.predictive_ == "sampled" else 1) * max(1, n_outputs)
         size = max(1, _PREDICT_BUDGET // per_row)
         return [slice(i, min(i + size, n_rows)) for i in range(0, n_rows, size)]
 
@@ -543,6 +605,11 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
 
     def __setstate__(self, state: dict) -> None:
         state = dict(state)
+        if "posterior_" in state or "_torch_state" in state:  # fitted before the low-rank / conformal options
+            state.setdefault("posterior", "subspace")
+            state.setdefault("calibration", "coverage")
+            state.setdefault("predictive_", state.get("predictive", "sampled"))
+            state.setdefault("conformity_scores_", None)
         blob = state.pop("_torch_state", None)
         saved_device = state.pop("_torch_device", None)
         if blob is not None:

@@ -8,7 +8,8 @@ from sklearn.base import ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
-from ..predictive import linearized_probabilities, prediction_sets, sampled_probabilities
+from ..calibration import class_probabilities
+from ..predictive import conformal_sets, prediction_sets
 from ._base import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, LaplaceActiveSubspaceBase
 
 __all__ = ["LaplaceActiveSubspaceClassifier"]
@@ -20,8 +21,10 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
     The network returns logits (n, n_classes); the curvature is the generalized Gauss-Newton matrix of
     softmax cross-entropy. Probabilities average the softmax over posterior weight samples
     (``predictive="sampled"``) or push the linearised logit Gaussian through the softmax by the probit
-    approximation (``predictive="linearized"``). d is chosen so that the (1 − γ) prediction sets cover the
-    calibration labels.
+    approximation (``predictive="linearized"``, the default with the low-rank posterior). By default
+    (``calibration="conformal"``) the prediction sets are split-conformal on the calibration labels with the
+    LAC score 1 − p_y; with ``calibration="coverage"`` (the paper) d is chosen so that the (1 − γ) prediction
+    sets cover the calibration labels.
 
     Parameters
     ----------
@@ -130,11 +133,9 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         return self._fit(X, y, X_cal, y_cal)
 
     def _proba_chunk(self, Xt: torch.Tensor) -> torch.Tensor:
-        p, d = self.posterior_, self.n_components_
-        if self.predictive == "sampled":
-            return sampled_probabilities(p.predict_samples(Xt, d, self.n_samples, random_state=self._sample_seed_))
-        var = p.linearized_variance(Xt, d)  # the probit approximation needs the logit variances only
-        return linearized_probabilities(p.predict_mean(Xt), var, method="probit")
+        # sampled: the calibration's weight samples; linearised: probit (the logit variances only)
+        return class_probabilities(self.posterior_, Xt, self.n_components_, predictive=self.predictive_,
+                                   n_samples=self.n_samples, random_state=self._sample_seed_)
 
     def _proba_tensor(self, X) -> torch.Tensor:
         """Class probabilities (n, C), chunk by chunk of rows (bounded memory for large X)."""
@@ -175,7 +176,9 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         return self.classes_[np.argmax(proba, axis=1)]
 
     def predict_set(self, X, confidence_level=None) -> tuple[np.ndarray, np.ndarray]:
-        """Prediction sets: for each row the smallest set of classes whose probability reaches the level.
+        """Prediction sets: with ``calibration="conformal"`` the split-conformal LAC sets {c : 1 − p_c ≤ q}
+        (coverage ≥ the level for exchangeable data; a set may be empty), otherwise for each row the smallest
+        set of classes whose probability reaches the level.
 
         Parameters
         ----------
@@ -193,6 +196,9 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         check_is_fitted(self, "posterior_")
         levels = self._levels(confidence_level)
         probs = self._proba_tensor(X)
-        sets = prediction_sets(probs, levels).detach().cpu().numpy()
+        if self.calibration == "conformal":
+            sets = conformal_sets(probs, self._conformal_quantiles(levels)).detach().cpu().numpy()
+        else:
+            sets = prediction_sets(probs, levels).detach().cpu().numpy()
         labels = self.classes_[probs.argmax(dim=1).cpu().numpy()]
         return labels, sets
