@@ -784,3 +784,110 @@ def test_predictions_in_row_chunks_equal_whole(predictive, monkeypatch):
     np.testing.assert_allclose(whole[2], chunked[2], rtol=1e-12, atol=1e-12)
     # the sets follow the probabilities exactly wherever 1e-12 cannot move a row across a threshold
     _assert_same_sets_where_decided(chunked[3], whole[3], whole[2], clf.confidence_level, tol=1e-12)
+
+
+# ------------------------------------------------------------------- the defaults: low-rank + conformal
+
+NEW = {k: v for k, v in SMALL.items() if k not in PAPER}
+
+
+def _rank(n, level):
+    return int(math.ceil((n + 1) * level - 1e-9))
+
+
+def test_default_regressor_is_low_rank_conformal_with_hand_checked_intervals():
+    X, y = _data(n=90)
+    X_cal, y_cal = _data(n=30, seed=1)
+    est = LaplaceActiveSubspaceRegressor(**NEW, confidence_level=[0.9, 0.5]).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    assert est.posterior_.posterior == "low_rank" and est.posterior_.sigma0_method == "eb_full"
+    assert est.predictive_ == "linearized" and est.n_components_ == 3 and est.calibration_reached_ is None
+    assert est.noise_source_ == "training"  # "auto" under conformal: the scores must not depend on the cal rows
+    assert list(est.calibration_.columns) == ["level", "d", "quantile", "coverage", "mean_width", "sigma0"]
+    mean_c, std_c = est.predict(X_cal, return_std=True)
+    scores = np.abs(y_cal - mean_c) / std_c  # the normalised scores, by hand, in the units of y
+    np.testing.assert_allclose(est.conformity_scores_[:, 0], np.sort(scores), rtol=1e-10)
+    q = {lev: np.sort(scores)[_rank(30, lev) - 1] for lev in (0.9, 0.5, 0.8)}
+    y_pred, pis = est.predict_interval(X[:7], confidence_level=[0.9, 0.5, 0.8])  # 0.8 was not fitted
+    mean, std = est.predict(X[:7], return_std=True)
+    np.testing.assert_allclose(y_pred, mean, rtol=1e-12)
+    for k, lev in enumerate((0.9, 0.5, 0.8)):
+        np.testing.assert_allclose(pis[:, 0, k], mean - q[lev] * std, rtol=1e-9, atol=1e-9)
+        np.testing.assert_allclose(pis[:, 1, k], mean + q[lev] * std, rtol=1e-9, atol=1e-9)
+    # on the calibration rows themselves the coverage is ⌈(n+1)(1−γ)⌉ / n ≥ 1 − γ (distinct scores)
+    _, pis_c = est.predict_interval(X_cal)
+    inside = (y_cal >= pis_c[:, 0, :].T) & (y_cal <= pis_c[:, 1, :].T)
+    np.testing.assert_allclose(inside.mean(1), [_rank(30, 0.9) / 30, _rank(30, 0.5) / 30])
+    np.testing.assert_allclose(est.calibration_["coverage"], inside.mean(1))
+    # σ̂ is the linearised posterior's, σ_f (include_noise=False), in the units of y
+    Xt = torch.as_tensor((X[:7] - est.x_mean_) / est.x_scale_)
+    var = est.posterior_.linearized_variance(Xt, 3)[:, 0].numpy()
+    np.testing.assert_allclose(std, np.sqrt(var) * est.y_scale_[0], rtol=1e-10)
+
+
+def test_conformal_include_noise_multi_output_and_small_calibration_sets():
+    from glas_sklearn.calibration import ConformalWarning
+
+    X, Y = _data(n=80, n_outputs=2)
+    est = LaplaceActiveSubspaceRegressor(**NEW, include_noise=True).fit(X, Y)
+    assert est.n_calibration_rows_ == 9 and est.conformity_scores_.shape == (9, 2)  # raised from 8 = ⌈0.1 · 80⌉
+    f_only = LaplaceActiveSubspaceRegressor(**NEW).fit(X, Y)
+    _, std_f = f_only.predict(X[:5], return_std=True)
+    mean, std = est.predict(X[:5], return_std=True)
+    np.testing.assert_allclose(std, np.sqrt(std_f**2 + est.noise_std_**2), rtol=1e-10)
+    q = est.conformity_scores_[_rank(9, 0.9) - 1]  # one quantile per output
+    _, pis = est.predict_interval(X[:5])
+    np.testing.assert_allclose(pis[:, :, 1, 0] - pis[:, :, 0, 0], 2 * q * std, rtol=1e-9)
+    # too few calibration rows for the level: infinite intervals, with a warning
+    with pytest.warns(ConformalWarning, match="too few"):
+        tiny = LaplaceActiveSubspaceRegressor(**NEW).fit(X[:60], Y[:60], X_cal=X[60:65], y_cal=Y[60:65])
+    with pytest.warns(ConformalWarning):
+        _, pis = tiny.predict_interval(X[:3], confidence_level=[0.5, 0.9])
+    assert np.isfinite(pis[..., 0]).all() and np.isinf(pis[..., 1]).all()
+    with pytest.warns(UserWarning, match="only approximate"):
+        LaplaceActiveSubspaceRegressor(**NEW, noise_std="calibration").fit(X, Y)
+
+
+def test_low_rank_sample_y_draws_the_linearised_predictive():
+    X, y = _data(n=60)
+    est = LaplaceActiveSubspaceRegressor(**NEW).fit(X, y)
+    draws = est.sample_y(X[:4], n_samples=4000, random_state=3)
+    mean, std = est.predict(X[:4], return_std=True)
+    se = std / np.sqrt(4000)
+    assert np.all(np.abs(draws.mean(1) - mean) < 5 * se)
+    assert np.all(np.abs(draws.std(1) / std - 1) < 5 * np.sqrt(0.5 / 4000))
+    np.testing.assert_array_equal(draws[:, :10], est.sample_y(X[:4], n_samples=4000, random_state=3)[:, :10])
+
+
+def test_paper_method_is_one_argument_away():
+    """calibration="coverage", posterior="subspace": the paper's sampled subspace posterior, d by coverage."""
+    X, y = _data(n=60)
+    paper = LaplaceActiveSubspaceRegressor(**NEW, calibration="coverage", posterior="subspace").fit(X, y)
+    assert paper.predictive_ == "sampled" and paper.posterior_.posterior == "subspace"
+    assert paper.posterior_.sigma0_method == "eb_subspace" and paper.conformity_scores_ is None
+    assert list(paper.calibration_.columns) == ["d", "coverage", "mean_width", "sigma0"]
+    # its intervals are the sample quantiles of the subspace posterior at the chosen d
+    Xt = torch.as_tensor((X[:5] - paper.x_mean_) / paper.x_scale_)
+    f = paper.posterior_.predict_samples(Xt, paper.n_components_, paper.n_samples, random_state=paper._sample_seed_)
+    f = f[..., 0].numpy() * paper.y_scale_[0] + paper.y_mean_[0]
+    _, pis = paper.predict_interval(X[:5])
+    np.testing.assert_allclose(pis[:, 0, 0], np.quantile(f, 0.05, axis=0), rtol=1e-10)
+    np.testing.assert_allclose(pis[:, 1, 0], np.quantile(f, 0.95, axis=0), rtol=1e-10)
+
+
+def test_default_classifier_conformal_lac_sets():
+    X, labels = _labels(n=90)
+    X_cal, l_cal = _labels(n=40, seed=1)
+    clf = LaplaceActiveSubspaceClassifier(**NEW).fit(X, labels, X_cal=X_cal, y_cal=l_cal)
+    assert clf.posterior_.posterior == "low_rank" and clf.predictive_ == "linearized"
+    proba_c = clf.predict_proba(X_cal)
+    codes = np.searchsorted(clf.classes_, l_cal)
+    scores = np.sort(1 - proba_c[np.arange(40), codes])
+    np.testing.assert_allclose(clf.conformity_scores_, scores, rtol=1e-9, atol=1e-12)
+    q = scores[_rank(40, 0.9) - 1]
+    labels_pred, sets = clf.predict_set(X[:20])
+    proba = clf.predict_proba(X[:20])
+    decided = np.abs((1 - proba) - q) > 1e-9  # membership that round-off cannot flip
+    np.testing.assert_array_equal(sets[:, :, 0][decided], ((1 - proba) <= q)[decided])
+    np.testing.assert_array_equal(labels_pred, clf.classes_[proba.argmax(1)])
+    _, sets_c = clf.predict_set(X_cal)
+    assert sets_c[np.arange(40), codes, 0].mean() >= 0.9
