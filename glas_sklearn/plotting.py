@@ -253,6 +253,12 @@ class CoverageDisplay:
         _check_fitted_estimator(estimator, "calibration_", f"{cls.__name__}.from_estimator",
                                 f"for a CalibrationResult use {cls.__name__}.from_result or plot_calibration")
         table = estimator.calibration_
+        if "level" in table.columns:
+            raise ValueError(
+                f"{cls.__name__}.from_estimator: the estimator was calibrated with calibration='conformal' at a fixed "
+                f"d = {estimator.n_components_}, so it has no coverage curve over d; plot the posterior's own curve "
+                "with CoverageDisplay(d=..., coverage=...) from estimator.coverage_curve(X, y), or fit with "
+                "calibration='coverage'.")
         disp = cls(d=table["d"].to_numpy(), coverage=table["coverage"].to_numpy(dtype=float),
                    confidence_level=_single_level(None, estimator.confidence_level),
                    chosen_d=int(estimator.n_components_),

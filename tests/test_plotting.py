@@ -24,8 +24,9 @@ from glas_sklearn.plotting import (
 )
 from glas_sklearn.posterior import ActiveSubspacePosterior
 
+# The calibration curves are those of the paper's method (d by coverage), whose settings are passed explicitly.
 TINY = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=20, n_samples=50, max_components=4,
-            random_state=0)
+            random_state=0, calibration="coverage", posterior="subspace")
 
 
 @pytest.fixture(scope="module")
@@ -409,3 +410,12 @@ def test_activity_display_holds_kappa(plt):
     assert light.top_marker_ is None
     with pytest.raises(TypeError, match="ActivityDisplay.from_posterior"):
         ActivityDisplay.from_estimator(post)
+
+
+def test_conformal_estimator_has_no_coverage_curve_over_d(plt, data_1d):
+    settings = {k: v for k, v in TINY.items() if k not in ("calibration", "posterior")}
+    conformal = _fit_quietly(LaplaceActiveSubspaceRegressor(**settings), *data_1d)
+    with pytest.raises(ValueError, match="calibration='conformal'"):
+        CoverageDisplay.from_estimator(conformal)
+    X, y = data_1d
+    plot_intervals(conformal, X, y)  # the intervals themselves plot as for any estimator
