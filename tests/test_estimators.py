@@ -799,7 +799,7 @@ def test_default_regressor_is_low_rank_conformal_with_hand_checked_intervals():
     X, y = _data(n=90)
     X_cal, y_cal = _data(n=30, seed=1)
     est = LaplaceActiveSubspaceRegressor(**NEW, confidence_level=[0.9, 0.5]).fit(X, y, X_cal=X_cal, y_cal=y_cal)
-    assert est.posterior_.posterior == "low_rank" and est.posterior_.sigma0_method == "eb_full"
+    assert est.posterior_.posterior == "low_rank" and est.posterior_.sigma0_method == "eb_subspace"
     assert est.predictive_ == "linearized" and est.n_components_ == 3 and est.calibration_reached_ is None
     assert est.noise_source_ == "training"  # "auto" under conformal: the scores must not depend on the cal rows
     assert list(est.calibration_.columns) == ["level", "d", "quantile", "coverage", "mean_width", "sigma0"]
@@ -879,6 +879,7 @@ def test_default_classifier_conformal_lac_sets():
     X_cal, l_cal = _labels(n=40, seed=1)
     clf = LaplaceActiveSubspaceClassifier(**NEW).fit(X, labels, X_cal=X_cal, y_cal=l_cal)
     assert clf.posterior_.posterior == "low_rank" and clf.predictive_ == "linearized"
+    assert clf.posterior_.sigma0_method == "eb_full"
     proba_c = clf.predict_proba(X_cal)
     codes = np.searchsorted(clf.classes_, l_cal)
     scores = np.sort(1 - proba_c[np.arange(40), codes])

@@ -88,6 +88,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     """
 
     _task = "regression"
+    _low_rank_sigma0 = "eb_subspace"
     _parameter_constraints: dict = {
         **LaplaceActiveSubspaceBase._parameter_constraints,
         "noise_std": [Options(*_NOISE_SOURCES), Interval(numbers.Real, 0, None, closed="neither")],
