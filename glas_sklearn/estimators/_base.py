@@ -384,7 +384,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         if self.calibration == "conformal":
             d = self.posterior_.max_components if self.n_components == "auto" else self.n_components
             result = conformal_calibrate(
-                self.posterior_, Xc, yc, d=d, task=self._task, confidence_level=_check_level_list(self.confidence_level),
+                self.posterior_, Xc, yc, d=d, task=self._task,
+                confidence_level=_check_level_list(self.confidence_level),
                 predictive=self.predictive_, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
                 random_state=seed)
             self.conformity_scores_ = result.scores
