@@ -84,6 +84,10 @@ METHODS = [
     ("glas_mean_sampled_y", "GLAS mean, sampled, intervals for y (include_noise)"),
     ("glas_mean_linearized_y", "GLAS mean, linearised, intervals for y (include_noise)"),
     ("glas_standard_linearized_y", "GLAS standard, linearised, intervals for y (include_noise)"),
+    ("glas_conformal_ebsub", "GLAS default: low-rank posterior, conformal (d = d_max, σ0 by subspace EB)"),
+    ("glas_conformal", "GLAS low-rank, conformal, σ0 by full-space EB"),
+    ("glas_conformal_y", "GLAS low-rank, conformal, σ0 by full-space EB, σ̂ = σ_f ⊕ σ (include_noise)"),
+    ("glas_conformal_subspace_y", "GLAS subspace posterior, conformal, σ̂ = σ_f ⊕ σ"),
     ("split_conformal", "Split conformal (MAPIE, absolute)"),
     ("conformal_laplace", "Conformalised Laplace (MAPIE std_normalized, σ_f)"),
     ("conformal_laplace_noise", "Conformalised Laplace (MAPIE std_normalized, σ_f ⊕ σ)"),
@@ -240,9 +244,20 @@ class StdWithNoise(RegressorMixin, BaseEstimator):
 
 
 # ------------------------------------------------------------------------------------------------------ metrics
+N_BINS = 5
+
+
+def _binned_coverage(inside: np.ndarray, key: np.ndarray) -> list:
+    """Coverage within the quintiles of ``key`` (ties kept together by a stable sort): five numbers."""
+    order = np.argsort(key, kind="stable")
+    return [float(inside[b].mean()) for b in np.array_split(order, N_BINS)]
+
+
 def metrics(y: np.ndarray, y_pred: np.ndarray, lower: np.ndarray, upper: np.ndarray, var: np.ndarray | None,
-            seconds: float) -> dict:
-    """Coverage, width, Winkler score, Gaussian NLL (when a predictive variance is given), RMSE, time."""
+            seconds: float, dist: np.ndarray | None = None) -> dict:
+    """Coverage, width, Winkler score, Gaussian NLL (when a predictive variance is given), RMSE, time, and the
+    conditional coverage diagnostics: coverage by quintile of interval width (MAPIE's size-stratified coverage)
+    and, when ``dist`` (each test row's distance to the nearest fitting row) is given, by quintile of distance."""
     pis = np.stack([lower, upper], axis=1)  # (n, 2)
     cov = coverage_score(y, pis)
     width = mean_width_score(pis)
@@ -251,20 +266,27 @@ def metrics(y: np.ndarray, y_pred: np.ndarray, lower: np.ndarray, upper: np.ndar
     if var is not None:
         var = np.maximum(var, 1e-300)
         nll = float(np.mean(0.5 * np.log(2 * np.pi * var) + 0.5 * (y - y_pred) ** 2 / var))
-    return {"coverage": float(cov), "width": float(width), "interval_score": float(winkler), "nll": nll,
-            "rmse": float(np.sqrt(np.mean((y - y_pred) ** 2))), "time": float(seconds)}
+    inside = (y >= lower) & (y <= upper)
+    out = {"coverage": float(cov), "width": float(width), "interval_score": float(winkler), "nll": nll,
+           "rmse": float(np.sqrt(np.mean((y - y_pred) ** 2))), "time": float(seconds),
+           "coverage_by_width": _binned_coverage(inside, upper - lower)}
+    if dist is not None:
+        out["coverage_by_distance"] = _binned_coverage(inside, dist)
+    return out
 
 
 # ------------------------------------------------------------------------------------------------------ methods
 def run_glas(net, X_fit, y_fit, X_cal, y_cal, X_te, y_te, *, scaling, predictive, n_samples, max_components, seed,
-             noise_std="training", include_noise=False):
+             noise_std="training", include_noise=False, calibration="coverage", posterior="subspace", sigma0="auto",
+             dist=None):
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         est = LaplaceActiveSubspaceRegressor(module=net, prefit=True, scaling=scaling, predictive=predictive,
                                              n_samples=n_samples, max_components=max_components,
                                              confidence_level=LEVEL, noise_std=noise_std,
-                                             include_noise=include_noise, random_state=seed, device="cpu")
+                                             include_noise=include_noise, calibration=calibration,
+                                             posterior=posterior, sigma0=sigma0, random_state=seed, device="cpu")
         est.fit(X_fit, y_fit, X_cal=X_cal, y_cal=y_cal)
     t_fit = time.perf_counter() - t0
     t0 = time.perf_counter()
@@ -273,9 +295,14 @@ def run_glas(net, X_fit, y_fit, X_cal, y_cal, X_te, y_te, *, scaling, predictive
     t_pred = time.perf_counter() - t0
     var = std ** 2 if include_noise else std ** 2 + est.noise_std_ ** 2
     f_std = np.sqrt(np.maximum(var - est.noise_std_ ** 2, 0.0))
-    out = metrics(y_te, y_pred, y_pis[:, 0, 0], y_pis[:, 1, 0], var, t_fit + t_pred)
+    out = metrics(y_te, y_pred, y_pis[:, 0, 0], y_pis[:, 1, 0], var, t_fit + t_pred, dist)
     cal = est.calibration_
-    out.update({"d": int(est.n_components_), "reached": bool(est.calibration_reached_),
+    if calibration == "conformal":  # the NLL of the Gaussian the conformal interval implies: N(ŷ, (q σ̂ / z)²)
+        q = float(cal["quantile"].iloc[0])
+        v = (q * np.sqrt(var if include_noise else np.maximum(var - est.noise_std_ ** 2, 0.0)) / Z) ** 2
+        v = np.maximum(v, 1e-300)
+        out["nll_interval"] = float(np.mean(0.5 * np.log(2 * np.pi * v) + 0.5 * (y_te - y_pred) ** 2 / v))
+    out.update({"d": int(est.n_components_), "reached": est.calibration_reached_ is not False,
                 "cal_coverage": float(cal.loc[cal["d"] == est.n_components_, "coverage"].iloc[0]),
                 "noise_std": float(est.noise_std_), "sigma0": float(est.sigma0_),
                 "mean_f_std": float(np.mean(f_std)), "eigen_converged": bool(est.eigen_info_["converged"]),
@@ -286,7 +313,7 @@ def run_glas(net, X_fit, y_fit, X_cal, y_cal, X_te, y_te, *, scaling, predictive
     return out, est
 
 
-def run_split_conformal(net, X_cal, y_cal, X_te, y_te):
+def run_split_conformal(net, X_cal, y_cal, X_te, y_te, dist=None):
     from mapie.regression import SplitConformalRegressor
     t0 = time.perf_counter()
     wrapped = TorchPrefitRegressor(net)
@@ -294,10 +321,10 @@ def run_split_conformal(net, X_cal, y_cal, X_te, y_te):
     scr = SplitConformalRegressor(wrapped, confidence_level=LEVEL, conformity_score="absolute", prefit=True)
     scr.conformalize(X_cal, y_cal)
     y_pred, y_pis = scr.predict_interval(X_te)
-    return metrics(y_te, y_pred, y_pis[:, 0, 0], y_pis[:, 1, 0], None, time.perf_counter() - t0)
+    return metrics(y_te, y_pred, y_pis[:, 0, 0], y_pis[:, 1, 0], None, time.perf_counter() - t0, dist)
 
 
-def run_conformal_laplace(est, X_cal, y_cal, X_te, y_te, *, with_noise: bool, glas_seconds: float):
+def run_conformal_laplace(est, X_cal, y_cal, X_te, y_te, *, with_noise: bool, glas_seconds: float, dist=None):
     from mapie.regression import SplitConformalRegressor
     t0 = time.perf_counter()
     inner = est
@@ -308,10 +335,10 @@ def run_conformal_laplace(est, X_cal, y_cal, X_te, y_te, *, with_noise: bool, gl
     scr.conformalize(X_cal, y_cal)
     y_pred, y_pis = scr.predict_interval(X_te)
     return metrics(y_te, y_pred, y_pis[:, 0, 0], y_pis[:, 1, 0], None,
-                   glas_seconds + time.perf_counter() - t0)  # includes fitting the wrapped GLAS regressor
+                   glas_seconds + time.perf_counter() - t0, dist)  # includes fitting the wrapped GLAS regressor
 
 
-def run_laplace_torch(Laplace, net, X_fit, y_fit, X_te, y_te, noise_std):
+def run_laplace_torch(Laplace, net, X_fit, y_fit, X_te, y_te, noise_std, dist=None):
     from torch.utils.data import DataLoader, TensorDataset
     t0 = time.perf_counter()
     model = copy.deepcopy(net)  # laplace-torch may hook into the model; keep ours untouched
@@ -324,26 +351,54 @@ def run_laplace_torch(Laplace, net, X_fit, y_fit, X_te, y_te, noise_std):
     mu = f_mu.detach().reshape(-1).double().numpy()
     var = f_var.detach().reshape(-1).double().numpy() + noise_std ** 2
     half = Z * np.sqrt(var)
-    out = metrics(y_te, mu, mu - half, mu + half, var, time.perf_counter() - t0)
+    out = metrics(y_te, mu, mu - half, mu + half, var, time.perf_counter() - t0, dist)
     out["prior_precision"] = float(torch.as_tensor(la.prior_precision).mean())
     return out
 
 
-def run_ensemble(members_orig, X_fit, y_fit, X_te, y_te, train_seconds):
+def run_ensemble(members_orig, X_fit, y_fit, X_te, y_te, train_seconds, dist=None):
     t0 = time.perf_counter()
     preds = np.stack([_predict(m, X_te) for m in members_orig])  # (E, n)
     noise = np.array([np.mean((y_fit - _predict(m, X_fit)) ** 2) for m in members_orig])
     mu = preds.mean(0)
     var = preds.var(0) + noise.mean()
     half = Z * np.sqrt(var)
-    out = metrics(y_te, mu, mu - half, mu + half, var, train_seconds + time.perf_counter() - t0)
+    out = metrics(y_te, mu, mu - half, mu + half, var, train_seconds + time.perf_counter() - t0, dist)
     out["noise_std"] = float(np.sqrt(noise.mean()))
     return out
 
 
 # -------------------------------------------------------------------------------------------------------- a split
 def run_split(folder: Path, split: int, cfg: argparse.Namespace, Laplace) -> dict:
+    """One standard random split: every method."""
     X, y, train, test = _common.load_uci(folder, split)
+    return run_rows(X, y, train, test, split, cfg, Laplace, shift=False)
+
+
+SHIFT_PROTOCOLS = ("extrapolation", "gap")
+
+
+def shift_indices(X: np.ndarray, feature: int, protocol: str) -> tuple[np.ndarray, np.ndarray]:
+    """Covariate shift along one feature: the test rows are the top third of its values ("extrapolation") or
+    the middle third ("gap", Foong et al. 2019); the rest are the training rows (stable sort: ties are kept)."""
+    order = np.argsort(X[:, feature], kind="stable")
+    n = len(order)
+    test = order[2 * n // 3:] if protocol == "extrapolation" else order[n // 3: 2 * n // 3]
+    return np.setdiff1d(order, test), np.sort(test)
+
+
+def run_shift(folder: Path, feature: int, protocol: str, cfg: argparse.Namespace, Laplace) -> dict:
+    X, y = _common.load_uci(folder)
+    train, test = shift_indices(X, feature, protocol)
+    res = run_rows(X, y, train, test, feature, cfg, Laplace, shift=True)
+    res.update({"feature": feature, "protocol": protocol})
+    return res
+
+
+def run_rows(X, y, train, test, split: int, cfg: argparse.Namespace, Laplace, *, shift: bool) -> dict:
+    """All methods on one train/test partition (the training rows split 90/10 into fitting/calibration at
+    random, seeded by ``split``), on the same network. ``shift``: the reduced method set of the shift protocol
+    (no standard-scaling or sampled paper rows)."""
     rng = np.random.default_rng(1000 + split)
     perm = rng.permutation(train)
     n_cal = int(round(0.1 * len(train)))
@@ -357,40 +412,55 @@ def run_split(folder: Path, split: int, cfg: argparse.Namespace, Laplace) -> dic
                                      batch_size=cfg.batch_size, seed=10_000 * split + 7)
     members_orig = [InOriginalUnits(m, mx, sx, my, sy).eval() for m in members]
     net = members_orig[0]
+    # each test row's Euclidean distance to the nearest fitting row, in standardised inputs
+    A, B = (X_te - mx) / sx, (X_fit - mx) / sx
+    dist = np.sqrt(np.maximum((A**2).sum(1)[:, None] + (B**2).sum(1)[None] - 2 * A @ B.T, 0.0)).min(1)
     res: dict = {"split": split, "n_fit": len(fit), "n_cal": len(cal), "n_test": len(test),
                  "train_seconds_all_members": t_train,
                  "D": sum(p.numel() for p in net.parameters()), "methods": {}}
     seed = split
+    common = dict(n_samples=cfg.n_samples, max_components=cfg.max_components, seed=seed, dist=dist)
+    rows = (X_fit, y_fit, X_cal, y_cal, X_te, y_te)
 
     ests = {}
-    for scaling in ("mean", "standard"):
-        for predictive in ("sampled", "linearized"):
-            key = f"glas_{scaling}_{predictive}"
-            res["methods"][key], ests[key] = run_glas(
-                net, X_fit, y_fit, X_cal, y_cal, X_te, y_te, scaling=scaling, predictive=predictive,
-                n_samples=cfg.n_samples, max_components=cfg.max_components, seed=seed)
-    res["methods"]["glas_mean_linearized_calnoise"], _ = run_glas(
-        net, X_fit, y_fit, X_cal, y_cal, X_te, y_te, scaling="mean", predictive="linearized",
-        n_samples=cfg.n_samples, max_components=cfg.max_components, seed=seed, noise_std="calibration")
-    for scaling, predictive in (("mean", "sampled"), ("mean", "linearized"), ("standard", "linearized")):
+    paper = [("mean", "linearized")] if shift else [(a, b) for a in ("mean", "standard")
+                                                     for b in ("sampled", "linearized")]
+    for scaling, predictive in paper:  # the paper's method, its settings passed explicitly
+        key = f"glas_{scaling}_{predictive}"
+        res["methods"][key], ests[key] = run_glas(net, *rows, scaling=scaling, predictive=predictive, **common)
+    if not shift:
+        res["methods"]["glas_mean_linearized_calnoise"], _ = run_glas(
+            net, *rows, scaling="mean", predictive="linearized", noise_std="calibration", **common)
+    for scaling, predictive in ((("mean", "linearized"),) if shift else
+                                (("mean", "sampled"), ("mean", "linearized"), ("standard", "linearized"))):
         res["methods"][f"glas_{scaling}_{predictive}_y"], _ = run_glas(
-            net, X_fit, y_fit, X_cal, y_cal, X_te, y_te, scaling=scaling, predictive=predictive,
-            n_samples=cfg.n_samples, max_components=cfg.max_components, seed=seed, include_noise=True)
-    res["methods"]["split_conformal"] = run_split_conformal(net, X_cal, y_cal, X_te, y_te)
+            net, *rows, scaling=scaling, predictive=predictive, include_noise=True, **common)
+    # the new settings: d = d_max, split-conformal calibration, σ from the training residuals
+    conformal = dict(scaling="mean", predictive="auto", calibration="conformal", **common)
+    res["methods"]["glas_conformal"], _ = run_glas(net, *rows, posterior="low_rank", sigma0="eb_full", **conformal)
+    res["methods"]["glas_conformal_y"], _ = run_glas(net, *rows, posterior="low_rank", include_noise=True,
+                                                     sigma0="eb_full", **conformal)
+    res["methods"]["glas_conformal_ebsub"], _ = run_glas(net, *rows, posterior="low_rank", sigma0="eb_subspace",
+                                                         **conformal)
+    res["methods"]["glas_conformal_subspace_y"], _ = run_glas(net, *rows, posterior="subspace", include_noise=True,
+                                                              **{**conformal, "predictive": "linearized"})
+    res["methods"]["split_conformal"] = run_split_conformal(net, X_cal, y_cal, X_te, y_te, dist)
     base = ests["glas_mean_linearized"]
     t_base = res["methods"]["glas_mean_linearized"]["time"]
-    res["methods"]["conformal_laplace"] = run_conformal_laplace(base, X_cal, y_cal, X_te, y_te, with_noise=False,
-                                                                glas_seconds=t_base)
+    if not shift:
+        res["methods"]["conformal_laplace"] = run_conformal_laplace(base, X_cal, y_cal, X_te, y_te,
+                                                                    with_noise=False, glas_seconds=t_base, dist=dist)
     res["methods"]["conformal_laplace_noise"] = run_conformal_laplace(base, X_cal, y_cal, X_te, y_te,
-                                                                      with_noise=True, glas_seconds=t_base)
+                                                                      with_noise=True, glas_seconds=t_base, dist=dist)
     if Laplace is not None:
         try:
             noise_std = float(np.sqrt(np.mean((y_fit - _predict(net, X_fit)) ** 2)))
-            res["methods"]["laplace_torch"] = run_laplace_torch(Laplace, net, X_fit, y_fit, X_te, y_te, noise_std)
+            res["methods"]["laplace_torch"] = run_laplace_torch(Laplace, net, X_fit, y_fit, X_te, y_te, noise_std,
+                                                                dist)
         except Exception as err:  # noqa: BLE001 - a peer failing must not stop the benchmark
             print(f"[uci] laplace-torch failed on split {split}: {type(err).__name__}: {err}", flush=True)
             res["laplace_torch_error"] = f"{type(err).__name__}: {err}"
-    res["methods"]["deep_ensemble"] = run_ensemble(members_orig, X_fit, y_fit, X_te, y_te, t_train)
+    res["methods"]["deep_ensemble"] = run_ensemble(members_orig, X_fit, y_fit, X_te, y_te, t_train, dist)
     return res
 
 
@@ -410,10 +480,14 @@ def summarise(splits: list[dict]) -> dict:
         if not rows:
             continue
         entry = {"n_splits": len(rows)}
-        for m in ("coverage", "width", "interval_score", "nll", "rmse", "time", "d", "cal_coverage"):
+        for m in ("coverage", "width", "interval_score", "nll", "nll_interval", "rmse", "time", "d",
+                  "cal_coverage"):
             if m in rows[0]:
                 mean, se = _mean_se([r.get(m) for r in rows])
                 entry[m] = {"mean": mean, "se": se}
+        for m in ("coverage_by_width", "coverage_by_distance"):
+            if m in rows[0]:
+                entry[m] = np.mean([r[m] for r in rows], axis=0).tolist()
         if "reached" in rows[0]:
             entry["reached_share"] = float(np.mean([r["reached"] for r in rows]))
         summary[key] = entry
@@ -503,6 +577,75 @@ def findings(results: dict) -> list[str]:
     return lines
 
 
+CONDITIONAL_METHODS = ("split_conformal", "glas_mean_linearized", "glas_mean_linearized_y", "glas_conformal_ebsub",
+                       "glas_conformal", "laplace_torch", "deep_ensemble")
+
+
+def conditional_markdown(summaries: dict, title: str) -> list[str]:
+    """Coverage (%) by quintile of interval width and of distance to the fitting rows, averaged over the runs."""
+    lines = [f"#### Conditional coverage, {title}", "",
+             "Coverage (%) in the quintiles (Q1 = narrowest / closest) of interval width and of the distance from "
+             "each test row to its nearest fitting row (standardised inputs); averaged over the runs.", "",
+             "| data set | method | by width Q1…Q5 | by distance Q1…Q5 |", "|---|---|---|---|"]
+    for name, summ in summaries.items():
+        for key in CONDITIONAL_METHODS:
+            e = summ.get(key)
+            if not e or "coverage_by_width" not in e:
+                continue
+            w = " / ".join(f"{100 * v:.0f}" for v in e["coverage_by_width"])
+            d = " / ".join(f"{100 * v:.0f}" for v in e.get("coverage_by_distance", [])) or "–"
+            lines.append(f"| {name} | {dict(METHODS)[key]} | {w} | {d} |")
+    lines.append("")
+    return lines
+
+
+def target_findings(summaries: dict, *, shift: bool) -> list[str]:
+    """The issue's targets for the default (glas_conformal) against split conformal, computed."""
+    keys = [k for k in ("glas_conformal_ebsub", "glas_conformal", "glas_conformal_y", "glas_mean_linearized",
+                        "glas_mean_linearized_y") if any(k in s for s in summaries.values())]
+    lines = []
+    for key in keys:
+        ratios, covs, sc_covs = {}, [], []
+        for name, summ in summaries.items():
+            if key not in summ or "split_conformal" not in summ:
+                continue
+            ratios[name] = summ[key]["interval_score"]["mean"] / summ["split_conformal"]["interval_score"]["mean"]
+            covs.append(summ[key]["coverage"]["mean"])
+            sc_covs.append(summ["split_conformal"]["coverage"]["mean"])
+        if not ratios:
+            continue
+        per = ", ".join(f"{n} {r:.3f}×" for n, r in ratios.items())
+        if shift:
+            better = sum(r <= 0.85 for r in ratios.values())
+            lines.append(f"- {dict(METHODS)[key]}: interval score / split conformal's: {per}; ≥ 15 % better on "
+                         f"{better} of {len(ratios)} sets; mean coverage {100 * np.mean(covs):.1f} % vs "
+                         f"{100 * np.mean(sc_covs):.1f} % ({100 * (np.mean(covs) - np.mean(sc_covs)):+.1f} pp).")
+        else:
+            ok = sum(r <= 1.02 for r in ratios.values())
+            lines.append(f"- {dict(METHODS)[key]}: mean coverage {100 * np.mean(covs):.1f} % (lowest set "
+                         f"{100 * min(covs):.1f} %); interval score / split conformal's: {per} (≤ 1.02× on {ok} of "
+                         f"{len(ratios)} sets).")
+    return lines
+
+
+def _new_settings_section(summaries: dict) -> list[str]:
+    parts = []
+    parts.extend(["## The new settings against the issue's targets (computed)", "",
+                  "Default: `posterior=\"low_rank\", calibration=\"conformal\"` (linearised, d = d_max, σ0 by "
+                  "subspace EB, σ from the training residuals). NLL in the tables is that of the posterior "
+                  "predictive N(ŷ, σ_f² + σ²); the interval-implied N(ŷ, (q σ̂ / 1.645)²) is given here.", ""]
+                 + target_findings(summaries, shift=False))
+    for name, summ in summaries.items():
+        e = summ.get("glas_conformal_ebsub", {})
+        if "nll_interval" in e:
+            parts.append(f"- {name}: default's interval-implied NLL {e['nll_interval']['mean']:.3f}"
+                         f" (posterior predictive {e['nll']['mean']:.3f}; paper settings "
+                         f"{summ['glas_mean_linearized']['nll']['mean']:.3f}).")
+    parts.append("")
+    parts.extend(conditional_markdown(summaries, "random splits"))
+    return parts
+
+
 def render(results: dict) -> str:
     """The markdown report, from the results JSON alone."""
     cfg = results["config"]
@@ -542,6 +685,49 @@ def render(results: dict) -> str:
         tm, tse = _mean_se(t)
         parts.append(table_markdown(name, ds["summary"], len(ds["splits"]), (tm, tse if np.isfinite(tse) else 0.0)))
     parts.extend(findings(results))
+    summaries = {n: ds["summary"] for n, ds in results["datasets"].items() if ds["splits"]}
+    if any("glas_conformal" in summ for summ in summaries.values()):  # runs before the new settings lack them
+        parts.extend(_new_settings_section(summaries))
+    parts.append("Peers: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()) + ".")
+    parts.append("")
+    return "\n".join(parts)
+
+
+def render_shift(results: dict) -> str:
+    """The covariate-shift report, from its JSON alone."""
+    cfg = results["config"]
+    parts = ["# UCI covariate shift: extrapolation and gap", "",
+             f"Generated by `{results['command']}` on {results['date']} "
+             f"({_common.machine_line(results['machine'])}).", "",
+             f"For each of the first {cfg['features']} features of each set: test rows = the top third of its values "
+             "(\"extrapolation\") or the middle third (\"gap\", Foong et al. 2019); the other rows split 90/10 at "
+             "random into fitting/calibration rows; the same network (one tanh layer of "
+             f"{cfg['hidden']}, Adam lr {cfg['lr']}, {cfg['epochs']} epochs) for every method; 90 % level; mean ± "
+             "standard error over the features. Methods as in uci.md (the paper's rows: mean scaling, linearised).",
+             ""]
+    for protocol in SHIFT_PROTOCOLS:
+        parts += [f"## {protocol}", ""]
+        summaries = {}
+        for name, ds in results["datasets"].items():
+            runs = [r for r in ds["runs"] if r["protocol"] == protocol]
+            if not runs:
+                continue
+            summ = summarise(runs)
+            summaries[name] = summ
+            sc = summ["split_conformal"]["interval_score"]["mean"]
+            parts += [f"### {name} ({len(runs)} features)", "",
+                      "| method | coverage (%) | width | interval score | vs split conformal | NLL |",
+                      "|---|---|---|---|---|---|"]
+            for key, label in METHODS:
+                if key not in summ:
+                    continue
+                e = summ[key]
+                parts.append(f"| {label} | {_fmt(e, 'coverage', 1, 100)} | {_fmt(e, 'width', 3)} | "
+                             f"{_fmt(e, 'interval_score', 3)} | {e['interval_score']['mean'] / sc:.3f}× | "
+                             f"{_fmt(e, 'nll', 3)} |")
+            parts.append("")
+        parts += [f"### Targets, {protocol} (computed)", ""] + target_findings(summaries, shift=True) + [""]
+        parts += conditional_markdown(summaries, protocol)
     parts.append("Peers: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()) + ".")
     parts.append("")
     return "\n".join(parts)
@@ -567,6 +753,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-components", type=int, default=None, help="GLAS d_max (default 50; quick 20)")
     p.add_argument("--no-laplace-torch", action="store_true")
     p.add_argument("--tag", default=None, help="write uci_TAG.* instead of uci.* (e.g. for a sensitivity run)")
+    p.add_argument("--protocol", choices=("random", "shift"), default="random",
+                   help="random: the standard splits (uci.*); shift: extrapolation and gap along each of the first "
+                        "--features features (uci_shift.*)")
+    p.add_argument("--features", type=int, default=4, help="shift protocol: how many leading features (default 4)")
     args = p.parse_args(argv)
     q = args.quick
     args.epochs = args.epochs if args.epochs is not None else (30 if q else 200)
@@ -577,11 +767,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    stem = ("uci_quick" if args.quick else "uci") + (f"_{args.tag}" if args.tag else "")
+    stem = ("uci_quick" if args.quick else "uci") + ("_shift" if args.protocol == "shift" else "") \
+        + (f"_{args.tag}" if args.tag else "")
     json_path, md_path = args.out_dir / f"{stem}.json", args.out_dir / f"{stem}.md"
+    renderer = render_shift if args.protocol == "shift" else render
     if args.report_only:
         R = _common.read_results(json_path)
-        text = render(R)
+        text = renderer(R)
         _common.write_report(md_path, text)
         print(text)
         return R
@@ -597,6 +789,8 @@ def main(argv=None) -> dict:
         "datasets": {},
     }
     results["versions"]["glas-sklearn"] = _version("glas-sklearn")
+    if args.protocol == "shift":
+        return _main_shift(args, names, data_dir, Laplace, results, command, json_path, md_path)
     plan = {}
     for name in names:
         folder = data_dir / name
@@ -631,6 +825,30 @@ def main(argv=None) -> dict:
             _common.write_report(md_path, render(R))
     R = _common.write_results(json_path, results, command=command)
     text = render(R)
+    _common.write_report(md_path, text)
+    print(text)
+    return R
+
+
+def _main_shift(args, names, data_dir, Laplace, results, command, json_path, md_path) -> dict:
+    for name in names:
+        results["datasets"][name] = {"folder": str(data_dir / name), "runs": []}
+    features = range(1 if args.quick else args.features)
+    for feature in features:  # feature-major: an interrupted run has the same features of every set
+        for protocol in SHIFT_PROTOCOLS:
+            for name in names:
+                t0 = time.perf_counter()
+                r = run_shift(data_dir / name, feature, protocol, args, Laplace)
+                r["seconds"] = time.perf_counter() - t0
+                results["datasets"][name]["runs"].append(r)
+                m = r["methods"]
+                print(f"[uci shift] {name} feature {feature} {protocol}: {r['seconds']:.0f}s; "
+                      + ", ".join(f"{k}: cov {v['coverage']:.2f} IS {v['interval_score']:.3g}" for k, v in m.items()),
+                      flush=True)
+                R = _common.write_results(json_path, results, command=command)
+                _common.write_report(md_path, render_shift(R))
+    R = _common.write_results(json_path, results, command=command)
+    text = render_shift(R)
     _common.write_report(md_path, text)
     print(text)
     return R

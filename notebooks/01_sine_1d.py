@@ -305,6 +305,7 @@ for scaling in ("mean", "standard"):
         warnings.simplefilter("ignore", CalibrationWarning)
         regs[scaling] = LaplaceActiveSubspaceRegressor(
             module=net64, prefit=True, dtype="float64", scaling=scaling, max_components=D_MAX, noise_std="training",
+            calibration="coverage", posterior="subspace",  # the paper's method; the defaults are low-rank + conformal
             n_samples=N_SAMPLES, confidence_level=0.9, random_state=SEED,
         ).fit(x, y.ravel(), X_cal=x_cal, y_cal=y_cal.ravel())
 

@@ -65,3 +65,11 @@ def test_results_carry_command_and_machine():
         R = json.loads(path.read_text())
         assert R["command"].startswith("python benchmarks/"), path.name
         assert isinstance(R["machine"], dict) and R["machine"].get("threads"), path.name
+
+
+@pytest.mark.parametrize("stem,module_name,renderer", [("uci_intervals", "uci", "render"),
+                                                      ("uci_shift", "uci", "render_shift"),
+                                                      ("digits_ood", "digits_ood", "render")])
+def test_interval_studies_are_rendered_from_their_json(stem, module_name, renderer, script):
+    module = script(module_name)
+    assert getattr(module, renderer)(_results(stem)) == _report(stem)
