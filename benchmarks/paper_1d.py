@@ -134,8 +134,8 @@ def run_config(post: ActiveSubspacePosterior, kind: str, X_cal, y_cal, X_grid, f
     out = {
         "d": d, "reached": res.reached, "coverage": res.coverage, "sigma0": res.sigma0,
         "mean_width_cal": float(table.loc[table["d"] == d, "mean_width"].iloc[0]),
-        "curve": {"coverage": table["coverage"].tolist(), "mean_width": table["mean_width"].tolist(),
-                  "sigma0": table["sigma0"].tolist()},
+        "curve": {"d": table["d"].tolist(), "coverage": table["coverage"].tolist(),
+                  "mean_width": table["mean_width"].tolist(), "sigma0": table["sigma0"].tolist()},
         "full_curve": bool(len(table) == args.d_max),
         "coverage_at_dmax": float(table["coverage"].iloc[-1]) if len(table) == args.d_max else None,
         "best_coverage": float(table["coverage"].max()) if len(table) == args.d_max else None,
@@ -554,8 +554,9 @@ def make_figures(records: list, args, out_dir: Path, tag: str) -> list:
             for s in sorted({r["seed"] for r in records}):
                 if (s, N) not in by:
                     continue
-                cov = by[(s, N)]["configs"][f"{kind}/{scaling}/residual"]["curve"]["coverage"]
-                ax.plot(np.arange(1, len(cov) + 1), 100 * np.asarray(cov), color=color,
+                curve = by[(s, N)]["configs"][f"{kind}/{scaling}/residual"]["curve"]
+                cov = curve["coverage"]  # the d evaluated (results written before the search: d = 1, 2, …)
+                ax.plot(curve.get("d", np.arange(1, len(cov) + 1)), 100 * np.asarray(cov), color=color,
                         lw=2 if s == seed0 else 0.7, alpha=1 if s == seed0 else 0.5,
                         label=scaling if s == seed0 else None)
         level = SAMPLED_LEVEL if kind == "sampled" else LIN_LEVEL
@@ -737,9 +738,9 @@ def render(R: dict) -> str:
         f"K = {args.d_max} eigenpairs of the GGN by `fit_laplace_subspace` (our Lanczos, tol 1e-5), one "
         "decomposition per trained model shared by both scalings. Calibration data: an independent draw of "
         f"{args.n_cal} points from the same process (per seed and N). `choose_dimension` with d_max = {args.d_max}; "
-        f"the sampled coverage curve over all d for the first {args.full_curve_seeds} seed(s) (the others stop at "
-        f"the chosen d), the linearised curve always; sampled: 90 % intervals, {args.n_samples} samples (common "
-        f"random numbers over d); linearised: confidence_level = {LIN_LEVEL}, z = {z:.5f} (library half-width at "
+        f"the sampled coverage curve over all d for the first {args.full_curve_seeds} seed(s) (the others search for "
+        f"the chosen d, evaluating a few d only), the linearised curve always; sampled: 90 % intervals, "
+        f"{args.n_samples} samples (common random numbers over d); linearised: confidence_level = {LIN_LEVEL}, z = {z:.5f} (library half-width at "
         f"σ_f = 1: {z_lib:.5f}), i.e. the paper's ±2σ_f. Intervals are for f (no noise added), calibrated against "
         "noisy y, as in the paper.",
         "",

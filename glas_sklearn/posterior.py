@@ -545,8 +545,12 @@ class ActiveSubspacePosterior:
 
     def _forward_many(self, delta: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
         """f(Xb; θ0 + δ_s) for every row δ_s of ``delta`` (c, D): shape (c, nb, *out)."""
+        return self._forward_weights(self.theta0 + delta, Xb)
+
+    def _forward_weights(self, weights: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
+        """f(Xb; w_s) for every row w_s of ``weights`` (c, D) of whole weight vectors: shape (c, nb, *out)."""
         f = self.functional_model
-        batched = self.layout.unflatten_rows(self.theta0 + delta)
+        batched = self.layout.unflatten_rows(weights)
         if self._vmap_forward_ok is not False:
             try:
                 out = vmap(lambda p: f(Xb, p))(batched)
@@ -557,7 +561,7 @@ class ActiveSubspacePosterior:
                     raise
                 logger.debug("vmap over weight samples failed (%s); evaluating them one by one", err)
                 self._vmap_forward_ok = False
-        return torch.stack([f(Xb, {n: t[s] for n, t in batched.items()}) for s in range(delta.shape[0])])
+        return torch.stack([f(Xb, {n: t[s] for n, t in batched.items()}) for s in range(weights.shape[0])])
 
     def predict_samples(self, X: torch.Tensor, d: int, n_samples: int = 1000, random_state=None,
                         batch_size: int | None = None) -> torch.Tensor:
@@ -587,11 +591,20 @@ class ActiveSubspacePosterior:
         z, seeds = self._draws(n_samples, d, random_state)
         rows = self._row_batches(X.shape[0], batch_size)
         chunk = self._chunk(rows[0].stop - rows[0].start, n_samples)
+        basis = self.eigenvectors[:, :d].T  # (d, D), a view
+        # θ0 + P z for a chunk of samples in one fused product, written into one buffer reused by every chunk
+        # (a fresh (chunk, D) tensor per chunk costs page faults comparable to the product itself)
+        weights = torch.empty(chunk, self.n_weights, dtype=self.dtype, device=self.device)
         out = []
         with torch.no_grad():
             for s in range(0, n_samples, chunk):
-                delta = self._perturbation_block(z, seeds, s, min(s + chunk, n_samples))
-                out.append(torch.cat([self._forward_many(delta, X[sl]) for sl in rows], 1))
+                stop = min(s + chunk, n_samples)
+                w = weights[:stop - s]
+                if seeds is None:
+                    torch.addmm(self.theta0, z[s:stop], basis, out=w)
+                else:  # low-rank: P z plus the complement's draws
+                    torch.add(self.theta0, self._perturbation_block(z, seeds, s, stop), out=w)
+                out.append(torch.cat([self._forward_weights(w, X[sl]) for sl in rows], 1))
         return torch.cat(out, 0)
 
     def linearized_samples(self, X: torch.Tensor, d: int, n_samples: int = 1000, random_state=None,

@@ -311,7 +311,8 @@ for scaling in ("mean", "standard"):
 
 pd.DataFrame([
     {"scaling": s, "d": r.n_components_, "reached": r.calibration_reached_,
-     "coverage at d": r.calibration_["coverage"].iloc[-1], "σ0": r.sigma0_, "noise σ": r.noise_std_,
+     "coverage at d": r.calibration_.set_index("d").loc[r.n_components_, "coverage"],
+     "σ0": r.sigma0_, "noise σ": r.noise_std_,
      "β": r.beta_, "fit (s)": r.timings_["total"]}
     for s, r in regs.items()
 ]).round(4)

@@ -92,7 +92,8 @@ print(f"training-residual noise σ = {first.noise_std_:.2f} MPa "
 
 pd.DataFrame([
     {"scaling": s, "predictive": p, "d": m.n_components_, "reached": m.calibration_reached_,
-     "calibration coverage at d": m.calibration_["coverage"].iloc[-1], "σ0": m.sigma0_, "β": m.beta_,
+     "calibration coverage at d": m.calibration_.set_index("d").loc[m.n_components_, "coverage"],
+     "σ0": m.sigma0_, "β": m.beta_,
      "train (s)": m.timings_["training"], "curvature (s)": m.timings_["curvature"],
      "calibration (s)": m.timings_["calibration"]}
     for (s, p), m in models.items()
@@ -159,7 +160,7 @@ rows = []
 for name, m in [("training residuals (paper)", models["mean", "sampled"]), ("calibration residuals", reg_cal)]:
     _, y_pis = m.predict_interval(X_test)
     rows.append({"noise estimate": name, "σ (MPa)": m.noise_std_, "β": m.beta_, "d": m.n_components_,
-                 "calibration coverage at d": m.calibration_["coverage"].iloc[-1],
+                 "calibration coverage at d": m.calibration_.set_index("d").loc[m.n_components_, "coverage"],
                  "test coverage": coverage_score(y_test, y_pis)[0], "mean width (MPa)": mean_width_score(y_pis)[0],
                  "interval score": interval_score(y_test, y_pis, CONFIDENCE)[0]})
 pd.DataFrame(rows).round(3)
@@ -186,7 +187,7 @@ for name, m in [("f, σ from training residuals (paper)", models["mean", "sample
                 ("y = f + ε, σ from calibration residuals", reg_y)]:
     _, y_pis = m.predict_interval(X_test)
     rows.append({"intervals for": name, "d": m.n_components_,
-                 "calibration coverage at d": m.calibration_["coverage"].iloc[-1],
+                 "calibration coverage at d": m.calibration_.set_index("d").loc[m.n_components_, "coverage"],
                  "test coverage": coverage_score(y_test, y_pis)[0], "mean width (MPa)": mean_width_score(y_pis)[0],
                  "interval score": interval_score(y_test, y_pis, CONFIDENCE)[0]})
 pd.DataFrame(rows).round(3)

@@ -155,6 +155,8 @@ def test_bad_inputs():
     _, cpost, cX, labels = _classification_case()
     with pytest.raises(ValueError, match="between 0 and 1"):
         choose_dimension(cpost, cX, labels + 1, task="classification", predictive="linearized")
+    with pytest.raises(ValueError, match="between 0 and 1"):  # the sampled search's linearised guess checks them too
+        choose_dimension(cpost, cX, labels + 1, task="classification", predictive="sampled")
 
 
 @pytest.mark.parametrize("predictive", ["sampled", "linearized"])
@@ -324,3 +326,163 @@ def test_conformal_classification_lac_guarantee_by_simulation():
     covs = np.array(covs)
     se = covs.std(ddof=1) / np.sqrt(len(covs))
     assert covs.mean() >= 0.8 - 3 * se and abs(covs.mean() - 25 / 31) < 4 * se
+
+
+# ------------------------------------------------------------------------------- the sampled search
+# A sampled calibration evaluates S forward passes per d, so choose_dimension searches instead of scanning:
+# it must return the full scan's d whenever "coverage ≥ level" is monotone in d, in a handful of evaluations.
+
+
+def _axes_case(counts, task="regression", never=0):
+    """The one-hot construction with K = len(counts) directions: counts[k] records move with direction k,
+    so the coverage at d is (Σ_{k<d} counts[k]) / n, exactly (a monotone curve, flat where counts[k] = 0).
+    ``never`` more records are never covered (their targets lie far outside every interval / their label
+    is class 1 with a zero-variance logit)."""
+    K = len(counts)
+    ks = np.repeat(np.arange(K), counts).tolist() + [K - 1] * never
+    X = torch.eye(K, dtype=torch.float64)[ks]
+    lam = torch.linspace(2.0, 1.0, K, dtype=torch.float64)
+    if task == "regression":
+        net = nn.Linear(K, 1, bias=False).double()
+        w = torch.linspace(-1.0, 1.0, K, dtype=torch.float64)
+        with torch.no_grad():
+            net.weight.copy_(w[None])
+        post = ActiveSubspacePosterior(net, lam, torch.eye(K, dtype=torch.float64), beta=1.0, sigma0=1.0)
+        sd = post.variances(K).sqrt()
+        y = w[ks] + 0.1 * sd[ks]  # inside every interval of level ≥ 0.3 once direction k is in
+        y[len(ks) - never:] += 100.0
+        return post, X, y
+    # input feature K (the never-covered records) has logits (5, −5) and no direction: its 90 % set is {0}
+    net = nn.Linear(K + 1, 2, bias=False).double()
+    with torch.no_grad():
+        net.weight.copy_(torch.tensor([[0.0] * K + [5.0], [-3.0] * K + [-5.0]], dtype=torch.float64))
+    P = torch.eye(2 * K + 2, dtype=torch.float64)[:, K + 1:2 * K + 1]  # the class-1 logit weights of inputs < K
+    post = ActiveSubspacePosterior(net, lam * 1e-3, P, beta=1.0, sigma0=10.0)
+    X = torch.eye(K + 1, dtype=torch.float64)[ks[:len(ks) - never] + [K] * never]
+    return post, X, torch.ones(len(ks), dtype=torch.long)
+
+
+def _scan_answer(full, level):
+    hit = full.table.loc[full.table["coverage"] >= level - 1e-12, "d"]
+    return int(hit.iloc[0]) if len(hit) else None
+
+
+PLATEAU_COUNTS = [2, 0, 0, 1, 0, 0, 0, 0, 3, 0, 1, 0, 0, 0, 0, 0, 0, 2, 0, 1]  # n = 10 records, K = 20
+
+
+@pytest.mark.parametrize("task,level", [("regression", v) for v in (0.3, 0.5, 0.6, 0.65, 0.8, 0.85, 0.9, 0.95)]
+                         + [("classification", v) for v in (0.7, 0.9, 0.95)])
+def test_sampled_search_returns_the_full_scans_d_on_a_curve_with_plateaus(task, level):
+    post, X, y = _axes_case(PLATEAU_COUNTS, task)
+    kw = dict(task=task, confidence_level=level, n_samples=400, random_state=1)
+    full = choose_dimension(post, X, y, full_curve=True, **kw)
+    # the construction: coverage (Σ_{k<d} counts) / n at every d
+    np.testing.assert_allclose(full.table["coverage"], np.cumsum(PLATEAU_COUNTS) / 10, atol=1e-12)
+    res = choose_dimension(post, X, y, **kw)
+    expected = _scan_answer(full, level)
+    assert res.reached and res.n_components == expected
+    assert res.n_evaluations == len(res.table) == len(set(res.evaluation_order)) <= 3 + 1 + 5
+    assert res.table["d"].tolist() == sorted(res.evaluation_order)
+    # the rows are those of the full curve at the same d (the same samples: one seed, the same path replayed)
+    ref = full.table.set_index("d").loc[res.table["d"]].reset_index()
+    pd.testing.assert_frame_equal(res.table, ref)
+    assert res.coverage == ref.set_index("d").loc[expected, "coverage"]
+
+
+@pytest.mark.parametrize("task", ["regression", "classification"])
+def test_sampled_search_never_reached_costs_one_evaluation(task):
+    post, X, y = _axes_case(PLATEAU_COUNTS, task, never=3)  # at most 10 of 13 records are ever covered
+    kw = dict(task=task, confidence_level=0.9, n_samples=400, random_state=1)
+    with pytest.warns(CalibrationWarning, match=r"best was 76\.9% at d=20"):
+        res = choose_dimension(post, X, y, **kw)
+    assert not res.reached and res.n_components == 20
+    assert res.n_evaluations == 1 and res.table["d"].tolist() == [20]
+    with pytest.warns(CalibrationWarning):
+        full = choose_dimension(post, X, y, full_curve=True, **kw)
+    assert _scan_answer(full, 0.9) is None and full.n_evaluations == 20
+
+
+@pytest.mark.parametrize("scale", [1e-6, 1e-2, 1e2])
+@pytest.mark.parametrize("level", [0.3, 0.65, 0.9])
+def test_sampled_search_is_exact_with_a_misleading_linearised_guess(monkeypatch, scale, level):
+    """The linearised curve only decides whether to scan from d_min first: with its variances scaled far off
+    (the guess reaches the level much too early, too late or never), the answer is still the scan's."""
+    post, X, y = _axes_case(PLATEAU_COUNTS)
+    kw = dict(confidence_level=level, n_samples=400, random_state=1)
+    full = choose_dimension(post, X, y, full_curve=True, **kw)
+    original = post.linearized_variance
+    monkeypatch.setattr(post, "linearized_variance", lambda *a, **k: scale * original(*a, **k))
+    res = choose_dimension(post, X, y, **kw)
+    assert res.n_components == _scan_answer(full, level)
+    assert res.n_evaluations <= 3 + 1 + 5  # scan, d_max, bisection of 20
+
+
+class _Curve:
+    """A stand-in posterior whose sampled coverage at d is ``counts[d - 1] / n`` (any shape) and whose
+    linearised coverage is ``guess[d - 1] / n``; it counts the sampled evaluations."""
+
+    def __init__(self, post, counts, guess, n):
+        self.counts, self.guess, self.n, self.calls = counts, guess, n, []
+        self.post = post
+
+    def predict_samples(self, X, d, n_samples=1000, random_state=None, batch_size=None):
+        self.calls.append(d)
+        s = torch.zeros(n_samples, self.n, 1, dtype=torch.float64)
+        s[:, : self.counts[d - 1], 0] = torch.linspace(-1.0, 2.0, n_samples, dtype=torch.float64)[:, None]
+        return s  # rows below the count: an interval around y = 0.5; the others: [0, 0]
+
+    def predict_mean(self, X, batch_size=None):
+        return torch.zeros(self.n, 1, dtype=torch.float64)
+
+    def linearized_variance(self, X, d, full_cov=False, batch_size=None):
+        var = torch.zeros(self.n, 1, dtype=torch.float64)
+        var[: self.guess[d - 1]] = 1.0
+        return var
+
+
+def _fake(monkeypatch, counts, guess):
+    n, K = 20, len(counts)
+    net = nn.Linear(K, 1, bias=False).double()
+    post = ActiveSubspacePosterior(net, torch.ones(K, dtype=torch.float64), torch.eye(K, dtype=torch.float64),
+                                   beta=1.0, sigma0=1.0)
+    fake = _Curve(post, counts, guess, n)
+    for name in ("predict_samples", "predict_mean", "linearized_variance"):
+        monkeypatch.setattr(post, name, getattr(fake, name))
+    return post, fake, torch.zeros(n, K, dtype=torch.float64), torch.full((n,), 0.5, dtype=torch.float64)
+
+
+def test_sampled_search_on_random_curves(monkeypatch):
+    """Random curves (K = 50, 20 records), random guesses: monotone curves give the scan's d, with at most
+    ⌈log2 K⌉ + 4 sampled evaluations (a scan of at most 3, d_max, bisection); curves that are not
+    monotone give a d where the curve crosses the level (below it at d − 1, at or above it at d)."""
+    rng = np.random.default_rng(0)
+    K, n, level = 50, 20, 0.9
+    need = int(np.ceil(level * n - 1e-9))
+    worst = 0
+    for trial in range(150):
+        monotone = trial % 3 != 2
+        if monotone:
+            counts = np.sort(rng.integers(0, n + 1, K))
+            if trial % 7 == 0:  # long plateaus just below the level
+                counts = np.minimum(counts, need - 1)
+                counts[rng.integers(K // 2, K):] = need
+        else:
+            counts = np.clip(np.sort(rng.integers(0, n + 1, K)) + rng.integers(-2, 3, K), 0, n)
+        guess = np.clip(np.sort(rng.integers(0, n + 1, K)) if trial % 2 else counts + rng.integers(-3, 4, K), 0, n)
+        post, fake, X, y = _fake(monkeypatch, counts.tolist(), guess.tolist())
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", CalibrationWarning)
+            res = choose_dimension(post, X, y, confidence_level=level, n_samples=50, random_state=0)
+        reached = counts >= need
+        assert res.n_evaluations == len(fake.calls) == len(set(fake.calls))
+        assert res.table["coverage"].tolist() == [counts[d - 1] / n for d in sorted(fake.calls)]
+        if not reached[-1]:
+            assert not res.reached and res.n_components == K
+        else:
+            d = res.n_components
+            assert res.reached and reached[d - 1] and (d == 1 or not reached[d - 2])
+        if monotone:
+            expected = int(np.argmax(reached)) + 1 if reached.any() else K
+            assert res.n_components == expected and res.reached == bool(reached.any())
+            worst = max(worst, res.n_evaluations)
+    assert worst <= int(np.ceil(np.log2(K))) + 4

@@ -892,3 +892,56 @@ def test_default_classifier_conformal_lac_sets():
     np.testing.assert_array_equal(labels_pred, clf.classes_[proba.argmax(1)])
     _, sets_c = clf.predict_set(X_cal)
     assert sets_c[np.arange(40), codes, 0].mean() >= 0.9
+
+
+def _noisy_labels(n, seed):
+    """The three blobs with a fifth of the labels redrawn at random: prediction sets need more than one class."""
+    X, y = _labels(n=n, seed=seed)
+    rng = np.random.default_rng(seed + 5)
+    flip = rng.random(n) < 0.2
+    y = y.copy()
+    y[flip] = rng.choice(np.array(["cat", "dog", "emu"], dtype=object), int(flip.sum()))
+    return X, y
+
+
+@pytest.mark.parametrize("task,params", [
+    ("regression", dict(noise_std=0.2)),  # the curve crosses 90 % near d = 6
+    ("regression", dict(noise_std=0.15)),  # … near d = 11, not monotone above it
+    ("regression", dict(scaling="standard")),  # never reaches 90 %
+    ("classification", dict(confidence_level=0.99)),  # every label in its set: near d = 5 (mean), 7 (standard)
+])
+def test_calibration_search_matches_the_full_scan_on_small_fits(task, params):
+    """Trained networks, both scalings, both predictives: the d chosen in fit (the sampled predictive searches,
+    the linearised one scans) is the first d at which the whole coverage curve (``coverage_curve``, every d,
+    the same samples) reaches the level whenever "reached" is monotone along that curve, and otherwise a d
+    where the curve crosses the level; the table's rows are rows of the curve."""
+    if task == "regression":
+        (X, y), (X_cal, y_cal), make = _data(n=120), _data(n=60, seed=1), _reg
+    else:
+        (X, y), (X_cal, y_cal), make = _noisy_labels(120, 0), _noisy_labels(60, 1), _clf
+    level = params.get("confidence_level", 0.9)
+    scalings = [params.pop("scaling")] if "scaling" in params else ["mean", "standard"]
+    searched = 0
+    for scaling in scalings:
+        for predictive in ("sampled", "linearized"):
+            est = make(scaling=scaling, predictive=predictive, max_components=20, n_samples=200,
+                       max_epochs=100 if task == "classification" else 60, **params)
+            est.fit(X, y, X_cal=X_cal, y_cal=y_cal)
+            curve = est.coverage_curve(X_cal, y_cal)
+            assert curve["d"].tolist() == list(range(1, 21))
+            reached = (curve["coverage"] >= level - 1e-12).to_numpy()
+            table = est.calibration_
+            pd.testing.assert_frame_equal(table, curve.set_index("d").loc[table["d"]].reset_index(),
+                                          check_exact=False, rtol=1e-12)
+            d = est.n_components_
+            if predictive == "linearized" or np.all(np.diff(reached.astype(int)) >= 0):  # the scan's answer
+                expected = int(np.argmax(reached)) + 1 if reached.any() else 20
+                assert d == expected and est.calibration_reached_ == bool(reached.any())
+            elif not reached[-1]:  # d_max below the level: the search stops there
+                assert d == 20 and not est.calibration_reached_
+            else:
+                assert reached[d - 1] and (d == 1 or not reached[d - 2])
+            if predictive == "sampled":
+                assert len(table) <= 3 + 1 + 5  # a scan of at most 3, d_max, bisection of 20 candidates
+                searched += d > 3 and len(table) < d  # fewer evaluations than a scan up to d
+    assert searched >= 1 or scalings == ["standard"]

@@ -137,7 +137,8 @@ ATTRIBUTES_DOC = """\
         Top eigenvalues of the GGN (in the internal, standardised units).
     calibration_ : pandas.DataFrame
         "coverage": d, coverage, mean_width (regression: in the units of y for a single output, standardised
-        units otherwise) or mean_set_size (classification), sigma0 for every d tried on the calibration data;
+        units otherwise) or mean_set_size (classification), sigma0 for every d evaluated on the calibration data
+        (the sampled predictive searches, evaluating a few d; the linearised one scans up to the chosen d);
         :meth:`coverage_curve` gives the whole curve on any data. "conformal": one row per level: level, d,
         quantile, coverage and mean_width / mean_set_size of the conformal intervals or sets on the
         calibration rows, sigma0.
@@ -557,8 +558,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         """Coverage on ``(X, y)`` of the (1 − γ) intervals (or prediction sets) for every d = 1 … d_max.
 
         The posterior samples are those of the calibration (same seed), and σ0 is refitted at every d, so
-        on the calibration rows this reproduces ``calibration_`` of ``calibration="coverage"`` and extends it
-        past the chosen d (the paper's Fig. 6); on test rows it shows how coverage generalises. These are the
+        on the calibration rows this reproduces the rows of ``calibration_`` of ``calibration="coverage"`` and
+        fills in every other d (the paper's Fig. 6); on test rows it shows how coverage generalises. These are the
         posterior's own intervals (or sets), also with ``calibration="conformal"``.
 
         Parameters
