@@ -740,7 +740,8 @@ def render(R: dict) -> str:
         f"{args.n_cal} points from the same process (per seed and N). `choose_dimension` with d_max = {args.d_max}; "
         f"the sampled coverage curve over all d for the first {args.full_curve_seeds} seed(s) (the others search for "
         f"the chosen d, evaluating a few d only), the linearised curve always; sampled: 90 % intervals, "
-        f"{args.n_samples} samples (common random numbers over d); linearised: confidence_level = {LIN_LEVEL}, z = {z:.5f} (library half-width at "
+        f"{args.n_samples} samples (common random numbers over d); linearised: confidence_level = {LIN_LEVEL}, "
+        f"z = {z:.5f} (library half-width at "
         f"σ_f = 1: {z_lib:.5f}), i.e. the paper's ±2σ_f. Intervals are for f (no noise added), calibrated against "
         "noisy y, as in the paper.",
         "",
