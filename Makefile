@@ -32,6 +32,7 @@ bench: venv
 QUICK_DIR ?= /tmp/glas-bench-quick
 bench-quick: venv
 	$(PY) benchmarks/bench_ggn.py --quick --threads 1 --out-dir $(QUICK_DIR)
+	$(PY) benchmarks/bench_calibration.py --quick --threads-list 1 --repeats 1 --out-dir $(QUICK_DIR)
 	$(PY) benchmarks/paper_1d.py --quick --out-dir $(QUICK_DIR)
 	$(PY) benchmarks/paper_concrete.py --quick --out-dir $(QUICK_DIR)
 	$(PY) benchmarks/uci.py --quick --datasets yacht --no-laplace-torch --out-dir $(QUICK_DIR)
@@ -39,6 +40,7 @@ bench-quick: venv
 # The reports in benchmarks/results/ re-rendered from their committed JSON (no computation).
 reports: venv
 	$(PY) benchmarks/bench_ggn.py --report-only
+	$(PY) benchmarks/bench_calibration.py --report-only
 	$(PY) benchmarks/paper_1d.py --report-only
 	$(PY) benchmarks/paper_concrete.py --report-only
 	$(PY) benchmarks/uci.py --report-only

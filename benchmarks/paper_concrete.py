@@ -219,7 +219,7 @@ def render(R: dict, prefix: str) -> str:
     if est["n_samples"] != c["n_samples"]:
         cov = {r["d"]: r["coverage"] for r in est["curve"]}
         L.append(f"| {est['noise']} | {est['scaling']} | sampled, estimator with {est['n_samples']} samples "
-                 "(the d its search evaluated) | "
+                 "(the d it evaluated) | "
                  + " | ".join(f"{100 * cov[d]:.0f}" if d in cov else "" for d in ds) + " |")
     L.append("")
     L.append("Mean 90 % interval width (MPa) at the chosen d, sampled: " + "; ".join(
