@@ -182,9 +182,10 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
     Notes
     -----
     The sampled search (``predictive="sampled"``, ``full_curve=False``): while the linearised coverage
-    curve (K JVPs once), shifted by the sampled − linearised difference measured so far, puts the answer
-    within three d of d_min, it scans upwards from d_min; otherwise it evaluates d_max and, if that reaches
-    the level, bisects the bracket between the last d below the level and the first at or above it: at most
+    curve (one JVP per d, for the first six d), shifted by the sampled − linearised difference measured so
+    far, puts the answer within three d of d_min, it scans upwards from d_min; otherwise it evaluates d_max
+    and, if that reaches the level, bisects the bracket between the last d below the level and the first at
+    or above it: at most
     3 + 1 + ⌈log2(d_max − d_min + 1)⌉ sampled evaluations (7 for d_max = 50 without the scan). Every
     evaluation uses the same standard normals (common random numbers), scaled by that d's σ_j. If coverage
     is not monotone in d, the search returns a d at which the curve crosses the level (below at d − 1, at or
@@ -265,9 +266,10 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
                 if not full_curve:
                     break
     else:
-        # the linearised curve (K JVPs once, then per-d variances) says whether a short scan from d_min pays
-        guess = _linearized_curve(posterior, X_cal, y, mean, task, level, noise_var, range(d_min, d_top + 1),
-                                  batch_size)
+        # the linearised curve says whether a short scan from d_min pays; only its first d are needed
+        # (one JVP per d: 2 · _SCAN_STEPS of them rather than K)
+        window = range(d_min, min(d_top, d_min + 2 * _SCAN_STEPS - 1) + 1)
+        guess = _linearized_curve(posterior, X_cal, y, mean, task, level, noise_var, window, batch_size)
         with progress(desc="calibrating d (search)", unit="evaluation", verbose=verbose) as bar:
             def probe(d: int) -> float:
                 cov = evaluate(d)
@@ -346,8 +348,9 @@ def _search_dimension(probe, guess: dict, level: float, d_min: int, d_max: int) 
     ``_SCAN_STEPS + 1 + ⌈log2(d_max − d_min + 1)⌉`` probes:
 
     1. While the linearised ``guess`` (shifted by the sampled − linearised difference measured so far) puts
-       the answer among the next ``_SCAN_STEPS`` d, scan upwards from d_min (at most ``_SCAN_STEPS``
-       probes; a scan from below is exact whatever the shape of the curve).
+       the answer among the next ``_SCAN_STEPS`` d (it holds d_min … d_min + 2 ``_SCAN_STEPS`` − 1), scan
+       upwards from d_min (at most ``_SCAN_STEPS`` probes; a scan from below is exact whatever the shape of
+       the curve).
     2. Otherwise probe d_max: below the level, no d reaches it (under monotonicity) and the search stops.
     3. Bisect the bracket lo < d ≤ hi (lo below the level, hi at or above it) down to one d.
 
@@ -363,8 +366,8 @@ def _search_dimension(probe, guess: dict, level: float, d_min: int, d_max: int) 
     lo, hi = d_min - 1, None
     scans = 0
     while hi is None:
-        target = _predicted_first(guess, measured, lo + 1, d_max, level)
-        if scans < _SCAN_STEPS and (d_max if target is None else target) - lo <= _SCAN_STEPS:
+        near = _predicted_first(guess, measured, lo + 1, min(d_max, lo + _SCAN_STEPS), level) is not None
+        if scans < _SCAN_STEPS and (near or d_max - lo <= _SCAN_STEPS):
             d, scans = lo + 1, scans + 1
         else:
             d = d_max
