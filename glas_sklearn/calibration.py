@@ -185,11 +185,10 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
     curve (one JVP per d, for the first six d), shifted by the sampled − linearised difference measured so
     far, puts the answer within three d of d_min, it scans upwards from d_min; otherwise it evaluates d_max
     and, if that reaches the level, bisects the bracket between the last d below the level and the first at
-    or above it: at most
-    3 + 1 + ⌈log2(d_max − d_min + 1)⌉ sampled evaluations (7 for d_max = 50 without the scan). Every
-    evaluation uses the same standard normals (common random numbers), scaled by that d's σ_j. If coverage
-    is not monotone in d, the search returns a d at which the curve crosses the level (below at d − 1, at or
-    above at d), not necessarily the first; ``full_curve=True`` shows the whole curve.
+    or above it: at most 3 + 1 + ⌈log2(d_max − d_min + 1)⌉ sampled evaluations (7 for d_max = 50 without
+    the scan). Every evaluation uses the same standard normals (common random numbers), scaled by that d's
+    σ_j. If coverage is not monotone in d, the search returns a d at which the curve crosses the level
+    (below at d − 1, at or above at d), not necessarily the first; ``full_curve=True`` shows the whole curve.
 
     Warns
     -----
