@@ -2,9 +2,10 @@
 
 Two solvers share one result type:
 
-- ``method="lanczos"``: thick-restart Lanczos in torch that stays on the operator's device. The basis is
-  kept orthonormal by full re-orthogonalisation (classical Gram-Schmidt, applied twice); the small
-  projected problem is solved in float64 while the products may run in float32.
+- ``method="lanczos"``: thick-restart Lanczos in torch whose basis stays on the operator's device. It is
+  kept orthonormal by full re-orthogonalisation (classical Gram-Schmidt, with a second pass when the first
+  cancelled much of the vector); the small projected problem is solved on the host in float64 while the
+  products may run in float32, so a step moves only its new column of that matrix to the host.
 - ``method="eigsh"``: scipy's ARPACK ``eigsh`` on ``op.to_scipy()``.
 
 Both reach the operator only through the :class:`~glas_sklearn.ggn.CurvatureOperator` protocol (a dense
@@ -112,42 +113,70 @@ def _warn_unconverged(result: EigenResult, k: int) -> None:
     )
 
 
-def _orthogonalize(w: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Remove from w its components along the orthonormal rows of B (CGS, twice).
-
-    The basis is stored one vector per row, so both products read contiguous memory."""
-    coeff = torch.zeros(B.shape[0], dtype=torch.float64, device=w.device)
-    for _ in range(2):
-        h = B @ w
-        w = w - B.T @ h
-        coeff += h.to(torch.float64)
-    return w, coeff
+# DGKS criterion: a second Gram-Schmidt pass only when the first removed more than 1 − 1/√2 of the norm.
+_REORTH = 2.0 ** -0.5
 
 
-def _ritz_converged(T: torch.Tensor, beta: float, k: int, tol: float) -> bool:
-    """Whether the top-k Ritz pairs of the projected matrix T have residuals |β y_last| ≤ tol·θ_1."""
-    theta, y = torch.linalg.eigh(T)
-    scale = max(float(theta[-1].abs()), np.finfo(np.float64).tiny)
-    return bool(((beta * y[-1, -k:]).abs() <= tol * scale).all())
+def _orthogonalize(w: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, np.ndarray, float]:
+    """Remove from w its components along the orthonormal rows of B: classical Gram-Schmidt, repeated once
+    when the first pass cancelled much of w (Daniel-Gragg-Kaufman-Stewart), which is when round-off
+    would otherwise leave w visibly non-orthogonal to B.
+
+    The basis is stored one vector per row, so both products read contiguous memory. The coefficients and
+    the final norm are the only things that reach the host: one transfer (two after a second pass).
+
+    Returns
+    -------
+    w : torch.Tensor
+        The orthogonalised vector (on the device).
+    coeff : numpy.ndarray of float64
+        Bw summed over the passes.
+    norm : float
+        ‖w‖ after orthogonalisation.
+    """
+    h = B @ w
+    w1 = w - B.T @ h
+    stats = torch.cat([h.to(torch.float64), torch.stack([torch.linalg.vector_norm(w).to(torch.float64),
+                                                         torch.linalg.vector_norm(w1).to(torch.float64)])]).cpu()
+    coeff, before, after = stats[:-2].numpy().copy(), float(stats[-2]), float(stats[-1])
+    if after < _REORTH * before:
+        h = B @ w1
+        w1 = w1 - B.T @ h
+        stats = torch.cat([h.to(torch.float64), torch.linalg.vector_norm(w1).to(torch.float64).view(1)]).cpu()
+        coeff += stats[:-1].numpy()
+        after = float(stats[-1])
+    return w1, coeff, after
+
+
+def _ritz(T: np.ndarray, beta: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Ritz values (descending), the eigenvectors y of T and the residual norms |β y_last| (host, float64)."""
+    theta, y = np.linalg.eigh(T)
+    theta, y = theta[::-1].copy(), y[:, ::-1].copy()
+    return theta, y, np.abs(beta * y[-1, :])
 
 
 def _lanczos(matvec, D: int, k: int, dtype, device, *, tol: float, max_matvecs: int, ncv: int,
              generator: torch.Generator, v0: torch.Tensor | None, bar=None) -> EigenResult:
-    """Thick-restart Lanczos for the k largest eigenpairs of a symmetric PSD operator."""
+    """Thick-restart Lanczos for the k largest eigenpairs of a symmetric PSD operator.
+
+    The basis lives on the operator's device; the small projected matrix T lives on the host in float64,
+    so each step moves only the j + 1 new entries of T and β there (the stopping test needs them), and the
+    vectors never leave the device."""
     m = min(ncv, D)
     B = torch.zeros(m + 1, D, dtype=dtype, device=device)  # basis vectors as rows, plus the residual direction
-    T = torch.zeros(m, m, dtype=torch.float64, device=device)  # projected matrix VᵀAV
-    if v0 is None:
-        v = torch.randn(D, generator=generator, dtype=torch.float64, device=generator.device).to(device, dtype)
-    else:
-        v = v0.to(device, dtype).clone()
-    B[0] = v / v.norm()
-    n_kept = 0  # columns carried over from the last restart
+    T = np.zeros((m, m))  # projected matrix VᵀAV (host, float64)
+
+    def random_direction():
+        r = torch.randn(D, generator=generator, dtype=torch.float64, device=generator.device)
+        return r.to(device, dtype)
+
+    v = random_direction() if v0 is None else v0.to(device, dtype).clone()
+    B[0] = v / torch.linalg.vector_norm(v)
     n_matvecs = 0
     history = []
-    theta = y = None
     beta = 0.0
     j = 0
+    tiny = np.finfo(np.float64).tiny
     while True:
         # Extend the basis from column j to m by Lanczos steps with full re-orthogonalisation.
         while j < m:
@@ -155,50 +184,51 @@ def _lanczos(matvec, D: int, k: int, dtype, device, *, tol: float, max_matvecs: 
             n_matvecs += 1
             if bar is not None:
                 bar.update(1)
-            w, h = _orthogonalize(w, B[: j + 1])
+            w, h, beta = _orthogonalize(w, B[: j + 1])
             T[: j + 1, j] = h
             T[j, : j + 1] = h
-            beta = float(w.norm())
             if j + 1 >= D:  # the basis spans the whole space: the projection is exact
                 beta = 0.0
-            elif beta <= 1e-12 * max(1.0, float(T.diagonal()[: j + 1].abs().max())):
+            elif beta <= 1e-12 * max(1.0, float(np.abs(np.diag(T)[: j + 1]).max())):
                 # Invariant subspace found: continue from a fresh random direction.
-                r = torch.randn(D, generator=generator, dtype=torch.float64, device=generator.device).to(device, dtype)
-                r, _ = _orthogonalize(r, B[: j + 1])
-                B[j + 1] = r / r.norm()
+                r, _, r_norm = _orthogonalize(random_direction(), B[: j + 1])
+                B[j + 1] = r / r_norm
                 beta = 0.0
             else:
                 B[j + 1] = w / beta
             j += 1
-            if n_matvecs >= max_matvecs or (j >= k and _ritz_converged(T[:j, :j], beta, k, tol)):
+            if n_matvecs >= max_matvecs:
                 break
+            if j >= k:
+                theta, _, res = _ritz(T[:j, :j], beta)
+                if (res[:k] <= tol * max(abs(theta[0]), tiny)).all():
+                    break
         size = j
-        theta, y = torch.linalg.eigh(T[:size, :size])
-        theta, y = theta.flip(0), y.flip(1)
-        res = (beta * y[size - 1, :]).abs()
+        theta, y, res = _ritz(T[:size, :size], beta)
         kk = min(k, size)
-        scale = max(float(theta[0].abs()), np.finfo(np.float64).tiny)
+        scale = max(abs(theta[0]), tiny)
         done = bool((res[:kk] <= tol * scale).all()) and kk == k
         history.append((n_matvecs, float(res[:kk].max() / scale)))
         if done or n_matvecs >= max_matvecs or size >= D or beta == 0.0 and size >= m:
             break
         # Thick restart: keep the leading Ritz vectors, continue from the residual direction.
         n_kept = min(size - 1, max(k + (m - k) // 2, k + 1))
-        Y = y[:, :n_kept].to(dtype)
+        Y = torch.as_tensor(y[:, :n_kept], dtype=dtype, device=device)
         B[:n_kept] = Y.T @ B[:size]
         B[n_kept] = B[size]
-        T.zero_()
-        T[:n_kept, :n_kept] = torch.diag(theta[:n_kept])
+        T[:] = 0.0
+        T[:n_kept, :n_kept] = np.diag(theta[:n_kept])
         # The coupling of the kept vectors to column n_kept is recomputed by its own product.
         j = n_kept
     kk = min(k, size)
-    vecs = (y[:, :kk].T.to(dtype) @ B[:size]).T  # (D, k), each eigenvector contiguous in memory
+    Y = torch.as_tensor(y[:, :kk], dtype=dtype, device=device)
+    vecs = (Y.T @ B[:size]).T  # (D, k), each eigenvector contiguous in memory
     return EigenResult(
-        eigenvalues=theta[:kk].clone(),
+        eigenvalues=torch.as_tensor(theta[:kk].copy(), dtype=torch.float64, device=device),
         eigenvectors=vecs,
-        residual_norms=res[:kk].clone(),
+        residual_norms=torch.as_tensor(res[:kk].copy(), dtype=torch.float64, device=device),
         n_matvecs=n_matvecs,
-        converged=bool((res[:kk] <= tol * max(float(theta[0].abs()), 1e-300)).all()) and kk == k,
+        converged=bool((res[:kk] <= tol * max(abs(theta[0]), 1e-300)).all()) and kk == k,
         method="lanczos",
         tol=tol,
         history=history,

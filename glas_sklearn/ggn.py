@@ -4,7 +4,9 @@ G = (1/N) Σ_n J_nᵀ H_n J_n (SPEC eq. 28, 30), with J_n the Jacobian of the ne
 respect to the trainable weights and H_n the Hessian of the loss with respect to that output:
 the identity for the ½-squared loss and diag(p) − p pᵀ for softmax cross-entropy (analytic, p = softmax(f)).
 G is never formed: G v is one Jacobian-vector product, a multiply by H at the output and one
-vector-Jacobian product per mini-batch, summed over the N records.
+vector-Jacobian product per mini-batch, summed over the N records. A block G V of k vectors is computed in
+one pass per mini-batch: one forward pass, the k JVPs and VJPs vectorised with ``torch.func.vmap`` (in
+memory-bounded chunks of columns), so the per-product overhead is paid once per block.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import torch
 import torch.autograd.forward_ad as fwAD
 from scipy.sparse.linalg import LinearOperator
 from torch import nn
+from torch.func import jvp, vjp, vmap
 
 from ._checks import check_choice, check_positive_int, check_vector, numpy_rng
 from ._functional import FunctionalModel, ParameterLayout
@@ -29,6 +32,9 @@ __all__ = ["CurvatureOperator", "GGNOperator"]
 logger = logging.getLogger(__name__)
 
 _LOSSES = ("mse", "cross_entropy")
+# Memory for one vectorised block product (tangents, results and the batched activations of a mini-batch);
+# larger blocks are split into chunks of columns that fit it.
+_BLOCK_BYTES = 1 << 30
 
 
 def _output_hessian_product(loss: str, logits: torch.Tensor | None, probs: torch.Tensor | None,
@@ -177,6 +183,8 @@ class GGNOperator(CurvatureOperator):
         products, so a product costs one cached JVP and one cached VJP (about 1.3× a forward and
         backward pass). False streams a fresh forward-mode JVP and VJP per product (about 1.7×);
         "auto" reuses when the cache fits a quarter of the available memory (half the free memory on CUDA).
+        This concerns single products (``matvec``, Lanczos); a block ``matmat`` of k ≥ 2 vectors runs one
+        forward pass per mini-batch and the k JVPs and VJPs vectorised, with or without the cache.
 
     Attributes
     ----------
@@ -281,6 +289,8 @@ class GGNOperator(CurvatureOperator):
         self.reuse_linearization = reuse_linearization
         self._cache: list | None = None
         self._use_cache: bool | None = None
+        self._block_ok: bool | None = None  # whether the vectorised block product works for this model
+        self._column_bytes: int | None = None
         self.n_products = 0
 
     def _make_batches(self, X: torch.Tensor, mask: torch.Tensor | None) -> list:
@@ -329,9 +339,12 @@ class GGNOperator(CurvatureOperator):
             return torch.full((1,) * out.ndim, 1.0 / self.n_records, dtype=out.dtype, device=out.device)
         return (mask.to(out.dtype) / self.n_records).unsqueeze(-1)
 
-    def _estimate_cache_bytes(self) -> int:
-        """Bytes the autograd graph of the first mini-batch saves, times 3 (forward + transposed graph),
-        scaled to all mini-batches by their number of input cells (rows × positions)."""
+    def _cells(self, x: torch.Tensor) -> int:
+        """Input cells of a mini-batch: rows, times positions with ``trim_padding`` (whose batches differ in length)."""
+        return x.shape[0] * (x.shape[1] if self.trim_padding else 1)
+
+    def _saved_bytes_first_batch(self) -> int:
+        """Bytes the autograd graph of a forward pass over the first mini-batch saves."""
         total = 0
 
         def pack(t):
@@ -339,16 +352,17 @@ class GGNOperator(CurvatureOperator):
             total += t.numel() * t.element_size()
             return t
 
-        first = self._batches[0][0]
         fm = self.functional_model
         leaves = {n: p.detach().requires_grad_() for n, p in fm.params0.items()}
         with fm.autodiff(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            fm(first, leaves)
+            fm(self._batches[0][0], leaves)
+        return total
 
-        def cells(x):
-            return x.shape[0] * (x.shape[1] if self.trim_padding else 1)
-
-        return int(3 * total * sum(cells(xb) for xb, _ in self._batches) / cells(first))
+    def _estimate_cache_bytes(self) -> int:
+        """Bytes the autograd graph of the first mini-batch saves, times 3 (forward + transposed graph),
+        scaled to all mini-batches by their number of input cells (rows × positions)."""
+        first = self._cells(self._batches[0][0])
+        return int(3 * self._saved_bytes_first_batch() * sum(self._cells(xb) for xb, _ in self._batches) / first)
 
     def _build_cache(self) -> list:
         """Per mini-batch: the output graph at θ0 and the transposed graph u ↦ Jᵀu (kept for J v)."""
@@ -419,8 +433,60 @@ class GGNOperator(CurvatureOperator):
         return result
 
     def _matmat(self, V: torch.Tensor) -> torch.Tensor:
-        # One product per column, the single place where the block is split (batched tangents go here).
-        return torch.stack([self._product(V[:, j]) for j in range(V.shape[1])], dim=1)
+        """G V: one product for a single column, else vectorised chunks of columns (column by column for a
+        model that ``torch.func.vmap`` cannot handle)."""
+        k = V.shape[1]
+        chunk = 1 if k == 1 or self._block_ok is False else self._block_columns(k)
+        parts = []
+        for i in range(0, k, chunk):
+            Vc = V[:, i:i + chunk]
+            if Vc.shape[1] > 1 and self._block_ok is not False:
+                try:
+                    parts.append(self._product_block(Vc))
+                    self._block_ok = True
+                    self.n_products += Vc.shape[1]
+                    continue
+                except Exception as err:  # noqa: BLE001 - a model the vectorised path cannot handle: columns
+                    if self._block_ok:
+                        raise
+                    logger.debug("vectorised block product failed (%s: %s); computing G V column by column",
+                                 type(err).__name__, err)
+                    self._block_ok = False
+            parts.append(torch.stack([self._product(Vc[:, j]) for j in range(Vc.shape[1])], dim=1))
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
+
+    def _block_columns(self, k: int) -> int:
+        """Columns per vectorised chunk: per column, three D-vectors (tangent, result, its parts) and three times
+        the activations of the largest mini-batch (primal tangents forward, cotangents backward), within
+        ``_BLOCK_BYTES`` and half the memory budget of the device."""
+        if self._column_bytes is None:
+            first = self._cells(self._batches[0][0])
+            largest = max(self._cells(xb) for xb, _ in self._batches)
+            activations = self._saved_bytes_first_batch() * largest / first
+            element = torch.empty((), dtype=self.dtype).element_size()
+            self._column_bytes = int(3 * self.layout.size * element + 3 * activations) + 1
+        budget = min(_BLOCK_BYTES, _available_memory(self.device) // 2)
+        return int(max(1, min(k, budget // self._column_bytes)))
+
+    def _product_block(self, V: torch.Tensor) -> torch.Tensor:
+        """G V for a D×k block in one pass per mini-batch: the forward pass once, the k JVPs (forward mode)
+        and the k VJPs vectorised over the columns with ``torch.func.vmap``."""
+        k = V.shape[1]
+        fm = self.functional_model
+        tangents = self.layout.unflatten_rows(V.T)
+        result = torch.zeros(k, self.layout.size, dtype=self.dtype, device=self.device)
+        with fm.autodiff():
+            for xb, mb in self._batches:
+                def f(params, xb=xb):
+                    return fm(xb, params)
+
+                primal, pullback = vjp(f, fm.params0)
+                jv = vmap(lambda t, f=f: jvp(f, (fm.params0,), (t,))[1])(tangents)
+                probs = torch.softmax(primal, dim=-1) if self.loss == "cross_entropy" else None
+                hjv = _output_hessian_product(self.loss, primal, probs, jv) * self._record_weight(mb, primal)
+                (grads,) = vmap(pullback)(hjv)
+                result += torch.cat([grads[n].reshape(k, -1) for n in self.layout.names], dim=1)
+        return result.T.contiguous()
 
     def _product(self, v: torch.Tensor) -> torch.Tensor:
         """G v for one vector v of length D: the cached or the streamed path."""

@@ -136,7 +136,9 @@ def test_cached_and_streamed_products_agree(loss, n_out):
     streamed = GGNOperator(net, X, loss=loss, batch_size=10, reuse_linearization=False)
     V = _randn(cached.shape[0], 3, seed=17)
     tol = 50 * torch.finfo(torch.float64).eps * math.sqrt(cached.shape[0])
-    assert _rel(cached @ V, streamed @ V) < tol
+    assert _rel(cached @ V, streamed @ V) < tol  # blocks: the vectorised path, which uses neither
+    # single products: one through the cached graph, one streamed
+    assert _rel(_columns(cached, V), _columns(streamed, V)) < tol
     assert cached._use_cache is True and streamed._use_cache is False
 
 
@@ -337,3 +339,136 @@ def test_ggn_is_a_curvature_operator_with_one_product_path():
     np.testing.assert_allclose(op.to_scipy().matmat(V.numpy()), (G @ V).numpy(), rtol=1e-10, atol=1e-14)
     assert op.n_products == 3  # a block of 3 counts 3 single-vector products
     assert op.functional_model.n_weights == op.shape[0] and op.theta0 is op.functional_model.theta0
+
+
+# ------------------------------------------------------------------ block products (G V in one pass)
+
+def _columns(op, V):
+    """The reference for a block: k single products, one column at a time."""
+    return torch.stack([op.matvec(V[:, j]) for j in range(V.shape[1])], dim=1)
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+@pytest.mark.parametrize("loss,n_out,batch_size", [("mse", 1, None), ("mse", 3, 7), ("cross_entropy", 4, 5)])
+def test_block_product_matches_dense_and_single_products(loss, n_out, batch_size, reuse):
+    net = mlp(n_out=n_out)
+    X = torch.randn(23, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(2))
+    G = dense_ggn(net, X, loss)
+    op = GGNOperator(net, X, loss=loss, batch_size=batch_size, reuse_linearization=reuse)
+    V = torch.randn(op.shape[0], 6, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
+    block = op.matmat(V)
+    assert block.shape == V.shape and block.is_contiguous()
+    assert op.n_products == 6
+    assert _rel(block, G @ V) < 1e-12
+    assert _rel(block, _columns(op, V)) < 1e-12
+    assert op.n_products == 12
+
+
+def test_block_product_float32_within_round_off_of_columns():
+    net = mlp(n_out=2, hidden=16, dtype=torch.float32)
+    X = torch.randn(200, 3, generator=torch.Generator().manual_seed(4))
+    op = GGNOperator(net, X, batch_size=64)
+    V = torch.randn(op.shape[0], 9, generator=torch.Generator().manual_seed(5))
+    ref64 = dense_ggn(copy.deepcopy(net).double(), X.double()) @ V.double()
+    # Both paths sum the same O(N) terms in a different order: a few hundred float32 ulps at most.
+    tol = 300 * torch.finfo(torch.float32).eps
+    block = op.matmat(V)
+    assert _rel(block.double(), ref64) < tol
+    assert _rel(block, _columns(op, V)) < tol
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_block_product_masked_and_trimmed_sequences(reuse):
+    torch.manual_seed(1)
+    net = TinyLSTM().double()
+    tokens = torch.randint(0, 6, (9, 6))
+    mask = torch.ones(9, 6, dtype=torch.bool)
+    mask[0, 2:] = False
+    mask[3, 4:] = False
+    mask[5, 1:] = False
+    G = dense_ggn(net, tokens, "cross_entropy", mask)
+    V = torch.randn(G.shape[0], 4, dtype=torch.float64)
+    for trim in (False, True):
+        op = GGNOperator(net, tokens, loss="cross_entropy", mask=mask, batch_size=4, trim_padding=trim,
+                         reuse_linearization=reuse)
+        assert _rel(op @ V, G @ V) < 1e-12
+
+
+def test_block_product_is_chunked_to_its_memory_budget(monkeypatch):
+    import glas_sklearn.ggn as ggn
+
+    net = mlp(n_out=2)
+    X = torch.randn(30, 3, dtype=torch.float64)
+    op = GGNOperator(net, X, batch_size=8)
+    op.matmat(torch.zeros(op.shape[0], 2, dtype=torch.float64))  # measures the bytes per column
+    monkeypatch.setattr(ggn, "_BLOCK_BYTES", int(2.5 * op._column_bytes))
+    widths = []
+    original = op._product_block
+
+    def spy(Vc):
+        widths.append(Vc.shape[1])
+        return original(Vc)
+
+    monkeypatch.setattr(op, "_product_block", spy)
+    V = torch.randn(op.shape[0], 5, dtype=torch.float64)
+    assert _rel(op @ V, dense_ggn(net, X) @ V) < 1e-12
+    assert widths == [2, 2]  # the fifth column is one ordinary product
+    assert op.n_products == 2 + 5
+
+
+class _Square(torch.autograd.Function):
+    """x², as an old-style autograd.Function: differentiable twice, but unusable under torch.func transforms."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x * x
+
+    @staticmethod
+    def backward(ctx, g):
+        (x,) = ctx.saved_tensors
+        return 2 * x * g
+
+
+class _SquareNet(nn.Module):
+    def __init__(self, custom: bool):
+        super().__init__()
+        self.custom = custom
+        self.a, self.b = nn.Linear(3, 4), nn.Linear(4, 2)
+
+    def forward(self, x):
+        h = self.a(x)
+        return self.b(_Square.apply(h) if self.custom else h**2)
+
+
+def test_block_product_falls_back_to_columns_when_vmap_fails(caplog):
+    torch.manual_seed(0)
+    net = _SquareNet(custom=True).double()
+    twin = _SquareNet(custom=False).double()
+    twin.load_state_dict(net.state_dict())
+    X = torch.randn(20, 3, dtype=torch.float64)
+    G = dense_ggn(twin, X)
+    op = GGNOperator(net, X, reuse_linearization=True)  # the cached graph needs no torch.func
+    V = torch.randn(op.shape[0], 3, dtype=torch.float64)
+    with caplog.at_level("DEBUG", logger="glas_sklearn.ggn"):
+        assert _rel(op @ V, G @ V) < 1e-12
+    assert "column by column" in caplog.text
+    assert _rel(op @ V, G @ V) < 1e-12  # and it keeps working without retrying the vectorised path
+    assert op.n_products == 6
+
+
+def test_to_scipy_passes_whole_blocks(monkeypatch):
+    net = mlp()
+    X = torch.randn(25, 3, dtype=torch.float64)
+    op = GGNOperator(net, X)
+    shapes = []
+    original = op._matmat
+
+    def spy(V):
+        shapes.append(tuple(V.shape))
+        return original(V)
+
+    monkeypatch.setattr(op, "_matmat", spy)
+    x = np.random.default_rng(1).standard_normal((op.shape[0], 4))
+    np.testing.assert_allclose(op.to_scipy() @ x, dense_ggn(net, X).numpy() @ x, rtol=1e-10, atol=1e-14)
+    assert shapes == [(op.shape[0], 4)]
