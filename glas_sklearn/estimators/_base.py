@@ -568,7 +568,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         if not reset and len(self.input_shape_) != 1:
             # validate_data would count features on the second axis only; rows of n-d inputs (which have no
             # feature names) are checked whole by _check_rows
-            out = check_array(X, estimator=self, **check) if no_y else check_X_y(X, y, estimator=self, **check,
+            out = check_array(X, estimator=self, input_name="X", **check) if no_y else check_X_y(X, y, estimator=self, **check,
                                                                                     **kwargs)
         else:
             out = validate_data(self, X, y, reset=reset, **check, **kwargs)
