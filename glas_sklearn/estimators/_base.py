@@ -304,7 +304,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         Xc = self._to_tensor(self._transform_X(X_cal), device, dtype)
         yc = self._calibration_targets(y_cal, device, dtype)
         self.timings_ = {}
-        self.module_ = self._theta0_module(Xt, yt, self._n_outputs(y), seed)
+        self.module_ = self._theta0_module(Xt, yt, self._n_outputs(y), seed, dtype)
         self._fit_posterior(Xt, yt, Xc, yc, seed)
         self._choose_dimension(Xc, yc, seed)
         self.timings_["total"] = time.perf_counter() - t_start
@@ -348,13 +348,14 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         stratify = y if self._task == "classification" and self._can_stratify(y, n_cal) else None
         return train_test_split(X, y, test_size=n_cal, random_state=seed, stratify=stratify)
 
-    def _theta0_module(self, Xt: torch.Tensor, yt: torch.Tensor, n_outputs: int, seed: int) -> nn.Module:
+    def _theta0_module(self, Xt: torch.Tensor, yt: torch.Tensor, n_outputs: int, seed: int,
+                       dtype: torch.dtype) -> nn.Module:
         """θ0: the prefit module as it is, or our own network (new or copied) trained on the training rows."""
         if self.prefit:
-            module = self._prefit_module(Xt.device, Xt.dtype)
+            module = self._prefit_module(Xt.device, dtype)
             self.training_loss_ = []
         else:
-            module = self._build_module(Xt.shape[1], n_outputs, seed).to(device=Xt.device, dtype=Xt.dtype)
+            module = self._build_module(Xt.shape[1], n_outputs, seed).to(device=Xt.device, dtype=dtype)
             t0 = time.perf_counter()
             self.training_loss_ = train_module(
                 module, Xt, yt, self._loss, optimizer=self.optimizer, lr=self.lr, weight_decay=self.weight_decay,
@@ -565,11 +566,13 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         with ``padding_idx``)."""
         check = dict(dtype="numeric", accept_sparse=("csr", "csc", "coo"), allow_nd=True, ensure_all_finite=True)
         no_y = isinstance(y, str) and y == "no_validation"
-        if not reset and len(self.input_shape_) != 1:
-            # validate_data would count features on the second axis only; rows of n-d inputs (which have no
-            # feature names) are checked whole by _check_rows
-            out = check_array(X, estimator=self, input_name="X", **check) if no_y else check_X_y(X, y, estimator=self, **check,
-                                                                                    **kwargs)
+        if not reset and (len(self.input_shape_) != 1 or self._integer_input):
+            # validate_data would count features on the second axis only; rows of n-d inputs and token
+            # sequences (which have no feature names) are checked whole by _check_rows
+            if no_y:
+                out = check_array(X, estimator=self, input_name="X", **check)
+            else:
+                out = check_X_y(X, y, estimator=self, **check, **kwargs)
         else:
             out = validate_data(self, X, y, reset=reset, **check, **kwargs)
         X, rest = (out[0], tuple(out[1:])) if isinstance(out, tuple) else (out, ())
