@@ -118,7 +118,8 @@ def predict_interval(estimator, X, confidence_level=None) -> tuple[np.ndarray, n
     >>> rng = np.random.default_rng(0)
     >>> X = rng.uniform(0, 10, size=(100, 2)); y = np.sin(X[:, 0]) + 0.1 * rng.standard_normal(100)
     >>> pipe = make_pipeline(StandardScaler(), LaplaceActiveSubspaceRegressor(
-    ...     max_epochs=20, n_samples=50, max_components=3, random_state=0)).fit(X, y)
+    ...     max_epochs=100, batch_size=None, lr=0.02, include_noise=True, n_samples=100, max_components=5,
+    ...     random_state=0)).fit(X, y)
     >>> y_pred, y_pis = predict_interval(pipe, X[:4], confidence_level=[0.5, 0.9])
     >>> y_pis.shape
     (4, 2, 2)
