@@ -17,7 +17,6 @@
 import os
 import re
 import time
-import warnings
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -31,7 +30,6 @@ from torch import nn
 
 import glas_sklearn
 from glas_sklearn import LaplaceActiveSubspaceClassifier
-from glas_sklearn.calibration import CalibrationWarning
 from glas_sklearn.contrib.smiles import Vocabulary, encode_batch, load_smiles, tokenize
 from glas_sklearn.predictive import mean_set_size, prediction_sets, set_coverage
 
@@ -74,7 +72,8 @@ print(f"{len(vocab)} tokens; train {X_train.shape}, test {X_test.shape}; share w
 # ## The network and the estimator
 #
 # Embedding (padding row fixed at zero) → a 1-D convolution over 5 tokens → ReLU → a sum over the real positions
-# (so that the network can count) → linear logits. `calibration_size=0.25` of the training molecules choose $d$.
+# (so that the network can count) → linear logits. The estimator's defaults (low-rank posterior, linearised,
+# split-conformal prediction sets); `calibration_size=0.25` of the training molecules are the calibration rows.
 
 
 # %%
@@ -96,19 +95,17 @@ clf = LaplaceActiveSubspaceClassifier(SmilesCNN, module_kwargs=dict(n_tokens=len
                                       padding_idx=vocab.stop_id, max_epochs=MAX_EPOCHS, lr=3e-3, batch_size=32,
                                       weight_decay=1e-4, calibration_size=0.25, max_components=MAX_COMPONENTS,
                                       n_samples=N_SAMPLES, confidence_level=LEVEL, random_state=SEED)
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", CalibrationWarning)  # reported below, reached or not
-    clf.fit(X_train, y_train)
+clf.fit(X_train, y_train)
 print(f"input_shape_ {clf.input_shape_} (token ids), N = {clf.n_records_} molecules as records, "
-      f"D = {sum(p.numel() for p in clf.module_.parameters())} weights, d = {clf.n_components_} "
-      f"(target reached: {clf.calibration_reached_})")
-clf.calibration_.round(4)
+      f"D = {sum(p.numel() for p in clf.module_.parameters())} weights, d = {clf.n_components_}, "
+      f"{clf.n_calibration_rows_} calibration rows")
 
 # %% [markdown]
 # ## Test molecules: GLAS vs the MAP softmax
 #
 # The test ids are padded to their own longest molecule; the estimator pads or cuts them to the fitted length.
-# The MAP softmax is the trained network's own output (`clf.module_`, on the ids at the fitted length).
+# The MAP softmax is the trained network's own output (`clf.module_`, on the ids at the fitted length); its sets
+# are the smallest whose probability reaches 90 %, GLAS's the estimator's conformal sets (`predict_set`).
 
 # %%
 T = clf.input_shape_[0]
@@ -121,8 +118,8 @@ p_glas = clf.predict_proba(X_test)  # X_test at its own padded length
 codes = np.searchsorted(clf.classes_, y_test)
 
 rows = []
-for name, p in [("MAP softmax", p_map), (f"GLAS (d = {clf.n_components_})", p_glas)]:
-    sets = prediction_sets(p, LEVEL)
+for name, p in [("MAP softmax", p_map), ("GLAS", p_glas)]:
+    sets = clf.predict_set(X_test)[1] if name == "GLAS" else prediction_sets(p, LEVEL)
     rows.append({"method": name, "accuracy": float((p.argmax(1) == codes).mean()),
                  "NLL": float(log_loss(codes, p, labels=[0, 1])),
                  f"{LEVEL:.0%} set coverage": float(set_coverage(codes, sets)[0]),
@@ -152,10 +149,12 @@ ax.legend()
 plt.show()
 
 # %% [markdown]
-# **What we see** (full mode). The property is a count, which the sum-pooling network learns from a couple of
-# hundred molecules; its mistakes sit at the boundary (three or four rings), where GLAS pulls the probabilities
-# towards one half and its 90 % sets hold both classes. One seed on a small sample: a worked example, not a
-# benchmark.
+# **What we see** (full mode). The network gets about 81 % of the 91 test molecules right, and its MAP softmax
+# is overconfident (NLL 0.55). GLAS keeps the accuracy (0.82) and brings the NLL to 0.40; its conformal 90 % sets
+# hold 1.12 classes on average and cover 0.89 of the test molecules (the guarantee is on average over
+# calibration draws, and 91 molecules are few), where the MAP's smallest-90 %-mass sets cover 0.92 with 1.27
+# classes. The least certain molecules are the ones whose probabilities GLAS pulls towards one half, and their
+# sets hold both classes. One seed on a small sample: a worked example, not a benchmark.
 
 # %%
 print(f"notebook wall time: {time.perf_counter() - t_notebook:.0f} s ({'quick' if QUICK else 'full'} mode)")
