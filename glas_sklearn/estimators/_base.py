@@ -676,7 +676,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
         y : array-like
             Targets (regression) or labels (classification).
         d_max : int, optional
