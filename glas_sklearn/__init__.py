@@ -1,5 +1,6 @@
 """glas-sklearn: calibrated uncertainty for trained PyTorch networks by generalized Laplace active subspaces."""
 
+from .compose import predict_interval, predict_set
 from .datasets import load_concrete
 from .estimators import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
 from .metrics import coverage_score, interval_score, make_interval_scorer, mean_width_score
@@ -13,6 +14,8 @@ __all__ = [
     "interval_score",
     "make_interval_scorer",
     "mean_width_score",
+    "predict_interval",
+    "predict_set",
     "load_concrete",
     "__version__",
 ]

@@ -9,17 +9,18 @@ Every score averages over all n·M entries; with a level axis it returns one val
 - :func:`interval_score`: the Winkler (interval) score, a proper scoring rule for central intervals:
   the width plus 2/γ times the distance by which the target falls outside (γ = 1 − confidence level).
 - :func:`make_interval_scorer`: one of the three as a ``scorer(estimator, X, y)`` for ``GridSearchCV`` and
-  ``cross_val_score``, also for an estimator at the end of a ``Pipeline``.
+  ``cross_val_score``, also for an estimator at the end of a ``Pipeline`` (through
+  :func:`glas_sklearn.compose.predict_interval`).
 """
 
 from __future__ import annotations
 
-import inspect
 import numbers
 
 import numpy as np
 
 from ._checks import check_confidence_levels
+from .compose import predict_interval
 from .predictive import interval_coverage, mean_interval_width
 
 __all__ = ["coverage_score", "interval_score", "make_interval_scorer", "mean_width_score"]
@@ -160,26 +161,6 @@ def interval_score(y_true, y_pis, confidence_level=0.9) -> float | np.ndarray:
     return _result(score.reshape(-1, k).mean(axis=0), has_levels)
 
 
-def _intervals_of(estimator, X, confidence_level: float):
-    """Call ``predict_interval`` on the estimator, or on the last step of a Pipeline after transforming X
-    through the steps before it (recursively for nested pipelines)."""
-    if hasattr(estimator, "predict_interval"):
-        method = estimator.predict_interval
-        try:
-            takes_level = "confidence_level" in inspect.signature(method).parameters
-        except (TypeError, ValueError):
-            takes_level = False
-        out = method(X, confidence_level=confidence_level) if takes_level else method(X)
-        return out[1] if isinstance(out, tuple) else out
-    steps = getattr(estimator, "steps", None)
-    if steps:
-        head = estimator[:-1]
-        Xt = X if len(steps) == 1 else head.transform(X)
-        return _intervals_of(estimator[-1], Xt, confidence_level)
-    raise TypeError(f"{type(estimator).__name__} has no predict_interval method and is not a Pipeline ending in an "
-                    "estimator that has one; interval scorers need y_pis = predict_interval(X)[1].")
-
-
 class _IntervalScorer:
     """``scorer(estimator, X, y)`` for one interval metric at one level; greater is better."""
 
@@ -188,7 +169,7 @@ class _IntervalScorer:
         self.confidence_level = confidence_level
 
     def __call__(self, estimator, X, y) -> float:
-        y_pis = np.asarray(_intervals_of(estimator, X, self.confidence_level), dtype=np.float64)
+        y_pis = np.asarray(predict_interval(estimator, X, self.confidence_level)[1], dtype=np.float64)
         if y_pis.ndim == 2:  # a single level without its level axis
             y_pis = y_pis[..., None]
         if y_pis.shape[-1] != 1:
@@ -207,10 +188,11 @@ class _IntervalScorer:
 def make_interval_scorer(metric: str = "interval_score", confidence_level: float = 0.9):
     """A scikit-learn scorer of prediction intervals, for ``GridSearchCV(scoring=...)`` and friends.
 
-    The scorer calls ``estimator.predict_interval(X, confidence_level=confidence_level)`` (without the
-    level when the method does not take one, as MAPIE's regressors, whose level is fixed at construction)
-    and scores the intervals against y. When the estimator is a ``Pipeline``, the last step's
-    ``predict_interval`` is called on X transformed by the steps before it.
+    The scorer gets the intervals from :func:`glas_sklearn.compose.predict_interval`: the estimator's
+    ``predict_interval(X, confidence_level=confidence_level)`` (without the level when the method does not
+    take one, as MAPIE's regressors, whose level is fixed at construction), the last step's on X transformed
+    by the steps before it for a ``Pipeline``, or the inner regressor's mapped through an affine target
+    transform for a ``TransformedTargetRegressor``; it scores them against y.
 
     Parameters
     ----------

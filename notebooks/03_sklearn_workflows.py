@@ -37,6 +37,7 @@ from glas_sklearn import (
     load_concrete,
     make_interval_scorer,
     mean_width_score,
+    predict_interval,
 )
 from glas_sklearn.calibration import CalibrationWarning
 from glas_sklearn.plotting import plot_calibration, plot_intervals
@@ -120,14 +121,14 @@ pd.DataFrame({"scaling": cv["param_glas__scaling"],
 
 # %% [markdown]
 # The refitted best pipeline on the test part. A `Pipeline` passes `predict(X, return_std=True)` through to our
-# regressor but has no `predict_interval`, so the intervals come from the last step on transformed inputs:
-# `best[-1].predict_interval(best[:-1].transform(X))`. The fitted regressor keeps the feature names the
-# `ColumnTransformer` produced.
+# regressor but has no `predict_interval`; `glas_sklearn.predict_interval(pipeline, X)` runs the transforms and
+# calls the last step (the scorers above use the same function; `glas_sklearn.predict_set` does the same for
+# classifiers). The fitted regressor keeps the feature names the `ColumnTransformer` produced.
 
 # %%
 best = search.best_estimator_
 glas = best[-1]
-y_pred, y_pis = glas.predict_interval(best[:-1].transform(X_test))
+y_pred, y_pis = predict_interval(best, X_test)
 print("features seen by the regressor:", list(glas.feature_names_in_))
 print(f"d = {glas.n_components_}, test coverage {coverage_score(y_test, y_pis)[0]:.3f}, "
       f"mean width {mean_width_score(y_pis)[0]:.1f} MPa, interval score {interval_score(y_test, y_pis)[0]:.1f}")

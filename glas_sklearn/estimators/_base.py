@@ -16,7 +16,7 @@ import scipy.sparse as sp
 import torch
 from sklearn.base import BaseEstimator
 from sklearn.model_selection import train_test_split
-from sklearn.utils.validation import check_is_fitted, validate_data
+from sklearn.utils.validation import check_array, check_is_fitted, check_X_y, validate_data
 from torch import nn
 
 from .._checks import check_confidence_levels, numpy_rng
@@ -50,10 +50,14 @@ _PREDICT_BUDGET = 2**24
 PARAMETERS_DOC = """\
     module : None, torch.nn.Module, skorch net or callable, default=None
         None: an MLP (two tanh layers of 50; ``module_kwargs`` may set ``hidden_layer_sizes`` and
-        ``activation``, one of "tanh", "relu", "gelu", "silu"). A module instance is copied before training;
-        with ``prefit=True`` it is used as θ0 as it is, never trained, moved or modified. A callable is called
-        with ``module_kwargs``. The network maps (n, n_features) to (n, n_outputs) for regression and to
-        logits (n, n_classes) for classification.
+        ``activation``, one of "tanh", "relu", "gelu", "silu"), for 2-D tables only. A module instance is
+        copied before training; with ``prefit=True`` it is used as θ0 as it is, never trained, moved or
+        modified (a fitted skorch net: its ``module_``). A callable is called with ``module_kwargs``. The
+        network maps the rows of ``X``, ``(n, *input_shape)``, to (n, n_outputs) for regression and to logits
+        (n, n_classes) for classification: one prediction per row. ``X`` may have any rank (images
+        (n, C, H, W), token ids (n, T)); with a module given, integer ``X`` reaches it as ``torch.long``
+        (token ids for ``nn.Embedding``), floating ``X`` in ``dtype``. With the default MLP an integer
+        table is a table of numbers.
     module_kwargs : dict, optional
         Keyword arguments of the default MLP or of the callable ``module``.
     prefit : bool, default=False
@@ -109,8 +113,20 @@ PARAMETERS_DOC = """\
         Weight decay of the optimizer.
     optimizer : {"adam", "adamw", "sgd"} or torch.optim.Optimizer subclass, default="adam"
         Built as ``optimizer(params, lr=lr, weight_decay=weight_decay)``.
-    standardize : bool, default=True
+    standardize : "auto" or bool, default="auto"
         Standardise the inputs (and regression targets) internally; results are in the original units.
+        Inputs are standardised only when they are a 2-D table of floats: "auto" leaves other inputs
+        (images, integer token ids) as they are and still standardises regression targets; True refuses
+        them (normalise images in the module or beforehand); False standardises nothing. Ignored with
+        ``prefit=True``.
+    padding_idx : int, optional
+        The token id that pads integer sequences ``X`` of shape (n, T) on the right. The rows are the
+        records (one prediction per sequence), so padding matters only as the model's input (e.g.
+        ``nn.Embedding(padding_idx=...)`` and masked pooling). At predict time (and for ``X_cal``), sequences
+        padded to another length are brought to the fitted length T: shorter ones are padded with
+        ``padding_idx``, longer ones cut where only padding follows. Per-position outputs (n, T, M), whose
+        padded positions must not count as records, are for the lower-level
+        :func:`~glas_sklearn.laplace.fit_laplace_subspace` with ``mask=X != padding_idx``.
     subsample : int, optional
         Build the curvature on a random subsample of that many training rows (paper §2.4).
     eigen_method : {"lanczos", "eigsh"}, default="lanczos"
@@ -163,7 +179,11 @@ ATTRIBUTES_DOC = """\
         Rows used to choose d (``X_cal`` or the held-out part of ``X``).
     x_mean_, x_scale_ : ndarray or None
         The internal standardisation of the inputs (None when off or prefit).
+    input_shape_ : tuple of int
+        The shape of one row of ``X`` seen in fit ((n_features,) for a table, (C, H, W) for images, (T,)
+        for token sequences); rows of another shape are refused at predict time.
     n_features_in_ : int
+        The number of values in one row, prod(input_shape_) (the number of columns for a table).
     feature_names_in_ : ndarray of str
         Only when ``X`` has string column names (a pandas DataFrame)."""
 
@@ -226,7 +246,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         "batch_size": [None, Interval(numbers.Integral, 1, None)],
         "weight_decay": [Interval(numbers.Real, 0, None)],
         "optimizer": [Options(*OPTIMIZERS), Satisfies(_is_optimizer_class, "a torch.optim.Optimizer subclass")],
-        "standardize": [BOOLEAN],
+        "standardize": [Options("auto"), BOOLEAN],
+        "padding_idx": [None, Interval(numbers.Integral, 0, None)],
         "subsample": [None, Interval(numbers.Integral, 1, None)],
         "eigen_method": [Options("lanczos", "eigsh")],
         "device": NO_VALIDATION,  # checked when resolved (torch parses it)
@@ -240,8 +261,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
                  max_components=50, sigma0="auto", posterior="low_rank", calibration="conformal",
                  predictive="auto", n_samples=1000, confidence_level=0.9,
                  calibration_size=0.1, max_epochs=500, lr=1e-3, batch_size=64, weight_decay=0.0,
-                 optimizer="adam", standardize=True, subsample=None, eigen_method="lanczos", device="auto",
-                 dtype="float32", random_state=None, verbose=0):
+                 optimizer="adam", standardize="auto", padding_idx=None, subsample=None, eigen_method="lanczos",
+                 device="auto", dtype="float32", random_state=None, verbose=0):
         self.module = module
         self.module_kwargs = module_kwargs
         self.prefit = prefit
@@ -261,6 +282,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         self.weight_decay = weight_decay
         self.optimizer = optimizer
         self.standardize = standardize
+        self.padding_idx = padding_idx
         self.subsample = subsample
         self.eigen_method = eigen_method
         self.device = device
@@ -283,7 +305,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         Xc = self._to_tensor(self._transform_X(X_cal), device, dtype)
         yc = self._calibration_targets(y_cal, device, dtype)
         self.timings_ = {}
-        self.module_ = self._theta0_module(Xt, yt, self._n_outputs(y), seed)
+        self.module_ = self._theta0_module(Xt, yt, self._n_outputs(y), seed, dtype)
         self._fit_posterior(Xt, yt, Xc, yc, seed)
         self._choose_dimension(Xc, yc, seed)
         self.timings_["total"] = time.perf_counter() - t_start
@@ -291,7 +313,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
 
     def _validate_fit_data(self, X, y, X_cal, y_cal):
         """The training rows and, when given, the calibration rows, validated (X densified)."""
-        X, y = self._validate_train(X, y)
+        X, y = self._validate_train(X, y)  # records input_shape_ and the input kind
+        self._check_inputs_fit_the_settings()
         if X_cal is None and y_cal is None:
             return X, y, None, None
         if X_cal is None or y_cal is None:
@@ -326,13 +349,14 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         stratify = y if self._task == "classification" and self._can_stratify(y, n_cal) else None
         return train_test_split(X, y, test_size=n_cal, random_state=seed, stratify=stratify)
 
-    def _theta0_module(self, Xt: torch.Tensor, yt: torch.Tensor, n_outputs: int, seed: int) -> nn.Module:
+    def _theta0_module(self, Xt: torch.Tensor, yt: torch.Tensor, n_outputs: int, seed: int,
+                       dtype: torch.dtype) -> nn.Module:
         """θ0: the prefit module as it is, or our own network (new or copied) trained on the training rows."""
         if self.prefit:
-            module = self._prefit_module(Xt.device, Xt.dtype)
+            module = self._prefit_module(Xt.device, dtype)
             self.training_loss_ = []
         else:
-            module = self._build_module(Xt.shape[1], n_outputs, seed).to(device=Xt.device, dtype=Xt.dtype)
+            module = self._build_module(Xt.shape[1], n_outputs, seed).to(device=Xt.device, dtype=dtype)
             t0 = time.perf_counter()
             self.training_loss_ = train_module(
                 module, Xt, yt, self._loss, optimizer=self.optimizer, lr=self.lr, weight_decay=self.weight_decay,
@@ -503,16 +527,33 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         return counts.min() >= 2 and len(counts) <= min(n_cal, len(y) - n_cal)
 
     def _check_output_shape(self, module, x1, n_outputs) -> None:
-        with torch.no_grad():
-            out = eval_view(module)(x1)  # a prefit module in train mode is probed through an eval-mode view
+        name = type(self).__name__
+        try:
+            with torch.no_grad():
+                out = eval_view(module)(x1)  # a prefit module in train mode is probed through an eval-mode view
+        except (RuntimeError, TypeError, IndexError, ValueError) as err:
+            hint = ""
+            if not x1.is_floating_point():
+                hint = (" Integer inputs reach the module as torch.long token ids; for a table of integer-valued "
+                        "features pass X.astype(float).")
+            raise ValueError(f"{name}: the module cannot be evaluated on rows of shape {tuple(x1.shape[1:])} and "
+                             f"dtype {x1.dtype}: {err}.{hint}") from err
         if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[1] != n_outputs:
             shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            raise ValueError(f"{type(self).__name__}: the module returns outputs of shape {shape}, but {n_outputs} "
-                             f"output(s) per row are needed for this {self._task} problem: (n, {n_outputs}).")
+            hint = ""
+            if isinstance(out, torch.Tensor) and out.ndim > 2:
+                hint = (" Per-position outputs (n, T, M), e.g. next-token logits, are not predictions per row: "
+                        "use glas_sklearn.laplace.fit_laplace_subspace(model, X, mask=X != padding_idx).")
+            raise ValueError(f"{name}: the module returns outputs of shape {shape}, but {n_outputs} "
+                             f"output(s) per row are needed for this {self._task} problem: (n, {n_outputs}).{hint}")
 
     @staticmethod
     def _to_tensor(X, device, dtype) -> torch.Tensor:
-        return torch.as_tensor(np.ascontiguousarray(X), dtype=dtype).to(device)
+        """Floating arrays in ``dtype``; integer arrays (token ids) as torch.long, the index type of nn.Embedding."""
+        X = np.ascontiguousarray(X)
+        if np.issubdtype(X.dtype, np.integer):
+            return torch.as_tensor(X, dtype=torch.long).to(device)
+        return torch.as_tensor(X, dtype=dtype).to(device)
 
     @staticmethod
     def _dense(X) -> np.ndarray:
@@ -520,15 +561,87 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         return X.toarray() if sp.issparse(X) else X
 
     def _validate_X(self, X, y="no_validation", *, reset: bool, **kwargs):
-        """sklearn's validate_data (n_features_in_, feature_names_in_, NaN/inf, dtypes), densified."""
-        out = validate_data(self, X, y, reset=reset, dtype=np.float64, accept_sparse=("csr", "csc", "coo"),
-                            **kwargs)
-        if isinstance(out, tuple):
-            return (self._dense(out[0]),) + tuple(out[1:])
-        return self._dense(out)
+        """X (and y) validated the scikit-learn way: any rank ≥ 2, finite, numeric, densified; float64, or int64
+        for token ids. ``reset=True`` (fit) records the row shape (``input_shape_``, ``n_features_in_``) and the
+        input kind; otherwise the rows are checked against them (token sequences brought to the fitted length
+        with ``padding_idx``)."""
+        check = dict(dtype="numeric", accept_sparse=("csr", "csc", "coo"), allow_nd=True, ensure_all_finite=True)
+        no_y = isinstance(y, str) and y == "no_validation"
+        if not reset and (len(self.input_shape_) != 1 or self._integer_input):
+            # validate_data would count features on the second axis only; rows of n-d inputs and token
+            # sequences (which have no feature names) are checked whole by _check_rows
+            if no_y:
+                out = check_array(X, estimator=self, input_name="X", **check)
+            else:
+                out = check_X_y(X, y, estimator=self, **check, **kwargs)
+        else:
+            out = validate_data(self, X, y, reset=reset, **check, **kwargs)
+        X, rest = (out[0], tuple(out[1:])) if isinstance(out, tuple) else (out, ())
+        X = self._dense(X)
+        if reset:
+            self.input_shape_ = tuple(int(s) for s in X.shape[1:])
+            self.n_features_in_ = int(np.prod(self.input_shape_))
+            # integer X is token ids for the user's module; for the default MLP a table of numbers
+            self._integer_input = bool(np.issubdtype(X.dtype, np.integer) and self.module is not None)
+        else:
+            X = self._check_rows(X)
+        X = X.astype(np.int64 if self._integer_input else np.float64, copy=False)
+        return (X,) + rest if rest else X
+
+    def _check_rows(self, X: np.ndarray) -> np.ndarray:
+        """X against what fit saw: token ids stay integers, and every row has the fitted shape."""
+        name = type(self).__name__
+        if self._integer_input and not np.issubdtype(X.dtype, np.integer):
+            raise ValueError(f"X has {X.dtype} values, but {name} was fitted on integer token ids; pass the ids as "
+                             "integers (e.g. X.astype(np.int64)).")
+        if self.padding_idx is not None and X.ndim == 2 and len(self.input_shape_) == 1:
+            X = self._to_fitted_length(X)
+        if tuple(X.shape[1:]) != self.input_shape_:
+            raise ValueError(f"X has rows of shape {tuple(X.shape[1:])}, but {name} was fitted on rows of shape "
+                             f"{self.input_shape_}: pass X of shape (n, {', '.join(map(str, self.input_shape_))}).")
+        return X
+
+    def _to_fitted_length(self, X: np.ndarray) -> np.ndarray:
+        """Token sequences (n, T') right-padded with ``padding_idx`` to the fitted length T, or cut to it where
+        only padding follows."""
+        T, pad = self.input_shape_[0], self.padding_idx
+        if X.shape[1] < T:
+            return np.concatenate([X, np.full((X.shape[0], T - X.shape[1]), pad, dtype=X.dtype)], axis=1)
+        if X.shape[1] > T:
+            rows = np.flatnonzero((X[:, T:] != pad).any(axis=1))
+            if rows.size:
+                raise ValueError(f"X has sequences of length {X.shape[1]}, and rows {rows[:5].tolist()} hold tokens "
+                                 f"other than padding_idx={pad} beyond the fitted length {T}; "
+                                 f"{type(self).__name__} was fitted on sequences of length {T} (refit on longer "
+                                 "ones, or truncate these).")
+            return X[:, :T]
+        return X
+
+    def _check_inputs_fit_the_settings(self) -> None:
+        """The input kind seen in fit against module, standardize and padding_idx."""
+        name, shape = type(self).__name__, self.input_shape_
+        if self.module is None and len(shape) != 1:
+            raise ValueError(f"{name}: X has rows of shape {shape}, but the default network is an MLP on 2-D tables; "
+                             f"pass a network that takes (n, {', '.join(map(str, shape))}) inputs as module= (e.g. a "
+                             f"CNN for images), or flatten X to (n, {self.n_features_in_}).")
+        table = len(shape) == 1 and not self._integer_input
+        if self.standardize is True and not self.prefit and not table:
+            what = "integer token ids" if self._integer_input else f"rows of shape {shape}"
+            raise ValueError(f"{name}: standardize=True applies to 2-D tables of floats, but X has {what}; use "
+                             "standardize='auto' (inputs left as they are, regression targets standardised) or "
+                             "False, and normalise the inputs in the module or beforehand.")
+        if self.padding_idx is not None and not (self._integer_input and len(shape) == 1):
+            raise ValueError(f"{name}: padding_idx={self.padding_idx} applies to integer token sequences (n, T) "
+                             f"passed to a module, but X has rows of shape {shape} and "
+                             f"{'integer' if self._integer_input else 'float'} values"
+                             f"{' for the default MLP' if self.module is None else ''}.")
+
+    def _standardizes_inputs(self) -> bool:
+        return (self.standardize is not False and not self.prefit and len(self.input_shape_) == 1
+                and not self._integer_input)
 
     def _fit_scalers(self, X, y) -> None:
-        if self.standardize and not self.prefit:
+        if self._standardizes_inputs():
             mean = X.mean(axis=0)
             scale = X.std(axis=0)
             scale[~(scale > 1e-12 * np.maximum(1.0, np.abs(mean)))] = 1.0
@@ -564,7 +677,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
         y : array-like
             Targets (regression) or labels (classification).
         d_max : int, optional
@@ -641,4 +754,5 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         tags = super().__sklearn_tags__()
         tags.non_deterministic = False
         tags.input_tags.sparse = True
+        tags.input_tags.three_d_array = True
         return tags

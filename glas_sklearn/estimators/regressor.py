@@ -99,15 +99,15 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
                  max_components=50, sigma0="auto", posterior="low_rank", calibration="conformal",
                  predictive="auto", n_samples=1000, confidence_level=0.9, calibration_size=0.1, noise_std="auto",
                  include_noise=False, max_epochs=500, lr=1e-3, batch_size=64, weight_decay=0.0, optimizer="adam",
-                 standardize=True, subsample=None, eigen_method="lanczos", device="auto", dtype="float32",
-                 random_state=None, verbose=0):
+                 standardize="auto", padding_idx=None, subsample=None, eigen_method="lanczos", device="auto",
+                 dtype="float32", random_state=None, verbose=0):
         super().__init__(
             module, module_kwargs=module_kwargs, prefit=prefit, scaling=scaling, n_components=n_components,
             max_components=max_components, sigma0=sigma0, posterior=posterior, calibration=calibration,
             predictive=predictive, n_samples=n_samples,
             confidence_level=confidence_level, calibration_size=calibration_size, max_epochs=max_epochs, lr=lr,
             batch_size=batch_size, weight_decay=weight_decay, optimizer=optimizer, standardize=standardize,
-            subsample=subsample, eigen_method=eigen_method, device=device, dtype=dtype,
+            padding_idx=padding_idx, subsample=subsample, eigen_method=eigen_method, device=device, dtype=dtype,
             random_state=random_state, verbose=verbose)
         self.noise_std = noise_std
         self.include_noise = include_noise
@@ -139,7 +139,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     def _fit_scalers(self, X, y) -> None:
         super()._fit_scalers(X, y)
         Y = y.reshape(len(y), -1)
-        if self.standardize and not self.prefit:
+        if self.standardize is not False and not self.prefit:
             self.y_mean_ = Y.mean(axis=0)
             scale = Y.std(axis=0)
             scale[~(scale > 0)] = 1.0
@@ -201,7 +201,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
         y : array-like of shape (n_samples,) or (n_samples, n_outputs)
         X_cal, y_cal : array-like, optional
             Calibration data for choosing d; when absent, ``calibration_size`` of ``X`` is held out.
@@ -259,7 +259,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
         return_std : bool, default=False
             Also return the predictive standard deviation: of f (parameter uncertainty only), or of y
             (``noise_std_`` added in quadrature) with ``include_noise=True``.
@@ -285,7 +285,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features)
+        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
         confidence_level : float or list of float, optional
             Defaults to the estimator's ``confidence_level``.
 
@@ -315,7 +315,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples_X, n_features)
+        X : array-like of shape (n_samples_X, n_features) or (n_samples_X, *input_shape_)
         n_samples : int, default=1
         random_state : int or None, default=0
 
