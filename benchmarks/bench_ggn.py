@@ -279,10 +279,10 @@ def render(R: dict) -> str:
             [[r["k"], r["block"], ", ".join(map(str, r["products"])), f"{r['lambda_1']:.4g}", f"{r['lambda_k']:.3g}"]
              for r in bound["rows"]])
         lines += ["", "Lanczos with full reorthogonalisation takes the Ritz pairs of the whole Krylov space its "
-                  "products span, and our float32 Lanczos above needs the counts of b = 1 in exact arithmetic: "
-                  "restart sizing, locking or another stopping test cannot lower them (the k = 20 run never "
-                  "restarts: ncv = 50). Blocks need more products, not fewer; they pay only where one block "
-                  "product costs much less than b single ones."]
+                  "products span, and our float32 Lanczos above needs what b = 1 needs in exact arithmetic, within a "
+                  "product or two of float32 round-off: restart sizing, locking or another stopping test cannot "
+                  "lower that (the k = 20 run never restarts: ncv = 50). Blocks need more products, not fewer; "
+                  "they pay only where one block product costs much less than b single ones."]
     return "\n".join(lines) + "\n"
 
 
