@@ -22,7 +22,8 @@ from torch.func import functional_call
 
 from ._checks import check_finite_tensor
 
-__all__ = ["FunctionalModel", "ParameterLayout", "eval_view", "autodiff_context", "forward", "model_outputs"]
+__all__ = ["BoundModel", "FunctionalModel", "ParameterLayout", "eval_view", "autodiff_context", "forward",
+           "model_outputs"]
 
 
 @dataclass(frozen=True)
@@ -283,3 +284,26 @@ class FunctionalModel:
     def __repr__(self) -> str:
         return (f"FunctionalModel({type(self.module).__name__}, D={self.n_weights}, dtype={self.dtype}, "
                 f"device={self.device})")
+
+
+class BoundModel:
+    """Read-only views of a ``functional_model`` attribute: the layout, dtype, device and θ0 of the bound model,
+    for the classes (the GGN operator, the posterior) that hold one."""
+
+    functional_model: FunctionalModel
+
+    @property
+    def layout(self) -> ParameterLayout:
+        return self.functional_model.layout
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.functional_model.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.functional_model.device
+
+    @property
+    def theta0(self) -> torch.Tensor:
+        return self.functional_model.theta0

@@ -213,7 +213,7 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
         raise ValueError("noise_var applies to regression intervals only; leave it at 0 for classification.")
     verbose = check_positive_int("verbose", int(verbose) if isinstance(verbose, bool) else verbose, minimum=0)
 
-    X_cal = posterior._check_X(X_cal)
+    X_cal = posterior.functional_model.check_inputs(X_cal)
     n = X_cal.shape[0]
     y = _check_targets(y_cal, task, n, posterior.device)
     seed = int(numpy_rng(random_state).integers(0, 2**62))
@@ -573,7 +573,7 @@ def conformal_calibrate(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor,
     d = posterior._check_d(d)
     if task == "classification" and np.any(np.asarray(noise_var) != 0):
         raise ValueError("noise_var applies to regression intervals only; leave it at 0 for classification.")
-    X_cal = posterior._check_X(X_cal)
+    X_cal = posterior.functional_model.check_inputs(X_cal)
     n = X_cal.shape[0]
     y = _check_targets(y_cal, task, n, posterior.device)
     seed = int(numpy_rng(random_state).integers(0, 2**62))  # as choose_dimension draws its sample seed

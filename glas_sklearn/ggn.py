@@ -25,7 +25,7 @@ from torch import nn
 from torch.func import jvp, vjp, vmap
 
 from ._checks import check_choice, check_positive_int, check_vector, numpy_rng
-from ._functional import FunctionalModel, ParameterLayout
+from ._functional import BoundModel, FunctionalModel
 
 __all__ = ["CurvatureOperator", "GGNOperator"]
 
@@ -141,7 +141,7 @@ class CurvatureOperator(abc.ABC):
         return LinearOperator(self.shape, matvec=mm, rmatvec=mm, matmat=mm, rmatmat=mm, dtype=np_dtype)
 
 
-class GGNOperator(CurvatureOperator):
+class GGNOperator(BoundModel, CurvatureOperator):
     """Matrix-free generalized Gauss-Newton matrix G of a torch model on a data set.
 
     Parameters
@@ -312,22 +312,6 @@ class GGNOperator(CurvatureOperator):
         return batches
 
     # ------------------------------------------------------------- properties
-    @property
-    def layout(self) -> ParameterLayout:
-        return self.functional_model.layout
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.functional_model.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.functional_model.device
-
-    @property
-    def theta0(self) -> torch.Tensor:
-        return self.functional_model.theta0
-
     def __repr__(self) -> str:
         return (f"GGNOperator(D={self.shape[0]}, N={self.n_records}, loss={self.loss!r}, "
                 f"batches={len(self._batches)}, dtype={self.dtype}, device={self.device})")

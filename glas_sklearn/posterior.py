@@ -27,7 +27,7 @@ from ._checks import (
     make_generator,
     numpy_rng,
 )
-from ._functional import FunctionalModel, ParameterLayout
+from ._functional import BoundModel, FunctionalModel
 
 __all__ = ["ActiveSubspacePosterior", "beta_for", "estimate_noise_variance"]
 
@@ -125,7 +125,7 @@ def estimate_noise_variance(residuals) -> float:
 # ------------------------------------------------------------------------- posterior
 
 
-class ActiveSubspacePosterior:
+class ActiveSubspacePosterior(BoundModel):
     """Low-rank generalized Laplace posterior θ = θ0 + P z in the span of the leading G eigenvectors.
 
     Parameters
@@ -270,22 +270,6 @@ class ActiveSubspacePosterior:
         return self.functional_model.check_inputs(X, "X")
 
     # -------------------------------------------------------------- properties
-    @property
-    def layout(self) -> ParameterLayout:
-        return self.functional_model.layout
-
-    @property
-    def dtype(self) -> torch.dtype:
-        return self.functional_model.dtype
-
-    @property
-    def device(self) -> torch.device:
-        return self.functional_model.device
-
-    @property
-    def theta0(self) -> torch.Tensor:
-        return self.functional_model.theta0
-
     @property
     def n_weights(self) -> int:
         return self.layout.size
