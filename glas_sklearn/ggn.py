@@ -6,7 +6,7 @@ the identity for the ½-squared loss and diag(p) − p pᵀ for softmax cross-en
 G is never formed: G v is one Jacobian-vector product, a multiply by H at the output and one
 vector-Jacobian product per mini-batch, summed over the N records. A block G V of k vectors is computed in
 one pass per mini-batch: one forward pass, the k JVPs and VJPs vectorised with ``torch.func.vmap`` (in
-memory-bounded chunks of columns), so the per-product overhead is paid once per block.
+memory-bounded chunks of columns), so the per-product overhead is paid once per block (``vectorize_blocks``).
 """
 
 from __future__ import annotations
@@ -35,6 +35,9 @@ _LOSSES = ("mse", "cross_entropy")
 # Memory for one vectorised block product (tangents, results and the batched activations of a mini-batch);
 # larger blocks are split into chunks of columns that fit it.
 _BLOCK_BYTES = 1 << 30
+# vectorize_blocks="auto" on the CPU: columns with more bytes of work than this go one by one (with the cached
+# linearisation, respectively streamed), where measured single products are as fast as the vectorised block.
+_VECTORIZE_MAX_COLUMN_BYTES = {"cached": 8 << 20, "streamed": 32 << 20}
 
 
 def _output_hessian_product(loss: str, logits: torch.Tensor | None, probs: torch.Tensor | None,
@@ -183,8 +186,16 @@ class GGNOperator(BoundModel, CurvatureOperator):
         products, so a product costs one cached JVP and one cached VJP (about 1.3× a forward and
         backward pass). False streams a fresh forward-mode JVP and VJP per product (about 1.7×);
         "auto" reuses when the cache fits a quarter of the available memory (half the free memory on CUDA).
-        This concerns single products (``matvec``, Lanczos); a block ``matmat`` of k ≥ 2 vectors runs one
-        forward pass per mini-batch and the k JVPs and VJPs vectorised, with or without the cache.
+        This concerns single products (``matvec``, Lanczos) and blocks computed column by column.
+    vectorize_blocks : bool or "auto", default="auto"
+        How a block ``matmat`` of k ≥ 2 vectors is computed. True: one forward pass per mini-batch and the k
+        JVPs and VJPs vectorised with ``torch.func.vmap`` (in memory-bounded chunks of columns), which removes
+        the per-product overhead (kernel launches, Python, thread synchronisation) but not the arithmetic.
+        False: column by column through the single-product path. "auto": vectorised on CUDA; on the CPU only
+        while a column's work is small (at most 8 MiB with the cached linearisation, 32 MiB streamed: an MLP
+        of width ≲ 150, respectively ≲ 400, on 10³ rows), since larger products are compute-bound there and
+        the single products are as fast (benchmarks/results/bench_ggn.md). Models that ``vmap`` cannot
+        handle fall back to columns.
 
     Attributes
     ----------
@@ -229,7 +240,7 @@ class GGNOperator(BoundModel, CurvatureOperator):
     def __init__(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor | None = None, *,
                  loss: str = "mse", batch_size: int | None = None, mask: torch.Tensor | None = None,
                  subsample: int | None = None, random_state=None, trim_padding: bool = False,
-                 reuse_linearization: bool | str = "auto") -> None:
+                 reuse_linearization: bool | str = "auto", vectorize_blocks: bool | str = "auto") -> None:
         self.loss = check_choice("loss", loss, _LOSSES)
         self.functional_model = fm = FunctionalModel(model)
 
@@ -287,6 +298,9 @@ class GGNOperator(BoundModel, CurvatureOperator):
         if reuse_linearization not in (True, False, "auto"):
             raise ValueError(f"reuse_linearization must be True, False or 'auto', got {reuse_linearization!r}.")
         self.reuse_linearization = reuse_linearization
+        if vectorize_blocks not in (True, False, "auto"):
+            raise ValueError(f"vectorize_blocks must be True, False or 'auto', got {vectorize_blocks!r}.")
+        self.vectorize_blocks = vectorize_blocks
         self._cache: list | None = None
         self._use_cache: bool | None = None
         self._block_ok: bool | None = None  # whether the vectorised block product works for this model
@@ -420,7 +434,7 @@ class GGNOperator(BoundModel, CurvatureOperator):
         """G V: one product for a single column, else vectorised chunks of columns (column by column for a
         model that ``torch.func.vmap`` cannot handle)."""
         k = V.shape[1]
-        chunk = 1 if k == 1 or self._block_ok is False else self._block_columns(k)
+        chunk = 1 if k == 1 or self._block_ok is False or not self._vectorize() else self._block_columns(k)
         parts = []
         for i in range(0, k, chunk):
             Vc = V[:, i:i + chunk]
@@ -439,18 +453,33 @@ class GGNOperator(BoundModel, CurvatureOperator):
             parts.append(torch.stack([self._product(Vc[:, j]) for j in range(Vc.shape[1])], dim=1))
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
-    def _block_columns(self, k: int) -> int:
-        """Columns per vectorised chunk: per column, three D-vectors (tangent, result, its parts) and three times
-        the activations of the largest mini-batch (primal tangents forward, cotangents backward), within
-        ``_BLOCK_BYTES`` and half the memory budget of the device."""
+    def _vectorize(self) -> bool:
+        """Whether blocks go the vectorised way (``vectorize_blocks``, "auto" resolved)."""
+        if self.vectorize_blocks != "auto":
+            return bool(self.vectorize_blocks)
+        if self.device.type != "cpu":
+            return True
+        if self._use_cache is None:
+            self._use_cache = self._decide_cache()
+        limit = _VECTORIZE_MAX_COLUMN_BYTES["cached" if self._use_cache else "streamed"]
+        return self._per_column_bytes() <= limit
+
+    def _per_column_bytes(self) -> int:
+        """Bytes a vectorised block needs per column (see :meth:`_block_columns`), measured once."""
         if self._column_bytes is None:
             first = self._cells(self._batches[0][0])
             largest = max(self._cells(xb) for xb, _ in self._batches)
             activations = self._saved_bytes_first_batch() * largest / first
             element = torch.empty((), dtype=self.dtype).element_size()
             self._column_bytes = int(3 * self.layout.size * element + 3 * activations) + 1
+        return self._column_bytes
+
+    def _block_columns(self, k: int) -> int:
+        """Columns per vectorised chunk: per column, three D-vectors (tangent, result, its parts) and three times
+        the activations of the largest mini-batch (primal tangents forward, cotangents backward), within
+        ``_BLOCK_BYTES`` and half the memory budget of the device."""
         budget = min(_BLOCK_BYTES, _available_memory(self.device) // 2)
-        return int(max(1, min(k, budget // self._column_bytes)))
+        return int(max(1, min(k, budget // self._per_column_bytes())))
 
     def _product_block(self, V: torch.Tensor) -> torch.Tensor:
         """G V for a D×k block in one pass per mini-batch: the forward pass once, the k JVPs (forward mode)

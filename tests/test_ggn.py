@@ -472,3 +472,31 @@ def test_to_scipy_passes_whole_blocks(monkeypatch):
     x = np.random.default_rng(1).standard_normal((op.shape[0], 4))
     np.testing.assert_allclose(op.to_scipy() @ x, dense_ggn(net, X).numpy() @ x, rtol=1e-10, atol=1e-14)
     assert shapes == [(op.shape[0], 4)]
+
+
+def test_vectorize_blocks_choices_agree_and_auto_follows_its_rule(monkeypatch):
+    import glas_sklearn.ggn as ggn
+
+    net = mlp(n_out=2)
+    X = _randn(30, 3, seed=40)
+    G = dense_ggn(net, X)
+    V = _randn(G.shape[0], 4, seed=41)
+
+    def paths(op):
+        calls = []
+        original = op._product_block
+        monkeypatch.setattr(op, "_product_block", lambda Vc: calls.append(Vc.shape[1]) or original(Vc))
+        assert _rel(op @ V, G @ V) < 1e-12
+        return calls
+
+    assert paths(GGNOperator(net, X, vectorize_blocks=True)) == [4]
+    assert paths(GGNOperator(net, X, vectorize_blocks=False)) == []
+    assert paths(GGNOperator(net, X)) == [4]  # auto, CPU, small columns: vectorised
+    monkeypatch.setattr(ggn, "_VECTORIZE_MAX_COLUMN_BYTES", {"cached": 0, "streamed": 1 << 40})
+    assert paths(GGNOperator(net, X, reuse_linearization=True)) == []  # auto, large cached columns: one by one
+    assert paths(GGNOperator(net, X, reuse_linearization=False)) == [4]  # auto, small streamed columns: vectorised
+    monkeypatch.setattr(ggn, "_VECTORIZE_MAX_COLUMN_BYTES", {"cached": 1 << 40, "streamed": 0})
+    assert paths(GGNOperator(net, X, reuse_linearization=True)) == [4]
+    assert paths(GGNOperator(net, X, reuse_linearization=False)) == []
+    with pytest.raises(ValueError, match="vectorize_blocks"):
+        GGNOperator(net, X, vectorize_blocks="yes")
