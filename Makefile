@@ -26,12 +26,13 @@ test: venv
 bench: venv
 	$(PY) -m pip install -q -c benchmarks/constraints.txt -e ".[bench]"
 	$(PY) -m pip uninstall -y -q torchvision || true
-	$(PY) benchmarks/bench_ggn.py --threads 1
+	$(PY) benchmarks/bench_ggn.py --threads 2
 
 # Smoke runs of the benchmark scripts (small sizes; outputs *_quick.* under $(QUICK_DIR), not in results/).
 QUICK_DIR ?= /tmp/glas-bench-quick
 bench-quick: venv
 	$(PY) benchmarks/bench_ggn.py --quick --threads 1 --out-dir $(QUICK_DIR)
+	$(PY) benchmarks/bench_fit.py --quick --threads 1 --out-dir $(QUICK_DIR)
 	$(PY) benchmarks/bench_calibration.py --quick --threads-list 1 --repeats 1 --out-dir $(QUICK_DIR)
 	$(PY) benchmarks/paper_1d.py --quick --out-dir $(QUICK_DIR)
 	$(PY) benchmarks/paper_concrete.py --quick --out-dir $(QUICK_DIR)
@@ -40,6 +41,7 @@ bench-quick: venv
 # The reports in benchmarks/results/ re-rendered from their committed JSON (no computation).
 reports: venv
 	$(PY) benchmarks/bench_ggn.py --report-only
+	$(PY) benchmarks/bench_fit.py --report-only
 	$(PY) benchmarks/bench_calibration.py --report-only
 	$(PY) benchmarks/paper_1d.py --report-only
 	$(PY) benchmarks/paper_concrete.py --report-only
