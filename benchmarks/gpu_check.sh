@@ -62,8 +62,8 @@ else
   echo "gpu_check: pytest is not installed with $PYTHON; the CUDA tests are skipped"
   status=1
 fi
-run bench_ggn 180 "$PYTHON" benchmarks/bench_ggn.py --device cuda --threads 2 "${QUICK[@]}"
-run bench_fit 150 "$PYTHON" benchmarks/bench_fit.py --device cuda --threads 2 "${QUICK[@]}"
+run bench_ggn 180 "$PYTHON" benchmarks/bench_ggn.py --device cuda --threads 2 ${QUICK[@]+"${QUICK[@]}"}
+run bench_fit 150 "$PYTHON" benchmarks/bench_fit.py --device cuda --threads 2 ${QUICK[@]+"${QUICK[@]}"}
 
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT"
