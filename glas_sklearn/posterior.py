@@ -41,6 +41,8 @@ _SIGMA0_FITS = ("auto", "eb_subspace", "eb_full")
 # network evaluations per vectorised call.
 _WEIGHT_CHUNK_BYTES = 128 * 2**20
 _MAX_BATCHED_ROWS = 2**16
+# Weights per block when θ0 + P z is formed single-threaded (see ActiveSubspacePosterior._form_weights).
+_FORM_BLOCK = 2**14
 
 
 # ----------------------------------------------------------------------------- scaling
@@ -547,6 +549,21 @@ class ActiveSubspacePosterior(BoundModel):
                 self._vmap_forward_ok = False
         return torch.stack([f(Xb, {n: t[s] for n, t in batched.items()}) for s in range(weights.shape[0])])
 
+    def _form_weights(self, z: torch.Tensor, basis: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """θ0 + z basis for a chunk of z (c, d), written into ``out`` (c, D).
+
+        Single-threaded on the CPU, the product is taken in blocks of ``_FORM_BLOCK`` weights, whose slices
+        of θ0, the basis and the output stay in cache (a third faster than one call for the 10⁶-weight
+        concrete network); with several threads one call, as a small block per call costs a thread
+        synchronisation each (measured up to 3× slower on a loaded 2-core machine).
+        """
+        if self.device.type != "cpu" or torch.get_num_threads() > 1 or self.n_weights <= _FORM_BLOCK:
+            return torch.addmm(self.theta0, z, basis, out=out)
+        for i in range(0, self.n_weights, _FORM_BLOCK):
+            j = min(i + _FORM_BLOCK, self.n_weights)
+            torch.addmm(self.theta0[i:j], z, basis[:, i:j], out=out[:, i:j])
+        return out
+
     def predict_samples(self, X: torch.Tensor, d: int, n_samples: int = 1000, random_state=None,
                         batch_size: int | None = None) -> torch.Tensor:
         """Sampled Laplace: f(x; θ0 + P z_s) through the real, non-linear network (eq. 43–44).
@@ -585,7 +602,7 @@ class ActiveSubspacePosterior(BoundModel):
                 stop = min(s + chunk, n_samples)
                 w = weights[:stop - s]
                 if seeds is None:
-                    torch.addmm(self.theta0, z[s:stop], basis, out=w)
+                    self._form_weights(z[s:stop], basis, w)
                 else:  # low-rank: P z plus the complement's draws
                     torch.add(self.theta0, self._perturbation_block(z, seeds, s, stop), out=w)
                 out.append(torch.cat([self._forward_weights(w, X[sl]) for sl in rows], 1))

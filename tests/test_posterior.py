@@ -223,9 +223,10 @@ def test_predict_samples_matches_deepcopy_loop(setup2, batch_size):
 
 
 def test_predict_samples_in_float32_across_chunks_matches_the_float64_reference(setup2, monkeypatch):
-    """The weights θ0 + P z of each chunk are formed in one buffer reused by every chunk: with chunks of 3
-    samples (8 samples: 3, 3 and a partial 2) the float32 outputs equal a float64 deep-copy reference up to
-    float32 round-off (D ≈ 100 weights, a few layers: a tolerance of 100 ε₃₂ relative to the outputs' scale)."""
+    """The weights θ0 + P z of each chunk are formed in one buffer reused by every chunk (in one product, or
+    in blocks of weights when single-threaded): with chunks of 3 samples (8 samples: 3, 3 and a partial 2)
+    the float32 outputs equal a float64 deep-copy reference up to float32 round-off (D ≈ 100 weights, a few
+    layers: a tolerance of 100 ε₃₂ relative to the outputs' scale)."""
     net64, X64, lam, P64 = setup2
     net = copy.deepcopy(net64).float()
     post = ActiveSubspacePosterior(net, lam.float(), P64.float(), beta=BETA)
@@ -233,11 +234,20 @@ def test_predict_samples_in_float32_across_chunks_matches_the_float64_reference(
     monkeypatch.setattr("glas_sklearn.posterior._WEIGHT_CHUNK_BYTES", 3 * D * 4)
     assert post._chunk(9, 8) == 3
     out = post.predict_samples(X64[:9].float(), 3, n_samples=8, random_state=4)
+    # single-threaded, the weights are formed in blocks of _FORM_BLOCK: blocks of 7 (the last one partial)
+    monkeypatch.setattr("glas_sklearn.posterior._FORM_BLOCK", 7)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        blocked = post.predict_samples(X64[:9].float(), 3, n_samples=8, random_state=4)
+    finally:
+        torch.set_num_threads(threads)
     z = post.sample(8, 3, random_state=4).double()
     ref = _reference_samples(net64, flat_params(net).double(), P64.float().double(), z, X64[:9].float().double())
     assert out.dtype == torch.float32 and out.shape == ref.shape == (8, 9, 2)
     scale = float(ref.abs().max())
-    torch.testing.assert_close(out.double(), ref, rtol=0, atol=100 * torch.finfo(torch.float32).eps * scale)
+    for got in (out, blocked):
+        torch.testing.assert_close(got.double(), ref, rtol=0, atol=100 * torch.finfo(torch.float32).eps * scale)
 
 
 class _Grid(nn.Module):
