@@ -67,16 +67,53 @@ def _check_matplotlib(caller: str) -> None:
                           "(or `pip install matplotlib`).") from err
 
 
-def _new_axes(ax, n_panels: int = 1, figsize=None):
+def _plot_axes(display, ax, n_panels: int = 1):
+    """Where a Display's ``plot`` draws: the caller's Axes, or a new figure.
+
+    Parameters
+    ----------
+    display : object
+        The Display that draws (its class name goes into the error message).
+    ax : matplotlib Axes, sequence of Axes or None
+        The caller's Axes (``n_panels`` of them when ``n_panels > 1``); None makes a new constrained-layout
+        figure with ``n_panels`` panels side by side.
+    n_panels : int, default=1
+        How many panels the display draws.
+
+    Returns
+    -------
+    matplotlib Axes, or ndarray of ``n_panels`` Axes when ``n_panels > 1``
+    """
     import matplotlib.pyplot as plt
 
     if ax is not None:
-        return ax
+        if n_panels == 1:
+            return ax
+        axes = np.asarray(ax, dtype=object).reshape(-1)
+        if axes.size != n_panels:
+            raise ValueError(f"{type(display).__name__} draws {n_panels} panels, so ax must hold {n_panels} Axes, "
+                             f"got {axes.size}.")
+        return axes
     if n_panels == 1:
-        _, ax = plt.subplots(figsize=figsize or (5.0, 3.8), layout="constrained")
+        _, ax = plt.subplots(figsize=(5.0, 3.8), layout="constrained")
         return ax
-    _, axes = plt.subplots(1, n_panels, figsize=figsize or (4.2 * n_panels, 3.6), layout="constrained")
+    _, axes = plt.subplots(1, n_panels, figsize=(4.2 * n_panels, 3.6), layout="constrained")
     return np.asarray(axes)
+
+
+def _grid_and_legend(ax, *, legend_loc: str = "best", grid_which: str = "major") -> None:
+    """The finish every panel gets: a light grid and a small legend.
+
+    Parameters
+    ----------
+    ax : matplotlib Axes
+    legend_loc : str, default="best"
+        Passed to ``Axes.legend`` as ``loc``.
+    grid_which : str, default="major"
+        Passed to ``Axes.grid`` as ``which``.
+    """
+    ax.grid(True, which=grid_which, alpha=0.3)
+    ax.legend(loc=legend_loc, fontsize="small")
 
 
 def _integer_locator():
@@ -207,7 +244,7 @@ class CoverageDisplay:
         if d.size == 0:
             raise ValueError("The calibration table is empty (no calibration rows), so there is nothing to plot.")
         level, chosen = float(self.confidence_level), int(self.chosen_d)
-        ax = _new_axes(ax)
+        ax = _plot_axes(self, ax)
         (line,) = ax.plot(d, cov, marker="o", ms=3.5, lw=1.4, label=label or "coverage")
         targets = [ln for ln in ax.lines if ln.get_gid() == _TARGET_GID]
         if not targets:
@@ -225,8 +262,7 @@ class CoverageDisplay:
         ax.set_ylabel("coverage of prediction sets" if self.classification else "coverage of calibration data")
         ax.set_ylim(min(ax.get_ylim()[0], float(np.min(cov)) - 0.05, level - 0.1), 1.02)
         ax.xaxis.set_major_locator(_integer_locator())
-        ax.grid(True, alpha=0.3)
-        ax.legend(loc="best", fontsize="small")
+        _grid_and_legend(ax)
         self.line_, self.target_line_ = line, targets[0]
         self.ax_, self.figure_ = ax, ax.figure
         return self
@@ -421,7 +457,7 @@ class IntervalDisplay:
         level = float(self.confidence_level)
         y, pred, lo, hi = self.y_true, self.y_pred, self.y_lower, self.y_upper
         name = f"{_pct(level)} interval for {self.interval_of}"
-        ax = _new_axes(ax)
+        ax = _plot_axes(self, ax)
         self.mean_line_ = self.diagonal_ = None
         if self.x is not None:
             x = self.x
@@ -442,8 +478,7 @@ class IntervalDisplay:
         d = "" if self.n_components is None else f"d = {self.n_components}: "
         ax.set_title(f"{d}{self.coverage:.1%} of {y.shape[0]} points inside the {_pct(level)} intervals",
                      fontsize="medium")
-        ax.legend(loc="best", fontsize="small")
-        ax.grid(True, alpha=0.3)
+        _grid_and_legend(ax)
         self.ax_, self.figure_ = ax, ax.figure
         return self
 
@@ -608,12 +643,7 @@ class SpectrumDisplay:
             ``self``, with the artists stored.
         """
         _check_matplotlib(f"{type(self).__name__}.plot")
-        if ax is None:
-            axes = _new_axes(None, 3)
-        else:
-            axes = np.asarray(ax, dtype=object).reshape(-1)
-            if axes.size != 3:
-                raise ValueError(f"{type(self).__name__} draws 3 panels, so ax must hold 3 Axes, got {axes.size}.")
+        axes = _plot_axes(self, ax, 3)
         lam, var, con, d, sigma0 = self.eigenvalues, self.variances, self.contraction, int(self.d), self.sigma0
         j_all, j_d = np.arange(1, lam.size + 1), np.arange(1, d + 1)
 
@@ -642,8 +672,7 @@ class SpectrumDisplay:
         a2.set_title("contraction (1 data, 0 prior)", fontsize="medium")
         for a in axes:
             a.xaxis.set_major_locator(_integer_locator())
-            a.grid(True, alpha=0.3)
-            a.legend(loc="best", fontsize="small")
+            _grid_and_legend(a)
         self.axes_, self.figure_ = axes, a0.figure
         return self
 
@@ -805,7 +834,7 @@ class ActivityDisplay:
             ``self``, with the artists stored.
         """
         _check_matplotlib(f"{type(self).__name__}.plot")
-        ax = _new_axes(ax)
+        ax = _plot_axes(self, ax)
         D = int(self.n_weights)
         (line,) = ax.plot(self.ranks, self.kappa, lw=1.6, label=f"d = {self.d}")
         self.top_marker_ = None
@@ -818,8 +847,7 @@ class ActivityDisplay:
         ax.set_yscale("log")
         ax.set_xlabel(f"number of most active weights i (of D = {D:,})")
         ax.set_ylabel("cumulative activity share κ_i")
-        ax.grid(True, which="both", alpha=0.3)
-        ax.legend(loc="lower right", fontsize="small")
+        _grid_and_legend(ax, legend_loc="lower right", grid_which="both")
         self.line_, self.ax_, self.figure_ = line, ax, ax.figure
         return self
 
