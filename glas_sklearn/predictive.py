@@ -398,6 +398,24 @@ def linearized_probabilities(mean_logits: Array, cov: Array, method: str = "prob
     return _out(torch.softmax(draws, -1).mean(0), was_numpy)
 
 
+def _probs_tensor(probs) -> tuple[torch.Tensor, bool]:
+    """``probs`` as a floating tensor with a class axis, and whether it came as numpy.
+
+    Parameters
+    ----------
+    probs : array-like of shape (n, C)
+
+    Returns
+    -------
+    p : torch.Tensor
+    was_numpy : bool
+    """
+    p, was_numpy = _as_tensor("probs", probs)
+    if p.ndim < 1:
+        raise ValueError("probs must have shape (n, C).")
+    return p, was_numpy
+
+
 def prediction_sets(probs: Array, confidence_levels) -> Array:
     """Smallest sets of classes (by descending probability) whose total probability reaches each level.
 
@@ -420,9 +438,7 @@ def prediction_sets(probs: Array, confidence_levels) -> Array:
     array([[False,  True, False],
            [False,  True,  True]])
     """
-    p, was_numpy = _as_tensor("probs", probs)
-    if p.ndim < 1:
-        raise ValueError("probs must have shape (n, C).")
+    p, was_numpy = _probs_tensor(probs)
     if bool((p < 0).any()) or not torch.allclose(p.sum(-1), torch.ones((), dtype=p.dtype, device=p.device), atol=1e-3):
         raise ValueError("probs must be probabilities (>= 0, summing to 1 over the last axis); pass softmax outputs, "
                          "not logits.")
@@ -459,9 +475,7 @@ def conformal_sets(probs: Array, thresholds) -> Array:
     array([[False,  True, False],
            [False,  True,  True]])
     """
-    p, was_numpy = _as_tensor("probs", probs)
-    if p.ndim < 1:
-        raise ValueError("probs must have shape (n, C).")
+    p, was_numpy = _probs_tensor(probs)
     q = _quantiles_tensor(thresholds, p, "thresholds")
     if q.ndim != 1:
         raise ValueError(f"thresholds must have shape (k,), got {tuple(q.shape)}.")
@@ -470,6 +484,21 @@ def conformal_sets(probs: Array, thresholds) -> Array:
 
 
 # ----------------------------------------------------------------------------- summaries
+
+
+def _mean_per_level(values: torch.Tensor) -> np.ndarray:
+    """Mean over every axis but the last (the levels), in float64.
+
+    Parameters
+    ----------
+    values : torch.Tensor of shape (..., k)
+        Per-record values (hits, widths, set sizes) at k levels.
+
+    Returns
+    -------
+    ndarray of shape (k,)
+    """
+    return values.reshape(-1, values.shape[-1]).to(torch.float64).mean(0).cpu().numpy()
 
 
 def _bounds_check(bounds) -> torch.Tensor:
@@ -513,7 +542,7 @@ def interval_coverage(y: Array, bounds: Array) -> np.ndarray:
                              f"expected y of shape {tuple(b.shape[:-2])}.")
     t = t.unsqueeze(-1)
     inside = (b[..., 0, :] <= t) & (t <= b[..., 1, :])
-    return inside.reshape(-1, b.shape[-1]).to(torch.float64).mean(0).cpu().numpy()
+    return _mean_per_level(inside)
 
 
 def mean_interval_width(bounds: Array) -> np.ndarray:
@@ -522,7 +551,7 @@ def mean_interval_width(bounds: Array) -> np.ndarray:
     Internal tensor version, used by calibration; users call :func:`glas_sklearn.metrics.mean_width_score`.
     """
     b = _bounds_check(bounds)
-    return (b[..., 1, :] - b[..., 0, :]).reshape(-1, b.shape[-1]).to(torch.float64).mean(0).cpu().numpy()
+    return _mean_per_level(b[..., 1, :] - b[..., 0, :])
 
 
 def _sets_check(sets) -> torch.Tensor:
@@ -558,10 +587,10 @@ def set_coverage(labels: Array, sets: Array) -> np.ndarray:
                          f"{int(lab.min())} to {int(lab.max())}.")
     idx = lab.unsqueeze(-1).unsqueeze(-1).expand(*lab.shape, 1, s.shape[-1])
     hit = torch.gather(s, -2, idx).squeeze(-2)
-    return hit.reshape(-1, s.shape[-1]).to(torch.float64).mean(0).cpu().numpy()
+    return _mean_per_level(hit)
 
 
 def mean_set_size(sets: Array) -> np.ndarray:
     """Mean number of classes per prediction set, per level; shape (k,)."""
     s = _sets_check(sets)
-    return s.sum(-2).reshape(-1, s.shape[-1]).to(torch.float64).mean(0).cpu().numpy()
+    return _mean_per_level(s.sum(-2))
