@@ -7,7 +7,6 @@ import warnings
 
 import numpy as np
 import pytest
-from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.compose import TransformedTargetRegressor
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import FunctionTransformer, StandardScaler
@@ -21,6 +20,8 @@ from glas_sklearn import (
 )
 from glas_sklearn.calibration import CalibrationWarning
 
+from .stubs import FixedLevelStub, IntervalStub
+
 SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=30, lr=0.05, batch_size=None,
              n_samples=30, max_components=3, dtype="float64", random_state=0)
 
@@ -30,37 +31,6 @@ def _quiet_calibration():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
         yield
-
-
-class _Stub(RegressorMixin, BaseEstimator):
-    """f(x) = x[:, 0] ± half·level/0.9 (no fitting): intervals known by hand."""
-
-    def __init__(self, half=1.0):
-        self.half = half
-
-    def fit(self, X, y):
-        self.n_features_in_ = np.asarray(X).shape[1]
-        return self
-
-    def predict(self, X):
-        return np.asarray(X, dtype=float)[:, 0]
-
-    def predict_interval(self, X, confidence_level=None):
-        levels = np.atleast_1d(0.9 if confidence_level is None else confidence_level)
-        c = self.predict(X)
-        h = self.half * levels / 0.9
-        return c, np.stack([c[:, None] - h, c[:, None] + h], axis=1)
-
-
-class _FixedLevel(_Stub):
-    """MAPIE v1 style: the level is fixed at construction, predict_interval takes none."""
-
-    def __init__(self, half=1.0, confidence_level=0.9):
-        self.half = half
-        self.confidence_level = confidence_level
-
-    def predict_interval(self, X):
-        return super().predict_interval(X, self.confidence_level)
 
 
 def _data(n=60, seed=0):
@@ -73,8 +43,8 @@ X_STUB = np.array([[0.0, 5.0], [1.0, 5.0], [2.0, 5.0], [3.0, 5.0]])
 
 
 def test_nested_pipeline_runs_the_transforms_then_the_final_step():
-    pipe = Pipeline([("shift", FunctionTransformer(lambda A: A + 1.0)),
-                     ("inner", make_pipeline(FunctionTransformer(lambda A: 2 * A), _Stub(half=0.5)))]).fit(X_STUB, None)
+    inner = make_pipeline(FunctionTransformer(lambda A: 2 * A), IntervalStub(half=0.5))
+    pipe = Pipeline([("shift", FunctionTransformer(lambda A: A + 1.0)), ("inner", inner)]).fit(X_STUB, None)
     y_pred, y_pis = predict_interval(pipe, X_STUB, confidence_level=[0.45, 0.9])
     centre = 2 * (X_STUB[:, 0] + 1)  # by hand
     np.testing.assert_array_equal(y_pred, centre)
@@ -85,7 +55,7 @@ def test_nested_pipeline_runs_the_transforms_then_the_final_step():
 
 
 def test_fixed_level_final_step_is_called_without_a_level_and_refuses_another():
-    est = _FixedLevel(half=1.0, confidence_level=0.9).fit(X_STUB, None)
+    est = FixedLevelStub(half=1.0, confidence_level=0.9).fit(X_STUB, None)
     _, y_pis = predict_interval(est, X_STUB)
     np.testing.assert_array_equal(y_pis[:, 1, 0] - y_pis[:, 0, 0], 2.0)
     assert predict_interval(est, X_STUB, confidence_level=0.9)[1].shape == (4, 2, 1)
@@ -131,7 +101,7 @@ def test_transformed_target_with_standard_scaler_maps_the_bounds_affinely():
 
 def test_transformed_target_with_negative_slope_swaps_the_bounds():
     y = np.arange(4.0)
-    ttr = TransformedTargetRegressor(_Stub(half=0.5), func=lambda v: 2.0 - 3.0 * v,
+    ttr = TransformedTargetRegressor(IntervalStub(half=0.5), func=lambda v: 2.0 - 3.0 * v,
                                      inverse_func=lambda t: (2.0 - t) / 3.0, check_inverse=False).fit(X_STUB, y)
     y_pred, y_pis = predict_interval(ttr, X_STUB, confidence_level=0.9)
     c = X_STUB[:, 0]  # the stub's centre in transformed units
@@ -142,7 +112,7 @@ def test_transformed_target_with_negative_slope_swaps_the_bounds():
 
 
 def test_transformed_target_that_is_not_affine_is_refused():
-    ttr = TransformedTargetRegressor(_Stub(), func=np.log, inverse_func=np.exp).fit(X_STUB, np.arange(1.0, 5.0))
+    ttr = TransformedTargetRegressor(IntervalStub(), func=np.log, inverse_func=np.exp).fit(X_STUB, np.arange(1.0, 5.0))
     with pytest.raises(ValueError, match="not an affine map"):
         predict_interval(ttr, X_STUB)
     pipe = make_pipeline(StandardScaler(), ttr)  # also when the TTR is the last step of a pipeline

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from sklearn.base import BaseEstimator, RegressorMixin
 from sklearn.model_selection import GridSearchCV, KFold, cross_val_score
 from sklearn.pipeline import Pipeline, make_pipeline
 from sklearn.preprocessing import FunctionTransformer, StandardScaler
 
 from glas_sklearn import coverage_score, interval_score, make_interval_scorer, mean_width_score
+
+from .stubs import FixedLevelStub, IntervalStub
 
 # four targets; intervals [0, 2] at level 0.5 and [−1, 3] at level 0.9, the last row's shifted up by 3
 Y = np.array([1.0, 2.0, -0.5, 4.0])
@@ -70,54 +71,27 @@ def test_errors(call, match):
         call()
 
 
-class _FixedIntervals(RegressorMixin, BaseEstimator):
-    """A stub with predict_interval: f(x) = x[:, 0] ± half-width, half-width growing with the level."""
-
-    def __init__(self, half=1.0):
-        self.half = half
-
-    def fit(self, X, y):
-        self.n_features_in_ = np.asarray(X).shape[1]
-        return self
-
-    def predict(self, X):
-        return np.asarray(X)[:, 0]
-
-    def predict_interval(self, X, confidence_level=0.9):
-        levels = np.atleast_1d(confidence_level)
-        c = self.predict(X)
-        h = self.half * levels / 0.9
-        return c, np.stack([c[:, None] - h, c[:, None] + h], axis=1)
-
-
-class _MapieLike(_FixedIntervals):
-    """predict_interval without a level argument (MAPIE v1: the level is fixed at construction)."""
-
-    def predict_interval(self, X):
-        return super().predict_interval(X, confidence_level=0.9)
-
-
 def test_scorers_on_a_stub_by_hand():
     X = np.array([[0.0], [1.0], [2.0], [3.0]])
     y = np.array([0.5, 1.0, 4.0, 3.0])  # the third misses [1, 3] by 1
-    est = _FixedIntervals(half=1.0).fit(X, y)
+    est = IntervalStub(half=1.0).fit(X, y)
     assert make_interval_scorer("coverage")(est, X, y) == 0.75
     assert make_interval_scorer("width")(est, X, y) == -2.0
     assert make_interval_scorer("interval_score", 0.9)(est, X, y) == pytest.approx(-(2 + 20 * 1 / 4))
     # the scorer's level reaches the estimator: at 0.45 the half-width is 0.5
     assert make_interval_scorer("width", 0.45)(est, X, y) == pytest.approx(-1.0)
-    assert make_interval_scorer("coverage")(_MapieLike(half=1.0).fit(X, y), X, y) == 0.75
+    assert make_interval_scorer("coverage")(FixedLevelStub(half=1.0).fit(X, y), X, y) == 0.75
 
 
 def test_scorer_reaches_the_last_step_of_nested_pipelines():
     X = np.array([[0.0], [1.0], [2.0], [3.0]])
     y = np.array([0.5, 1.0, 4.0, 3.0])
     plus_one = FunctionTransformer(lambda A: A + 1.0)
-    inner = Pipeline([("shift", plus_one), ("est", _FixedIntervals())])
+    inner = Pipeline([("shift", plus_one), ("est", IntervalStub())])
     pipe = Pipeline([("noop", "passthrough"), ("inner", inner)]).fit(X, y)
     # X is shifted before the last step: centres 1, 2, 3, 4 ± 1 hold 0.5, 1, 4, 3 (untransformed: 3 of 4)
     assert make_interval_scorer("coverage")(pipe, X, y) == 1.0
-    assert make_interval_scorer("coverage")(make_pipeline(_FixedIntervals()).fit(X, y), X, y) == 0.75
+    assert make_interval_scorer("coverage")(make_pipeline(IntervalStub()).fit(X, y), X, y) == 0.75
     with pytest.raises(TypeError, match="predict_interval"):
         make_interval_scorer()(make_pipeline(StandardScaler()).fit(X), X, y)
 
@@ -126,7 +100,7 @@ def test_scorer_in_grid_search_and_cross_validation():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(40, 1))
     y = X[:, 0] + 0.5 * rng.standard_normal(40)
-    pipe = Pipeline([("scale", FunctionTransformer()), ("est", _FixedIntervals())])
+    pipe = Pipeline([("scale", FunctionTransformer()), ("est", IntervalStub())])
     search = GridSearchCV(pipe, {"est__half": [0.1, 1.0, 10.0]}, cv=KFold(4),
                           scoring=make_interval_scorer("interval_score", 0.9)).fit(X, y)
     assert search.best_params_ == {"est__half": 1.0}  # too narrow misses a lot, too wide is wide

@@ -1,0 +1,51 @@
+"""Stub regressors whose prediction intervals are known by hand, for the compose and metrics tests."""
+
+from __future__ import annotations
+
+import numpy as np
+from sklearn.base import BaseEstimator, RegressorMixin
+
+
+class IntervalStub(RegressorMixin, BaseEstimator):
+    """f(x) = x[:, 0] ± half·level/0.9 (no fitting): intervals known by hand.
+
+    Parameters
+    ----------
+    half : float, default=1.0
+        The half-width at level 0.9.
+    """
+
+    def __init__(self, half=1.0):
+        self.half = half
+
+    def fit(self, X, y):
+        self.n_features_in_ = np.asarray(X).shape[1]
+        return self
+
+    def predict(self, X):
+        return np.asarray(X, dtype=float)[:, 0]
+
+    def predict_interval(self, X, confidence_level=None):
+        levels = np.atleast_1d(0.9 if confidence_level is None else confidence_level)
+        c = self.predict(X)
+        h = self.half * levels / 0.9
+        return c, np.stack([c[:, None] - h, c[:, None] + h], axis=1)
+
+
+class FixedLevelStub(IntervalStub):
+    """MAPIE v1 style: the level is fixed at construction, predict_interval takes none.
+
+    Parameters
+    ----------
+    half : float, default=1.0
+        The half-width at level 0.9.
+    confidence_level : float, default=0.9
+        The one level of the intervals.
+    """
+
+    def __init__(self, half=1.0, confidence_level=0.9):
+        self.half = half
+        self.confidence_level = confidence_level
+
+    def predict_interval(self, X):
+        return super().predict_interval(X, self.confidence_level)
