@@ -140,15 +140,21 @@ def test_plot_calibration_classifier(plt, clf):
     assert ax.get_ylabel() == "coverage of prediction sets"
 
 
-def test_plot_calibration_result_overlay(plt, reg_1d, data_1d):
-    # Two full curves on one Axes (what the benchmarks do): one target line, one star per curve.
-    post = reg_1d.posterior_
-    Xc = torch.as_tensor(reg_1d._transform_X(data_1d[0][:20]), dtype=post.dtype)
-    yc = torch.as_tensor((data_1d[1][:20] - reg_1d.y_mean_[0]) / reg_1d.y_scale_[0], dtype=post.dtype)
+def _full_curve(reg, data, confidence_level):
+    """choose_dimension's full coverage curve of ``reg``'s posterior on the first 20 rows of ``data``, in the
+    units the posterior works in (transformed X, standardised y)."""
+    post = reg.posterior_
+    Xc = torch.as_tensor(reg._transform_X(data[0][:20]), dtype=post.dtype)
+    yc = torch.as_tensor((data[1][:20] - reg.y_mean_[0]) / reg.y_scale_[0], dtype=post.dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
-        results = [choose_dimension(post, Xc, yc, predictive="linearized", confidence_level=lvl, full_curve=True)
-                   for lvl in (0.5, 0.9545)]
+        return choose_dimension(post, Xc, yc, predictive="linearized", confidence_level=confidence_level,
+                                full_curve=True)
+
+
+def test_plot_calibration_result_overlay(plt, reg_1d, data_1d):
+    # Two full curves on one Axes (what the benchmarks do): one target line, one star per curve.
+    results = [_full_curve(reg_1d, data_1d, lvl) for lvl in (0.5, 0.9545)]
     _, ax = plt.subplots()
     assert plot_calibration(results[0], ax=ax, label="a") is ax
     plot_calibration(results[1], ax=ax, label="b")
@@ -318,12 +324,7 @@ def test_coverage_display_holds_the_calibration_table(plt, reg_1d):
 
 
 def test_coverage_display_from_result_overlay_shares_the_target(plt, reg_1d, data_1d):
-    post = reg_1d.posterior_
-    Xc = torch.as_tensor(reg_1d._transform_X(data_1d[0][:20]), dtype=post.dtype)
-    yc = torch.as_tensor((data_1d[1][:20] - reg_1d.y_mean_[0]) / reg_1d.y_scale_[0], dtype=post.dtype)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", CalibrationWarning)
-        res = choose_dimension(post, Xc, yc, predictive="linearized", confidence_level=0.8, full_curve=True)
+    res = _full_curve(reg_1d, data_1d, 0.8)
     first = CoverageDisplay.from_result(res, label="a")
     second = CoverageDisplay.from_result(res, ax=first.ax_, label="b")
     assert second.target_line_ is first.target_line_
