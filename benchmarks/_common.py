@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -184,6 +185,53 @@ def train_adam(model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, lr: float 
     return out
 
 
+def train_or_load(net: nn.Module, X: torch.Tensor, y: torch.Tensor, *, steps: int, cache: Path | None,
+                  time_key: str = "train_s", map_location: str | torch.device | None = None,
+                  announce: str | None = None) -> tuple[float, bool]:
+    """Train ``net`` by full-batch Adam on the half MSE (lr 1e-3), or load the weights a previous run cached.
+
+    Parameters
+    ----------
+    net : nn.Module
+        The freshly built network; its weights are replaced in place (loaded or trained), then it is put in
+        eval mode.
+    X, y : torch.Tensor
+        The training inputs and targets (``y`` of shape (n, 1)).
+    steps : int
+        Adam steps when training.
+    cache : Path or None
+        File of ``{"state": state_dict, time_key: seconds}``: loaded when it exists, written after training
+        otherwise; None trains without caching.
+    time_key : str, default="train_s"
+        The key of the training time in the cache file (the scripts' existing caches use their own).
+    map_location : str or torch.device, optional
+        Passed to ``torch.load``.
+    announce : str, optional
+        Printed (flushed) before training; nothing is printed when the weights are loaded.
+
+    Returns
+    -------
+    train_seconds : float
+        The time training took, here or in the run that wrote the cache.
+    loaded : bool
+        Whether the weights came from ``cache``.
+    """
+    if cache is not None and cache.exists():
+        saved = torch.load(cache, map_location=map_location)
+        net.load_state_dict(saved["state"])
+        net.eval()
+        return saved[time_key], True
+    if announce is not None:
+        print(announce, flush=True)
+    t0 = time.perf_counter()
+    train_adam(net, X, y, steps=steps, lr=1e-3, loss=half_mse)
+    train_s = time.perf_counter() - t0
+    if cache is not None:
+        cache.parent.mkdir(parents=True, exist_ok=True)
+        torch.save({"state": net.state_dict(), time_key: train_s}, cache)
+    return train_s, False
+
+
 # -------------------------------------------------------------------------------------------- command line
 def add_common_arguments(parser: argparse.ArgumentParser, *, threads: int | None = 1,
                          quick: str = "a small smoke run") -> argparse.ArgumentParser:
@@ -278,6 +326,59 @@ def write_report(path: str | Path, text: str) -> None:
         text = text.split(DISCUSSION_MARK, 1)[0] + DISCUSSION_MARK + old.split(DISCUSSION_MARK, 1)[1]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(text)
+
+
+def write_results_and_report(json_path: str | Path, md_path: str | Path, results: dict,
+                             render: Callable[[dict], str], *, command: str,
+                             device: str | torch.device = "cpu") -> tuple[dict, str]:
+    """Write the results JSON (:func:`write_results`), render the report from what was written, write it.
+
+    Parameters
+    ----------
+    json_path, md_path : str or Path
+        The results file and the markdown report.
+    results : dict
+        What the run measured.
+    render : callable
+        The script's renderer: the written payload → markdown text.
+    command, device
+        As for :func:`write_results`.
+
+    Returns
+    -------
+    payload : dict
+        What was written to ``json_path``.
+    text : str
+        The rendered report (the hand-written discussion of an existing report is kept in the file only).
+    """
+    payload = write_results(json_path, results, command=command, device=device)
+    text = render(payload)
+    write_report(md_path, text)
+    return payload, text
+
+
+def report_from_results(json_path: str | Path, md_path: str | Path,
+                        render: Callable[[dict], str]) -> tuple[dict, str]:
+    """``--report-only``: read the results JSON, render the report from it and write it.
+
+    Parameters
+    ----------
+    json_path, md_path : str or Path
+        The results file and the markdown report.
+    render : callable
+        The script's renderer: the payload → markdown text.
+
+    Returns
+    -------
+    payload : dict
+        What ``json_path`` holds.
+    text : str
+        The rendered report.
+    """
+    payload = read_results(json_path)
+    text = render(payload)
+    write_report(md_path, text)
+    return payload, text
 
 
 def markdown_table(header: Sequence[str], rows: Iterable[Sequence], align: str = "") -> list[str]:

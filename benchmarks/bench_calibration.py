@@ -62,17 +62,8 @@ def load_network(args, Xt: torch.Tensor, yt: torch.Tensor):
     prefix = "paper_concrete_quick" if args.quick else "paper_concrete"
     net = _common.mlp(8, (width, width), seed=args.seed)
     cache = args.cache_dir / f"{prefix}_w{width}_s{steps}_seed{args.seed}.pt" if args.cache_dir else None
-    if cache is not None and cache.exists():
-        net.load_state_dict(torch.load(cache)["state"])
-        net.eval()
-        return net, f"loaded from {cache.name}"
-    t0 = time.perf_counter()
-    _common.train_adam(net, Xt, yt, steps=steps, lr=1e-3, loss=_common.half_mse)
-    train_time = time.perf_counter() - t0
-    if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"state": net.state_dict(), "train_time": train_time}, cache)
-    return net, f"trained here in {train_time:.0f} s"
+    train_time, loaded = _common.train_or_load(net, Xt, yt, steps=steps, cache=cache, time_key="train_time")
+    return net, f"loaded from {cache.name}" if loaded else f"trained here in {train_time:.0f} s"
 
 
 def fit_case(net, data, scaling: str, noise_std: str, n_samples: int, seed: int):
@@ -274,9 +265,9 @@ def main(argv=None) -> int:
     ap.add_argument("--cache-dir", type=Path, default=None, help="the trained network of paper_concrete.py")
     args = ap.parse_args(argv)
     prefix = "bench_calibration_quick" if args.quick else "bench_calibration"
-    path = args.out_dir / f"{prefix}.json"
+    path, md_path = args.out_dir / f"{prefix}.json", args.out_dir / f"{prefix}.md"
     if args.report_only:
-        R = _common.read_results(path)
+        _common.report_from_results(path, md_path, render)
     else:
         if args.quick:
             args.n_samples = min(args.n_samples, 100)
@@ -288,10 +279,10 @@ def main(argv=None) -> int:
         net, how = load_network(args, Xt, yt)
         data = ((Xtr, ytr), (Xcal, ycal))
         runs = [run_threads(int(t), net, data, (Xc, yc), args) for t in args.threads_list.split(",")]
-        R = _common.write_results(path, {"network": how, "D": _common.n_weights(net), "n_samples": args.n_samples,
-                                         "repeats": args.repeats, "runs": runs},
-                                  command=_common.command_line(__file__, argv))
-    _common.write_report(args.out_dir / f"{prefix}.md", render(R))
+        _common.write_results_and_report(path, md_path, {"network": how, "D": _common.n_weights(net),
+                                                          "n_samples": args.n_samples, "repeats": args.repeats,
+                                                          "runs": runs},
+                                         render, command=_common.command_line(__file__, argv))
     print(f"wrote {args.out_dir / prefix}.md", flush=True)
     return 0
 

@@ -152,20 +152,11 @@ def versions() -> dict:
 
 def trained_net(width: int, X: torch.Tensor, y: torch.Tensor, steps: int, cache: Path | None) -> tuple:
     net = _common.mlp(8, (width, width), seed=0).to(X.device)
-    if cache is not None and cache.exists():
-        saved = torch.load(cache, map_location=X.device)
-        net.load_state_dict(saved["state"])
-        net.eval()
+    announce = f"[bench_fit] training 8-{width}-{width}-1 ({_common.n_weights(net):,} weights), {steps} Adam steps"
+    train_s, loaded = _common.train_or_load(net, X, y, steps=steps, cache=cache, time_key="train_s",
+                                            map_location=X.device, announce=announce)
+    if loaded:
         print(f"[bench_fit] 8-{width}-{width}-1 loaded from {cache}", flush=True)
-        return net, saved["train_s"]
-    print(f"[bench_fit] training 8-{width}-{width}-1 ({_common.n_weights(net):,} weights), {steps} Adam steps",
-          flush=True)
-    t0 = time.perf_counter()
-    _common.train_adam(net, X, y, steps=steps, lr=1e-3, loss=_common.half_mse)
-    train_s = time.perf_counter() - t0
-    if cache is not None:
-        cache.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"state": net.state_dict(), "train_s": train_s}, cache)
     return net, train_s
 
 
@@ -260,17 +251,15 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     stem = "bench_fit" + ("" if device.type == "cpu" else f"_{device.type}") + ("_quick" if args.quick else "")
-    path = args.out_dir / f"{stem}.json"
+    path, md_path = args.out_dir / f"{stem}.json", args.out_dir / f"{stem}.md"
     if args.report_only:
-        R = _common.read_results(path)
+        _, text = _common.report_from_results(path, md_path, render)
     else:
         if device.type == "cuda" and not torch.cuda.is_available():
             raise SystemExit("--device cuda given, but torch.cuda.is_available() is False on this machine.")
         torch.set_num_threads(args.threads)
-        R = _common.write_results(path, run(args, device), command=_common.command_line(__file__, argv),
-                                  device=device)
-    text = render(R)
-    _common.write_report(args.out_dir / f"{stem}.md", text)
+        _, text = _common.write_results_and_report(path, md_path, run(args, device), render,
+                                                   command=_common.command_line(__file__, argv), device=device)
     print(text)
     return 0
 

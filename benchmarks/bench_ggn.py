@@ -305,16 +305,14 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     stem = "bench_ggn" + ("" if device.type == "cpu" else f"_{device.type}") + ("_quick" if args.quick else "")
-    path = args.out_dir / f"{stem}.json"
+    path, md_path = args.out_dir / f"{stem}.json", args.out_dir / f"{stem}.md"
     if args.report_only:
-        R = _common.read_results(path)
+        _, text = _common.report_from_results(path, md_path, render)
     else:
         if args.threads:
             torch.set_num_threads(args.threads)
-        R = _common.write_results(path, run(args, device), command=_common.command_line(__file__, argv),
-                                  device=device)
-    text = render(R)
-    _common.write_report(args.out_dir / f"{stem}.md", text)
+        _, text = _common.write_results_and_report(path, md_path, run(args, device), render,
+                                                   command=_common.command_line(__file__, argv), device=device)
     print(text)
     return 0
 

@@ -175,9 +175,7 @@ def main(argv=None) -> dict:
     stem = "digits_ood_quick" if args.quick else "digits_ood"
     json_path, md_path = args.out_dir / f"{stem}.json", args.out_dir / f"{stem}.md"
     if args.report_only:
-        R = _common.read_results(json_path)
-        text = render(R)
-        _common.write_report(md_path, text)
+        R, text = _common.report_from_results(json_path, md_path, render)
         print(text)
         return R
     torch.set_num_threads(args.threads)
@@ -191,9 +189,7 @@ def main(argv=None) -> dict:
         print(f"[digits] seed {seed}: " + ", ".join(f"{k} AUROC {v['auroc']:.4f} NLL {v['nll']:.4f}"
                                                      for k, v in results["runs"][-1]["methods"].items()), flush=True)
     command = _common.command_line(__file__, argv)
-    R = _common.write_results(json_path, results, command=command)
-    text = render(R)
-    _common.write_report(md_path, text)
+    R, text = _common.write_results_and_report(json_path, md_path, results, render, command=command)
     print(text)
     return R
 

@@ -772,9 +772,7 @@ def main(argv=None) -> dict:
     json_path, md_path = args.out_dir / f"{stem}.json", args.out_dir / f"{stem}.md"
     renderer = render_shift if args.protocol == "shift" else render
     if args.report_only:
-        R = _common.read_results(json_path)
-        text = renderer(R)
-        _common.write_report(md_path, text)
+        R, text = _common.report_from_results(json_path, md_path, renderer)
         print(text)
         return R
     torch.set_num_threads(args.threads)
@@ -821,11 +819,8 @@ def main(argv=None) -> dict:
                               + (f" d {v['d']}" if "d" in v else "") for k, v in m.items()),
                   flush=True)
             # partial results survive an interruption
-            R = _common.write_results(json_path, results, command=command)
-            _common.write_report(md_path, render(R))
-    R = _common.write_results(json_path, results, command=command)
-    text = render(R)
-    _common.write_report(md_path, text)
+            _common.write_results_and_report(json_path, md_path, results, render, command=command)
+    R, text = _common.write_results_and_report(json_path, md_path, results, render, command=command)
     print(text)
     return R
 
@@ -845,11 +840,8 @@ def _main_shift(args, names, data_dir, Laplace, results, command, json_path, md_
                 print(f"[uci shift] {name} feature {feature} {protocol}: {r['seconds']:.0f}s; "
                       + ", ".join(f"{k}: cov {v['coverage']:.2f} IS {v['interval_score']:.3g}" for k, v in m.items()),
                       flush=True)
-                R = _common.write_results(json_path, results, command=command)
-                _common.write_report(md_path, render_shift(R))
-    R = _common.write_results(json_path, results, command=command)
-    text = render_shift(R)
-    _common.write_report(md_path, text)
+                _common.write_results_and_report(json_path, md_path, results, render_shift, command=command)
+    R, text = _common.write_results_and_report(json_path, md_path, results, render_shift, command=command)
     print(text)
     return R
 
