@@ -473,11 +473,14 @@ class ActiveSubspacePosterior(BoundModel):
         return (self._ggn_diag - (P**2) @ lam).clamp_min(0.0)
 
     def _diag_parts(self, d: int, alpha: float) -> tuple:
-        """(1/A, P, √B) for the precision A + P B Pᵀ, A = diag(β r + α), B = β Λ_d, all float64."""
-        P = self.eigenvectors[:, :d].to(torch.float64)
-        a_inv = 1.0 / (self.beta * self.residual_diagonal(d) + alpha)
-        bh = torch.as_tensor(np.sqrt(self.beta * self._lam64[:d]), device=P.device)
-        return a_inv, P, bh
+        """(1/A, P, √B) for the precision A + P B Pᵀ, A = diag(β r + α), B = β Λ_d, all float64 (P_d and β r kept
+        for the last d, so that the σ0 solve does not rebuild them at every α)."""
+        base = self._diag_factors_cache
+        if base is None or base["d"] != d:
+            base = self._diag_factors_cache = {"d": d, "P": self.eigenvectors[:, :d].to(torch.float64),
+                                               "beta_r": self.beta * self.residual_diagonal(d), "alpha": None}
+        bh = torch.as_tensor(np.sqrt(self.beta * self._lam64[:d]), device=base["P"].device)
+        return 1.0 / (base["beta_r"] + alpha), base["P"], bh
 
     @staticmethod
     def _woodbury(a_inv: torch.Tensor, P: torch.Tensor, bh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -501,8 +504,10 @@ class ActiveSubspacePosterior(BoundModel):
         if cache is None or cache["d"] != d or cache["alpha"] != alpha:
             a_inv, P, bh = self._diag_parts(d, alpha)
             W, L = self._woodbury(a_inv, P, bh)
-            cache = self._diag_factors_cache = {"d": d, "alpha": alpha, "a_inv": a_inv, "P": P, "bh": bh,
-                                                "W": W, "L": L}
+            cache = self._diag_factors_cache
+            for key in ("Q", "T", "a_isqrt"):  # the sampler's factors belong to the previous α
+                cache.pop(key, None)
+            cache.update(alpha=alpha, a_inv=a_inv, bh=bh, W=W, L=L)
         return cache
 
     def _diag_sampler(self, d: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -634,11 +639,11 @@ class ActiveSubspacePosterior(BoundModel):
 
         "subspace": P z with z from :meth:`sample`. "low_rank": P z + σ0 (ε − P Pᵀ ε), ε ~ N(0, I_D), whose
         covariance is Σ = P diag(σ_j²) Pᵀ + σ0² (I − P Pᵀ). "low_rank_diag": Σ^½ ε with the exact square root
-        of :meth:`_diag_sampler` (the same ε as "low_rank" for the same seed). An int ``random_state`` gives the same z-normals
-        for every d (common random numbers, as :meth:`sample`) and the same ε for every d; each sample's ε is
-        drawn on the CPU from its own seed, so it does not depend on the device, on ``n_samples`` or on how
-        the samples are chunked. For large D and many
-        samples the (n_samples, D) result is large: :meth:`predict_samples` never forms it whole.
+        of :meth:`_diag_sampler` (the same ε as "low_rank" for the same seed). An int ``random_state`` gives the
+        same z-normals for every d (common random numbers, as :meth:`sample`) and the same ε for every d; each
+        sample's ε is drawn on the CPU from its own seed, so it does not depend on the device, on ``n_samples``
+        or on how the samples are chunked. For large D and many samples the (n_samples, D) result is large:
+        :meth:`predict_samples` never forms it whole.
         """
         n_samples = check_positive_int("n_samples", n_samples)
         d = self._check_d(d)
