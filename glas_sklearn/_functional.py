@@ -12,18 +12,22 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import logging
+import math
 import warnings
 from dataclasses import dataclass
 from typing import Iterator
 
 import torch
 from torch import nn
-from torch.func import functional_call
+from torch.func import functional_call, jacrev, vmap
 
 from ._checks import check_finite_tensor
 
 __all__ = ["BoundModel", "FunctionalModel", "ParameterLayout", "eval_view", "autodiff_context", "forward",
            "model_outputs"]
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -307,3 +311,55 @@ class BoundModel:
     @property
     def theta0(self) -> torch.Tensor:
         return self.functional_model.theta0
+
+    def record_jacobians(self, Xb: torch.Tensor) -> torch.Tensor:
+        """∂f(x_i)/∂θ at θ0 for every record of Xb, flattened over the weights: shape (c, *out, D).
+
+        Reverse mode, vectorised over the records with ``torch.func.vmap`` where the model allows it (remembered
+        in ``_vmap_jac_ok``), a loop over records and outputs otherwise.
+        """
+        fm = self.functional_model
+        layout = fm.layout
+
+        def single(params, x):
+            return fm(x.unsqueeze(0), params).squeeze(0)
+
+        def flat(jac: dict, lead: int) -> torch.Tensor:
+            return torch.cat([jac[n].reshape(*jac[n].shape[:lead], -1) for n in layout.names], -1)
+
+        with fm.autodiff():
+            if getattr(self, "_vmap_jac_ok", None) is not False:
+                try:
+                    jac = vmap(jacrev(single), in_dims=(None, 0))(fm.params0, Xb)
+                    self._vmap_jac_ok = True
+                    out_ndim = next(iter(jac.values())).ndim - len(layout.shapes[0]) - 1
+                    return flat(jac, 1 + out_ndim).detach()
+                except Exception as err:  # noqa: BLE001 - any failure of the vectorised path falls back to a loop
+                    if getattr(self, "_vmap_jac_ok", None):
+                        raise
+                    logger.debug("vmap over per-record Jacobians failed (%s); computing them one by one", err)
+                    self._vmap_jac_ok = False
+            rows = []
+            params = {n: p.detach().requires_grad_(True) for n, p in fm.params0.items()}
+            for i in range(Xb.shape[0]):
+                out = fm(Xb[i:i + 1], params)[0]
+                flat_out = out.reshape(-1)
+                grads = []
+                for k in range(flat_out.shape[0]):
+                    g = torch.autograd.grad(flat_out[k], list(params.values()), retain_graph=True, allow_unused=True)
+                    grads.append(torch.cat([torch.zeros(p.numel(), dtype=p.dtype, device=p.device) if gi is None
+                                            else gi.reshape(-1) for gi, p in zip(g, params.values(), strict=True)]))
+                rows.append(torch.stack(grads).reshape(*out.shape, -1))
+            return torch.stack(rows).detach()
+
+    def record_jacobian_chunks(self, X: torch.Tensor, max_bytes: int,
+                               batch_size: int | None = None) -> Iterator[tuple[slice, torch.Tensor]]:
+        """(rows, ∂f/∂θ of those rows in float64, shape (c, *out, D)) over consecutive chunks of the records of X,
+        each holding at most ``max_bytes`` of Jacobian entries (at least one record; at most ``batch_size``)."""
+        n_out = math.prod(self.functional_model.output_shape(X))
+        size = max(1, max_bytes // max(1, n_out * self.layout.size * 8))
+        if batch_size is not None:
+            size = min(size, batch_size)
+        for i in range(0, X.shape[0], size):
+            rows = slice(i, min(i + size, X.shape[0]))
+            yield rows, self.record_jacobians(X[rows]).to(torch.float64)

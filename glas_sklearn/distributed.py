@@ -145,6 +145,17 @@ class DistributedGGNOperator(CurvatureOperator):
         self.n_products += V.shape[1]
         return buf.to(self.device)
 
+    def diagonal(self) -> torch.Tensor:
+        """The exact diagonal of the pooled G (float64, shape (D,)): each process's
+        :meth:`GGNOperator.diagonal` weighted by its share of the records, summed by one ``all_reduce``."""
+        if self.local is None:
+            out = torch.zeros(self.layout.size, dtype=torch.float64, device=self.device)
+        else:
+            out = self.local.diagonal() * self._share
+        buf = out.to(self._comm)
+        dist.all_reduce(buf, group=self.group)
+        return buf.to(self.device)
+
     def release(self) -> None:
         """Drop the local cached linearisation."""
         if self.local is not None:

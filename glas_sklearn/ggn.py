@@ -38,6 +38,8 @@ _BLOCK_BYTES = 1 << 30
 # vectorize_blocks="auto" on the CPU: columns with more bytes of work than this go one by one (with the cached
 # linearisation, respectively streamed), where measured single products are as fast as the vectorised block.
 _VECTORIZE_MAX_COLUMN_BYTES = {"cached": 8 << 20, "streamed": 32 << 20}
+# Per-record Jacobian entries held at once by diagonal().
+_DIAG_CHUNK_BYTES = 128 << 20
 
 
 def _output_hessian_product(loss: str, logits: torch.Tensor | None, probs: torch.Tensor | None,
@@ -512,6 +514,30 @@ class GGNOperator(BoundModel, CurvatureOperator):
         return self._product_streamed(tangents)
 
     # ------------------------------------------------------------- public API
+    def diagonal(self) -> torch.Tensor:
+        """The exact diagonal of G, (1/N) Σ_n diag(J_nᵀ H_n J_n), from per-record Jacobians; shape (D,), float64.
+
+        Per record and weight k: Σ_m J_mk² for the ½-squared loss, Σ_c p_c J_ck² − (Σ_c p_c J_ck)² for softmax
+        cross-entropy (H = diag(p) − p pᵀ), summed over the unmasked records of the operator's rows (the
+        subsample's, when one was drawn). The Jacobians are formed in chunks of records holding at most about
+        128 MiB (at least one record at a time), so the cost is about one backward pass per output and record.
+        """
+        fm = self.functional_model
+        total = torch.zeros(self.layout.size, dtype=torch.float64, device=self.device)
+        for xb, mb in self._batches:
+            with torch.no_grad():
+                logits = fm(xb)
+            for rows, jac in self.record_jacobian_chunks(xb, _DIAG_CHUNK_BYTES):  # (c, *out, D)
+                if self.loss == "mse":
+                    per_record = (jac**2).sum(-2)  # (c, *out[:-1], D)
+                else:
+                    p = torch.softmax(logits[rows].to(torch.float64), dim=-1).unsqueeze(-1)
+                    per_record = (p * jac**2).sum(-2) - (p * jac).sum(-2) ** 2
+                if mb is not None:
+                    per_record = per_record * mb[rows].to(torch.float64).unsqueeze(-1)
+                total += per_record.reshape(-1, self.layout.size).sum(0)
+        return (total / self.n_records).clamp_min(0.0)
+
     def release(self) -> None:
         """Drop the cached linearisation (it is rebuilt on the next product)."""
         self._cache = None

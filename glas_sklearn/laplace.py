@@ -99,7 +99,7 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         weights (checked by :func:`~glas_sklearn.eigen.top_eigenpairs`).
     sigma0 : {"auto", "eb_subspace", "eb_full"} or float, default="auto"
         Prior standard deviation; "auto" = empirical Bayes at each d, in the subspace (the paper) for
-        ``posterior="subspace"``, over all D weights for ``posterior="low_rank"``
+        ``posterior="subspace"``, over all D weights for the two low-rank posteriors
         (:class:`~glas_sklearn.posterior.ActiveSubspacePosterior`).
     batch_size, subsample, random_state, reuse_linearization, trim_padding
         Passed to :class:`~glas_sklearn.ggn.GGNOperator` (``random_state`` also seeds Lanczos;
@@ -120,14 +120,17 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         The group for ``distributed=True`` (default: the world).
     verbose : int, default=0
         ≥ 1 shows a progress bar over the eigen-solver's products.
-    posterior : {"subspace", "low_rank"}, default="subspace"
+    posterior : {"subspace", "low_rank", "low_rank_diag"}, default="subspace"
         "subspace": the paper's θ0 + P z. "low_rank": adds the prior's variance σ0² (I − P Pᵀ) off span(P).
+        "low_rank_diag": the curvature is P Λ Pᵀ plus G's residual diagonal (computed exactly from per-record
+        Jacobians of the same rows, :meth:`~glas_sklearn.ggn.GGNOperator.diagonal`, timed as "ggn_diagonal").
 
     Returns
     -------
     LaplaceSubspace
     """
     check_choice("loss", loss, ("mse", "cross_entropy"))
+    check_choice("posterior", posterior, ("subspace", "low_rank", "low_rank_diag"))
     n_components = check_positive_int("n_components", n_components)
     task = "regression" if loss == "mse" else "classification"
     t0 = time.perf_counter()
@@ -164,7 +167,12 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
                          max_matvecs=max_matvecs, ncv=ncv, verbose=verbose)
     t2 = time.perf_counter()
     op.release()
+    timings = {"ggn_setup": t1 - t0, "eigen": t2 - t1}
+    diagonal = None
+    if posterior == "low_rank_diag":
+        diagonal = op.diagonal()
+        timings["ggn_diagonal"] = time.perf_counter() - t2
     post = ActiveSubspacePosterior(model, eig.eigenvalues, eig.eigenvectors, beta=beta, sigma0=sigma0,
-                                   posterior=posterior)
+                                   posterior=posterior, ggn_diagonal=diagonal)
     return LaplaceSubspace(posterior=post, eigen=eig, beta=beta, n_records=op.n_records,
-                           noise_var=noise_var, timings={"ggn_setup": t1 - t0, "eigen": t2 - t1})
+                           noise_var=noise_var, timings=timings)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from scipy.optimize import brentq
 from torch import nn
-from torch.func import jacrev, jvp, vmap
+from torch.func import jvp, vmap
 
 from ._checks import (
     check_choice,
@@ -35,7 +35,8 @@ logger = logging.getLogger(__name__)
 
 _TASKS = ("regression", "classification")
 _SCALINGS = ("mean", "standard")
-_POSTERIORS = ("subspace", "low_rank")
+_POSTERIORS = ("subspace", "low_rank", "low_rank_diag")
+_LOW_RANK = ("low_rank", "low_rank_diag")
 _SIGMA0_FITS = ("auto", "eb_subspace", "eb_full")
 # Memory bounds for batched evaluation: weight rows (chunk × D) per chunk, and (chunk × input rows)
 # network evaluations per vectorised call.
@@ -146,12 +147,18 @@ class ActiveSubspacePosterior(BoundModel):
         The prior standard deviation σ0, fitted separately for every subspace dimension d
         (:meth:`fit_sigma0`): "eb_subspace" by the paper's empirical Bayes in the subspace (eq. 39–41),
         "eb_full" by the full-space condition over all D weights (SPEC "Beyond the paper"); "auto" is
-        "eb_subspace" for ``posterior="subspace"`` and "eb_full" for ``posterior="low_rank"``.
+        "eb_subspace" for ``posterior="subspace"`` and "eb_full" for the two low-rank posteriors.
         A float is used for every d.
-    posterior : {"subspace", "low_rank"}, default="subspace"
+    posterior : {"subspace", "low_rank", "low_rank_diag"}, default="subspace"
         "subspace" (the paper): θ = θ0 + P z, no variance off span(P). "low_rank": the Laplace
         posterior of the precision β P Λ Pᵀ + σ0⁻² I, Σ = P diag(σ_j²) Pᵀ + σ0² (I − P Pᵀ): the prior keeps
-        its variance σ0² in the D − d directions the leading curvature does not constrain.
+        its variance σ0² in the D − d directions the leading curvature does not constrain. "low_rank_diag":
+        the Laplace posterior of the precision β (P Λ Pᵀ + diag(r)) + σ0⁻² I, with r = max(diag(G) − Σ_{j≤d}
+        λ_j p_j ∘ p_j, 0) the part of G's diagonal the leading eigenpairs leave out (needs ``ggn_diagonal``):
+        the curvature beyond the top d constrains every weight by its own diagonal.
+    ggn_diagonal : torch.Tensor of shape (D,), optional
+        diag(G), in G's units (e.g. :meth:`~glas_sklearn.ggn.GGNOperator.diagonal`); required for, and only
+        used by, ``posterior="low_rank_diag"``. Negative values within round-off of 0 are set to 0.
 
     Attributes
     ----------
@@ -188,7 +195,8 @@ class ActiveSubspacePosterior(BoundModel):
     """
 
     def __init__(self, model: nn.Module, eigenvalues: torch.Tensor, eigenvectors: torch.Tensor, *,
-                 beta: float, sigma0: str | float = "auto", posterior: str = "subspace") -> None:
+                 beta: float, sigma0: str | float = "auto", posterior: str = "subspace",
+                 ggn_diagonal: torch.Tensor | None = None) -> None:
         self.functional_model = FunctionalModel(model)
 
         lam, P = self._check_eigenpairs(eigenvalues, eigenvectors)
@@ -216,6 +224,8 @@ class ActiveSubspacePosterior(BoundModel):
         self._vmap_jvp_ok: bool | None = None
         self._vmap_jac_ok: bool | None = None
         self._jp_cache: dict | None = None
+        self._ggn_diag = self._check_ggn_diagonal(ggn_diagonal)
+        self._diag_factors_cache: dict | None = None
 
     # ------------------------------------------------------------------ checks
     def _check_eigenpairs(self, eigenvalues, eigenvectors) -> tuple[torch.Tensor, torch.Tensor]:
@@ -257,6 +267,29 @@ class ActiveSubspacePosterior(BoundModel):
             logger.debug("eigenpairs sorted into descending order")
         return lam.to(self.dtype), P
 
+    def _check_ggn_diagonal(self, ggn_diagonal) -> torch.Tensor | None:
+        if self.posterior != "low_rank_diag":
+            if ggn_diagonal is not None:
+                raise ValueError(f"ggn_diagonal is used only by posterior='low_rank_diag', got posterior="
+                                 f"{self.posterior!r}; leave it out or choose posterior='low_rank_diag'.")
+            return None
+        if ggn_diagonal is None:
+            raise ValueError("posterior='low_rank_diag' needs ggn_diagonal, the diagonal of the GGN (D values, e.g. "
+                             "GGNOperator.diagonal(), or fit_laplace_subspace(..., posterior='low_rank_diag')).")
+        if not isinstance(ggn_diagonal, torch.Tensor):
+            raise TypeError(f"ggn_diagonal must be a torch.Tensor, got {type(ggn_diagonal).__name__}.")
+        check_finite_tensor("ggn_diagonal", ggn_diagonal)
+        D = self.layout.size
+        if tuple(ggn_diagonal.shape) != (D,):
+            raise ValueError(f"ggn_diagonal must have shape (D,) = ({D},), one value per trainable weight, got "
+                             f"{tuple(ggn_diagonal.shape)}.")
+        diag = ggn_diagonal.detach().to(self.device, torch.float64)
+        tiny = math.sqrt(torch.finfo(ggn_diagonal.dtype).eps) * max(float(diag.abs().max()), float(self.eigenvalues[0]))
+        if bool((diag < -tiny).any()):
+            raise ValueError(f"ggn_diagonal must be >= 0 (the diagonal of a positive semi-definite G), got a minimum "
+                             f"of {float(diag.min()):.3e}.")
+        return diag.clamp_min(0.0)
+
     def _check_d(self, d) -> int:
         K = self.max_components
         if isinstance(d, bool) or not isinstance(d, numbers.Integral):
@@ -283,11 +316,14 @@ class ActiveSubspacePosterior(BoundModel):
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         state["_jp_cache"] = None  # holds the last inputs and their J P: not worth pickling
+        state["_diag_factors_cache"] = None  # rebuilt from the eigenpairs and the GGN diagonal
         return state
 
     def __setstate__(self, state: dict) -> None:
         state.setdefault("posterior", "subspace")  # pickled before the low-rank option existed
         state.setdefault("_vmap_jac_ok", None)
+        state.setdefault("_ggn_diag", None)
+        state.setdefault("_diag_factors_cache", None)
         self.__dict__.update(state)
 
     def __repr__(self) -> str:
@@ -298,8 +334,9 @@ class ActiveSubspacePosterior(BoundModel):
     def fit_sigma0(self, d: int) -> float:
         """Prior standard deviation σ0 for the leading d directions by empirical Bayes (eq. 39–41).
 
-        With ``sigma0="eb_full"`` (the default of ``posterior="low_rank"``) the condition is over all D
-        weights instead, with the rank-d curvature (λ_j = 0 for j > d): tr Σ(α) = ‖θ0‖², that is
+        With ``sigma0="eb_full"`` (the default of the low-rank posteriors) the condition is over all D
+        weights instead, tr Σ(α) = ‖θ0‖² with the posterior's own Σ; for ``posterior="low_rank_diag"`` see
+        :meth:`_fit_sigma0_diag`. For ``posterior="low_rank"`` (λ_j = 0 for j > d) that is
         Σ_{j≤d} 1/(βλ_j + α) + (D − d)/α = ‖θ0‖². Its left side falls strictly from +∞ to 0, and lies between
         (D − d)/α and D/α, so the root is bracketed by (D − d)/‖θ0‖² ≤ α ≤ D/‖θ0‖² and found with Brent's
         method in log α. Otherwise (the paper) it solves
@@ -313,7 +350,7 @@ class ActiveSubspacePosterior(BoundModel):
         if d in self._sigma0_cache:
             return self._sigma0_cache[d]
         if self.sigma0_method == "eb_full":
-            return self._fit_sigma0_full(d)
+            return self._fit_sigma0_diag(d) if self.posterior == "low_rank_diag" else self._fit_sigma0_full(d)
         w_sq = float(self._w0_sq_cumsum[d - 1])
         blam = self.beta * self._lam64[:d]
         n_pos = int(np.count_nonzero(blam > 0))
@@ -357,7 +394,7 @@ class ActiveSubspacePosterior(BoundModel):
         if not isinstance(self.sigma0, str):
             return None
         if self.sigma0 == "auto":
-            return "eb_full" if self.posterior == "low_rank" else "eb_subspace"
+            return "eb_full" if self.posterior in _LOW_RANK else "eb_subspace"
         return self.sigma0
 
     def _fit_sigma0_full(self, d: int) -> float:
@@ -389,6 +426,105 @@ class ActiveSubspacePosterior(BoundModel):
         self._sigma0_cache[d] = sigma0
         logger.debug("full-space empirical Bayes: d=%d, sigma0=%.6g", d, sigma0)
         return sigma0
+
+    def _fit_sigma0_diag(self, d: int) -> float:
+        """Full-space condition tr Σ(α) = ‖θ0‖² for the low-rank-plus-diagonal posterior, α = σ0⁻².
+
+        Σ(α) = (β (P Λ Pᵀ + diag(r)) + α I)⁻¹, so tr Σ(α) = Σ_k 1/A_k − tr(K⁻¹ WᵀW) (Woodbury, see
+        :meth:`_diag_factors`) falls strictly from +∞ (or tr of the pseudo-inverse part) to 0 and is at most D/α:
+        the root lies below α = D/‖θ0‖²; it is bracketed by stepping down in decades from 2D/‖θ0‖² and found by
+        Brent's method in log α.
+        """
+        D, t = self.n_weights, self._theta_sq
+        if not t > 0:
+            raise ValueError("The trained weights are all 0 (‖θ0‖ = 0), so the full-space empirical Bayes "
+                             "condition has no solution; pass a fixed sigma0.")
+
+        def excess(log_alpha: float) -> float:
+            return self._diag_trace(d, math.exp(log_alpha)) - t
+
+        hi = math.log(2.0 * D / t)  # tr Σ ≤ D/α: excess ≤ −t/2 there
+        lo = hi
+        for _ in range(700):
+            lo -= math.log(10.0)
+            if excess(lo) > 0:
+                break
+        else:
+            raise ValueError(f"tr Σ(α) stays below ‖θ0‖² for every α at d = {d} (the curvature is positive in every "
+                             "direction), so the full-space empirical Bayes condition has no solution; pass a fixed "
+                             "sigma0.")
+        log_alpha = brentq(excess, lo, lo + math.log(10.0), xtol=1e-12, rtol=1e-12, maxiter=500)
+        sigma0 = float(math.exp(-0.5 * log_alpha))
+        self._sigma0_cache[d] = sigma0
+        logger.debug("full-space empirical Bayes (low rank + diagonal): d=%d, sigma0=%.6g", d, sigma0)
+        return sigma0
+
+    def residual_diagonal(self, d: int) -> torch.Tensor:
+        """r = max(diag(G) − Σ_{j≤d} λ_j p_j ∘ p_j, 0): G's diagonal beyond the leading d eigenpairs, float64, (D,).
+
+        Only for ``posterior="low_rank_diag"`` (which holds diag(G)).
+        """
+        d = self._check_d(d)
+        if self._ggn_diag is None:
+            raise ValueError(f"residual_diagonal needs the GGN diagonal, held by posterior='low_rank_diag' only "
+                             f"(this posterior is {self.posterior!r}).")
+        P = self.eigenvectors[:, :d].to(torch.float64)
+        lam = torch.as_tensor(self._lam64[:d], device=P.device)
+        return (self._ggn_diag - (P**2) @ lam).clamp_min(0.0)
+
+    def _diag_parts(self, d: int, alpha: float) -> tuple:
+        """(1/A, P, √B) for the precision A + P B Pᵀ, A = diag(β r + α), B = β Λ_d, all float64 (P_d and β r kept
+        for the last d, so that the σ0 solve does not rebuild them at every α)."""
+        base = self._diag_factors_cache
+        if base is None or base["d"] != d:
+            base = self._diag_factors_cache = {"d": d, "P": self.eigenvectors[:, :d].to(torch.float64),
+                                               "beta_r": self.beta * self.residual_diagonal(d), "alpha": None}
+        bh = torch.as_tensor(np.sqrt(self.beta * self._lam64[:d]), device=base["P"].device)
+        return 1.0 / (base["beta_r"] + alpha), base["P"], bh
+
+    @staticmethod
+    def _woodbury(a_inv: torch.Tensor, P: torch.Tensor, bh: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """W = A⁻¹ P B^½ (D × d) and the Cholesky factor L of K = I + B^½ Pᵀ A⁻¹ P B^½, so that
+        (A + P B Pᵀ)⁻¹ = A⁻¹ − W K⁻¹ Wᵀ (well defined also where some λ_j = 0)."""
+        W = (a_inv[:, None] * P) * bh
+        K = torch.eye(P.shape[1], dtype=P.dtype, device=P.device) + bh[:, None] * (P.T @ W)
+        return W, torch.linalg.cholesky(0.5 * (K + K.T))
+
+    def _diag_trace(self, d: int, alpha: float) -> float:
+        """tr Σ(α) = Σ_k 1/A_k − tr(K⁻¹ WᵀW) of the low-rank-plus-diagonal posterior."""
+        a_inv, P, bh = self._diag_parts(d, alpha)
+        W, L = self._woodbury(a_inv, P, bh)
+        return float(a_inv.sum()) - float(torch.cholesky_solve(W.T @ W, L).diagonal().sum())
+
+    def _diag_factors(self, d: int) -> dict:
+        """The factors of Σ = A⁻¹ − W K⁻¹ Wᵀ at d and σ0 = ``fit_sigma0(d)`` (cached for the last d): ``a_inv``,
+        ``W``, ``L`` (for output covariances) and, built on first use, ``Q``, ``T`` (for sampling)."""
+        alpha = self.fit_sigma0(d) ** -2
+        cache = self._diag_factors_cache
+        if cache is None or cache["d"] != d or cache["alpha"] != alpha:
+            a_inv, P, bh = self._diag_parts(d, alpha)
+            W, L = self._woodbury(a_inv, P, bh)
+            cache = self._diag_factors_cache
+            for key in ("Q", "T", "a_isqrt"):  # the sampler's factors belong to the previous α
+                cache.pop(key, None)
+            cache.update(alpha=alpha, a_inv=a_inv, bh=bh, W=W, L=L)
+        return cache
+
+    def _diag_sampler(self, d: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A^{-½}, Q, T with Σ^½ ε = A^{-½} (ε + Q T Qᵀ ε) an exact square root of the low-rank-plus-diagonal Σ.
+
+        With U = A^{-½} P = Q R (thin QR), Σ = A^{-½} (I + U B Uᵀ)⁻¹ A^{-½} and (I + U B Uᵀ)^{-½} =
+        I + Q ((I + R B Rᵀ)^{-½} − I) Qᵀ, the d × d root from a symmetric eigendecomposition: T = that − I.
+        """
+        f = self._diag_factors(d)
+        if "Q" not in f:
+            a_isqrt = f["a_inv"].sqrt()
+            Q, R = torch.linalg.qr(a_isqrt[:, None] * f["P"])
+            RB = R * f["bh"] ** 2
+            m, E = torch.linalg.eigh(torch.eye(d, dtype=R.dtype, device=R.device) + 0.5 * (RB @ R.T + R @ RB.T))
+            f["a_isqrt"], f["Q"], f["T"] = a_isqrt, Q, (E * m.clamp_min(1.0).rsqrt()) @ E.T - torch.eye(
+                d, dtype=R.dtype, device=R.device)
+        return f["a_isqrt"], f["Q"], f["T"]
 
     def _variances64(self, d: int) -> np.ndarray:
         alpha = self.fit_sigma0(d) ** -2
@@ -482,27 +618,32 @@ class ActiveSubspacePosterior(BoundModel):
         return z, np.random.default_rng(base).integers(0, 2**62, size=n_samples)
 
     def _perturbation_block(self, z: torch.Tensor, seeds: np.ndarray | None, start: int, stop: int) -> torch.Tensor:
-        """Weight perturbations of samples start … stop − 1: P z_s, plus σ0 (ε_s − P Pᵀ ε_s) when low-rank."""
+        """Weight perturbations of samples start … stop − 1: P z_s, plus σ0 (ε_s − P Pᵀ ε_s) when low-rank;
+        Σ^½ ε_s = A^{-½} (ε_s + Q T Qᵀ ε_s) for the low-rank-plus-diagonal posterior (:meth:`_diag_sampler`)."""
         d = z.shape[1]
-        delta = self.perturbations(z[start:stop])
         if seeds is None:
-            return delta
-        P = self.eigenvectors[:, :d]
+            return self.perturbations(z[start:stop])
         eps = torch.stack([
             torch.randn(self.n_weights, generator=torch.Generator().manual_seed(int(seeds[s])), dtype=self.dtype)
             for s in range(start, stop)
         ]).to(self.device)
-        return delta + self.fit_sigma0(d) * (eps - (eps @ P) @ P.T)
+        if self.posterior == "low_rank_diag":
+            a_isqrt, Q, T = self._diag_sampler(d)
+            eps = eps.to(torch.float64)
+            return (a_isqrt * (eps + ((eps @ Q) @ T) @ Q.T)).to(self.dtype)
+        P = self.eigenvectors[:, :d]
+        return self.perturbations(z[start:stop]) + self.fit_sigma0(d) * (eps - (eps @ P) @ P.T)
 
     def sample_perturbations(self, n_samples: int, d: int, random_state=None) -> torch.Tensor:
         """Weight perturbations θ − θ0 drawn from the posterior at dimension d; shape (n_samples, D).
 
         "subspace": P z with z from :meth:`sample`. "low_rank": P z + σ0 (ε − P Pᵀ ε), ε ~ N(0, I_D), whose
-        covariance is Σ = P diag(σ_j²) Pᵀ + σ0² (I − P Pᵀ). An int ``random_state`` gives the same z-normals
-        for every d (common random numbers, as :meth:`sample`) and the same ε for every d; each sample's ε is
-        drawn on the CPU from its own seed, so it does not depend on the device, on ``n_samples`` or on how
-        the samples are chunked. For large D and many
-        samples the (n_samples, D) result is large: :meth:`predict_samples` never forms it whole.
+        covariance is Σ = P diag(σ_j²) Pᵀ + σ0² (I − P Pᵀ). "low_rank_diag": Σ^½ ε with the exact square root
+        of :meth:`_diag_sampler` (the same ε as "low_rank" for the same seed). An int ``random_state`` gives the
+        same z-normals for every d (common random numbers, as :meth:`sample`) and the same ε for every d; each
+        sample's ε is drawn on the CPU from its own seed, so it does not depend on the device, on ``n_samples``
+        or on how the samples are chunked. For large D and many samples the (n_samples, D) result is large:
+        :meth:`predict_samples` never forms it whole.
         """
         n_samples = check_positive_int("n_samples", n_samples)
         d = self._check_d(d)
@@ -695,7 +836,9 @@ class ActiveSubspacePosterior(BoundModel):
     def linearized_variance(self, X: torch.Tensor, d: int, full_cov: bool = False,
                             batch_size: int | None = None) -> torch.Tensor:
         """Output variance of the linearised network, J Σ Jᵀ with Σ = P diag(σ_j²) Pᵀ (eq. 45–46), plus
-        σ0² (J Jᵀ − (J P)(J P)ᵀ) for ``posterior="low_rank"`` (needs the per-record J Jᵀ: :meth:`jacobian_gram`).
+        σ0² (J Jᵀ − (J P)(J P)ᵀ) for ``posterior="low_rank"`` (needs the per-record J Jᵀ: :meth:`jacobian_gram`);
+        for ``posterior="low_rank_diag"`` J A⁻¹ Jᵀ − (J W) K⁻¹ (J W)ᵀ (see :meth:`_diag_factors`), from the
+        per-record Jacobians, in float64.
 
         Parameters
         ----------
@@ -716,6 +859,8 @@ class ActiveSubspacePosterior(BoundModel):
         jp = self._jacobian_projections(X, d, batch_size)
         if full_cov and jp.ndim < 3:
             raise ValueError("full_cov=True needs an output axis: the model returns one scalar per record.")
+        if self.posterior == "low_rank_diag":
+            return self._diag_output_covariance(X, d, full_cov, batch_size)
         if self.posterior == "low_rank":
             return self._low_rank_output_covariance(X, jp, d, full_cov, batch_size)
         var = self.variances(d)
@@ -737,6 +882,34 @@ class ActiveSubspacePosterior(BoundModel):
         cov = (jp * var) @ jp.transpose(-1, -2) + s0sq * comp
         return (0.5 * (cov + cov.transpose(-1, -2))).to(self.dtype)
 
+    def _diag_output_covariance(self, X, d, full_cov, batch_size) -> torch.Tensor:
+        """J Σ Jᵀ for the low-rank-plus-diagonal Σ = A⁻¹ − W K⁻¹ Wᵀ: J A⁻¹ Jᵀ − V Vᵀ with V = (J W) L⁻ᵀ, per record,
+        in float64 (clamped at 0 on the diagonal, where the two terms may round apart)."""
+        f = self._diag_factors(d)
+        a_inv, W, L = f["a_inv"], f["W"], f["L"]
+        parts = []
+        for _, jac in self._jacobian_blocks(X, batch_size):  # (c, *out, D)
+            v = torch.linalg.solve_triangular(L, (jac @ W).transpose(-1, -2), upper=False)  # (c, *out[:-1], d, M)
+            if full_cov:
+                cov = (jac * a_inv) @ jac.transpose(-1, -2) - v.transpose(-1, -2) @ v
+                parts.append(0.5 * (cov + cov.transpose(-1, -2)))
+            else:
+                parts.append(((jac**2) @ a_inv - (v**2).sum(-2)).clamp_min(0.0))
+        return torch.cat(parts, 0).to(self.dtype)
+
+    def _jacobian_blocks(self, X: torch.Tensor, batch_size: int | None):
+        """(rows, per-record Jacobians in float64) over memory-bounded chunks of the records of X; kept in the cache
+        of ``X`` for ``posterior="low_rank_diag"`` when they fit in one chunk (so that several d reuse them)."""
+        cache = self._cache_for(X)
+        if cache.get("jac") is not None:
+            return cache["jac"]
+        blocks = self.record_jacobian_chunks(X, _WEIGHT_CHUNK_BYTES, batch_size)
+        n_out = int(np.prod(self.functional_model.output_shape(X)))
+        fits = X.shape[0] * n_out * self.n_weights * 8 <= _WEIGHT_CHUNK_BYTES
+        if self.posterior == "low_rank_diag" and fits and (batch_size or X.shape[0]) >= X.shape[0]:
+            cache["jac"] = blocks = list(blocks)
+        return blocks
+
     def jacobian_gram(self, X: torch.Tensor, full_cov: bool = False, batch_size: int | None = None) -> torch.Tensor:
         """J(x) J(x)ᵀ over the last output axis, per record: ‖J_m(x)‖² of shape (n, *out) (``full_cov=False``)
         or the (M × M) blocks, shape (n, *out[:-1], M, M); in float64.
@@ -755,52 +928,7 @@ class ActiveSubspacePosterior(BoundModel):
         return cache[key]
 
     def _compute_gram(self, X: torch.Tensor, full_cov: bool, batch_size: int | None) -> torch.Tensor:
-        n_out = int(np.prod(self.functional_model.output_shape(X)))
-        per_record = max(1, n_out * self.n_weights * 8)
-        size = max(1, _WEIGHT_CHUNK_BYTES // per_record)
-        if batch_size is not None:
-            size = min(size, batch_size)
         parts = []
-        for i in range(0, X.shape[0], size):
-            jac = self._record_jacobians(X[i:i + size])  # (c, *out, D)
-            jac = jac.to(torch.float64)
-            if full_cov:
-                parts.append(jac @ jac.transpose(-1, -2))
-            else:
-                parts.append((jac**2).sum(-1))
+        for _, jac in self._jacobian_blocks(X, batch_size):  # (c, *out, D)
+            parts.append(jac @ jac.transpose(-1, -2) if full_cov else (jac**2).sum(-1))
         return torch.cat(parts, 0)
-
-    def _record_jacobians(self, Xb: torch.Tensor) -> torch.Tensor:
-        """∂f(x_i)/∂θ for every record of Xb, flattened over the weights: shape (c, *out, D)."""
-        fm = self.functional_model
-
-        def single(params, x):
-            return fm(x.unsqueeze(0), params).squeeze(0)
-
-        def flat(jac: dict, lead: int) -> torch.Tensor:
-            return torch.cat([jac[n].reshape(*jac[n].shape[:lead], -1) for n in self.layout.names], -1)
-
-        with fm.autodiff():
-            if self._vmap_jac_ok is not False:
-                try:
-                    jac = vmap(jacrev(single), in_dims=(None, 0))(fm.params0, Xb)
-                    self._vmap_jac_ok = True
-                    out_ndim = next(iter(jac.values())).ndim - len(self.layout.shapes[0]) - 1
-                    return flat(jac, 1 + out_ndim).detach()
-                except Exception as err:  # noqa: BLE001 - any failure of the vectorised path falls back to a loop
-                    if self._vmap_jac_ok:
-                        raise
-                    logger.debug("vmap over per-record Jacobians failed (%s); computing them one by one", err)
-                    self._vmap_jac_ok = False
-            rows = []
-            params = {n: p.detach().requires_grad_(True) for n, p in fm.params0.items()}
-            for i in range(Xb.shape[0]):
-                out = fm(Xb[i:i + 1], params)[0]
-                flat_out = out.reshape(-1)
-                grads = []
-                for k in range(flat_out.shape[0]):
-                    g = torch.autograd.grad(flat_out[k], list(params.values()), retain_graph=True, allow_unused=True)
-                    grads.append(torch.cat([torch.zeros(p.numel(), dtype=p.dtype, device=p.device) if gi is None
-                                            else gi.reshape(-1) for gi, p in zip(g, params.values(), strict=True)]))
-                rows.append(torch.stack(grads).reshape(*out.shape, -1))
-            return torch.stack(rows).detach()

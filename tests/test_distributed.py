@@ -57,6 +57,7 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str, case: str) -> N
         out["n_products"] = op.n_products  # the block: 2 single-vector products, in one all_reduce
         out["Gv"] = op.matvec(V[:, 1])
         out["n_records"] = op.n_records
+        out["diag"] = op.diagonal()
         out["n_local"] = op.n_local_records
         eig = top_eigenpairs(op, 3, random_state=0)
         out["eigenvalues"] = eig.eigenvalues
@@ -103,6 +104,7 @@ def test_distributed_ggn_equals_the_single_process_one(tmp_path, case):
         torch.testing.assert_close(o["GV"], G @ V, rtol=1e-11, atol=1e-13)
         torch.testing.assert_close(o["Gv"], G @ V[:, 1], rtol=1e-11, atol=1e-13)
         assert o["n_products"] == 2
+        torch.testing.assert_close(o["diag"], torch.diagonal(G), rtol=1e-11, atol=1e-14)
         np.testing.assert_allclose(o["eigenvalues"].numpy(), evals, rtol=1e-8)
         assert o["noise_var"] == pytest.approx(residual_noise_variance(net, X, y), rel=1e-12)
     assert outs[0]["n_local"] + outs[1]["n_local"] == N_ROWS

@@ -442,7 +442,8 @@ BAD_VALUES = [
     ("random_state", np.random.default_rng(0), "numpy.random.RandomState"), ("verbose", -1, "an int >= 0"),
     ("noise_std", 0.0, "'auto', 'calibration', 'training' or a finite float > 0"),
     ("include_noise", np.float64(1.0), "True or False"),
-    ("posterior", "full", "'low_rank' or 'subspace'"), ("calibration", "Conformal", "'conformal' or 'coverage'"),
+    ("posterior", "full", "'low_rank', 'low_rank_diag' or 'subspace'"),
+    ("calibration", "Conformal", "'conformal' or 'coverage'"),
 ]
 
 

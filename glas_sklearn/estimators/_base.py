@@ -80,10 +80,13 @@ PARAMETERS_DOC = """\
         regressor (its conformal intervals depend only on the shape of σ̂(x), and the larger subspace σ0 widens
         them more where the network extrapolates); "eb_full" for the low-rank classifier (its probabilities
         depend on the scale itself: the subspace σ0 over all D weights inflates the NLL twenty-fold on digits).
-    posterior : {"low_rank", "subspace"}, default="low_rank"
+    posterior : {"low_rank", "low_rank_diag", "subspace"}, default="low_rank"
         "subspace" (the paper): θ = θ0 + P z, no variance off the top-d eigenvectors. "low_rank": the Laplace
         posterior of the rank-d curvature, Σ = P diag(σ_j²) Pᵀ + σ0² (I − P Pᵀ): the directions the data do
         not constrain keep the prior's variance, so intervals widen where the network extrapolates.
+        "low_rank_diag": the curvature P Λ Pᵀ plus the GGN's residual diagonal max(diag(G) − Σ_j λ_j p_j², 0)
+        (exact, from per-record Jacobians of the training rows), Σ by Woodbury; σ0 and the predictive
+        resolve as for "low_rank".
     calibration : {"conformal", "coverage"}, default="conformal"
         "conformal": split conformal on the calibration rows at a fixed d, with coverage ≥ 1 − γ for
         exchangeable data at any number of rows: regression intervals ŷ ± q σ̂ with q the
@@ -92,7 +95,7 @@ PARAMETERS_DOC = """\
         The paper's method is ``calibration="coverage", posterior="subspace"``.
     predictive : {"auto", "sampled", "linearized"}, default="auto"
         Push posterior samples through the network, or use the linearised network's Gaussian. "auto":
-        "linearized" for ``posterior="low_rank"`` (the complement perturbs every weight: meaningful for the
+        "linearized" for the low-rank posteriors (the complement perturbs every weight: meaningful for the
         linearised network, not for the non-linear one) and "sampled" for "subspace".
     n_samples : int, default=1000
         Posterior samples (at least 2) for the sampled predictive.
@@ -234,7 +237,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         "n_components": [Options("auto"), Interval(numbers.Integral, 1, None)],
         "max_components": [Interval(numbers.Integral, 1, None)],
         "sigma0": [Options("auto", "eb_subspace", "eb_full"), Interval(numbers.Real, 0, None, closed="neither")],
-        "posterior": [Options("low_rank", "subspace")],
+        "posterior": [Options("low_rank", "low_rank_diag", "subspace")],
         "calibration": [Options("conformal", "coverage")],
         "predictive": [Options("auto", "sampled", "linearized")],
         "n_samples": [Interval(numbers.Integral, 2, None)],
@@ -450,7 +453,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
 
     def _resolved_sigma0(self):
         """``sigma0`` with "auto" resolved for the low-rank posterior (the estimator's per-task choice)."""
-        if self.sigma0 == "auto" and self.posterior == "low_rank":
+        if self.sigma0 == "auto" and self.posterior in ("low_rank", "low_rank_diag"):
             return self._low_rank_sigma0
         return self.sigma0
 
@@ -458,7 +461,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         """``predictive`` with "auto" resolved: linearised for the low-rank posterior, sampled for the subspace."""
         if self.predictive != "auto":
             return self.predictive
-        return "linearized" if self.posterior == "low_rank" else "sampled"
+        return "linearized" if self.posterior in ("low_rank", "low_rank_diag") else "sampled"
 
     def _conformal_quantiles(self, levels) -> np.ndarray:
         """The conformal quantiles of the calibration scores at ``levels``; shape (k,) or (k, M)."""

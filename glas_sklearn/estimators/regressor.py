@@ -325,7 +325,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         """
         Xt = self._check_fitted_X(X)
         p = self.posterior_
-        if p.posterior == "low_rank" and self.predictive_ == "linearized":
+        if p.posterior in ("low_rank", "low_rank_diag") and self.predictive_ == "linearized":
             s = p.linearized_samples(Xt, self.n_components_, n_samples, random_state=random_state)
         else:
             s = p.predict_samples(Xt, self.n_components_, n_samples, random_state=random_state)
