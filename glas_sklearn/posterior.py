@@ -204,12 +204,7 @@ class ActiveSubspacePosterior(BoundModel):
         self.eigenvectors = P
         self.beta = check_positive_float("beta", beta)
         self.posterior = check_choice("posterior", posterior, _POSTERIORS)
-        if isinstance(sigma0, str):
-            if sigma0 not in _SIGMA0_FITS:
-                raise ValueError(f"sigma0 must be one of {list(_SIGMA0_FITS)} or a positive float, got {sigma0!r}.")
-            self.sigma0 = sigma0
-        else:
-            self.sigma0 = check_positive_float("sigma0", sigma0)
+        self.sigma0 = self._check_sigma0(sigma0)
 
         # float64 copies of the K scalars for the empirical Bayes solve.
         self._lam64 = lam.detach().to("cpu", torch.float64).numpy()
@@ -289,6 +284,44 @@ class ActiveSubspacePosterior(BoundModel):
             raise ValueError(f"ggn_diagonal must be >= 0 (the diagonal of a positive semi-definite G), got a minimum "
                              f"of {float(diag.min()):.3e}.")
         return diag.clamp_min(0.0)
+
+    @staticmethod
+    def _check_sigma0(sigma0) -> str | float:
+        if isinstance(sigma0, str):
+            if sigma0 not in _SIGMA0_FITS:
+                raise ValueError(f"sigma0 must be one of {list(_SIGMA0_FITS)} or a float >= 0, got {sigma0!r}.")
+            return sigma0
+        return check_positive_float("sigma0", sigma0, allow_zero=True)
+
+    def set_sigma0(self, sigma0: str | float) -> ActiveSubspacePosterior:
+        """Set the prior standard deviation after construction: a fit method or a fixed value for every d.
+
+        The empirical Bayes values cached per d and the σ0-dependent factors of ``posterior="low_rank_diag"``
+        are dropped; the Jacobian quantities cached for the last inputs (J P, J Jᵀ) do not depend on σ0 and
+        are kept, so that evaluating the linearised predictive of the same rows at many σ0 costs no new JVPs.
+
+        Parameters
+        ----------
+        sigma0 : {"auto", "eb_subspace", "eb_full"} or float
+            As in the constructor; a fixed value may also be 0: zero weight variance, every predictive is then
+            the trained network's own (f(x; θ0), the MAP probabilities).
+
+        Returns
+        -------
+        self
+        """
+        self.sigma0 = self._check_sigma0(sigma0)
+        self._sigma0_cache = {}
+        if self._diag_factors_cache is not None:
+            for key in ("Q", "T", "a_isqrt"):
+                self._diag_factors_cache.pop(key, None)
+            self._diag_factors_cache["alpha"] = None
+        return self
+
+    def _alpha(self, d: int) -> float:
+        """α = σ0⁻² at d (+inf for σ0 = 0: no weight variance)."""
+        sigma0 = self.fit_sigma0(d)
+        return math.inf if sigma0 == 0 else sigma0**-2
 
     def _check_d(self, d) -> int:
         K = self.max_components
@@ -499,7 +532,7 @@ class ActiveSubspacePosterior(BoundModel):
     def _diag_factors(self, d: int) -> dict:
         """The factors of Σ = A⁻¹ − W K⁻¹ Wᵀ at d and σ0 = ``fit_sigma0(d)`` (cached for the last d): ``a_inv``,
         ``W``, ``L`` (for output covariances) and, built on first use, ``Q``, ``T`` (for sampling)."""
-        alpha = self.fit_sigma0(d) ** -2
+        alpha = self._alpha(d)
         cache = self._diag_factors_cache
         if cache is None or cache["d"] != d or cache["alpha"] != alpha:
             a_inv, P, bh = self._diag_parts(d, alpha)
@@ -527,7 +560,7 @@ class ActiveSubspacePosterior(BoundModel):
         return f["a_isqrt"], f["Q"], f["T"]
 
     def _variances64(self, d: int) -> np.ndarray:
-        alpha = self.fit_sigma0(d) ** -2
+        alpha = self._alpha(d)
         return 1.0 / (self.beta * self._lam64[:d] + alpha)
 
     def variances(self, d: int) -> torch.Tensor:
@@ -538,7 +571,7 @@ class ActiveSubspacePosterior(BoundModel):
         """Contraction ratios c_j = βλ_j / (βλ_j + σ0⁻²) (eq. 10): ≈1 data-informed, ≈0 prior-dominated; shape (d,)."""
         d = self._check_d(d)
         blam = self.beta * self._lam64[:d]
-        c = blam / (blam + self.fit_sigma0(d) ** -2)
+        c = blam / (blam + self._alpha(d))
         return torch.as_tensor(c, dtype=self.dtype, device=self.device)
 
     def activity_scores(self, d: int) -> torch.Tensor:

@@ -428,7 +428,7 @@ def test_bad_hyperparameters_raise_at_fit_naming_the_parameter(param, value):
 BAD_VALUES = [
     ("module_kwargs", (1,), "None or a dict"), ("prefit", 1, "True or False"), ("scaling", 0.0, "'mean', 'standard'"),
     ("scaling", float("nan"), "> 0"), ("n_components", True, "'auto' or an int >= 1"),
-    ("max_components", 2.0, "an int >= 1"), ("sigma0", -1.0, "'auto', 'eb_subspace', 'eb_full' or a finite float > 0"),
+    ("max_components", 2.0, "an int >= 1"), ("sigma0", -1.0, "'auto', 'eb_subspace', 'eb_full', 'nll' or a finite float > 0"),
     ("sigma0", float("inf"), "> 0"), ("predictive", "Sampled", "'sampled' or 'linearized'"),
     ("n_samples", np.int64(1), "an int >= 2"), ("confidence_level", [], "strictly between 0 and 1"),
     ("confidence_level", "0.9", "strictly between 0 and 1"), ("calibration_size", 0, "(0, 1) or an int >= 1"),
@@ -875,24 +875,33 @@ def test_paper_method_is_one_argument_away():
     np.testing.assert_allclose(pis[:, 1, 0], np.quantile(f, 0.95, axis=0), rtol=1e-10)
 
 
-def test_default_classifier_conformal_lac_sets():
+@pytest.mark.parametrize("sigma0", ["eb_full", "auto"])
+def test_default_classifier_conformal_lac_sets(sigma0):
     X, labels = _labels(n=90)
     X_cal, l_cal = _labels(n=40, seed=1)
-    clf = LaplaceActiveSubspaceClassifier(**NEW).fit(X, labels, X_cal=X_cal, y_cal=l_cal)
+    clf = LaplaceActiveSubspaceClassifier(**NEW, sigma0=sigma0).fit(X, labels, X_cal=X_cal, y_cal=l_cal)
     assert clf.posterior_.posterior == "low_rank" and clf.predictive_ == "linearized"
-    assert clf.posterior_.sigma0_method == "eb_full"
+    if sigma0 == "eb_full":
+        assert clf.posterior_.sigma0_method == "eb_full"
+        rows = np.arange(40)
+    else:  # the default: σ0 by the NLL of 20 of the rows, fixed in the posterior; the scores on the other 20
+        assert clf.posterior_.sigma0_method is None and clf.posterior_.sigma0 == clf.sigma0_search_.sigma0
+        rows = np.setdiff1d(np.arange(40), clf.sigma0_rows_)
+        assert len(rows) == clf.n_calibration_rows_ == 20
+    X_cal, l_cal = X_cal[rows], l_cal[rows]
+    n = len(rows)
     proba_c = clf.predict_proba(X_cal)
     codes = np.searchsorted(clf.classes_, l_cal)
-    scores = np.sort(1 - proba_c[np.arange(40), codes])
+    scores = np.sort(1 - proba_c[np.arange(n), codes])
     np.testing.assert_allclose(clf.conformity_scores_, scores, rtol=1e-9, atol=1e-12)
-    q = scores[_rank(40, 0.9) - 1]
+    q = scores[_rank(n, 0.9) - 1]
     labels_pred, sets = clf.predict_set(X[:20])
     proba = clf.predict_proba(X[:20])
     decided = np.abs((1 - proba) - q) > 1e-9  # membership that round-off cannot flip
     np.testing.assert_array_equal(sets[:, :, 0][decided], ((1 - proba) <= q)[decided])
     np.testing.assert_array_equal(labels_pred, clf.classes_[proba.argmax(1)])
     _, sets_c = clf.predict_set(X_cal)
-    assert sets_c[np.arange(40), codes, 0].mean() >= 0.9
+    assert sets_c[np.arange(n), codes, 0].mean() >= 0.9
 
 
 def _noisy_labels(n, seed):

@@ -21,7 +21,7 @@ from torch import nn
 
 from .._checks import check_confidence_levels, numpy_rng
 from .._functional import eval_view
-from ..calibration import CalibrationWarning, choose_dimension, conformal_calibrate, conformal_quantile
+from ..calibration import CalibrationWarning, choose_dimension, conformal_calibrate, conformal_quantile, tune_sigma0
 from ..laplace import fit_laplace_subspace
 from ._training import OPTIMIZERS, default_mlp, seeded_torch, train_module
 from ._validation import (
@@ -45,6 +45,8 @@ _TORCH_STATE = ("module", "module_", "posterior_")
 # (posterior samples × rows × outputs) at once; weight samples are shared by all rows, so chunking
 # does not change the results.
 _PREDICT_BUDGET = 2**24
+# Offset of the seed of the sigma0="nll" tuning / conformal split from the calibration split's seed.
+_SIGMA0_SPLIT = 7919
 
 # numpydoc fragments shared by both estimators' docstrings: each parameter and attribute is documented once.
 PARAMETERS_DOC = """\
@@ -236,7 +238,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         "scaling": [Options("mean", "standard"), Interval(numbers.Real, 0, None, closed="neither")],
         "n_components": [Options("auto"), Interval(numbers.Integral, 1, None)],
         "max_components": [Interval(numbers.Integral, 1, None)],
-        "sigma0": [Options("auto", "eb_subspace", "eb_full"), Interval(numbers.Real, 0, None, closed="neither")],
+        "sigma0": [Options("auto", "eb_subspace", "eb_full", "nll"), Interval(numbers.Real, 0, None, closed="neither")],
         "posterior": [Options("low_rank", "low_rank_diag", "subspace")],
         "calibration": [Options("conformal", "coverage")],
         "predictive": [Options("auto", "sampled", "linearized")],
@@ -298,6 +300,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         """``fit`` of both estimators, one step per line in the order the data flows."""
         t_start = time.perf_counter()
         validate_hyperparameters(self)
+        self._check_sigma0_setting()
         X, y, X_cal, y_cal = self._validate_fit_data(X, y, X_cal, y_cal)
         device, dtype, seed = self._resolve_device(), _DTYPES[self.dtype], self._seed()
         if X_cal is None:
@@ -409,8 +412,11 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         t0 = time.perf_counter()
         self.predictive_ = self._resolved_predictive()
         self.conformity_scores_ = None
+        self.sigma0_search_, self.sigma0_rows_ = None, np.zeros(0, dtype=np.int64)
         if self.calibration == "conformal":
             d = self.posterior_.max_components if self.n_components == "auto" else self.n_components
+            if self._sigma0_choice() == "nll":
+                Xc, yc = self._tune_sigma0(Xc, yc, d, seed)
             result = conformal_calibrate(
                 self.posterior_, Xc, yc, d=d, task=self._task,
                 confidence_level=_check_level_list(self.confidence_level),
@@ -444,18 +450,67 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         self._sample_seed_ = int(result.sample_seed)
         self.sigma0_ = float(self.posterior_.fit_sigma0(self.n_components_))
         self.n_calibration_rows_ = int(len(Xc))
+        self.n_sigma0_rows_ = int(len(self.sigma0_rows_))
 
-    # σ0 of the low-rank posterior for sigma0="auto" (benchmarks/results/uci_intervals.md, uci_shift.md,
-    # digits_ood.md): regression intervals are conformally rescaled, so only the shape of σ̂(x) matters, and the
-    # larger subspace-EB σ0 weights the off-data directions more (wider where the network extrapolates);
-    # classification probabilities use the scale itself, which only the full-space condition gets right.
-    _low_rank_sigma0 = "eb_full"
+    def _tune_sigma0(self, Xc, yc, d: int, seed: int):
+        """sigma0="nll": split the calibration rows into a tuning part that chooses σ0 by its mean predictive NLL
+        (over [0, σ0_EB], :func:`~glas_sklearn.calibration.tune_sigma0`) and a conformal part, returned, that
+        the scores are computed on; the posterior's σ0 is then fixed at the chosen value. With too few rows for
+        both parts, "auto" keeps the full-space EB σ0 and an explicit "nll" raises."""
+        n, n_need = len(Xc), self._conformal_rows_needed()
+        if n < n_need + 1:
+            if self.sigma0 == "nll":
+                raise ValueError(f"{type(self).__name__}: sigma0='nll' needs at least {n_need + 1} calibration rows "
+                                 f"(one or more to choose σ0 on, and the {n_need} a conformal quantile needs at level "
+                                 f"{max(self._levels(None))}), got {n}; pass more calibration rows or a fixed sigma0.")
+            logger.info("%s: %d calibration rows are too few to tune sigma0 on some of them (%d needed); keeping the "
+                        "full-space empirical Bayes sigma0", type(self).__name__, n, n_need + 1)
+            return Xc, yc
+        tune, conf = self._sigma0_split(yc, n, n_need, seed)
+        index = torch.as_tensor(tune, device=Xc.device)
+        search = tune_sigma0(self.posterior_, Xc[index], yc[index], d=d, task=self._task, predictive=self.predictive_,
+                             n_samples=self.n_samples, noise_var=self._interval_noise_var(), random_state=seed)
+        self.posterior_.set_sigma0(search.sigma0)
+        self.sigma0_search_, self.sigma0_rows_ = search, tune
+        index = torch.as_tensor(conf, device=Xc.device)
+        return Xc[index], yc[index]
 
-    def _resolved_sigma0(self):
+    def _sigma0_split(self, yc, n: int, n_need: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """Sorted indices of the tuning and conformal rows among the n calibration rows: half each, the conformal
+        part at least the n_need rows of a finite conformal quantile (and the tuning part at least one row);
+        stratified by class where every class has two rows and fits on both sides; seeded from ``seed``."""
+        n_conf = min(n - 1, max(int(np.ceil(n / 2)), n_need))
+        labels = yc.detach().cpu().numpy() if self._task == "classification" else None
+        stratify = labels if labels is not None and self._can_stratify(labels, n - n_conf) else None
+        tune, conf = train_test_split(np.arange(n), test_size=n_conf, random_state=(seed + _SIGMA0_SPLIT) % 2**31,
+                                      stratify=stratify)
+        return np.sort(tune), np.sort(conf)
+
+    def _conformal_rows_needed(self) -> int:
+        """⌈1/γ⌉ − 1: the calibration rows a finite conformal quantile needs at the highest level."""
+        return int(np.ceil(1.0 / (1.0 - max(_check_level_list(self.confidence_level))) - 1e-9)) - 1
+
+    def _check_sigma0_setting(self) -> None:
+        if self.sigma0 == "nll" and self.calibration != "conformal":
+            raise ValueError(f"{type(self).__name__}: sigma0='nll' tunes σ0 on part of the calibration rows for "
+                             f"calibration='conformal'; with calibration={self.calibration!r} (the paper) σ0 is "
+                             "empirical Bayes at every d: use sigma0='auto', 'eb_subspace', 'eb_full' or a float.")
+
+    def _auto_low_rank_sigma0(self) -> str:
+        """What sigma0="auto" means for the low-rank posteriors (each estimator's choice, see its override)."""
+        return "eb_full"
+
+    def _sigma0_choice(self):
         """``sigma0`` with "auto" resolved for the low-rank posterior (the estimator's per-task choice)."""
         if self.sigma0 == "auto" and self.posterior in ("low_rank", "low_rank_diag"):
-            return self._low_rank_sigma0
+            return self._auto_low_rank_sigma0()
         return self.sigma0
+
+    def _resolved_sigma0(self):
+        """The posterior's σ0 setting: the choice, with "nll" starting from the full-space EB value (the top of
+        its search range)."""
+        choice = self._sigma0_choice()
+        return "eb_full" if choice == "nll" else choice
 
     def _resolved_predictive(self) -> str:
         """``predictive`` with "auto" resolved: linearised for the low-rank posterior, sampled for the subspace."""
@@ -520,7 +575,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             return int(cs)
         n_cal = max(1, int(np.ceil(cs * n)))
         if self.calibration == "conformal":  # enough rows for a finite conformal quantile at every level
-            n_cal = max(n_cal, int(np.ceil(1.0 / (1.0 - max(_check_level_list(self.confidence_level))) - 1e-9)) - 1)
+            # (and one more to tune σ0 on with sigma0="nll")
+            n_cal = max(n_cal, self._conformal_rows_needed() + (self._sigma0_choice() == "nll"))
         return int(min(n_cal, n - 2))
 
     @staticmethod
@@ -743,6 +799,9 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             state.setdefault("calibration", "coverage")
             state.setdefault("predictive_", state.get("predictive", "sampled"))
             state.setdefault("conformity_scores_", None)
+            state.setdefault("sigma0_search_", None)
+            state.setdefault("sigma0_rows_", np.zeros(0, dtype=np.int64))
+            state.setdefault("n_sigma0_rows_", 0)
         blob = state.pop("_torch_state", None)
         saved_device = state.pop("_torch_device", None)
         if blob is not None:
