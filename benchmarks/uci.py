@@ -86,6 +86,8 @@ METHODS = [
     ("glas_standard_linearized_y", "GLAS standard, linearised, intervals for y (include_noise)"),
     ("glas_conformal_ebsub", "GLAS default: low-rank posterior, conformal (d = d_max, σ0 by subspace EB)"),
     ("glas_conformal", "GLAS low-rank, conformal, σ0 by full-space EB"),
+    ("glas_conformal_nll", "GLAS low-rank, conformal, σ0 by the NLL of half the calibration rows (sigma0='nll')"),
+    ("glas_conformal_nll_y", "GLAS low-rank, conformal, σ0 by NLL, σ̂ = σ_f ⊕ σ (include_noise)"),
     ("glas_conformal_y", "GLAS low-rank, conformal, σ0 by full-space EB, σ̂ = σ_f ⊕ σ (include_noise)"),
     ("glas_conformal_subspace_y", "GLAS subspace posterior, conformal, σ̂ = σ_f ⊕ σ"),
     ("split_conformal", "Split conformal (MAPIE, absolute)"),
@@ -442,6 +444,9 @@ def run_rows(X, y, train, test, split: int, cfg: argparse.Namespace, Laplace, *,
                                                      sigma0="eb_full", **conformal)
     res["methods"]["glas_conformal_ebsub"], _ = run_glas(net, *rows, posterior="low_rank", sigma0="eb_subspace",
                                                          **conformal)
+    res["methods"]["glas_conformal_nll"], _ = run_glas(net, *rows, posterior="low_rank", sigma0="nll", **conformal)
+    res["methods"]["glas_conformal_nll_y"], _ = run_glas(net, *rows, posterior="low_rank", sigma0="nll",
+                                                         include_noise=True, **conformal)
     res["methods"]["glas_conformal_subspace_y"], _ = run_glas(net, *rows, posterior="subspace", include_noise=True,
                                                               **{**conformal, "predictive": "linearized"})
     res["methods"]["split_conformal"] = run_split_conformal(net, X_cal, y_cal, X_te, y_te, dist)

@@ -148,7 +148,8 @@ class ActiveSubspacePosterior(BoundModel):
         (:meth:`fit_sigma0`): "eb_subspace" by the paper's empirical Bayes in the subspace (eq. 39–41),
         "eb_full" by the full-space condition over all D weights (SPEC "Beyond the paper"); "auto" is
         "eb_subspace" for ``posterior="subspace"`` and "eb_full" for the two low-rank posteriors.
-        A float is used for every d.
+        A float (≥ 0; 0: no weight variance, the trained network's predictive) is used for every d;
+        :meth:`set_sigma0` changes the setting after construction.
     posterior : {"subspace", "low_rank", "low_rank_diag"}, default="subspace"
         "subspace" (the paper): θ = θ0 + P z, no variance off span(P). "low_rank": the Laplace
         posterior of the precision β P Λ Pᵀ + σ0⁻² I, Σ = P diag(σ_j²) Pᵀ + σ0² (I − P Pᵀ): the prior keeps

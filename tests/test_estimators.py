@@ -428,7 +428,8 @@ def test_bad_hyperparameters_raise_at_fit_naming_the_parameter(param, value):
 BAD_VALUES = [
     ("module_kwargs", (1,), "None or a dict"), ("prefit", 1, "True or False"), ("scaling", 0.0, "'mean', 'standard'"),
     ("scaling", float("nan"), "> 0"), ("n_components", True, "'auto' or an int >= 1"),
-    ("max_components", 2.0, "an int >= 1"), ("sigma0", -1.0, "'auto', 'eb_subspace', 'eb_full', 'nll' or a finite float > 0"),
+    ("max_components", 2.0, "an int >= 1"),
+    ("sigma0", -1.0, "'auto', 'eb_subspace', 'eb_full', 'nll' or a finite float > 0"),
     ("sigma0", float("inf"), "> 0"), ("predictive", "Sampled", "'sampled' or 'linearized'"),
     ("n_samples", np.int64(1), "an int >= 2"), ("confidence_level", [], "strictly between 0 and 1"),
     ("confidence_level", "0.9", "strictly between 0 and 1"), ("calibration_size", 0, "(0, 1) or an int >= 1"),

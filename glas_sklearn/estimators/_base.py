@@ -75,13 +75,18 @@ PARAMETERS_DOC = """\
         the conformal guarantee holds). A given d must be smaller than the number D of trainable weights.
     max_components : int, default=50
         The eigenpairs computed for ``n_components="auto"``, at most D − 1.
-    sigma0 : {"auto", "eb_subspace", "eb_full"} or float, default="auto"
+    sigma0 : {"auto", "eb_subspace", "eb_full", "nll"} or float, default="auto"
         Prior standard deviation (in the network's weight units), fitted at each d: "eb_subspace" by the
         paper's empirical Bayes in the subspace, "eb_full" by the full-space condition over all D weights
-        (tr Σ = ‖θ0‖²). "auto": "eb_subspace" for ``posterior="subspace"`` (the paper) and for the low-rank
-        regressor (its conformal intervals depend only on the shape of σ̂(x), and the larger subspace σ0 widens
-        them more where the network extrapolates); "eb_full" for the low-rank classifier (its probabilities
-        depend on the scale itself: the subspace σ0 over all D weights inflates the NLL twenty-fold on digits).
+        (tr Σ = ‖θ0‖²). "nll" (``calibration="conformal"`` only): the σ0 in [0, σ0_EB] (σ0_EB the "eb_full"
+        value; 0 gives the trained network's own predictive, the MAP probabilities) that minimises the mean
+        predictive NLL (−log p_y; regression −log N(y; ŷ, σ̂²)) of half of the calibration rows, searched in
+        log σ0 with both ends compared; the conformal scores use the other half (at least the rows a conformal
+        quantile needs), so the guarantee holds. "auto": "eb_subspace" for ``posterior="subspace"`` (the paper)
+        and for the low-rank regressor (its conformal intervals depend only on the shape of σ̂(x), and the
+        larger subspace σ0 widens them more where the network extrapolates); for the low-rank classifier "nll"
+        under ``calibration="conformal"`` (its probabilities depend on the scale itself, and even the full-space
+        EB σ0 made them worse than the MAP network's on digits) and "eb_full" under "coverage".
     posterior : {"low_rank", "low_rank_diag", "subspace"}, default="low_rank"
         "subspace" (the paper): θ = θ0 + P z, no variance off the top-d eigenvectors. "low_rank": the Laplace
         posterior of the rank-d curvature, Σ = P diag(σ_j²) Pᵀ + σ0² (I − P Pᵀ): the directions the data do
@@ -107,7 +112,8 @@ PARAMETERS_DOC = """\
     calibration_size : float or int, default=0.1
         Share (or number) of rows held out of ``X`` for calibration, when ``X_cal`` is not passed to ``fit``.
         With ``calibration="conformal"`` a share is raised, if need be, to the ⌈1/γ⌉ − 1 rows (9 at 90 %)
-        that a finite conformal quantile needs at the highest level (as far as the data allow).
+        that a finite conformal quantile needs at the highest level (one more with σ0 by "nll"; as far as the
+        data allow).
     max_epochs : int, default=500
         Training epochs when ``prefit=False``.
     lr : float, default=1e-3
@@ -152,7 +158,7 @@ ATTRIBUTES_DOC = """\
     predictive_ : {"sampled", "linearized"}
         The predictive used (``predictive`` with "auto" resolved).
     sigma0_ : float
-        The prior standard deviation at d.
+        The prior standard deviation used at d (with "nll" the one chosen; 0 means the MAP predictive).
     beta_ : float
     eigenvalues_ : ndarray of shape (K,)
         Top eigenvalues of the GGN (in the internal, standardised units).
@@ -181,7 +187,16 @@ ATTRIBUTES_DOC = """\
     n_records_ : int
         N, the training rows the curvature averages over.
     n_calibration_rows_ : int
-        Rows used to choose d (``X_cal`` or the held-out part of ``X``).
+        Rows used to choose d (``X_cal`` or the held-out part of ``X``), or with ``calibration="conformal"``
+        those the conformal scores come from (less the σ0 tuning rows with "nll").
+    n_sigma0_rows_ : int
+        With σ0 by "nll": the calibration rows σ0 was tuned on (disjoint from the conformal ones); 0 otherwise.
+    sigma0_rows_ : ndarray of int
+        Their positions among the calibration rows (``X_cal``, or the held-out part of ``X``), sorted; the
+        conformal rows are the others. Drawn from ``random_state``, stratified by class where possible.
+    sigma0_search_ : Sigma0Result or None
+        With "nll": the search (:func:`~glas_sklearn.calibration.tune_sigma0`: the chosen σ0, σ0_EB, the NLL
+        there, at 0 and at σ0_EB, every evaluation); None otherwise.
     x_mean_, x_scale_ : ndarray or None
         The internal standardisation of the inputs (None when off or prefit).
     input_shape_ : tuple of int
