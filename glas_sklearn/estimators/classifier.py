@@ -22,8 +22,10 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
     softmax cross-entropy. Probabilities average the softmax over posterior weight samples
     (``predictive="sampled"``) or push the linearised logit Gaussian through the softmax by the probit
     approximation (``predictive="linearized"``, the default with the low-rank posterior). By default
-    (``calibration="conformal"``) the prediction sets are split-conformal on the calibration labels with the
-    LAC score 1 − p_y; with ``calibration="coverage"`` (the paper) d is chosen so that the (1 − γ) prediction
+    (``calibration="conformal"``) half of the calibration rows choose the prior scale σ0 by their predictive NLL
+    (``sigma0="nll"``, between the full-space empirical Bayes value and 0, the MAP probabilities) and the
+    prediction sets are split-conformal on the other half's labels with the LAC score 1 − p_y; with
+    ``calibration="coverage"`` (the paper) d is chosen so that the (1 − γ) prediction
     sets cover the calibration labels.
 
     Parameters
