@@ -43,7 +43,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         ("calibration"), from the training residuals ("training", the paper's choice), or given (in the
         units of y). "auto" takes the calibration residuals when there are at least 30 calibration rows and
         the training residuals otherwise: a network that fits its training data closely understates σ from
-        its training residuals (22× in σ² for the paper's 10⁶-weight concrete network), which inflates β and d
+        its training residuals (11–22× in σ² for the paper's 10⁶-weight concrete network), which inflates β and d
         and under-covers new data (benchmarks/results/paper_concrete.md). For small, well-regularised networks
         the training residuals are unbiased enough and give somewhat narrower intervals (benchmarks/results/uci.md:
         about 7 % better interval scores), so "training" is the better choice there. The same calibration rows
