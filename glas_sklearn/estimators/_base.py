@@ -744,10 +744,11 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
     def coverage_curve(self, X, y, *, d_max: int | None = None, confidence_level: float | None = None) -> pd.DataFrame:
         """Coverage on ``(X, y)`` of the (1 − γ) intervals (or prediction sets) for every d = 1 … d_max.
 
-        The posterior samples are those of the calibration (same seed), and σ0 is refitted at every d, so
-        on the calibration rows this reproduces the rows of ``calibration_`` of ``calibration="coverage"`` and
-        fills in every other d (the paper's Fig. 6); on test rows it shows how coverage generalises. These are the
-        posterior's own intervals (or sets), also with ``calibration="conformal"``.
+        The posterior samples are those of the calibration (same seed), and σ0 is refitted at every d by
+        empirical Bayes (a σ0 given as a number, or chosen once by ``sigma0="nll"``, stays fixed), so on the
+        calibration rows this reproduces the rows of ``calibration_`` of ``calibration="coverage"`` and fills in
+        every other d (the paper's Fig. 6); on test rows it shows how coverage generalises. These are the
+        posterior's own intervals (or sets), not the conformal ones, also with ``calibration="conformal"``.
 
         Parameters
         ----------
