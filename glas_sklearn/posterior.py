@@ -42,6 +42,8 @@ _SIGMA0_FITS = ("auto", "eb_subspace", "eb_full")
 # network evaluations per vectorised call.
 _WEIGHT_CHUNK_BYTES = 128 * 2**20
 _MAX_BATCHED_ROWS = 2**16
+# One step of the empirical Bayes bracket search, in log α.
+_DECADE = math.log(10.0)
 # Weights per block when θ0 + P z is formed single-threaded (see ActiveSubspacePosterior._form_weights).
 _FORM_BLOCK = 2**14
 
@@ -405,21 +407,32 @@ class ActiveSubspacePosterior(BoundModel):
 
         # Each term is < 1/α, so the sum is < n_pos/α and the root lies below α = n_pos / ‖w0‖²;
         # start a factor 2 above that (clear of round-off) and step down by decades to bracket it.
-        step = math.log(10.0)
         hi = math.log(2.0 * n_pos / w_sq)
         while excess(hi) > 0:  # not expected; kept so a bracket is always found
-            hi += step
-        lo = hi - step
-        for _ in range(700):
-            if excess(lo) > 0:
-                break
-            hi, lo = lo, lo - step
-        else:
-            raise RuntimeError(f"Could not bracket the empirical Bayes root for d={d}.")
+            hi += _DECADE
+        return self._solve_log_alpha(d, excess, None, hi, "empirical Bayes",
+                                     RuntimeError(f"Could not bracket the empirical Bayes root for d={d}."))
+
+    def _solve_log_alpha(self, d: int, excess, lo: float | None, hi: float, what: str, no_root: Exception) -> float:
+        """σ0 = α^-½ at the root of ``excess`` (strictly decreasing in log α, ≤ 0 at ``hi``), cached for d.
+
+        Without ``lo`` the bracket is found by stepping down from ``hi`` by decades (700 at most, then
+        ``no_root`` is raised) to the first log α where ``excess`` is positive; Brent's method then refines
+        the root in that decade.
+        """
+        if lo is None:
+            lo = hi
+            for _ in range(700):
+                lo -= _DECADE
+                if excess(lo) > 0:
+                    break
+            else:
+                raise no_root
+            hi = lo + _DECADE
         log_alpha = brentq(excess, lo, hi, xtol=1e-12, rtol=1e-12, maxiter=500)
         sigma0 = float(math.exp(-0.5 * log_alpha))
         self._sigma0_cache[d] = sigma0
-        logger.debug("empirical Bayes: d=%d, sigma0=%.6g", d, sigma0)
+        logger.debug("%s: d=%d, sigma0=%.6g", what, d, sigma0)
         return sigma0
 
     @property
@@ -444,22 +457,12 @@ class ActiveSubspacePosterior(BoundModel):
             return float(np.sum(1.0 / (blam + alpha))) + (D - d) / alpha - t
 
         hi = math.log(2.0 * D / t)  # excess ≤ D/α − t = −t/2 there
-        if D > d:
-            lo = math.log(0.5 * (D - d) / t)  # excess ≥ (D − d)/α − t = t there
-        else:  # no complement: Σ 1/(βλ_j + α) = ‖θ0‖² needs Σ 1/(βλ_j) > ‖θ0‖²
-            lo = hi
-            for _ in range(700):
-                lo -= math.log(10.0)
-                if excess(lo) > 0:
-                    break
-            else:
-                raise ValueError(f"d = D = {D}: Σ 1/(βλ_j + α) stays below ‖θ0‖² for every α, so the full-space "
-                                 "empirical Bayes condition has no solution; pass a fixed sigma0.")
-        log_alpha = brentq(excess, lo, hi, xtol=1e-12, rtol=1e-12, maxiter=500)
-        sigma0 = float(math.exp(-0.5 * log_alpha))
-        self._sigma0_cache[d] = sigma0
-        logger.debug("full-space empirical Bayes: d=%d, sigma0=%.6g", d, sigma0)
-        return sigma0
+        # with a complement, excess ≥ (D − d)/α − t = t at lo; without one, Σ 1/(βλ_j + α) = ‖θ0‖² needs
+        # Σ 1/(βλ_j) > ‖θ0‖², and the bracket is searched for
+        lo = math.log(0.5 * (D - d) / t) if D > d else None
+        return self._solve_log_alpha(d, excess, lo, hi, "full-space empirical Bayes", ValueError(
+            f"d = D = {D}: Σ 1/(βλ_j + α) stays below ‖θ0‖² for every α, so the full-space empirical Bayes "
+            "condition has no solution; pass a fixed sigma0."))
 
     def _fit_sigma0_diag(self, d: int) -> float:
         """Full-space condition tr Σ(α) = ‖θ0‖² for the low-rank-plus-diagonal posterior, α = σ0⁻².
@@ -478,20 +481,10 @@ class ActiveSubspacePosterior(BoundModel):
             return self._diag_trace(d, math.exp(log_alpha)) - t
 
         hi = math.log(2.0 * D / t)  # tr Σ ≤ D/α: excess ≤ −t/2 there
-        lo = hi
-        for _ in range(700):
-            lo -= math.log(10.0)
-            if excess(lo) > 0:
-                break
-        else:
-            raise ValueError(f"tr Σ(α) stays below ‖θ0‖² for every α at d = {d} (the curvature is positive in every "
-                             "direction), so the full-space empirical Bayes condition has no solution; pass a fixed "
-                             "sigma0.")
-        log_alpha = brentq(excess, lo, lo + math.log(10.0), xtol=1e-12, rtol=1e-12, maxiter=500)
-        sigma0 = float(math.exp(-0.5 * log_alpha))
-        self._sigma0_cache[d] = sigma0
-        logger.debug("full-space empirical Bayes (low rank + diagonal): d=%d, sigma0=%.6g", d, sigma0)
-        return sigma0
+        return self._solve_log_alpha(d, excess, None, hi, "full-space empirical Bayes (low rank + diagonal)",
+                                     ValueError(f"tr Σ(α) stays below ‖θ0‖² for every α at d = {d} (the curvature "
+                                                "is positive in every direction), so the full-space empirical "
+                                                "Bayes condition has no solution; pass a fixed sigma0."))
 
     def residual_diagonal(self, d: int) -> torch.Tensor:
         """r = max(diag(G) − Σ_{j≤d} λ_j p_j ∘ p_j, 0): G's diagonal beyond the leading d eigenpairs, float64, (D,).
