@@ -42,9 +42,12 @@ _VECTORIZE_MAX_COLUMN_BYTES = {"cached": 8 << 20, "streamed": 32 << 20}
 _DIAG_CHUNK_BYTES = 128 << 20
 
 
-def _output_hessian_product(loss: str, logits: torch.Tensor | None, probs: torch.Tensor | None,
+def _output_hessian_product(loss, logits: torch.Tensor | None, probs: torch.Tensor | None,
                             u: torch.Tensor) -> torch.Tensor:
-    """H u at the output: u for the ½-squared loss, p⊙u − p (pᵀu) for softmax cross-entropy."""
+    """H u at the output: u for the ½-squared loss, p⊙u − p (pᵀu) for softmax cross-entropy, and a likelihood
+    object's own ``output_hessian_product`` otherwise."""
+    if not isinstance(loss, str):
+        return loss.output_hessian_product(logits.detach(), u)
     if loss == "mse":
         return u
     return probs * u - probs * (probs * u).sum(dim=-1, keepdim=True)
@@ -161,8 +164,10 @@ class GGNOperator(BoundModel, CurvatureOperator):
     y : torch.Tensor, optional
         Targets. G does not depend on them (H_n depends only on the output); when given, their
         length is checked against X.
-    loss : {"mse", "cross_entropy"}, default="mse"
-        ½-squared error (H = I) or softmax cross-entropy over the last output axis (H = diag(p) − ppᵀ).
+    loss : {"mse", "cross_entropy"} or likelihood object, default="mse"
+        ½-squared error (H = I) or softmax cross-entropy over the last output axis (H = diag(p) − ppᵀ); or an
+        object with ``output_hessian_product(output, u)`` and ``output_hessian_diagonal_terms(output, jac)``
+        and a ``name`` (e.g. :class:`~glas_sklearn.likelihoods.HeteroscedasticGaussian`, H = diag(1/σ², ½)).
     batch_size : int, optional
         Rows per mini-batch; all rows at once when None.
     mask : torch.Tensor of bool, optional
@@ -243,7 +248,12 @@ class GGNOperator(BoundModel, CurvatureOperator):
                  loss: str = "mse", batch_size: int | None = None, mask: torch.Tensor | None = None,
                  subsample: int | None = None, random_state=None, trim_padding: bool = False,
                  reuse_linearization: bool | str = "auto", vectorize_blocks: bool | str = "auto") -> None:
-        self.loss = check_choice("loss", loss, _LOSSES)
+        if hasattr(loss, "output_hessian_product"):  # a likelihood object (e.g. HeteroscedasticGaussian)
+            self.likelihood = loss
+            self.loss = loss.name
+        else:
+            self.loss = check_choice("loss", loss, _LOSSES)
+            self.likelihood = None
         self.functional_model = fm = FunctionalModel(model)
 
         X = fm.check_inputs(X, "X")
@@ -328,6 +338,11 @@ class GGNOperator(BoundModel, CurvatureOperator):
         return batches
 
     # ------------------------------------------------------------- properties
+    @property
+    def _hessian_loss(self):
+        """What :func:`_output_hessian_product` dispatches on: the likelihood object, or the loss name."""
+        return self.loss if getattr(self, "likelihood", None) is None else self.likelihood
+
     def __repr__(self) -> str:
         return (f"GGNOperator(D={self.shape[0]}, N={self.n_records}, loss={self.loss!r}, "
                 f"batches={len(self._batches)}, dtype={self.dtype}, device={self.device})")
@@ -407,7 +422,7 @@ class GGNOperator(BoundModel, CurvatureOperator):
                                          retain_graph=True, allow_unused=True)[0]
                 if jv is None:  # the output does not depend on the weights at all
                     continue
-                hjv = _output_hessian_product(self.loss, out, probs, jv) * weight
+                hjv = _output_hessian_product(self._hessian_loss, out, probs, jv) * weight
                 vjp = torch.autograd.grad(out, leaves, hjv, retain_graph=True, allow_unused=True)
                 result += self.layout.flatten([torch.zeros_like(p) if g is None else g
                                                for g, p in zip(vjp, leaves, strict=True)])
@@ -426,7 +441,8 @@ class GGNOperator(BoundModel, CurvatureOperator):
                 if jv is None:
                     continue
                 probs = torch.softmax(primal.detach(), dim=-1) if self.loss == "cross_entropy" else None
-                hjv = _output_hessian_product(self.loss, primal, probs, jv.detach()) * self._record_weight(mb, primal)
+                hjv = (_output_hessian_product(self._hessian_loss, primal, probs, jv.detach())
+                       * self._record_weight(mb, primal))
                 vjp = torch.autograd.grad(primal, leaves, hjv, allow_unused=True)
                 result += self.layout.flatten([torch.zeros_like(p) if g is None else g
                                                for g, p in zip(vjp, leaves, strict=True)])
@@ -498,7 +514,7 @@ class GGNOperator(BoundModel, CurvatureOperator):
                 primal, pullback = vjp(f, fm.params0)
                 jv = vmap(lambda t, f=f: jvp(f, (fm.params0,), (t,))[1])(tangents)
                 probs = torch.softmax(primal, dim=-1) if self.loss == "cross_entropy" else None
-                hjv = _output_hessian_product(self.loss, primal, probs, jv) * self._record_weight(mb, primal)
+                hjv = _output_hessian_product(self._hessian_loss, primal, probs, jv) * self._record_weight(mb, primal)
                 (grads,) = vmap(pullback)(hjv)
                 result += torch.cat([grads[n].reshape(k, -1) for n in self.layout.names], dim=1)
         return result.T.contiguous()
@@ -528,7 +544,9 @@ class GGNOperator(BoundModel, CurvatureOperator):
             with torch.no_grad():
                 logits = fm(xb)
             for rows, jac in self.record_jacobian_chunks(xb, _DIAG_CHUNK_BYTES):  # (c, *out, D)
-                if self.loss == "mse":
+                if self.likelihood is not None:
+                    per_record = self.likelihood.output_hessian_diagonal_terms(logits[rows], jac)
+                elif self.loss == "mse":
                     per_record = (jac**2).sum(-2)  # (c, *out[:-1], D)
                 else:
                     p = torch.softmax(logits[rows].to(torch.float64), dim=-1).unsqueeze(-1)

@@ -86,7 +86,9 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         Training inputs on the model's device (token ids for sequence models).
     y : torch.Tensor, optional
         Regression targets, needed when ``loss="mse"`` and ``noise_var`` is None (σ² from residuals).
-    loss : {"mse", "cross_entropy"}, default="mse"
+    loss : {"mse", "cross_entropy"} or likelihood object, default="mse"
+        A likelihood object (e.g. :class:`~glas_sklearn.likelihoods.HeteroscedasticGaussian`) gives the GGN its
+        output Hessian and β (``likelihood.beta(scaling, N)``: 1 or N, no σ²).
     mask : torch.Tensor of bool, optional
         Padding mask (n, T) for sequence outputs; records are unmasked tokens.
     scaling : {"mean", "standard"} or float, default="mean"
@@ -129,10 +131,15 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
     -------
     LaplaceSubspace
     """
-    check_choice("loss", loss, ("mse", "cross_entropy"))
+    likelihood = loss if hasattr(loss, "output_hessian_product") else None
+    if likelihood is None:
+        check_choice("loss", loss, ("mse", "cross_entropy"))
     check_choice("posterior", posterior, ("subspace", "low_rank", "low_rank_diag"))
     n_components = check_positive_int("n_components", n_components)
-    task = "regression" if loss == "mse" else "classification"
+    if likelihood is not None:
+        task = "classification" if likelihood.is_classification else "regression"
+    else:
+        task = "regression" if loss == "mse" else "classification"
     t0 = time.perf_counter()
     if distributed:
         if subsample is not None:
@@ -148,7 +155,7 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         op = GGNOperator(model, X, y, loss=loss, batch_size=batch_size, mask=mask, subsample=subsample,
                          random_state=random_state, trim_padding=trim_padding,
                          reuse_linearization=reuse_linearization)
-    if task == "regression" and not isinstance(scaling, (int, float)):
+    if likelihood is None and task == "regression" and not isinstance(scaling, (int, float)):
         if noise_var is None:
             if y is None:
                 raise ValueError("Regression needs y (or noise_var) to set the noise variance σ² in β.")
@@ -161,7 +168,10 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         if not noise_var > 0:
             raise ValueError(f"The noise variance must be positive, got {noise_var!r} (a perfect fit to the "
                              "training data leaves β undefined); pass noise_var explicitly.")
-    beta = beta_for(scaling, op.n_records, noise_var, task)
+    if likelihood is not None:  # a likelihood carrying its own noise model (β = 1 or N)
+        beta = likelihood.beta(scaling, op.n_records, noise_var)
+    else:
+        beta = beta_for(scaling, op.n_records, noise_var, task)
     t1 = time.perf_counter()
     eig = top_eigenpairs(op, n_components, method=eigen_method, tol=tol, random_state=random_state,
                          max_matvecs=max_matvecs, ncv=ncv, verbose=verbose)

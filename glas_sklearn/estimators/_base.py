@@ -392,7 +392,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         t0 = time.perf_counter()
         regression = self._task == "regression"
         fitted = fit_laplace_subspace(
-            self.module_, Xt, yt if regression else None, loss="mse" if regression else "cross_entropy",
+            self.module_, Xt, yt if regression else None, loss=self._curvature_loss(),
             scaling=self.scaling, noise_var=self._noise_var(self.module_, Xt, yt, Xc, yc),
             n_components=self._n_eigenpairs(self.module_), sigma0=self._resolved_sigma0(), subsample=self.subsample,
             eigen_method=self.eigen_method, random_state=seed, verbose=self.verbose, posterior=self.posterior)
@@ -407,6 +407,10 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             "relative_residuals": fitted.eigen.relative_residuals.detach().cpu().numpy(),
         }
         self._set_noise()
+
+    def _curvature_loss(self):
+        """The loss whose GGN is the curvature: "mse", "cross_entropy" or a likelihood object."""
+        return "mse" if self._task == "regression" else "cross_entropy"
 
     def _n_eigenpairs(self, module: nn.Module) -> int:
         """K: the given n_components, or for "auto" max_components capped at D − 1 (fit_laplace_subspace
@@ -483,12 +487,16 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             return Xc, yc
         tune, conf = self._sigma0_split(yc, n, n_need, seed)
         index = torch.as_tensor(tune, device=Xc.device)
-        search = tune_sigma0(self.posterior_, Xc[index], yc[index], d=d, task=self._task, predictive=self.predictive_,
-                             n_samples=self.n_samples, noise_var=self._interval_noise_var(), random_state=seed)
+        search = self._sigma0_search(Xc[index], yc[index], d, seed)
         self.posterior_.set_sigma0(search.sigma0)
         self.sigma0_search_, self.sigma0_rows_ = search, tune
         index = torch.as_tensor(conf, device=Xc.device)
         return Xc[index], yc[index]
+
+    def _sigma0_search(self, Xt, yt, d: int, seed: int):
+        """σ0 by the mean predictive NLL of the tuning rows (a Sigma0Result)."""
+        return tune_sigma0(self.posterior_, Xt, yt, d=d, task=self._task, predictive=self.predictive_,
+                           n_samples=self.n_samples, noise_var=self._interval_noise_var(), random_state=seed)
 
     def _sigma0_split(self, yc, n: int, n_need: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
         """Sorted indices of the tuning and conformal rows among the n calibration rows: half each, the conformal

@@ -3,23 +3,33 @@
 from __future__ import annotations
 
 import numbers
+import time
 import warnings
+from types import SimpleNamespace
 
 import numpy as np
+import pandas as pd
 import torch
 from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
+from torch import nn
 
 from .._checks import make_generator, numpy_rng
-from ..calibration import regression_moments
+from .._functional import eval_view, model_outputs
+from ..calibration import CalibrationWarning, Sigma0Result, conformal_quantile, regression_moments
 from ..laplace import residual_noise_variance
+from ..likelihoods import HeteroscedasticGaussian, NaturalParameterHead
 from ..predictive import conformal_interval, linearized_interval, sampled_interval
-from ._base import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, LaplaceActiveSubspaceBase
-from ._validation import BOOLEAN, Interval, Options
+from ._base import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, LaplaceActiveSubspaceBase, _check_level_list
+from ._heteroscedastic import heteroscedastic_moments, tune_sigma0_heteroscedastic
+from ._validation import BOOLEAN, InstanceOf, Interval, Options
 
 __all__ = ["LaplaceActiveSubspaceRegressor"]
 
 _NOISE_SOURCES = ("auto", "calibration", "training")
+_LIKELIHOODS = ("gaussian", "heteroscedastic")
+# z of the central 68.27 % interval is 1: the calibrated std is the conformal normalisation σ̂ times the root mean
+# square calibration score (the Gaussian maximum-likelihood scale of the scores).
 # Below this many held-out rows the residual variance is too noisy to prefer it over the training residuals.
 _MIN_CALIBRATION_ROWS_FOR_NOISE = 30
 
@@ -92,12 +102,14 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         **LaplaceActiveSubspaceBase._parameter_constraints,
         "noise_std": [Options(*_NOISE_SOURCES), Interval(numbers.Real, 0, None, closed="neither")],
         "include_noise": [BOOLEAN],
+        "likelihood": [Options(*_LIKELIHOODS), InstanceOf(HeteroscedasticGaussian, "a HeteroscedasticGaussian")],
     }
 
     def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="mean", n_components="auto",
                  max_components=50, sigma0="auto", posterior="low_rank", calibration="conformal",
                  predictive="auto", n_samples=1000, confidence_level=0.9, calibration_size=0.1, noise_std="auto",
-                 include_noise=False, max_epochs=500, lr=1e-3, batch_size=64, weight_decay=0.0, optimizer="adam",
+                 include_noise=False, likelihood="gaussian", max_epochs=500, lr=1e-3, batch_size=64,
+                 weight_decay=0.0, optimizer="adam",
                  standardize="auto", padding_idx=None, subsample=None, eigen_method="lanczos", device="auto",
                  dtype="float32", random_state=None, verbose=0):
         super().__init__(
@@ -110,9 +122,20 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             random_state=random_state, verbose=verbose)
         self.noise_std = noise_std
         self.include_noise = include_noise
+        self.likelihood = likelihood
 
     # ------------------------------------------------------------------ hooks
+    def _heteroscedastic(self) -> HeteroscedasticGaussian | None:
+        """The heteroscedastic likelihood object, or None for the homoscedastic Gaussian."""
+        lik = self.likelihood
+        if isinstance(lik, str):
+            return HeteroscedasticGaussian() if lik == "heteroscedastic" else None
+        return lik
+
     def _auto_low_rank_sigma0(self) -> str:
+        if self._lik is not None and self.calibration == "conformal":
+            # the posterior's scale against the network's own σ(x): by the NLL of held-out rows
+            return "nll"
         # Conformal intervals are rescaled, so only the shape of σ̂(x) matters, and the larger subspace-EB σ0
         # weights the off-data directions more: wider where the network extrapolates
         # (benchmarks/results/uci_intervals.md, uci_shift.md).
@@ -128,6 +151,11 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             raise ValueError("y has 0 columns; at least one target is needed.")
         self._y_1d = y.ndim == 1
         self._n_out = 1 if y.ndim == 1 else y.shape[1]
+        self._lik = self._heteroscedastic()
+        if self._lik is not None and self.include_noise:
+            raise ValueError("LaplaceActiveSubspaceRegressor: include_noise applies to the homoscedastic likelihood; "
+                             "with likelihood='heteroscedastic' the intervals and std are always for y (the "
+                             "network's σ(x) is the noise): leave include_noise=False.")
         return X, y
 
     def _validate_calibration(self, X_cal, y_cal):
@@ -139,7 +167,31 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         return X_cal, y_cal.reshape(expected)
 
     def _n_outputs(self, y) -> int:
-        return 1 if y.ndim == 1 else y.shape[1]
+        k = 1 if y.ndim == 1 else y.shape[1]
+        return k if self._lik is None else self._lik.n_outputs(k)
+
+    def _build_module(self, n_features: int, n_outputs: int, seed: int) -> nn.Module:
+        module = super()._build_module(n_features, n_outputs, seed)
+        if self.module is None and self._lik is not None and self._lik.output == "natural":
+            module = nn.Sequential(module, NaturalParameterHead())  # (a, r) ↦ (η1, η2) = (a, −½ eʳ)
+        return module
+
+    def _check_output_shape(self, module, x1, n_outputs) -> None:
+        if self._lik is not None:
+            try:
+                with torch.no_grad():
+                    out = eval_view(module)(x1)
+            except (RuntimeError, TypeError, IndexError, ValueError):  # reported by the base check
+                out = None
+            if isinstance(out, torch.Tensor) and out.ndim == 2 and out.shape[1] % 2:
+                raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood='heteroscedastic' needs 2k outputs "
+                                 f"per row for k targets (k means, then k variance parameters, layout "
+                                 f"{self._lik.output!r}), but the module returns {out.shape[1]} (an odd number); "
+                                 f"{n_outputs} are needed here.")
+        super()._check_output_shape(module, x1, n_outputs)
+
+    def _curvature_loss(self):
+        return "mse" if self._lik is None else self._lik
 
     def _fit_scalers(self, X, y) -> None:
         super()._fit_scalers(X, y)
@@ -159,8 +211,9 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
     _calibration_targets = _target_tensor
 
-    @staticmethod
-    def _loss(out, y):
+    def _loss(self, out, y):
+        if self._lik is not None:
+            return self._lik.loss(out, y)
         return 0.5 * ((out - y) ** 2).sum(-1).mean()
 
     def _table_in_user_units(self, table):
@@ -169,7 +222,15 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         return table
 
     def _noise_var(self, module, Xt, yt, Xc, yc):
-        """σ² for β (pooled over outputs, internal units); the per-output values are kept for intervals."""
+        """σ² for β (pooled over outputs, internal units); the per-output values are kept for intervals.
+        Heteroscedastic: no σ² enters β; the mean of σ²(x) over the training rows is kept for ``noise_std_``."""
+        if self._lik is not None:
+            out = model_outputs(module, Xt)
+            self._lik.check_output(out, "the module")
+            self.noise_source_ = "heteroscedastic"
+            var = self._lik.noise_variance(out).to(torch.float64)
+            self._noise_var_out = var.reshape(len(out), -1).mean(0).cpu().numpy()
+            return None
         source = self.noise_std
         if source == "auto":
             enough = len(Xc) >= _MIN_CALIBRATION_ROWS_FOR_NOISE
@@ -200,6 +261,100 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     def _interval_noise_var(self):
         return self._noise_var_out if self.include_noise else 0.0
 
+    # ------------------------------------------------------ heteroscedastic
+    def _het_moments(self, Xt: torch.Tensor, d: int, seed) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """μ̂, σ_ale², σ_epi² (internal units) of the heteroscedastic predictive at d."""
+        return heteroscedastic_moments(self.posterior_, self._lik, Xt, d, predictive=self.predictive_,
+                                       n_samples=self.n_samples, random_state=seed)
+
+    def _sigma0_search(self, Xt, yt, d: int, seed: int):
+        if self._lik is None:
+            return super()._sigma0_search(Xt, yt, d, seed)
+        upper = float(self.posterior_.fit_sigma0(d))
+        sigma0, table = tune_sigma0_heteroscedastic(self.posterior_, self._lik, Xt, yt, d=d,
+                                                    predictive=self.predictive_, n_samples=self.n_samples,
+                                                    random_state=seed)
+        nll = dict(zip(table["sigma0"], table["nll"], strict=True))
+        return Sigma0Result(sigma0=sigma0, sigma0_upper=upper, nll=nll[sigma0], nll_at_zero=nll[0.0],
+                            nll_at_upper=nll[upper], table=table, xtol=1e-3, n_rows=int(Xt.shape[0]))
+
+    def _choose_dimension(self, Xc, yc, seed: int) -> None:
+        if self._lik is None:
+            super()._choose_dimension(Xc, yc, seed)
+        else:
+            self._choose_dimension_heteroscedastic(Xc, yc, seed)
+        self._set_std_scale()
+
+    def _choose_dimension_heteroscedastic(self, Xc, yc, seed: int) -> None:
+        """Conformal: scores |y − μ̂| / σ̂ with σ̂² = σ_ale² + σ_epi² at d = max_components (σ0 by the NLL of
+        half the calibration rows unless given). Coverage (the paper's search on this predictive): the smallest d
+        whose Gaussian intervals μ̂ ± z σ̂ cover the first level of the calibration rows."""
+        t0 = time.perf_counter()
+        self.predictive_ = self._resolved_predictive()
+        self.conformity_scores_ = None
+        self.sigma0_search_, self.sigma0_rows_ = None, np.zeros(0, dtype=np.int64)
+        levels = _check_level_list(self.confidence_level)
+        p = self.posterior_
+        sample_seed = int(numpy_rng(seed).integers(0, 2**62))
+        y = yc.reshape(len(yc), -1).to(torch.float64)
+        if self.calibration == "conformal":
+            d = p.max_components if self.n_components == "auto" else self.n_components
+            if self._sigma0_choice() == "nll":
+                Xc, yc = self._tune_sigma0(Xc, yc, d, seed)
+                y = yc.reshape(len(yc), -1).to(torch.float64)
+            mu, ale, epi = self._het_moments(Xc, d, sample_seed)
+            sd = (ale + epi).to(torch.float64).sqrt()
+            raw = ((y - mu.to(torch.float64)).abs() / sd).cpu().numpy()
+            scores = np.sort(raw, axis=0)
+            q = conformal_quantile(scores, levels)
+            sigma0 = float(p.fit_sigma0(d))
+            rows = [{"level": lev, "d": d, "quantile": float(q[i, 0]), "coverage": float(np.mean(raw <= q[i])),
+                     "mean_width": float(np.mean(2 * q[i] * sd.cpu().numpy())), "sigma0": sigma0}
+                    for i, lev in enumerate(levels)]
+            self.conformity_scores_ = scores
+            self.calibration_reached_ = None
+            table = pd.DataFrame(rows, columns=["level", "d", "quantile", "coverage", "mean_width", "sigma0"])
+            self._store_calibration(SimpleNamespace(n_components=d, table=table, sample_seed=sample_seed),
+                                    Xc, seed, t0)
+            return
+        level = levels[0]
+        z = float(torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(0.5 + level / 2, dtype=torch.float64)))
+        ds = (range(1, p.max_components + 1) if self.n_components == "auto"
+              else [int(self.n_components)])
+        rows, chosen = [], None
+        for d in ds:
+            mu, ale, epi = self._het_moments(Xc, d, sample_seed)
+            sd = (ale + epi).to(torch.float64).sqrt()
+            inside = (y - mu.to(torch.float64)).abs() <= z * sd
+            cov = float(inside.to(torch.float64).mean())
+            rows.append({"d": d, "coverage": cov, "mean_width": float((2 * z * sd).mean()),
+                         "sigma0": float(p.fit_sigma0(d))})
+            if cov >= level:
+                chosen = d
+                break
+        reached = chosen is not None
+        if chosen is None:
+            chosen = rows[-1]["d"] if self.n_components != "auto" else max(rows, key=lambda r: r["coverage"])["d"]
+            if self.n_components == "auto":
+                warnings.warn(f"LaplaceActiveSubspaceRegressor: no d up to {p.max_components} reaches coverage "
+                              f"{level} on the {len(Xc)} calibration rows (best {max(r['coverage'] for r in rows):.3f}"
+                              f" at d = {chosen}); using that d. Use calibration='conformal' for a guarantee.",
+                              CalibrationWarning, stacklevel=4)
+        self.calibration_reached_ = reached if self.n_components == "auto" else None
+        table = pd.DataFrame(rows, columns=["d", "coverage", "mean_width", "sigma0"])
+        self._store_calibration(SimpleNamespace(n_components=chosen, table=table, sample_seed=sample_seed),
+                                Xc, seed, t0)
+
+    def _set_std_scale(self) -> None:
+        """``std_scale_``: with conformal calibration the root mean square of the calibration scores per output, the
+        Gaussian maximum-likelihood scale that turns σ̂ into the calibrated std of ``predict(return_std=True)``;
+        ones otherwise."""
+        if self.conformity_scores_ is not None:
+            sc = np.asarray(self.conformity_scores_, dtype=np.float64).reshape(len(self.conformity_scores_), -1)
+            self.std_scale_ = np.sqrt(np.mean(sc**2, axis=0))
+        else:
+            self.std_scale_ = np.ones(self._n_out)
+
     # ------------------------------------------------------------------- API
     def fit(self, X, y, *, X_cal=None, y_cal=None) -> "LaplaceActiveSubspaceRegressor":
         """Train the network (unless prefit), build the posterior and choose d.
@@ -223,6 +378,14 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         """For one chunk of rows, in internal units: the predictive mean and standard deviation (of f, or
         of y with ``include_noise``), (n, M) each, and the interval bounds (n, M, 2, k) when ``levels``."""
         p, d = self.posterior_, self.n_components_
+        if self._lik is not None:  # N(μ̂, σ_ale² + σ_epi²): conformal ŷ ± q σ̂, or its Gaussian intervals
+            mean, ale, epi = self._het_moments(Xt, d, self._sample_seed_)
+            var = ale + epi
+            bounds = None
+            if levels is not None:
+                bounds = (conformal_interval(mean, var.sqrt(), self._conformal_quantiles(levels))
+                          if self.calibration == "conformal" else linearized_interval(mean, var, levels))
+            return mean, var.sqrt(), bounds
         if self.calibration == "conformal":  # ŷ ± q σ̂, σ̂ as the calibration scores were normalised
             mean, std = regression_moments(p, Xt, d, predictive=self.predictive_, n_samples=self.n_samples,
                                            noise_var=self._interval_noise_var(), random_state=self._sample_seed_)
@@ -266,8 +429,12 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         ----------
         X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
         return_std : bool, default=False
-            Also return the predictive standard deviation: of f (parameter uncertainty only), or of y
-            (``noise_std_`` added in quadrature) with ``include_noise=True``.
+            Also return the predictive standard deviation of y. With ``calibration="conformal"`` it is calibrated:
+            the conformal normalisation σ̂(x) (heteroscedastic: sqrt(σ_ale²(x) + σ_epi²(x)); homoscedastic: σ_f,
+            or σ_f ⊕ σ with ``include_noise``) times ``std_scale_``, the root mean square of the calibration
+            scores |y − ŷ|/σ̂, so that N(ŷ, std²) has the maximum-likelihood scale on the calibration rows.
+            With ``calibration="coverage"`` (the paper) it is the posterior's own: of f, or of y (``noise_std_``
+            added in quadrature) with ``include_noise=True``, or heteroscedastic sqrt(σ_ale² + σ_epi²).
 
         Returns
         -------
@@ -276,7 +443,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         """
         mean, std, _ = self._predict_rows(X)
         y_pred = self._to_user_units(mean)
-        y_std = self._to_user_units(std, shift=False)
+        y_std = self._to_user_units(std, shift=False) * self.std_scale_.reshape((-1,) + (1,) * (std.ndim - 2))
         if self._y_1d:
             y_pred, y_std = y_pred[:, 0], y_std[:, 0]
         return (y_pred, y_std) if return_std else y_pred
@@ -310,9 +477,31 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             return y_pred[:, 0], b[:, 0]
         return y_pred, b
 
+    def predict_noise_std(self, X) -> np.ndarray:
+        """The noise level σ_ale(x) per row, in the units of y: the network's own σ(x; θ0) with
+        ``likelihood="heteroscedastic"``, the constant ``noise_std_`` otherwise (the aleatoric part; the
+        epistemic part is in ``predict(return_std=True)``, which adds it in quadrature).
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+
+        Returns
+        -------
+        ndarray of shape (n_samples,) or (n_samples, n_outputs)
+        """
+        Xt = self._check_fitted_X(X)
+        if self._lik is None:
+            std = np.broadcast_to(np.atleast_1d(self.noise_std_), (Xt.shape[0], self._n_out)).copy()
+        else:
+            out = model_outputs(self.module_, Xt)
+            std = self._to_user_units(self._lik.noise_variance(out).sqrt(), shift=False)
+        return std[:, 0] if self._y_1d else std
+
     def sample_y(self, X, n_samples: int = 1, random_state=0) -> np.ndarray:
         """Draws of f(x; θ) for θ from the posterior, pushed through the network (plus N(0, σ²) noise
-        with ``include_noise=True``: draws of y).
+        with ``include_noise=True``: draws of y). With ``likelihood="heteroscedastic"``, draws of y: for each θ,
+        y = μ(x; θ) + σ(x; θ) ε with ε ~ N(0, 1).
 
         With ``posterior="low_rank"`` and the linearised predictive they are draws of the linearised network
         f(x; θ0) + J(x)(θ − θ0), whose distribution is the linearised predictive; either way they are the
@@ -334,7 +523,12 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             s = p.linearized_samples(Xt, self.n_components_, n_samples, random_state=random_state)
         else:
             s = p.predict_samples(Xt, self.n_components_, n_samples, random_state=random_state)
-        if self.include_noise:
+        if self._lik is not None:
+            mu, var = self._lik.mean_and_variance(s)
+            gen = make_generator(None if random_state is None else numpy_rng(random_state).integers(2**62) + 1,
+                                 s.device)
+            s = mu + var.sqrt() * torch.randn(mu.shape, generator=gen, dtype=mu.dtype, device=mu.device)
+        elif self.include_noise:
             gen = make_generator(None if random_state is None else numpy_rng(random_state).integers(2**62) + 1,
                                  s.device)
             sd = torch.as_tensor(np.sqrt(self._noise_var_out), dtype=s.dtype, device=s.device)
