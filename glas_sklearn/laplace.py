@@ -18,7 +18,8 @@ from ._checks import check_choice, check_positive_int
 from ._functional import model_outputs
 from .eigen import EigenResult, top_eigenpairs
 from .ggn import GGNOperator
-from .posterior import ActiveSubspacePosterior, beta_for, estimate_noise_variance
+from .likelihoods import Likelihood, resolve_likelihood
+from .posterior import ActiveSubspacePosterior, estimate_noise_variance
 
 __all__ = ["LaplaceSubspace", "fit_laplace_subspace", "residual_noise_variance"]
 
@@ -69,7 +70,7 @@ def residual_noise_variance(model: nn.Module, X: torch.Tensor, y: torch.Tensor,
 
 
 def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | None = None, *,
-                         loss: str = "mse", mask: torch.Tensor | None = None, scaling="mean",
+                         loss: str | Likelihood = "mse", mask: torch.Tensor | None = None, scaling="mean",
                          noise_var: float | None = None, n_components: int = 50, sigma0="auto",
                          batch_size: int | None = None, subsample: int | None = None,
                          eigen_method: str = "lanczos", tol: float = 1e-5, random_state=None,
@@ -86,9 +87,9 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         Training inputs on the model's device (token ids for sequence models).
     y : torch.Tensor, optional
         Regression targets, needed when ``loss="mse"`` and ``noise_var`` is None (σ² from residuals).
-    loss : {"mse", "cross_entropy"} or likelihood object, default="mse"
-        A likelihood object (e.g. :class:`~glas_sklearn.likelihoods.HeteroscedasticGaussian`) gives the GGN its
-        output Hessian and β (``likelihood.beta(scaling, N)``: 1 or N, no σ²).
+    loss : {"mse", "cross_entropy"} or Likelihood, default="mse"
+        The likelihood (:func:`~glas_sklearn.likelihoods.resolve_likelihood`): its output Hessian enters the GGN
+        and it sets β for a named ``scaling``; a likelihood with ``needs_noise_variance`` (the Gaussian) takes σ².
     mask : torch.Tensor of bool, optional
         Padding mask (n, T) for sequence outputs; records are unmasked tokens.
     scaling : {"mean", "standard"} or float, default="mean"
@@ -131,15 +132,9 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
     -------
     LaplaceSubspace
     """
-    likelihood = loss if hasattr(loss, "output_hessian_product") else None
-    if likelihood is None:
-        check_choice("loss", loss, ("mse", "cross_entropy"))
+    likelihood = resolve_likelihood(loss, "loss")
     check_choice("posterior", posterior, ("subspace", "low_rank", "low_rank_diag"))
     n_components = check_positive_int("n_components", n_components)
-    if likelihood is not None:
-        task = "classification" if likelihood.is_classification else "regression"
-    else:
-        task = "regression" if loss == "mse" else "classification"
     t0 = time.perf_counter()
     if distributed:
         if subsample is not None:
@@ -148,14 +143,14 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
 
         random_state = shared_seed(random_state, process_group)  # the eigen-solvers must start alike
 
-        op = DistributedGGNOperator(model, X, y, loss=loss, batch_size=batch_size, mask=mask,
+        op = DistributedGGNOperator(model, X, y, loss=likelihood, batch_size=batch_size, mask=mask,
                                     trim_padding=trim_padding, reuse_linearization=reuse_linearization,
                                     group=process_group)
     else:
-        op = GGNOperator(model, X, y, loss=loss, batch_size=batch_size, mask=mask, subsample=subsample,
+        op = GGNOperator(model, X, y, loss=likelihood, batch_size=batch_size, mask=mask, subsample=subsample,
                          random_state=random_state, trim_padding=trim_padding,
                          reuse_linearization=reuse_linearization)
-    if likelihood is None and task == "regression" and not isinstance(scaling, (int, float)):
+    if likelihood.needs_noise_variance and not isinstance(scaling, (int, float)):
         if noise_var is None:
             if y is None:
                 raise ValueError("Regression needs y (or noise_var) to set the noise variance σ² in β.")
@@ -168,10 +163,7 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         if not noise_var > 0:
             raise ValueError(f"The noise variance must be positive, got {noise_var!r} (a perfect fit to the "
                              "training data leaves β undefined); pass noise_var explicitly.")
-    if likelihood is not None:  # a likelihood carrying its own noise model (β = 1 or N)
-        beta = likelihood.beta(scaling, op.n_records, noise_var)
-    else:
-        beta = beta_for(scaling, op.n_records, noise_var, task)
+    beta = likelihood.beta(scaling, op.n_records, noise_var)
     t1 = time.perf_counter()
     eig = top_eigenpairs(op, n_components, method=eigen_method, tol=tol, random_state=random_state,
                          max_matvecs=max_matvecs, ncv=ncv, verbose=verbose)

@@ -28,13 +28,13 @@ from ._checks import (
     numpy_rng,
 )
 from ._functional import BoundModel, FunctionalModel
+from .likelihoods import Categorical, Gaussian
 
 __all__ = ["ActiveSubspacePosterior", "beta_for", "estimate_noise_variance"]
 
 logger = logging.getLogger(__name__)
 
 _TASKS = ("regression", "classification")
-_SCALINGS = ("mean", "standard")
 _POSTERIORS = ("subspace", "low_rank", "low_rank_diag")
 _LOW_RANK = ("low_rank", "low_rank_diag")
 _SIGMA0_FITS = ("auto", "eb_subspace", "eb_full")
@@ -79,23 +79,8 @@ def beta_for(scaling, n_records: int, noise_var: float | None = None, task: str 
     100.0
     """
     check_choice("task", task, _TASKS)
-    n_records = check_positive_int("n_records", n_records)
-    if isinstance(scaling, numbers.Real) and not isinstance(scaling, bool):
-        return check_positive_float("scaling (a float is used as β directly)", scaling)
-    if not isinstance(scaling, str) or scaling not in _SCALINGS:
-        raise ValueError(
-            f"scaling must be 'mean', 'standard' or a positive float (β itself), got {scaling!r}."
-        )
-    factor = float(n_records) if scaling == "standard" else 1.0
-    if task == "classification":
-        return factor
-    if noise_var is None:
-        raise ValueError(
-            "noise_var (σ², the observation-noise variance) is required for regression with "
-            f"scaling={scaling!r}; estimate it from training residuals with estimate_noise_variance()."
-        )
-    noise_var = check_positive_float("noise_var", noise_var)
-    return factor / noise_var
+    likelihood = Categorical() if task == "classification" else Gaussian()
+    return likelihood.beta(scaling, n_records, noise_var)
 
 
 def estimate_noise_variance(residuals) -> float:

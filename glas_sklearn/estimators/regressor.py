@@ -18,7 +18,7 @@ from .._checks import make_generator, numpy_rng
 from .._functional import eval_view, model_outputs
 from ..calibration import CalibrationWarning, Sigma0Result, conformal_quantile, regression_moments
 from ..laplace import residual_noise_variance
-from ..likelihoods import HeteroscedasticGaussian, NaturalParameterHead
+from ..likelihoods import HeteroscedasticGaussian, Likelihood, NaturalParameterHead, resolve_likelihood
 from ..predictive import conformal_interval, linearized_interval, sampled_interval
 from ._base import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, LaplaceActiveSubspaceBase, _check_level_list
 from ._heteroscedastic import heteroscedastic_moments, tune_sigma0_heteroscedastic
@@ -102,7 +102,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         **LaplaceActiveSubspaceBase._parameter_constraints,
         "noise_std": [Options(*_NOISE_SOURCES), Interval(numbers.Real, 0, None, closed="neither")],
         "include_noise": [BOOLEAN],
-        "likelihood": [Options(*_LIKELIHOODS), InstanceOf(HeteroscedasticGaussian, "a HeteroscedasticGaussian")],
+        "likelihood": [Options(*_LIKELIHOODS), InstanceOf(Likelihood, "a glas_sklearn.likelihoods.Likelihood")],
     }
 
     def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="mean", n_components="auto",
@@ -127,10 +127,17 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     # ------------------------------------------------------------------ hooks
     def _heteroscedastic(self) -> HeteroscedasticGaussian | None:
         """The heteroscedastic likelihood object, or None for the homoscedastic Gaussian."""
-        lik = self.likelihood
-        if isinstance(lik, str):
-            return HeteroscedasticGaussian() if lik == "heteroscedastic" else None
-        return lik
+        lik = resolve_likelihood(self.likelihood)
+        if lik.is_classification:
+            raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood={self.likelihood!r} is a classification "
+                             "likelihood; use 'gaussian', 'heteroscedastic' or a regression Likelihood (for class "
+                             "labels, LaplaceActiveSubspaceClassifier).")
+        if isinstance(lik, HeteroscedasticGaussian):
+            return lik
+        if lik.name != "gaussian":
+            raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood {lik!r} is not supported; use "
+                             "'gaussian', 'heteroscedastic' or a HeteroscedasticGaussian instance.")
+        return None
 
     def _auto_low_rank_sigma0(self) -> str:
         if self._lik is not None and self.calibration == "conformal":

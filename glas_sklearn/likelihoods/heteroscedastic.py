@@ -22,6 +22,8 @@ import numbers
 import torch
 from torch import nn
 
+from ._base import Likelihood
+
 __all__ = ["HeteroscedasticGaussian", "NaturalParameterHead"]
 
 _LAYOUTS = ("mean_logvar", "natural")
@@ -40,7 +42,7 @@ class NaturalParameterHead(nn.Module):
         return torch.cat([out[..., :k], -0.5 * torch.exp(r)], dim=-1)
 
 
-class HeteroscedasticGaussian:
+class HeteroscedasticGaussian(Likelihood):
     """Heteroscedastic Gaussian likelihood for k targets on 2k network outputs.
 
     Parameters
@@ -64,6 +66,7 @@ class HeteroscedasticGaussian:
 
     name = "heteroscedastic"
     is_classification = False
+    needs_noise_variance = False  # β = 1 ("mean") or N ("standard"): the likelihood carries σ(x)
 
     def __init__(self, output: str = "mean_logvar", beta_nll: float = 0.5) -> None:
         if output not in _LAYOUTS:
@@ -75,16 +78,6 @@ class HeteroscedasticGaussian:
                              f"0.5: Seitzer et al.'s β-NLL), got {beta_nll!r}.")
         self.output = output
         self.beta_nll = float(beta_nll)
-
-    def __repr__(self) -> str:
-        return f"HeteroscedasticGaussian(output={self.output!r}, beta_nll={self.beta_nll!r})"
-
-    def __eq__(self, other) -> bool:
-        return (isinstance(other, HeteroscedasticGaussian) and other.output == self.output
-                and other.beta_nll == self.beta_nll)
-
-    def __hash__(self) -> int:
-        return hash((type(self).__name__, self.output, self.beta_nll))
 
     # ---------------------------------------------------------------- layout
     def n_outputs(self, n_targets: int) -> int:
@@ -186,18 +179,6 @@ class HeteroscedasticGaussian:
         k = jac.shape[-2] // 2
         ja, jb = jac[..., :k, :], jac[..., k:, :]
         return (h_aa * ja**2 + 2 * h_ab * ja * jb + h_bb * jb**2).sum(-2)
-
-    def beta(self, scaling, n_records: int, noise_var: float | None = None) -> float:
-        """β = 1 ("mean") or N ("standard"): the likelihood carries σ(x), so no σ² enters; a float is β itself."""
-        if isinstance(scaling, numbers.Real) and not isinstance(scaling, bool):
-            if not scaling > 0:
-                raise ValueError(f"scaling (a float is used as β directly) must be positive, got {scaling!r}.")
-            return float(scaling)
-        if scaling == "mean":
-            return 1.0
-        if scaling == "standard":
-            return float(n_records)
-        raise ValueError(f"scaling must be 'mean', 'standard' or a positive float, got {scaling!r}.")
 
     def gaussian_nll(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The full per-record Gaussian NLL (with ½ log 2π), shape (..., k)."""
