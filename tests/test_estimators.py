@@ -806,11 +806,14 @@ def test_default_regressor_is_low_rank_conformal_with_hand_checked_intervals():
     assert est.noise_source_ == "training"  # "auto" under conformal: the scores must not depend on the cal rows
     assert list(est.calibration_.columns) == ["level", "d", "quantile", "coverage", "mean_width", "sigma0"]
     mean_c, std_c = est.predict(X_cal, return_std=True)
+    std_c = std_c / est.std_scale_[0]  # return_std is calibrated: σ̂ times the RMS calibration score
     scores = np.abs(y_cal - mean_c) / std_c  # the normalised scores, by hand, in the units of y
+    np.testing.assert_allclose(est.std_scale_, np.sqrt(np.mean(scores**2)), rtol=1e-10)
     np.testing.assert_allclose(est.conformity_scores_[:, 0], np.sort(scores), rtol=1e-10)
     q = {lev: np.sort(scores)[_rank(30, lev) - 1] for lev in (0.9, 0.5, 0.8)}
     y_pred, pis = est.predict_interval(X[:7], confidence_level=[0.9, 0.5, 0.8])  # 0.8 was not fitted
     mean, std = est.predict(X[:7], return_std=True)
+    std = std / est.std_scale_[0]
     np.testing.assert_allclose(y_pred, mean, rtol=1e-12)
     for k, lev in enumerate((0.9, 0.5, 0.8)):
         np.testing.assert_allclose(pis[:, 0, k], mean - q[lev] * std, rtol=1e-9, atol=1e-9)
@@ -835,6 +838,7 @@ def test_conformal_include_noise_multi_output_and_small_calibration_sets():
     f_only = LaplaceActiveSubspaceRegressor(**NEW).fit(X, Y)
     _, std_f = f_only.predict(X[:5], return_std=True)
     mean, std = est.predict(X[:5], return_std=True)
+    std, std_f = std / est.std_scale_, std_f / f_only.std_scale_  # the conformal normalisations σ̂
     np.testing.assert_allclose(std, np.sqrt(std_f**2 + est.noise_std_**2), rtol=1e-10)
     q = est.conformity_scores_[_rank(9, 0.9) - 1]  # one quantile per output
     _, pis = est.predict_interval(X[:5])
@@ -854,6 +858,7 @@ def test_low_rank_sample_y_draws_the_linearised_predictive():
     est = LaplaceActiveSubspaceRegressor(**NEW).fit(X, y)
     draws = est.sample_y(X[:4], n_samples=4000, random_state=3)
     mean, std = est.predict(X[:4], return_std=True)
+    std = std / est.std_scale_[0]  # the posterior's own σ_f (return_std is conformally calibrated)
     se = std / np.sqrt(4000)
     assert np.all(np.abs(draws.mean(1) - mean) < 5 * se)
     assert np.all(np.abs(draws.std(1) / std - 1) < 5 * np.sqrt(0.5 / 4000))

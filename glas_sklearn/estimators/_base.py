@@ -65,9 +65,12 @@ PARAMETERS_DOC = """\
     prefit : bool, default=False
         The module is already trained (inputs and targets in the user's own units; ``standardize`` is then
         ignored). The rows of ``X`` are its training data, less the calibration part.
-    scaling : {"mean", "standard"} or float, default="mean"
+    scaling : {"auto", "mean", "standard"} or float, default="mean" ("auto" for the regressor)
         Posterior scaling: β = 1/σ² ("mean", the paper's proposal), N/σ² ("standard", Bayes) or a given β;
-        for classification "mean" is β = 1 and "standard" is β = N.
+        for classification and the heteroscedastic likelihood "mean" is β = 1 and "standard" is β = N.
+        "auto": "standard" for the heteroscedastic likelihood (under "mean" the posterior's variance in the
+        data-constrained directions swamps the network's own σ(x) on the quiet rows,
+        benchmarks/results/synthetic_heteroscedastic.md), "mean" otherwise.
     n_components : "auto" or int, default="auto"
         The subspace dimension d. "auto": with ``calibration="coverage"`` the smallest d whose intervals
         cover the first level on the calibration rows (up to ``max_components``); with
@@ -250,7 +253,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         "module": NO_VALIDATION,  # checked when the network is built
         "module_kwargs": [None, InstanceOf(dict, "a dict")],
         "prefit": [BOOLEAN],
-        "scaling": [Options("mean", "standard"), Interval(numbers.Real, 0, None, closed="neither")],
+        "scaling": [Options("auto", "mean", "standard"), Interval(numbers.Real, 0, None, closed="neither")],
         "n_components": [Options("auto"), Interval(numbers.Integral, 1, None)],
         "max_components": [Interval(numbers.Integral, 1, None)],
         "sigma0": [Options("auto", "eb_subspace", "eb_full", "nll"), Interval(numbers.Real, 0, None, closed="neither")],
@@ -393,7 +396,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         regression = self._task == "regression"
         fitted = fit_laplace_subspace(
             self.module_, Xt, yt if regression else None, loss=self._curvature_loss(),
-            scaling=self.scaling, noise_var=self._noise_var(self.module_, Xt, yt, Xc, yc),
+            scaling=self._resolved_scaling(), noise_var=self._noise_var(self.module_, Xt, yt, Xc, yc),
             n_components=self._n_eigenpairs(self.module_), sigma0=self._resolved_sigma0(), subsample=self.subsample,
             eigen_method=self.eigen_method, random_state=seed, verbose=self.verbose, posterior=self.posterior)
         self.timings_["curvature"] = time.perf_counter() - t0
@@ -407,6 +410,10 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             "relative_residuals": fitted.eigen.relative_residuals.detach().cpu().numpy(),
         }
         self._set_noise()
+
+    def _resolved_scaling(self):
+        """``scaling`` with "auto" resolved: "mean" (each estimator may override it per likelihood)."""
+        return "mean" if self.scaling == "auto" else self.scaling
 
     def _curvature_loss(self):
         """The loss whose GGN is the curvature: "mse", "cross_entropy" or a likelihood object."""

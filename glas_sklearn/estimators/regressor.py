@@ -68,15 +68,34 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         prediction intervals in the usual statistical sense, usually reaching the level at a smaller d.
         With ``calibration="conformal"`` the intervals are for y either way; ``include_noise`` sets the
         scale the scores are normalised by, σ̂² = σ_f² (False) or σ_f² + σ² (True), which
-        ``predict(return_std=True)`` returns.
+        ``predict(return_std=True)`` returns (times ``std_scale_``).
+    likelihood : "gaussian", "heteroscedastic" or Likelihood, default="gaussian"
+        "gaussian": y = f(x) + ε with one noise level σ per output (the paper's). "heteroscedastic"
+        (:class:`~glas_sklearn.likelihoods.HeteroscedasticGaussian`): per target the network outputs a mean μ(x)
+        and a variance parameter, so the noise level σ(x) varies with x. The default MLP then has 2k outputs
+        [μ_1 … μ_k, log σ²_1 … log σ²_k] and is trained with β-NLL (Seitzer et al. 2022; ``beta_nll=0.5`` of the
+        likelihood object; the plain NLL starves the mean of gradient where σ is large). A module of your own
+        (trained here, or ``prefit``) must output 2k columns in the layout it declares:
+        ``HeteroscedasticGaussian(output="mean_logvar")`` (means, then log-variances) or ``output="natural"``
+        (η1 = μ/σ², then η2 = −1/(2σ²) < 0; end the module with
+        :class:`~glas_sklearn.likelihoods.NaturalParameterHead` to map free outputs there). The curvature is
+        the GGN with the Fisher output Hessian diag(1/σ², ½) (exact Hessian in natural parameters), β = N under
+        ``scaling="auto"``, and the predictive for y is N(μ(x), σ²(x) + σ_epi²(x)), σ_epi² the posterior
+        variance of the mean output (linearised J_μ Σ J_μᵀ, or sampled); conformal scores are normalised by
+        that total σ̂, and ``calibration="coverage"`` chooses d on its Gaussian intervals. ``include_noise``
+        does not apply (σ(x) is always included).
 
     Attributes
     ----------
 {ATTRIBUTES_DOC}
-    noise_source_ : {{"calibration", "training", "given"}}
-        Where σ came from.
+    noise_source_ : {{"calibration", "training", "given", "heteroscedastic"}}
+        Where σ came from ("heteroscedastic": the network's own σ(x), see :meth:`predict_noise_std`).
     noise_std_ : float or ndarray
-        σ in the units of y (per output for multi-output y).
+        σ in the units of y (per output for multi-output y); heteroscedastic: the root mean σ²(x) over the
+        training rows.
+    std_scale_ : ndarray of shape (n_outputs,)
+        With ``calibration="conformal"``: the root mean square of the calibration scores |y − ŷ|/σ̂, the
+        Gaussian maximum-likelihood scale by which ``predict(return_std=True)`` multiplies σ̂ (ones otherwise).
     y_mean_, y_scale_ : ndarray
         The internal standardisation of the targets (zeros and ones when off or prefit).
 
@@ -105,7 +124,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         "likelihood": [Options(*_LIKELIHOODS), InstanceOf(Likelihood, "a glas_sklearn.likelihoods.Likelihood")],
     }
 
-    def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="mean", n_components="auto",
+    def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="auto", n_components="auto",
                  max_components=50, sigma0="auto", posterior="low_rank", calibration="conformal",
                  predictive="auto", n_samples=1000, confidence_level=0.9, calibration_size=0.1, noise_std="auto",
                  include_noise=False, likelihood="gaussian", max_epochs=500, lr=1e-3, batch_size=64,
@@ -139,10 +158,12 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
                              "'gaussian', 'heteroscedastic' or a HeteroscedasticGaussian instance.")
         return None
 
+    def _resolved_scaling(self):
+        if self.scaling == "auto":
+            return "standard" if self._lik is not None else "mean"
+        return self.scaling
+
     def _auto_low_rank_sigma0(self) -> str:
-        if self._lik is not None and self.calibration == "conformal":
-            # the posterior's scale against the network's own σ(x): by the NLL of held-out rows
-            return "nll"
         # Conformal intervals are rescaled, so only the shape of σ̂(x) matters, and the larger subspace-EB σ0
         # weights the off-data directions more: wider where the network extrapolates
         # (benchmarks/results/uci_intervals.md, uci_shift.md).

@@ -1,0 +1,279 @@
+"""The heteroscedastic Gaussian likelihood and the regressor's likelihood="heteroscedastic", against closed forms,
+dense autograd references and simulations with a known noise level."""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call, jacrev
+
+from glas_sklearn import LaplaceActiveSubspaceRegressor
+from glas_sklearn.ggn import GGNOperator
+from glas_sklearn.likelihoods import Categorical, HeteroscedasticGaussian, NaturalParameterHead, resolve_likelihood
+
+LAYOUTS = ("mean_logvar", "natural")
+EPS64 = torch.finfo(torch.float64).eps
+
+
+def _outputs(layout, n=7, k=2, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    raw = torch.randn(n, 2 * k, generator=g, dtype=torch.float64)
+    return NaturalParameterHead()(raw) if layout == "natural" else raw
+
+
+# ------------------------------------------------------------------------------------------ the likelihood
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_output_hessian_is_the_expected_hessian_of_the_nll(layout):
+    """H_n against the autograd Hessian of ℓ: for (μ, log σ²) the Hessian's entries are polynomials of degree ≤ 2 in
+    the residual, so its mean over y = μ ± σ is exactly the expectation E_y; in natural parameters it does not depend
+    on y at all."""
+    lik = HeteroscedasticGaussian(layout)
+    out = _outputs(layout, n=5, k=2)
+    mu, var = lik.mean_and_variance(out)
+    H = lik.output_hessian_matrix(out)
+    for i in range(out.shape[0]):
+        hessians = []
+        for sign in (1.0, -1.0) if layout == "mean_logvar" else (0.37,):
+            y = mu[i] + sign * var[i].sqrt() if layout == "mean_logvar" else torch.randn(2, dtype=torch.float64)
+            hessians.append(torch.autograd.functional.hessian(lambda o, y=y: lik.nll_terms(o, y).sum(), out[i]))
+        expected = torch.stack(hessians).mean(0)
+        torch.testing.assert_close(H[i], expected, rtol=1e3 * EPS64, atol=1e3 * EPS64)
+        u = torch.randn(out.shape[1], dtype=torch.float64)
+        torch.testing.assert_close(lik.output_hessian_product(out[i:i + 1], u[None])[0], H[i] @ u,
+                                   rtol=1e3 * EPS64, atol=1e3 * EPS64)
+    if layout == "mean_logvar":  # diag(1/σ², ½)
+        k = mu.shape[1]
+        torch.testing.assert_close(torch.diagonal(H, dim1=-2, dim2=-1), torch.cat([1 / var, torch.full_like(var, 0.5)],
+                                                                                   -1))
+        assert float(H[:, :k, k:].abs().max()) == 0.0
+
+
+def test_beta_nll_gradient_matches_the_closed_form():
+    """∂/∂μ = −(y − μ) σ^(2b−2) / n and ∂/∂s = ½ (1 − r²/σ²) σ^(2b) / n for s = log σ², the weight σ^(2b) held fixed."""
+    g = torch.Generator().manual_seed(1)
+    n, b = 11, 0.5
+    out = torch.randn(n, 2, generator=g, dtype=torch.float64).requires_grad_()
+    y = torch.randn(n, 1, generator=g, dtype=torch.float64)
+    HeteroscedasticGaussian(beta_nll=b).loss(out, y).backward()
+    mu, s = out.detach()[:, :1], out.detach()[:, 1:]
+    var, r = s.exp(), y - mu
+    expected = torch.cat([-r / var * var**b, 0.5 * (1 - r**2 / var) * var**b], 1) / n
+    torch.testing.assert_close(out.grad, expected, rtol=1e-12, atol=1e-14)
+    # b = 0 is the plain Gaussian NLL (less ½ log 2π): its value checked against torch's
+    loss0 = HeteroscedasticGaussian(beta_nll=0.0).loss(out.detach(), y)
+    ref = torch.nn.functional.gaussian_nll_loss(out.detach()[:, :1], y, var, full=False, reduction="mean")
+    torch.testing.assert_close(loss0, ref, rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_ggn_with_the_likelihood_matches_the_dense_ggn(layout):
+    """G V, its diagonal, and both product paths against (1/N) Σ Jᵀ H J formed densely with jacrev (float64)."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 6), nn.Tanh(), nn.Linear(6, 4)).double()
+    if layout == "natural":
+        net = nn.Sequential(net, NaturalParameterHead())
+    X = torch.randn(19, 3, dtype=torch.float64)
+    lik = HeteroscedasticGaussian(layout)
+    params = {n: p.detach() for n, p in net.named_parameters()}
+    theta = torch.cat([p.reshape(-1) for p in params.values()])
+
+    def f(flat):
+        parts, i = {}, 0
+        for name, p in params.items():
+            parts[name] = flat[i:i + p.numel()].reshape(p.shape)
+            i += p.numel()
+        return functional_call(net, parts, (X,))
+
+    J = jacrev(f)(theta)
+    H = lik.output_hessian_matrix(f(theta))
+    G = torch.einsum("nmd,nmk,nke->de", J, H, J) / X.shape[0]
+    V = torch.randn(theta.numel(), 3, dtype=torch.float64)
+    tol = dict(rtol=1e4 * EPS64, atol=1e4 * EPS64 * float(G.abs().max()))
+    for vectorize in (True, False):
+        for reuse in (True, False):
+            op = GGNOperator(net, X, loss=lik, vectorize_blocks=vectorize, reuse_linearization=reuse)
+            torch.testing.assert_close(op @ V, G @ V, **tol)
+    torch.testing.assert_close(op.diagonal(), torch.diagonal(G), **tol)
+    assert resolve_likelihood("heteroscedastic") == HeteroscedasticGaussian()
+    assert HeteroscedasticGaussian().beta("mean", 50) == 1.0 and HeteroscedasticGaussian().beta("standard", 50) == 50
+
+
+def test_bad_likelihood_arguments_and_layouts_are_refused():
+    with pytest.raises(ValueError, match="output must be one of"):
+        HeteroscedasticGaussian("log_precision")
+    with pytest.raises(ValueError, match="beta_nll"):
+        HeteroscedasticGaussian(beta_nll=2.0)
+    lik = HeteroscedasticGaussian("natural")
+    with pytest.raises(ValueError, match="η2 ≥ 0"):
+        lik.check_output(torch.tensor([[0.1, 0.5]]))
+    with pytest.raises(ValueError, match="even number"):
+        lik.check_output(torch.zeros(2, 3))
+    with pytest.raises(ValueError, match="non-finite"):
+        HeteroscedasticGaussian().check_output(torch.tensor([[0.0, float("nan")]]))
+
+
+# --------------------------------------------------------------------------------------------- the regressor
+def _hetero_data(n, seed):
+    """y = sin(3x) + x/2 + σ(x) ε with σ(x) growing 20× across x ∈ (−1, 1)."""
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1, 1, n)
+    sd = 0.05 * 20.0 ** ((x + 1) / 2)
+    return x[:, None], np.sin(3 * x) + 0.5 * x + sd * rng.standard_normal(n), sd
+
+
+FAST = dict(module_kwargs=dict(hidden_layer_sizes=(32,)), max_epochs=150, lr=3e-3, batch_size=64,
+            max_components=10, random_state=0, dtype="float64")
+
+
+@pytest.fixture(scope="module")
+def fitted_pair():
+    X, y, _ = _hetero_data(800, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        het = LaplaceActiveSubspaceRegressor(likelihood="heteroscedastic", calibration_size=0.25, **FAST).fit(X, y)
+        hom = LaplaceActiveSubspaceRegressor(calibration_size=0.25, **FAST).fit(X, y)
+    return het, hom
+
+
+def test_conformal_intervals_cover_and_follow_the_noise(fitted_pair):
+    """On 5000 new rows: coverage ≥ 1 − γ less a tolerance (the conformal coverage given 200 calibration rows is
+    Beta-distributed, s.d. ≈ 0.021, plus the binomial s.d. 0.004 of the test rows: 3 s.d.), and in every fifth of
+    the rows by their true noise level within 0.9 ± 0.08 (1000 rows each: binomial s.d. 0.0095, plus the calibration
+    s.d.), while the homoscedastic default's intervals over-cover the quiet fifth and under-cover the noisy one."""
+    het, hom = fitted_pair
+    X, y, sd = _hetero_data(5000, 1)
+    quintiles = np.array_split(np.argsort(sd), 5)
+    cover = {}
+    for name, est in (("het", het), ("hom", hom)):
+        _, pis = est.predict_interval(X)
+        inside = (y >= pis[:, 0, 0]) & (y <= pis[:, 1, 0])
+        cover[name] = (inside.mean(), np.array([inside[q].mean() for q in quintiles]))
+    assert cover["het"][0] >= 0.9 - 3 * 0.022
+    assert np.all(np.abs(cover["het"][1] - 0.9) <= 0.08), cover["het"][1]
+    assert cover["hom"][1][0] > 0.97 and cover["hom"][1][-1] < 0.82, cover["hom"][1]
+    # the noise the network learned follows the true one: predict_noise_std against σ(x), within 35 %
+    ratio = het.predict_noise_std(X) / sd
+    assert np.median(np.abs(np.log(ratio))) < math.log(1.35)
+    # the defaults under this likelihood: β = N ("standard", scaling="auto") and σ0 by subspace EB
+    assert het.noise_source_ == "heteroscedastic" and het.posterior_.sigma0_method == "eb_subspace"
+    assert het.beta_ == het.n_records_ and hom.beta_ == pytest.approx(1 / (hom.noise_std_ / hom.y_scale_[0]) ** 2)
+
+
+def test_calibrated_std_has_the_maximum_likelihood_scale_and_a_better_held_out_nll(fitted_pair):
+    """std_scale_² is the mean squared calibration score (the Gaussian MLE of the scale), and on new data the NLL of
+    N(ŷ, std²) is not worse than that of the raw normalisation σ̂ = std / std_scale_, for both likelihoods."""
+    X, y, _ = _hetero_data(3000, 2)
+    for est in fitted_pair:
+        np.testing.assert_allclose(est.std_scale_ ** 2, np.mean(est.conformity_scores_ ** 2, axis=0), rtol=1e-12)
+        y_pred, std = est.predict(X, return_std=True)
+        raw = std / est.std_scale_[0]
+
+        def nll(s, y_pred=y_pred):
+            return float(np.mean(0.5 * np.log(2 * np.pi * s**2) + 0.5 * (y - y_pred) ** 2 / s**2))
+
+        assert nll(std) <= nll(raw) + 0.01, (nll(std), nll(raw))
+        # the conformal interval is ŷ ± q σ̂ with the same σ̂
+        _, pis = est.predict_interval(X[:20])
+        q = est.conformity_scores_[int(math.ceil((est.n_calibration_rows_ + 1) * 0.9)) - 1, 0]
+        np.testing.assert_allclose(pis[:, 1, 0] - pis[:, 0, 0], 2 * q * raw[:20], rtol=1e-9)
+
+
+def test_heteroscedastic_predictive_moments_by_hand(fitted_pair):
+    """ŷ = μ(x; θ0) and std² = std_scale_² (σ²(x; θ0) + J_μ Σ J_μᵀ), from the network and the posterior directly."""
+    het, _ = fitted_pair
+    X, _, _ = _hetero_data(6, 3)
+    Xt = torch.as_tensor((X - het.x_mean_) / het.x_scale_)
+    with torch.no_grad():
+        out = het.module_(Xt)
+    var_f = het.posterior_.linearized_variance(Xt, het.n_components_)[:, 0]
+    y_pred, std = het.predict(X, return_std=True)
+    s = het.y_scale_[0]
+    np.testing.assert_allclose(y_pred, out[:, 0].numpy() * s + het.y_mean_[0], rtol=1e-12)
+    expected = het.std_scale_[0] * np.sqrt(out[:, 1].exp().numpy() + var_f.numpy()) * s
+    np.testing.assert_allclose(std, expected, rtol=1e-10)
+    np.testing.assert_allclose(het.predict_noise_std(X), out[:, 1].mul(0.5).exp().numpy() * s, rtol=1e-12)
+    # sample_y draws y: over many draws, mean ŷ and variance σ² + σ_epi² (law of total variance), 5 s.e.
+    draws = het.sample_y(X, n_samples=6000, random_state=4)
+    raw_var = (std / het.std_scale_[0]) ** 2
+    assert np.all(np.abs(draws.mean(1) - y_pred) < 5 * np.sqrt(raw_var / 6000))
+    assert np.all(np.abs(draws.var(1) / raw_var - 1) < 5 * math.sqrt(2 / 6000) * 1.5)
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_prefit_module_with_a_declared_layout(layout):
+    """A trained module that outputs (μ, log σ²) or (η1, η2) is used as θ0 as it is; its means and noise are read
+    through the declared layout, and the module's weights are unchanged."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(1, 8), nn.Tanh(), nn.Linear(8, 2)).double()
+    if layout == "natural":
+        net = nn.Sequential(net, NaturalParameterHead())
+    X, y, _ = _hetero_data(120, 5)
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    lik = HeteroscedasticGaussian(layout)
+    est = LaplaceActiveSubspaceRegressor(module=net, prefit=True, likelihood=lik, max_components=5, dtype="float64",
+                                         random_state=0).fit(X, y)
+    for k, v in net.state_dict().items():
+        assert torch.equal(v, before[k])
+    with torch.no_grad():
+        mu, var = lik.mean_and_variance(net(torch.as_tensor(X[:5])))
+    np.testing.assert_allclose(est.predict(X[:5]), mu[:, 0].numpy(), rtol=1e-12)
+    np.testing.assert_allclose(est.predict_noise_std(X[:5]), var[:, 0].sqrt().numpy(), rtol=1e-12)
+    _, pis = est.predict_interval(X[:5])
+    assert np.all(pis[:, 0, 0] < est.predict(X[:5])) and np.all(est.predict(X[:5]) < pis[:, 1, 0])
+
+
+def test_bad_layouts_and_settings_are_refused_clearly():
+    X, y, _ = _hetero_data(60, 6)
+    odd = nn.Sequential(nn.Linear(1, 4), nn.Tanh(), nn.Linear(4, 3)).double()
+    with pytest.raises(ValueError, match="odd number"):
+        LaplaceActiveSubspaceRegressor(module=odd, prefit=True, likelihood="heteroscedastic", dtype="float64").fit(X, y)
+
+    class NaNVariance(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(1, 2).double()
+
+        def forward(self, x):
+            out = self.lin(x)
+            return torch.cat([out[:, :1], out[:, 1:] * float("nan")], 1)
+
+    with pytest.raises(ValueError, match="non-finite"):
+        LaplaceActiveSubspaceRegressor(module=NaNVariance(), prefit=True, likelihood="heteroscedastic",
+                                       dtype="float64").fit(X, y)
+    positive = nn.Sequential(nn.Linear(1, 2), nn.Softplus()).double()  # η2 > 0 is no natural parameter
+    with pytest.raises(ValueError, match="η2 ≥ 0"):
+        LaplaceActiveSubspaceRegressor(module=positive, prefit=True, likelihood=HeteroscedasticGaussian("natural"),
+                                       dtype="float64").fit(X, y)
+    with pytest.raises(ValueError, match="include_noise"):
+        LaplaceActiveSubspaceRegressor(likelihood="heteroscedastic", include_noise=True, max_epochs=1).fit(X, y)
+    with pytest.raises(ValueError, match="classification"):
+        LaplaceActiveSubspaceRegressor(likelihood=Categorical(), max_epochs=1).fit(X, y)
+    with pytest.raises(ValueError, match="likelihood"):
+        LaplaceActiveSubspaceRegressor(likelihood="poisson", max_epochs=1).fit(X, y)
+
+
+def test_the_papers_method_is_one_argument_away_with_the_heteroscedastic_likelihood():
+    """calibration="coverage", posterior="subspace": d is the smallest whose Gaussian intervals on the predictive
+    N(ŷ, σ_ale² + σ_epi²) (sampled) cover the level of the calibration rows; the table records each d tried."""
+    X, y, _ = _hetero_data(300, 7)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = LaplaceActiveSubspaceRegressor(likelihood="heteroscedastic", calibration="coverage",
+                                             posterior="subspace", n_samples=64, max_epochs=60, max_components=4,
+                                             lr=3e-3, dtype="float64", random_state=0).fit(X, y)
+    assert est.predictive_ == "sampled" and est.posterior_.posterior == "subspace"
+    table = est.calibration_
+    assert list(table["d"]) == list(range(1, len(table) + 1))
+    assert (table["coverage"].iloc[:-1] < 0.9).all()  # the search stops at the first d that reaches the level
+    if est.calibration_reached_:
+        assert table["coverage"].iloc[-1] >= 0.9 and est.n_components_ == table["d"].iloc[-1]
+    else:  # never reached: every d tried, the best one kept
+        assert len(table) == 4 and est.n_components_ == table["d"].iloc[int(np.argmax(table["coverage"]))]
+    np.testing.assert_allclose(est.std_scale_, 1.0)  # the posterior's own std under "coverage"
+    _, pis = est.predict_interval(X[:4])
+    assert pis.shape == (4, 2, 1)
