@@ -302,3 +302,21 @@ def test_clone_and_get_params_with_a_likelihood_instance():
     reg.set_params(likelihood__scale=5.0)
     assert lik.scale == 5.0 and copy.likelihood.scale == 2.0
     assert "likelihood=ScaledGaussian(scale=5.0)" in repr(reg)
+
+
+@pytest.mark.parametrize("cls", [LaplaceActiveSubspaceRegressor, LaplaceActiveSubspaceClassifier])
+def test_pickles_from_before_likelihood_objects_load(cls):
+    X, y = _data(n=30)
+    if cls is LaplaceActiveSubspaceClassifier:
+        y = (y > np.median(y)).astype(int)
+    est = cls(**SMALL).fit(X, y)
+    state = est.__getstate__()
+    state.pop("likelihood_")
+    state.pop("likelihood", None)  # the regressor's parameter did not exist either
+    old = cls.__new__(cls)
+    old.__setstate__(state)
+    assert type(old.likelihood_) is type(est.likelihood_)
+    assert old.get_params() == est.get_params()
+    np.testing.assert_array_equal(old.predict(X[:5]), est.predict(X[:5]))
+    table = old.coverage_curve(X, y, d_max=2)  # asks the likelihood (classification or not)
+    assert list(table["d"]) == [1, 2]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import abc
 import copy
+import inspect
 import io
 import logging
 import numbers
@@ -868,6 +869,11 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
                             type(self).__name__, saved_device)
             state.update(torch.load(io.BytesIO(blob), map_location=map_location, weights_only=False))
         super().__setstate__(state)
+        if hasattr(self, "posterior_") and not hasattr(self, "likelihood_"):  # fitted before likelihood objects
+            init = inspect.signature(type(self).__init__).parameters
+            if "likelihood" in init and not hasattr(self, "likelihood"):
+                self.likelihood = init["likelihood"].default
+            self.likelihood_ = self._resolve_likelihood()
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
