@@ -223,7 +223,9 @@ def run_cqr(estimators, X_cal, y_cal, X_te, y_te, dist, seconds):
     cqr = ConformalizedQuantileRegressor(estimators, confidence_level=LEVEL, prefit=True)
     cqr.conformalize(X_cal, y_cal)
     y_pred, pis = cqr.predict_interval(X_te)
-    return uci.metrics(y_te, y_pred, pis[:, 0, 0], pis[:, 1, 0], None, seconds + time.perf_counter() - t0, dist)
+    # crossing quantile estimates can leave lower > upper after the correction: take the interval between them
+    lo, hi = np.minimum(pis[:, 0, 0], pis[:, 1, 0]), np.maximum(pis[:, 0, 0], pis[:, 1, 0])
+    return uci.metrics(y_te, y_pred, lo, hi, None, seconds + time.perf_counter() - t0, dist)
 
 
 def run_hgb_cqr(X_fit, y_fit, X_cal, y_cal, X_te, y_te, dist, seed):

@@ -44,6 +44,14 @@ def test_report_is_rendered_from_its_json(stem, script):
     assert module.render(_results(stem)) == _report(stem)
 
 
+@pytest.mark.parametrize("stem, name", [("uci_heteroscedastic", "uci_heteroscedastic"),
+                                        ("uci_heteroscedastic_shift", "uci_heteroscedastic"),
+                                        ("synthetic_heteroscedastic", "synthetic_heteroscedastic"),
+                                        ("calibrated_std", "calibrated_std")])
+def test_heteroscedastic_reports_are_rendered_from_their_json(stem, name, script):
+    assert script(name).render(_results(stem)) == _report(stem)
+
+
 def test_paper_concrete_report_is_rendered_from_its_json(script):
     module = script("paper_concrete")
     rendered = module.render(_results("paper_concrete"), "paper_concrete")

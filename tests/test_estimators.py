@@ -480,7 +480,7 @@ def test_regressor_signature_repeats_the_shared_defaults():
 
     base = inspect.signature(LaplaceActiveSubspaceBase.__init__).parameters
     reg = inspect.signature(LaplaceActiveSubspaceRegressor.__init__).parameters
-    assert set(reg) - set(base) == {"noise_std", "include_noise"}
+    assert set(reg) - set(base) == {"likelihood", "noise_std", "include_noise"}
     for name, p in base.items():
         assert (reg[name].default, reg[name].kind) == (p.default, p.kind), name
 

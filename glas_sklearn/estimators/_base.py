@@ -3,7 +3,9 @@ orchestration (validate → split → train → posterior → choose d), predict
 
 from __future__ import annotations
 
+import abc
 import copy
+import inspect
 import io
 import logging
 import numbers
@@ -23,6 +25,7 @@ from .._checks import check_confidence_levels, numpy_rng
 from .._functional import eval_view
 from ..calibration import CalibrationWarning, choose_dimension, conformal_calibrate, conformal_quantile, tune_sigma0
 from ..laplace import fit_laplace_subspace
+from ..likelihoods import Likelihood
 from ._training import OPTIMIZERS, default_mlp, seeded_torch, train_module
 from ._validation import (
     BOOLEAN,
@@ -65,7 +68,7 @@ PARAMETERS_DOC = """\
     prefit : bool, default=False
         The module is already trained (inputs and targets in the user's own units; ``standardize`` is then
         ignored). The rows of ``X`` are its training data, less the calibration part.
-    scaling : {"auto", "mean", "standard"} or float, default="mean" ("auto" for the regressor)
+    scaling : {"auto", "mean", "standard"} or float, default="auto"
         Posterior scaling: β = 1/σ² ("mean", the paper's proposal), N/σ² ("standard", Bayes) or a given β;
         for classification and the heteroscedastic likelihood "mean" is β = 1 and "standard" is β = N.
         "auto": "standard" for the heteroscedastic likelihood (under "mean" the posterior's variance in the
@@ -163,6 +166,9 @@ ATTRIBUTES_DOC = """\
     sigma0_ : float
         The prior standard deviation used at d (with "nll" the one chosen; 0 means the MAP predictive).
     beta_ : float
+    likelihood_ : Likelihood
+        The likelihood of the fit (the regressor's ``likelihood`` resolved; the classifier's
+        :class:`~glas_sklearn.likelihoods.Categorical`): the training loss, the curvature's output Hessian and β.
     eigenvalues_ : ndarray of shape (K,)
         Top eigenvalues of the GGN (in the internal, standardised units).
     calibration_ : pandas.DataFrame
@@ -239,14 +245,12 @@ def _is_optimizer_class(value) -> bool:
     return isinstance(value, type) and issubclass(value, torch.optim.Optimizer)
 
 
-class LaplaceActiveSubspaceBase(BaseEstimator):
+class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
     """Common machinery of :class:`LaplaceActiveSubspaceRegressor` and :class:`LaplaceActiveSubspaceClassifier`.
 
-    Subclasses set ``_task`` ("regression" | "classification"), extend ``_parameter_constraints`` with their
-    own parameters and implement the target handling.
+    Subclasses name their likelihood (:meth:`_resolve_likelihood`, fitted as ``likelihood_``), extend
+    ``_parameter_constraints`` with their own parameters and implement the target handling (the abstract hooks).
     """
-
-    _task = "regression"
 
     # Every constructor parameter → the forms it may take (any one); checked at fit by validate_hyperparameters.
     _parameter_constraints: dict = {
@@ -280,7 +284,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         "verbose": [Interval(numbers.Integral, 0, None), BOOLEAN],
     }
 
-    def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="mean", n_components="auto",
+    def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="auto", n_components="auto",
                  max_components=50, sigma0="auto", posterior="low_rank", calibration="conformal",
                  predictive="auto", n_samples=1000, confidence_level=0.9,
                  calibration_size=0.1, max_epochs=500, lr=1e-3, batch_size=64, weight_decay=0.0,
@@ -318,6 +322,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         """``fit`` of both estimators, one step per line in the order the data flows."""
         t_start = time.perf_counter()
         validate_hyperparameters(self)
+        self.likelihood_ = self._resolve_likelihood()
         self._check_sigma0_setting()
         X, y, X_cal, y_cal = self._validate_fit_data(X, y, X_cal, y_cal)
         device, dtype, seed = self._resolve_device(), _DTYPES[self.dtype], self._seed()
@@ -370,7 +375,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
     def _split_off_calibration_rows(self, X, y, seed):
         """``X, X_cal, y, y_cal``: ``calibration_size`` rows held out (stratified for classes when possible)."""
         n_cal = self._n_calibration_rows(X.shape[0])
-        stratify = y if self._task == "classification" and self._can_stratify(y, n_cal) else None
+        stratify = y if self.likelihood_.is_classification and self._can_stratify(y, n_cal) else None
         return train_test_split(X, y, test_size=n_cal, random_state=seed, stratify=stratify)
 
     def _theta0_module(self, Xt: torch.Tensor, yt: torch.Tensor, n_outputs: int, seed: int,
@@ -383,9 +388,9 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             module = self._build_module(Xt.shape[1], n_outputs, seed).to(device=Xt.device, dtype=dtype)
             t0 = time.perf_counter()
             self.training_loss_ = train_module(
-                module, Xt, yt, self._loss, optimizer=self.optimizer, lr=self.lr, weight_decay=self.weight_decay,
-                batch_size=self.batch_size, max_epochs=self.max_epochs, seed=seed, verbose=self.verbose,
-                owner=type(self).__name__)
+                module, Xt, yt, self.likelihood_.loss, optimizer=self.optimizer, lr=self.lr,
+                weight_decay=self.weight_decay, batch_size=self.batch_size, max_epochs=self.max_epochs, seed=seed,
+                verbose=self.verbose, owner=type(self).__name__)
             self.timings_["training"] = time.perf_counter() - t0
         self._check_output_shape(module, Xt[:1], n_outputs)
         return module
@@ -393,9 +398,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
     def _fit_posterior(self, Xt, yt, Xc, yc, seed: int) -> None:
         """The curvature's top eigenpairs at θ0 and the posterior on them (β from σ² for regression)."""
         t0 = time.perf_counter()
-        regression = self._task == "regression"
         fitted = fit_laplace_subspace(
-            self.module_, Xt, yt if regression else None, loss=self._curvature_loss(),
+            self.module_, Xt, yt, loss=self.likelihood_,
             scaling=self._resolved_scaling(), noise_var=self._noise_var(self.module_, Xt, yt, Xc, yc),
             n_components=self._n_eigenpairs(self.module_), sigma0=self._resolved_sigma0(), subsample=self.subsample,
             eigen_method=self.eigen_method, random_state=seed, verbose=self.verbose, posterior=self.posterior)
@@ -510,7 +514,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         part at least the n_need rows of a finite conformal quantile (and the tuning part at least one row);
         stratified by class where every class has two rows and fits on both sides; seeded from ``seed``."""
         n_conf = min(n - 1, max(int(np.ceil(n / 2)), n_need))
-        labels = yc.detach().cpu().numpy() if self._task == "classification" else None
+        labels = yc.detach().cpu().numpy() if self.likelihood_.is_classification else None
         stratify = labels if labels is not None and self._can_stratify(labels, n - n_conf) else None
         tune, conf = train_test_split(np.arange(n), test_size=n_conf, random_state=(seed + _SIGMA0_SPLIT) % 2**31,
                                       stratify=stratify)
@@ -807,6 +811,44 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
     def _levels(self, confidence_level) -> list[float]:
         return _check_level_list(self.confidence_level if confidence_level is None else confidence_level)
 
+    # ------------------------------------------------- hooks of the subclasses
+    @property
+    def _task(self) -> str:
+        """The task name the calibration functions take, "classification" or "regression", from ``likelihood_``."""
+        return "classification" if self.likelihood_.is_classification else "regression"
+
+    @abc.abstractmethod
+    def _resolve_likelihood(self) -> Likelihood:
+        """The likelihood of this fit (the estimator's setting resolved to an object, checked)."""
+
+    @abc.abstractmethod
+    def _validate_train(self, X, y):
+        """The training rows and targets validated (``_validate_X`` with ``reset=True``), targets encoded."""
+
+    @abc.abstractmethod
+    def _validate_calibration(self, X_cal, y_cal):
+        """Calibration (or scoring) rows and targets validated against what fit saw."""
+
+    @abc.abstractmethod
+    def _n_outputs(self, y) -> int:
+        """The network outputs per row that the validated targets ``y`` call for."""
+
+    @abc.abstractmethod
+    def _target_tensor(self, y, device, dtype) -> torch.Tensor:
+        """The validated training targets as the tensor the loss takes (internal units)."""
+
+    @abc.abstractmethod
+    def _calibration_targets(self, y, device, dtype) -> torch.Tensor:
+        """The validated calibration targets as the tensor the calibration takes (internal units)."""
+
+    @abc.abstractmethod
+    def _noise_var(self, module, Xt, yt, Xc, yc):
+        """σ² for β (internal units), or None when the likelihood has no noise variance."""
+
+    @abc.abstractmethod
+    def _set_noise(self) -> None:
+        """Record the fitted noise attributes once the posterior is built."""
+
     # ------------------------------------------------------------ pickling
     def __getstate__(self) -> dict:
         """Torch objects (the module, the posterior) are stored through ``torch.save`` so that ``__setstate__``
@@ -842,6 +884,11 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
                             type(self).__name__, saved_device)
             state.update(torch.load(io.BytesIO(blob), map_location=map_location, weights_only=False))
         super().__setstate__(state)
+        if hasattr(self, "posterior_") and not hasattr(self, "likelihood_"):  # fitted before likelihood objects
+            init = inspect.signature(type(self).__init__).parameters
+            if "likelihood" in init and not hasattr(self, "likelihood"):
+                self.likelihood = init["likelihood"].default
+            self.likelihood_ = self._resolve_likelihood()
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

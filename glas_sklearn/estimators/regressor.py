@@ -27,9 +27,8 @@ from ._validation import BOOLEAN, InstanceOf, Interval, Options
 __all__ = ["LaplaceActiveSubspaceRegressor"]
 
 _NOISE_SOURCES = ("auto", "calibration", "training")
+# The likelihood names the regressor takes (resolve_likelihood turns them into objects).
 _LIKELIHOODS = ("gaussian", "heteroscedastic")
-# z of the central 68.27 % interval is 1: the calibrated std is the conformal normalisation σ̂ times the root mean
-# square calibration score (the Gaussian maximum-likelihood scale of the scores).
 # Below this many held-out rows the residual variance is too noisy to prefer it over the training residuals.
 _MIN_CALIBRATION_ROWS_FOR_NOISE = 30
 
@@ -48,6 +47,21 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     Parameters
     ----------
 {PARAMETERS_DOC}
+    likelihood : "gaussian", "heteroscedastic" or Likelihood, default="gaussian"
+        "gaussian": y = f(x) + ε with one noise level σ per output (the paper's). "heteroscedastic"
+        (:class:`~glas_sklearn.likelihoods.HeteroscedasticGaussian`): per target the network outputs a mean μ(x)
+        and a variance parameter, so the noise level σ(x) varies with x. The default MLP then has 2k outputs
+        [μ_1 … μ_k, log σ²_1 … log σ²_k] and is trained with β-NLL (Seitzer et al. 2022; ``beta_nll=0.5`` of the
+        likelihood object; the plain NLL starves the mean of gradient where σ is large). A module of your own
+        (trained here, or ``prefit``) must output 2k columns in the layout it declares:
+        ``HeteroscedasticGaussian(output="mean_logvar")`` (means, then log-variances) or ``output="natural"``
+        (η1 = μ/σ², then η2 = −1/(2σ²) < 0; end the module with
+        :class:`~glas_sklearn.likelihoods.NaturalParameterHead` to map free outputs there). The curvature is
+        the GGN with the Fisher output Hessian diag(1/σ², ½) (exact Hessian in natural parameters), β = N under
+        ``scaling="auto"``, and the predictive for y is N(μ(x), σ²(x) + σ_epi²(x)), σ_epi² the posterior
+        variance of the mean output (linearised J_μ Σ J_μᵀ, or sampled); conformal scores are normalised by
+        that total σ̂, and ``calibration="coverage"`` chooses d on its Gaussian intervals. ``include_noise``
+        does not apply (σ(x) is always included).
     noise_std : "auto", "calibration", "training" or float, default="auto"
         Observation-noise standard deviation σ in β: from the residuals of the held-out calibration rows
         ("calibration"), from the training residuals ("training", the paper's choice), or given (in the
@@ -69,22 +83,6 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         With ``calibration="conformal"`` the intervals are for y either way; ``include_noise`` sets the
         scale the scores are normalised by, σ̂² = σ_f² (False) or σ_f² + σ² (True), which
         ``predict(return_std=True)`` returns (times ``std_scale_``).
-    likelihood : "gaussian", "heteroscedastic" or Likelihood, default="gaussian"
-        "gaussian": y = f(x) + ε with one noise level σ per output (the paper's). "heteroscedastic"
-        (:class:`~glas_sklearn.likelihoods.HeteroscedasticGaussian`): per target the network outputs a mean μ(x)
-        and a variance parameter, so the noise level σ(x) varies with x. The default MLP then has 2k outputs
-        [μ_1 … μ_k, log σ²_1 … log σ²_k] and is trained with β-NLL (Seitzer et al. 2022; ``beta_nll=0.5`` of the
-        likelihood object; the plain NLL starves the mean of gradient where σ is large). A module of your own
-        (trained here, or ``prefit``) must output 2k columns in the layout it declares:
-        ``HeteroscedasticGaussian(output="mean_logvar")`` (means, then log-variances) or ``output="natural"``
-        (η1 = μ/σ², then η2 = −1/(2σ²) < 0; end the module with
-        :class:`~glas_sklearn.likelihoods.NaturalParameterHead` to map free outputs there). The curvature is
-        the GGN with the Fisher output Hessian diag(1/σ², ½) (exact Hessian in natural parameters), β = N under
-        ``scaling="auto"``, and the predictive for y is N(μ(x), σ²(x) + σ_epi²(x)), σ_epi² the posterior
-        variance of the mean output (linearised J_μ Σ J_μᵀ, or sampled); conformal scores are normalised by
-        that total σ̂, and ``calibration="coverage"`` chooses d on its Gaussian intervals. ``include_noise``
-        does not apply (σ(x) is always included).
-
     Attributes
     ----------
 {ATTRIBUTES_DOC}
@@ -116,21 +114,19 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     (5, 2, 1)
     """
 
-    _task = "regression"
     _parameter_constraints: dict = {
         **LaplaceActiveSubspaceBase._parameter_constraints,
+        "likelihood": [Options(*_LIKELIHOODS), InstanceOf(Likelihood, "a glas_sklearn.likelihoods.Likelihood")],
         "noise_std": [Options(*_NOISE_SOURCES), Interval(numbers.Real, 0, None, closed="neither")],
         "include_noise": [BOOLEAN],
-        "likelihood": [Options(*_LIKELIHOODS), InstanceOf(Likelihood, "a glas_sklearn.likelihoods.Likelihood")],
     }
 
     def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="auto", n_components="auto",
                  max_components=50, sigma0="auto", posterior="low_rank", calibration="conformal",
-                 predictive="auto", n_samples=1000, confidence_level=0.9, calibration_size=0.1, noise_std="auto",
-                 include_noise=False, likelihood="gaussian", max_epochs=500, lr=1e-3, batch_size=64,
-                 weight_decay=0.0, optimizer="adam",
-                 standardize="auto", padding_idx=None, subsample=None, eigen_method="lanczos", device="auto",
-                 dtype="float32", random_state=None, verbose=0):
+                 predictive="auto", n_samples=1000, confidence_level=0.9, calibration_size=0.1,
+                 likelihood="gaussian", noise_std="auto", include_noise=False, max_epochs=500, lr=1e-3, batch_size=64,
+                 weight_decay=0.0, optimizer="adam", standardize="auto", padding_idx=None, subsample=None,
+                 eigen_method="lanczos", device="auto", dtype="float32", random_state=None, verbose=0):
         super().__init__(
             module, module_kwargs=module_kwargs, prefit=prefit, scaling=scaling, n_components=n_components,
             max_components=max_components, sigma0=sigma0, posterior=posterior, calibration=calibration,
@@ -139,24 +135,27 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             batch_size=batch_size, weight_decay=weight_decay, optimizer=optimizer, standardize=standardize,
             padding_idx=padding_idx, subsample=subsample, eigen_method=eigen_method, device=device, dtype=dtype,
             random_state=random_state, verbose=verbose)
+        self.likelihood = likelihood
         self.noise_std = noise_std
         self.include_noise = include_noise
-        self.likelihood = likelihood
 
     # ------------------------------------------------------------------ hooks
-    def _heteroscedastic(self) -> HeteroscedasticGaussian | None:
-        """The heteroscedastic likelihood object, or None for the homoscedastic Gaussian."""
-        lik = resolve_likelihood(self.likelihood)
-        if lik.is_classification:
-            raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood={self.likelihood!r} is a classification "
-                             "likelihood; use 'gaussian', 'heteroscedastic' or a regression Likelihood (for class "
-                             "labels, LaplaceActiveSubspaceClassifier).")
-        if isinstance(lik, HeteroscedasticGaussian):
-            return lik
-        if lik.name != "gaussian":
-            raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood {lik!r} is not supported; use "
+    def _resolve_likelihood(self) -> Likelihood:
+        likelihood = resolve_likelihood(self.likelihood)
+        if likelihood.is_classification:
+            raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood={self.likelihood!r} is a likelihood of class "
+                             "labels; use LaplaceActiveSubspaceClassifier for classification, or a regression "
+                             "likelihood here (e.g. 'gaussian' or 'heteroscedastic').")
+        if likelihood.name not in ("gaussian", "heteroscedastic"):
+            raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood {likelihood!r} is not supported; use "
                              "'gaussian', 'heteroscedastic' or a HeteroscedasticGaussian instance.")
-        return None
+        return likelihood
+
+    @property
+    def _lik(self) -> HeteroscedasticGaussian | None:
+        """The heteroscedastic likelihood of the fit, or None for the homoscedastic Gaussian."""
+        lik = getattr(self, "likelihood_", None)
+        return lik if isinstance(lik, HeteroscedasticGaussian) else None
 
     def _resolved_scaling(self):
         if self.scaling == "auto":
@@ -179,7 +178,6 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             raise ValueError("y has 0 columns; at least one target is needed.")
         self._y_1d = y.ndim == 1
         self._n_out = 1 if y.ndim == 1 else y.shape[1]
-        self._lik = self._heteroscedastic()
         if self._lik is not None and self.include_noise:
             raise ValueError("LaplaceActiveSubspaceRegressor: include_noise applies to the homoscedastic likelihood; "
                              "with likelihood='heteroscedastic' the intervals and std are always for y (the "
@@ -195,8 +193,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         return X_cal, y_cal.reshape(expected)
 
     def _n_outputs(self, y) -> int:
-        k = 1 if y.ndim == 1 else y.shape[1]
-        return k if self._lik is None else self._lik.n_outputs(k)
+        return self.likelihood_.n_outputs(1 if y.ndim == 1 else y.shape[1])
 
     def _build_module(self, n_features: int, n_outputs: int, seed: int) -> nn.Module:
         module = super()._build_module(n_features, n_outputs, seed)
@@ -218,9 +215,6 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
                                  f"{n_outputs} are needed here.")
         super()._check_output_shape(module, x1, n_outputs)
 
-    def _curvature_loss(self):
-        return "mse" if self._lik is None else self._lik
-
     def _fit_scalers(self, X, y) -> None:
         super()._fit_scalers(X, y)
         Y = y.reshape(len(y), -1)
@@ -238,11 +232,6 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         return self._to_tensor(Y, device, dtype)
 
     _calibration_targets = _target_tensor
-
-    def _loss(self, out, y):
-        if self._lik is not None:
-            return self._lik.loss(out, y)
-        return 0.5 * ((out - y) ** 2).sum(-1).mean()
 
     def _table_in_user_units(self, table):
         if len(self.y_scale_) == 1 and "mean_width" in table:
