@@ -198,7 +198,7 @@ def figure(results, path):
     ax.set_xticks(np.arange(5) + 0.4 - width / 2, ["quietest", "2", "3", "4", "noisiest"])
     ax.set_ylabel("coverage")
     ax.set_title("coverage per fifth of the test rows by σ(x)")
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
