@@ -277,3 +277,30 @@ def test_the_papers_method_is_one_argument_away_with_the_heteroscedastic_likelih
     np.testing.assert_allclose(est.std_scale_, 1.0)  # the posterior's own std under "coverage"
     _, pis = est.predict_interval(X[:4])
     assert pis.shape == (4, 2, 1)
+
+
+def test_sigma0_by_held_out_nll_under_the_heteroscedastic_likelihood(fitted_pair):
+    """sigma0="nll": the σ0 in [0, σ0_EB] of the lowest mean Gaussian NLL of N(μ̂, σ² + σ_epi²) on half of the
+    calibration rows, both ends evaluated, the conformal scores from the other half (the trained network reused as
+    a prefit module on the standardised data)."""
+    het, _ = fitted_pair
+    X, y, _ = _hetero_data(800, 0)
+    Xs, ys = (X - het.x_mean_) / het.x_scale_, (y - het.y_mean_[0]) / het.y_scale_[0]
+    est = LaplaceActiveSubspaceRegressor(module=het.module_, prefit=True, likelihood="heteroscedastic",
+                                         sigma0="nll", max_components=10, calibration_size=0.25, dtype="float64",
+                                         random_state=0).fit(Xs, ys)
+    search = est.sigma0_search_
+    table = search.table
+    assert set(table["sigma0"]) >= {0.0, search.sigma0_upper}
+    assert search.nll == table["nll"].min() and est.sigma0_ == search.sigma0 <= search.sigma0_upper
+    assert est.n_sigma0_rows_ + est.n_calibration_rows_ == 200 and est.conformity_scores_.shape == (100, 1)
+
+
+def test_default_network_in_natural_parameters_is_trained_through_its_head():
+    X, y, _ = _hetero_data(200, 8)
+    est = LaplaceActiveSubspaceRegressor(likelihood=HeteroscedasticGaussian("natural", beta_nll=0.0),
+                                         **{**FAST, "max_epochs": 20}).fit(X, y)
+    assert isinstance(est.module_[-1], NaturalParameterHead)
+    assert est.training_loss_[-1] < est.training_loss_[0]
+    y_pred, std = est.predict(X[:10], return_std=True)
+    assert np.isfinite(y_pred).all() and (std > 0).all() and (est.predict_noise_std(X[:10]) > 0).all()

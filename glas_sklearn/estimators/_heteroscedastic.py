@@ -1,11 +1,11 @@
-"""The regressor's predictive under a heteroscedastic likelihood: moments of y, σ0 by held-out NLL, coverage.
+"""The regressor's predictive under a heteroscedastic likelihood: the moments of y and σ0 by held-out NLL.
 
 Under the weight posterior the network gives, per row and target, a mean μ(x; θ) and a noise variance σ²(x; θ).
 The predictive for y is N(μ̂, σ_ale² + σ_epi²) with (SPEC, "Heteroscedastic")
 
 - linearised: μ̂ = μ(x; θ0), σ_epi² = Var[μ] = J_μ Σ J_μᵀ (for natural parameters by the delta method on the
-  linearised (η1, η2) covariance), σ_ale² = σ²(x; θ0), or with ``propagate_noise`` E[σ²] = exp(m_s + v_s/2), the
-  log-normal mean under the linearised variance v_s of s = log σ²;
+  linearised (η1, η2) covariance), σ_ale² = σ²(x; θ0) (the variance head's own posterior uncertainty is not
+  propagated: under β = N it is negligible in distribution);
 - sampled: the law of total variance over posterior samples: μ̂ = E[μ], σ_epi² = Var[μ], σ_ale² = E[σ²].
 """
 
@@ -26,30 +26,25 @@ _SIGMA0_XTOL = 1e-3
 
 
 def heteroscedastic_moments(posterior, likelihood, X: torch.Tensor, d: int, *, predictive: str = "linearized",
-                            n_samples: int = 1000, random_state=None, propagate_noise: bool = False,
-                            epistemic_scale: float = 1.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """μ̂, σ_ale² and σ_epi² of each row and target (n, k) each, in the network's units.
-
-    ``epistemic_scale`` multiplies σ_epi² (1: the posterior's own)."""
+                            n_samples: int = 1000,
+                            random_state=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """μ̂, σ_ale² and σ_epi² of each row and target, (n, k) each, in the network's units."""
     if predictive == "sampled":
         s = posterior.predict_samples(X, d, n_samples=n_samples, random_state=random_state)  # (S, n, 2k)
         mu, var = likelihood.mean_and_variance(s)
-        return mu.mean(0), var.mean(0), epistemic_scale * mu.var(0, unbiased=False)
+        return mu.mean(0), var.mean(0), mu.var(0, unbiased=False)
     out = posterior.predict_mean(X)
     mu, ale = likelihood.mean_and_variance(out)
     k = mu.shape[-1]
     if likelihood.output == "mean_logvar":
-        var = posterior.linearized_variance(X, d).clamp_min(0)
-        epi = var[..., :k]
-        if propagate_noise:
-            ale = ale * torch.exp(0.5 * var[..., k:])
+        epi = posterior.linearized_variance(X, d).clamp_min(0)[..., :k]
     else:  # natural parameters: Var[μ] ≈ gᵀ C g with g = ∂μ/∂(η1, η2) and C the 2×2 block of each target
         cov = posterior.linearized_variance(X, d, full_cov=True)  # (n, 2k, 2k)
         g = likelihood.mean_gradient(out)  # (n, k, 2)
         idx = torch.arange(k, device=cov.device)
         c11, c12, c22 = cov[:, idx, idx], cov[:, idx, idx + k], cov[:, idx + k, idx + k]
         epi = (g[..., 0] ** 2 * c11 + 2 * g[..., 0] * g[..., 1] * c12 + g[..., 1] ** 2 * c22).clamp_min(0)
-    return mu, ale, epistemic_scale * epi
+    return mu, ale, epi
 
 
 def _gaussian_nll(y: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> float:
@@ -61,8 +56,8 @@ def _gaussian_nll(y: torch.Tensor, mean: torch.Tensor, var: torch.Tensor) -> flo
 
 
 def tune_sigma0_heteroscedastic(posterior, likelihood, X: torch.Tensor, y: torch.Tensor, *, d: int,
-                                predictive: str = "linearized", n_samples: int = 1000, random_state=None,
-                                propagate_noise: bool = False) -> tuple[float, pd.DataFrame]:
+                                predictive: str = "linearized", n_samples: int = 1000,
+                                random_state=None) -> tuple[float, pd.DataFrame]:
     """σ0 ∈ [0, σ0_EB] minimising the mean Gaussian NLL of N(μ̂, σ_ale² + σ_epi²) on the rows (X, y): bounded Brent
     in log σ0 over [σ0_EB · 10⁻⁴, σ0_EB], both ends (σ0_EB and 0, the network's own σ²(x)) evaluated too.
     Returns the σ0 of the lowest NLL and every evaluation; the posterior's σ0 setting is restored."""
@@ -74,8 +69,7 @@ def tune_sigma0_heteroscedastic(posterior, likelihood, X: torch.Tensor, y: torch
     def nll_at(sigma0: float) -> float:
         posterior.set_sigma0(sigma0)
         mu, ale, epi = heteroscedastic_moments(posterior, likelihood, X, d, predictive=predictive,
-                                               n_samples=n_samples, random_state=seed,
-                                               propagate_noise=propagate_noise)
+                                               n_samples=n_samples, random_state=seed)
         value = _gaussian_nll(y, mu, ale + epi)
         value = math.inf if math.isnan(value) else value
         evals.append((float(sigma0), value))
