@@ -294,6 +294,7 @@ def run_glas(net, X_fit, y_fit, X_cal, y_cal, X_te, y_te, *, scaling, predictive
     t0 = time.perf_counter()
     y_pred, y_pis = est.predict_interval(X_te)
     _, std = est.predict(X_te, return_std=True)  # of y with include_noise, of f otherwise
+    std = std / est.std_scale_[0]  # the conformal normalisation σ̂ (return_std is calibrated by std_scale_)
     t_pred = time.perf_counter() - t0
     var = std ** 2 if include_noise else std ** 2 + est.noise_std_ ** 2
     f_std = np.sqrt(np.maximum(var - est.noise_std_ ** 2, 0.0))
