@@ -11,7 +11,8 @@ from sklearn.utils.validation import check_is_fitted
 from ..calibration import class_probabilities
 from ..likelihoods import Categorical
 from ..predictive import conformal_sets, prediction_sets
-from ._base import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, LaplaceActiveSubspaceBase
+from ._base import LaplaceActiveSubspaceBase
+from ._docs import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC
 
 __all__ = ["LaplaceActiveSubspaceClassifier"]
 

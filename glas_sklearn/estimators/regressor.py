@@ -15,7 +15,8 @@ from ..calibration import regression_moments
 from ..laplace import residual_noise_variance
 from ..likelihoods import Likelihood, resolve_likelihood
 from ..predictive import conformal_interval, linearized_interval, sampled_interval
-from ._base import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, LaplaceActiveSubspaceBase
+from ._base import LaplaceActiveSubspaceBase
+from ._docs import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC
 from ._validation import BOOLEAN, InstanceOf, Interval, Options
 
 __all__ = ["LaplaceActiveSubspaceRegressor"]
