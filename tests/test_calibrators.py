@@ -250,3 +250,14 @@ def test_coverage_display_asks_the_fitted_calibrator():
     with pytest.raises(ValueError, match=r"calibration=ConformalCalibrator\(conformity_score=AbsoluteResidual\(\)\)"):
         CoverageDisplay.from_estimator(conformal)
     plt.close("all")
+
+
+def test_pickle_from_before_calibrator_objects_says_refit():
+    X, y = _data(40)
+    est = LaplaceActiveSubspaceRegressor(**SMALL).fit(X, y)
+    state = est.__getstate__()
+    del state["calibrator_"]
+    old = LaplaceActiveSubspaceRegressor.__new__(LaplaceActiveSubspaceRegressor)
+    with pytest.warns(UserWarning, match="no fitted calibrator_.*refit it"):
+        old.__setstate__(state)
+    assert old.n_components_ == est.n_components_

@@ -818,6 +818,10 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             state.setdefault("sigma0_search_", None)
             state.setdefault("sigma0_rows_", np.zeros(0, dtype=np.int64))
             state.setdefault("n_sigma0_rows_", 0)
+            if "calibrator_" not in state:
+                warnings.warn(f"This {type(self).__name__} was fitted by an earlier glas-sklearn, before calibration "
+                              "methods were objects: it has no fitted calibrator_, so its intervals and sets cannot "
+                              "be predicted; refit it.", UserWarning, stacklevel=2)
         blob = state.pop("_torch_state", None)
         saved_device = state.pop("_torch_device", None)
         if blob is not None:
