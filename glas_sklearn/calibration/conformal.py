@@ -83,8 +83,8 @@ class ConformityScore(ABC):
         region = self.region(prediction, quantiles)
         return mean_set_size(region) if self.classification else mean_interval_width(region)
 
-    def __repr__(self) -> str:
-        return f"{type(self).__name__}()"
+    def __repr__(self) -> str:  # the hyperparameters a subclass stores, if any
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
 
 
 class RegressionScore(ConformityScore):
