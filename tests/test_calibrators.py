@@ -261,3 +261,15 @@ def test_pickle_from_before_calibrator_objects_says_refit():
     with pytest.warns(UserWarning, match="no fitted calibrator_.*refit it"):
         old.__setstate__(state)
     assert old.n_components_ == est.n_components_
+
+
+@pytest.mark.parametrize("check", ["check_estimators_overwrite_params", "check_dont_overwrite_parameters",
+                                   "check_get_params_invariance", "check_set_params", "check_fit_idempotent"])
+def test_sklearn_parameter_checks_with_a_calibrator_instance(check):
+    """scikit-learn's checks that fit leaves the parameters (here a calibrator holding a user score) untouched."""
+    from sklearn.utils import estimator_checks
+
+    est = LaplaceActiveSubspaceRegressor(**SMALL, calibration=ConformalCalibrator(AbsoluteResidual()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)
+        getattr(estimator_checks, check)(type(est).__name__, est)
