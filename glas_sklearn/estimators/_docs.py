@@ -48,12 +48,14 @@ PARAMETERS_DOC = """\
         "low_rank_diag": the curvature P Λ Pᵀ plus the GGN's residual diagonal max(diag(G) − Σ_j λ_j p_j², 0)
         (exact, from per-record Jacobians of the training rows), Σ by Woodbury; σ0 and the predictive
         resolve as for "low_rank".
-    calibration : {"conformal", "coverage"}, default="conformal"
-        "conformal": split conformal on the calibration rows at a fixed d, with coverage ≥ 1 − γ for
-        exchangeable data at any number of rows: regression intervals ŷ ± q σ̂ with q the
-        ⌈(n + 1)(1 − γ)⌉-th smallest |y − ŷ| / σ̂ (per output), classification sets {c : 1 − p_c ≤ q} (LAC).
-        "coverage" (the paper): d is the smallest whose posterior intervals or sets cover the level.
-        The paper's method is ``calibration="coverage", posterior="subspace"``.
+    calibration : {"conformal", "coverage"} or Calibrator, default="conformal"
+        "conformal" (:class:`~glas_sklearn.calibration.ConformalCalibrator`): split conformal on the calibration
+        rows at a fixed d, with coverage ≥ 1 − γ for exchangeable data at any number of rows: regression
+        intervals ŷ ± q σ̂ with q the ⌈(n + 1)(1 − γ)⌉-th smallest |y − ŷ| / σ̂ (per output), classification
+        sets {c : 1 − p_c ≤ q} (LAC); ``ConformalCalibrator(conformity_score=...)`` takes another score.
+        "coverage" (:class:`~glas_sklearn.calibration.CoverageCalibrator`, the paper): d is the smallest whose
+        posterior intervals or sets cover the level. The paper's method is
+        ``calibration="coverage", posterior="subspace"``.
     predictive : {"auto", "sampled", "linearized"}, default="auto"
         Push posterior samples through the network, or use the linearised network's Gaussian. "auto":
         "linearized" for the low-rank posteriors (the complement perturbs every weight: meaningful for the
@@ -130,6 +132,9 @@ ATTRIBUTES_DOC = """\
         "conformal" only (None otherwise): the sorted calibration scores, |y − ŷ| / σ̂ of shape (n, M)
         (regression) or 1 − p_y of shape (n,) (classification); the quantile for any level is computed from
         them at prediction time.
+    calibrator_ : Calibrator
+        The fitted calibrator (``calibration`` resolved to an object and fitted on the calibration rows);
+        predictions and plots ask it.
     calibration_seed_ : int
         The seed of the calibration's posterior samples (predictions reuse them).
     calibration_reached_ : bool or None
