@@ -169,6 +169,18 @@ def test_resolve_likelihood_names_and_instances():
     assert Gaussian().mean_output(out) is out
 
 
+def test_default_conformity_scores_are_the_calibration_defaults_of_their_task():
+    from glas_sklearn.calibration import LAC, StdNormalizedResidual
+    from glas_sklearn.calibration.conformal import resolve_conformity_score
+
+    assert type(Gaussian().default_conformity_score()) is StdNormalizedResidual
+    assert type(Categorical().default_conformity_score()) is LAC
+    for lik, task in [(Gaussian(), "regression"), (Categorical(), "classification")]:
+        assert type(lik.default_conformity_score()) is type(resolve_conformity_score(None, task))
+    with pytest.raises(NotImplementedError, match="Poisson names no default conformity score"):
+        Poisson().default_conformity_score()
+
+
 def test_likelihood_parameters_repr_and_equality():
     lik = ScaledGaussian(scale=2.0)
     assert lik.get_params() == {"scale": 2.0}

@@ -1,10 +1,11 @@
-"""What the two estimators share: their hyperparameters (constraints and documentation), the fit
-orchestration (validate → split → train → posterior → choose d), prediction chunking and pickling."""
+"""What the two estimators share: their hyperparameters (constraints; their documentation is in _docs.py), the
+fit orchestration (validate → split → train → posterior → choose d) as named steps, the hooks each estimator
+implements (declared abstract here), prediction chunking and pickling. Input handling is in _inputs.py, the
+network θ0 in _network.py."""
 
 from __future__ import annotations
 
 import abc
-import copy
 import inspect
 import io
 import logging
@@ -14,19 +15,26 @@ import warnings
 
 import numpy as np
 import pandas as pd
-import scipy.sparse as sp
 import torch
 from sklearn.base import BaseEstimator
 from sklearn.model_selection import train_test_split
-from sklearn.utils.validation import check_array, check_is_fitted, check_X_y, validate_data
+from sklearn.utils.validation import check_is_fitted
 from torch import nn
 
 from .._checks import check_confidence_levels, numpy_rng
-from .._functional import eval_view
-from ..calibration import CalibrationWarning, choose_dimension, conformal_calibrate, conformal_quantile, tune_sigma0
+from ..calibration import (
+    CALIBRATIONS,
+    CalibrationWarning,
+    Calibrator,
+    choose_dimension,
+    resolve_calibration,
+    tune_sigma0,
+)
 from ..laplace import fit_laplace_subspace
 from ..likelihoods import Likelihood
-from ._training import OPTIMIZERS, default_mlp, seeded_torch, train_module
+from ._inputs import InputsMixin
+from ._network import NetworkMixin
+from ._training import OPTIMIZERS, train_module
 from ._validation import (
     BOOLEAN,
     NO_VALIDATION,
@@ -37,7 +45,7 @@ from ._validation import (
     validate_hyperparameters,
 )
 
-__all__ = ["ATTRIBUTES_DOC", "LaplaceActiveSubspaceBase", "NOTES_DOC", "PARAMETERS_DOC"]
+__all__ = ["LaplaceActiveSubspaceBase"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,179 +58,6 @@ _TORCH_STATE = ("module", "module_", "posterior_")
 _PREDICT_BUDGET = 2**24
 # Offset of the seed of the sigma0="nll" tuning / conformal split from the calibration split's seed.
 _SIGMA0_SPLIT = 7919
-
-# numpydoc fragments shared by both estimators' docstrings: each parameter and attribute is documented once.
-PARAMETERS_DOC = """\
-    module : None, torch.nn.Module, skorch net or callable, default=None
-        None: an MLP (two tanh layers of 50; ``module_kwargs`` may set ``hidden_layer_sizes`` and
-        ``activation``, one of "tanh", "relu", "gelu", "silu"), for 2-D tables only. A module instance is
-        copied before training; with ``prefit=True`` it is used as θ0 as it is, never trained, moved or
-        modified (a fitted skorch net: its ``module_``). A callable is called with ``module_kwargs``. The
-        network maps the rows of ``X``, ``(n, *input_shape)``, to (n, n_outputs) for regression and to logits
-        (n, n_classes) for classification: one prediction per row. ``X`` may have any rank (images
-        (n, C, H, W), token ids (n, T)); with a module given, integer ``X`` reaches it as ``torch.long``
-        (token ids for ``nn.Embedding``), floating ``X`` in ``dtype``. With the default MLP an integer
-        table is a table of numbers.
-    module_kwargs : dict, optional
-        Keyword arguments of the default MLP or of the callable ``module``.
-    prefit : bool, default=False
-        The module is already trained (inputs and targets in the user's own units; ``standardize`` is then
-        ignored). The rows of ``X`` are its training data, less the calibration part.
-    scaling : {"auto", "mean", "standard"} or float, default="auto"
-        Posterior scaling: β = 1/σ² ("mean", the paper's proposal), N/σ² ("standard", Bayes) or a given β;
-        for classification and the heteroscedastic likelihood "mean" is β = 1 and "standard" is β = N.
-        "auto": "standard" for the heteroscedastic likelihood (under "mean" the posterior's variance in the
-        data-constrained directions swamps the network's own σ(x) on the quiet rows,
-        benchmarks/results/synthetic_heteroscedastic.md), "mean" otherwise.
-    n_components : "auto" or int, default="auto"
-        The subspace dimension d. "auto": with ``calibration="coverage"`` the smallest d whose intervals
-        cover the first level on the calibration rows (up to ``max_components``); with
-        ``calibration="conformal"`` d = ``max_components`` (fixed before the calibration rows are seen, so
-        the conformal guarantee holds). A given d must be smaller than the number D of trainable weights.
-    max_components : int, default=50
-        The eigenpairs computed for ``n_components="auto"``, at most D − 1.
-    sigma0 : {"auto", "eb_subspace", "eb_full", "nll"} or float, default="auto"
-        Prior standard deviation (in the network's weight units), fitted at each d: "eb_subspace" by the
-        paper's empirical Bayes in the subspace, "eb_full" by the full-space condition over all D weights
-        (tr Σ = ‖θ0‖²). "nll" (``calibration="conformal"`` only): the σ0 in [0, σ0_EB] (σ0_EB the "eb_full"
-        value; 0 gives the trained network's own predictive, the MAP probabilities) that minimises the mean
-        predictive NLL (−log p_y; regression −log N(y; ŷ, σ̂²)) of half of the calibration rows, searched in
-        log σ0 with both ends compared; the conformal scores use the other half (at least the rows a conformal
-        quantile needs), so the guarantee holds. "auto": "eb_subspace" for ``posterior="subspace"`` (the paper)
-        and for the low-rank regressor (its conformal intervals depend only on the shape of σ̂(x), and the
-        larger subspace σ0 widens them more where the network extrapolates); for the low-rank classifier "nll"
-        under ``calibration="conformal"`` (its probabilities depend on the scale itself, and even the full-space
-        EB σ0 made them worse than the MAP network's on digits) and "eb_full" under "coverage".
-    posterior : {"low_rank", "low_rank_diag", "subspace"}, default="low_rank"
-        "subspace" (the paper): θ = θ0 + P z, no variance off the top-d eigenvectors. "low_rank": the Laplace
-        posterior of the rank-d curvature, Σ = P diag(σ_j²) Pᵀ + σ0² (I − P Pᵀ): the directions the data do
-        not constrain keep the prior's variance, so intervals widen where the network extrapolates.
-        "low_rank_diag": the curvature P Λ Pᵀ plus the GGN's residual diagonal max(diag(G) − Σ_j λ_j p_j², 0)
-        (exact, from per-record Jacobians of the training rows), Σ by Woodbury; σ0 and the predictive
-        resolve as for "low_rank".
-    calibration : {"conformal", "coverage"}, default="conformal"
-        "conformal": split conformal on the calibration rows at a fixed d, with coverage ≥ 1 − γ for
-        exchangeable data at any number of rows: regression intervals ŷ ± q σ̂ with q the
-        ⌈(n + 1)(1 − γ)⌉-th smallest |y − ŷ| / σ̂ (per output), classification sets {c : 1 − p_c ≤ q} (LAC).
-        "coverage" (the paper): d is the smallest whose posterior intervals or sets cover the level.
-        The paper's method is ``calibration="coverage", posterior="subspace"``.
-    predictive : {"auto", "sampled", "linearized"}, default="auto"
-        Push posterior samples through the network, or use the linearised network's Gaussian. "auto":
-        "linearized" for the low-rank posteriors (the complement perturbs every weight: meaningful for the
-        linearised network, not for the non-linear one) and "sampled" for "subspace".
-    n_samples : int, default=1000
-        Posterior samples (at least 2) for the sampled predictive.
-    confidence_level : float or list of float, default=0.9
-        Interval (or prediction-set) level(s) 1 − γ, strictly between 0 and 1; the first one is the
-        calibration target.
-    calibration_size : float or int, default=0.1
-        Share (or number) of rows held out of ``X`` for calibration, when ``X_cal`` is not passed to ``fit``.
-        With ``calibration="conformal"`` a share is raised, if need be, to the ⌈1/γ⌉ − 1 rows (9 at 90 %)
-        that a finite conformal quantile needs at the highest level (one more with σ0 by "nll"; as far as the
-        data allow).
-    max_epochs : int, default=500
-        Training epochs when ``prefit=False``.
-    lr : float, default=1e-3
-        Learning rate.
-    batch_size : int or None, default=64
-        Rows per training step (None: all rows).
-    weight_decay : float, default=0.0
-        Weight decay of the optimizer.
-    optimizer : {"adam", "adamw", "sgd"} or torch.optim.Optimizer subclass, default="adam"
-        Built as ``optimizer(params, lr=lr, weight_decay=weight_decay)``.
-    standardize : "auto" or bool, default="auto"
-        Standardise the inputs (and regression targets) internally; results are in the original units.
-        Inputs are standardised only when they are a 2-D table of floats: "auto" leaves other inputs
-        (images, integer token ids) as they are and still standardises regression targets; True refuses
-        them (normalise images in the module or beforehand); False standardises nothing. Ignored with
-        ``prefit=True``.
-    padding_idx : int, optional
-        The token id that pads integer sequences ``X`` of shape (n, T) on the right. The rows are the
-        records (one prediction per sequence), so padding matters only as the model's input (e.g.
-        ``nn.Embedding(padding_idx=...)`` and masked pooling). At predict time (and for ``X_cal``), sequences
-        padded to another length are brought to the fitted length T: shorter ones are padded with
-        ``padding_idx``, longer ones cut where only padding follows. Per-position outputs (n, T, M), whose
-        padded positions must not count as records, are for the lower-level
-        :func:`~glas_sklearn.laplace.fit_laplace_subspace` with ``mask=X != padding_idx``.
-    subsample : int, optional
-        Build the curvature on a random subsample of that many training rows (paper §2.4).
-    eigen_method : {"lanczos", "eigsh"}, default="lanczos"
-        The eigen-solver: thick-restart Lanczos in torch, or scipy's ARPACK.
-    device : "auto" or str, default="auto"
-        "auto": where a prefit module lives, else CUDA when available, else CPU.
-    dtype : {"float32", "float64"}, default="float32"
-    random_state : int, RandomState or None, default=None
-        Seeds weight initialisation, training order, the calibration split, Lanczos and posterior samples.
-    verbose : int, default=0
-        0 silent; ≥ 1 progress bars."""
-
-ATTRIBUTES_DOC = """\
-    module_ : torch.nn.Module
-        The trained network (θ0).
-    n_components_ : int
-        The subspace dimension d used.
-    predictive_ : {"sampled", "linearized"}
-        The predictive used (``predictive`` with "auto" resolved).
-    sigma0_ : float
-        The prior standard deviation used at d (with "nll" the one chosen; 0 means the MAP predictive).
-    beta_ : float
-    likelihood_ : Likelihood
-        The likelihood of the fit (the regressor's ``likelihood`` resolved; the classifier's
-        :class:`~glas_sklearn.likelihoods.Categorical`): the training loss, the curvature's output Hessian and β.
-    eigenvalues_ : ndarray of shape (K,)
-        Top eigenvalues of the GGN (in the internal, standardised units).
-    calibration_ : pandas.DataFrame
-        "coverage": d, coverage, mean_width (regression: in the units of y for a single output, standardised
-        units otherwise) or mean_set_size (classification), sigma0 for every d evaluated on the calibration data
-        (the sampled predictive searches, evaluating a few d; the linearised one scans up to the chosen d);
-        :meth:`coverage_curve` gives the whole curve on any data. "conformal": one row per level: level, d,
-        quantile, coverage and mean_width / mean_set_size of the conformal intervals or sets on the
-        calibration rows, sigma0.
-    conformity_scores_ : ndarray or None
-        "conformal" only (None otherwise): the sorted calibration scores, |y − ŷ| / σ̂ of shape (n, M)
-        (regression) or 1 − p_y of shape (n,) (classification); the quantile for any level is computed from
-        them at prediction time.
-    calibration_seed_ : int
-        The seed of the calibration's posterior samples (predictions reuse them).
-    calibration_reached_ : bool or None
-        Whether the target coverage was reached (None when d was given, and with ``calibration="conformal"``).
-    eigen_info_ : dict
-        Products used, residuals and convergence of the eigen-solver.
-    posterior_ : ActiveSubspacePosterior
-    timings_ : dict
-        Wall seconds of training, curvature, calibration.
-    training_loss_ : list of float
-        Mean training loss per epoch (empty when prefit).
-    n_records_ : int
-        N, the training rows the curvature averages over.
-    n_calibration_rows_ : int
-        Rows used to choose d (``X_cal`` or the held-out part of ``X``), or with ``calibration="conformal"``
-        those the conformal scores come from (less the σ0 tuning rows with "nll").
-    n_sigma0_rows_ : int
-        With σ0 by "nll": the calibration rows σ0 was tuned on (disjoint from the conformal ones); 0 otherwise.
-    sigma0_rows_ : ndarray of int
-        Their positions among the calibration rows (``X_cal``, or the held-out part of ``X``), sorted; the
-        conformal rows are the others. Drawn from ``random_state``, stratified by class where possible.
-    sigma0_search_ : Sigma0Result or None
-        With "nll": the search (:func:`~glas_sklearn.calibration.tune_sigma0`: the chosen σ0, σ0_EB, the NLL
-        there, at 0 and at σ0_EB, every evaluation); None otherwise.
-    x_mean_, x_scale_ : ndarray or None
-        The internal standardisation of the inputs (None when off or prefit).
-    input_shape_ : tuple of int
-        The shape of one row of ``X`` seen in fit ((n_features,) for a table, (C, H, W) for images, (T,)
-        for token sequences); rows of another shape are refused at predict time.
-    n_features_in_ : int
-        The number of values in one row, prod(input_shape_) (the number of columns for a table).
-    feature_names_in_ : ndarray of str
-        Only when ``X`` has string column names (a pandas DataFrame)."""
-
-NOTES_DOC = """\
-    Posterior samples are drawn in weight space from a generator seeded by ``random_state`` and shared by
-    all rows, so a prediction does not depend on the other rows passed with it, on their order, or on the
-    global torch/numpy seeds (exactly so with ``dtype="float64"``; in float32 a matrix product may round
-    differently for different numbers of rows). Sparse inputs are densified. A fitted estimator pickles
-    (``pickle``, ``joblib``) with its network; one fitted on CUDA loads on a machine without CUDA, on the CPU."""
-
 
 def _check_level_list(confidence_level) -> list[float]:
     try:
@@ -245,7 +80,7 @@ def _is_optimizer_class(value) -> bool:
     return isinstance(value, type) and issubclass(value, torch.optim.Optimizer)
 
 
-class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
+class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metaclass=abc.ABCMeta):
     """Common machinery of :class:`LaplaceActiveSubspaceRegressor` and :class:`LaplaceActiveSubspaceClassifier`.
 
     Subclasses name their likelihood (:meth:`_resolve_likelihood`, fitted as ``likelihood_``), extend
@@ -262,7 +97,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         "max_components": [Interval(numbers.Integral, 1, None)],
         "sigma0": [Options("auto", "eb_subspace", "eb_full", "nll"), Interval(numbers.Real, 0, None, closed="neither")],
         "posterior": [Options("low_rank", "low_rank_diag", "subspace")],
-        "calibration": [Options("conformal", "coverage")],
+        "calibration": [InstanceOf(Calibrator, "a Calibrator (e.g. ConformalCalibrator(conformity_score=...))"),
+                        Options(*CALIBRATIONS)],
         "predictive": [Options("auto", "sampled", "linearized")],
         "n_samples": [Interval(numbers.Integral, 2, None)],
         "confidence_level": [Satisfies(_is_level_list, "a number or a non-empty list of numbers strictly between "
@@ -321,24 +157,34 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
     def _fit(self, X, y, X_cal, y_cal):
         """``fit`` of both estimators, one step per line in the order the data flows."""
         t_start = time.perf_counter()
-        validate_hyperparameters(self)
-        self.likelihood_ = self._resolve_likelihood()
-        self._check_sigma0_setting()
+        self._check_settings()
         X, y, X_cal, y_cal = self._validate_fit_data(X, y, X_cal, y_cal)
         device, dtype, seed = self._resolve_device(), _DTYPES[self.dtype], self._seed()
         if X_cal is None:
             X, X_cal, y, y_cal = self._split_off_calibration_rows(X, y, seed)
-        self._fit_scalers(X, y)
-        Xt = self._to_tensor(self._transform_X(X), device, dtype)
-        yt = self._target_tensor(y, device, dtype)
-        Xc = self._to_tensor(self._transform_X(X_cal), device, dtype)
-        yc = self._calibration_targets(y_cal, device, dtype)
+        Xt, yt, Xc, yc = self._fit_tensors(X, y, X_cal, y_cal, device, dtype)
         self.timings_ = {}
         self.module_ = self._theta0_module(Xt, yt, self._n_outputs(y), seed, dtype)
         self._fit_posterior(Xt, yt, Xc, yc, seed)
         self._choose_dimension(Xc, yc, seed)
         self.timings_["total"] = time.perf_counter() - t_start
         return self
+
+    def _check_settings(self) -> None:
+        """The hyperparameters checked (alone and together), and the likelihood resolved (``likelihood_``)."""
+        validate_hyperparameters(self)
+        self.likelihood_ = self._resolve_likelihood()
+        self._check_sigma0_setting()
+
+    def _fit_tensors(self, X, y, X_cal, y_cal, device, dtype):
+        """The input standardisation fitted on the training rows; training and calibration rows as tensors in the
+        internal units: ``Xt, yt, Xc, yc``."""
+        self._fit_scalers(X, y)
+        Xt = self._to_tensor(self._transform_X(X), device, dtype)
+        yt = self._target_tensor(y, device, dtype)
+        Xc = self._to_tensor(self._transform_X(X_cal), device, dtype)
+        yc = self._calibration_targets(y_cal, device, dtype)
+        return Xt, yt, Xc, yc
 
     def _validate_fit_data(self, X, y, X_cal, y_cal):
         """The training rows and, when given, the calibration rows, validated (X densified)."""
@@ -436,48 +282,38 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         return K
 
     def _choose_dimension(self, Xc, yc, seed: int) -> None:
-        """d on the calibration rows: the smallest reaching the first level ("auto"), or the given one (its
-        coverage recorded, not judged); σ0 at d; and the posterior samples' seed that predictions reuse.
-        With ``calibration="conformal"``: d fixed (given, or max_components) and the conformal scores."""
+        """d on the calibration rows by the calibrator: the smallest reaching the first level ("auto" under
+        "coverage"), or the given one (its coverage recorded, not judged); with a calibrator that needs a fixed
+        predictor ("conformal") d is fixed (given, or max_components) and σ0 may be tuned on part of the rows
+        first. σ0 at d, and the posterior samples' seed that predictions reuse."""
         t0 = time.perf_counter()
         self.predictive_ = self._resolved_predictive()
-        self.conformity_scores_ = None
         self.sigma0_search_, self.sigma0_rows_ = None, np.zeros(0, dtype=np.int64)
-        if self.calibration == "conformal":
-            d = self.posterior_.max_components if self.n_components == "auto" else self.n_components
-            if self._sigma0_choice() == "nll":
-                Xc, yc = self._tune_sigma0(Xc, yc, d, seed)
-            result = conformal_calibrate(
-                self.posterior_, Xc, yc, d=d, task=self._task,
-                confidence_level=_check_level_list(self.confidence_level),
-                predictive=self.predictive_, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
-                random_state=seed)
-            self.conformity_scores_ = result.scores
-            self.calibration_reached_ = None
-            self._store_calibration(result, Xc, seed, t0)
-            return
-        common = dict(task=self._task, confidence_level=_check_level_list(self.confidence_level)[0],
-                      predictive=self.predictive_, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
-                      random_state=seed, verbose=self.verbose)
-        if self.n_components == "auto":
-            result = choose_dimension(self.posterior_, Xc, yc, d_max=self.posterior_.max_components,
-                                      full_curve=False, **common)
-            self.calibration_reached_ = bool(result.reached)
-        else:
-            with warnings.catch_warnings():  # a user-chosen d: its coverage is recorded, not judged
-                warnings.simplefilter("ignore", CalibrationWarning)
-                result = choose_dimension(self.posterior_, Xc, yc, d_min=self.n_components,
-                                          d_max=self.n_components, **common)
-            self.calibration_reached_ = None
-        self._store_calibration(result, Xc, seed, t0)
+        calibrator = self._calibrator()
+        d = self.n_components
+        if d == "auto" and not calibrator.chooses_dimension:  # fixed before the calibration rows are seen
+            d = self.posterior_.max_components
+        if self._sigma0_choice() == "nll":
+            Xc, yc = self._tune_sigma0(Xc, yc, d, seed)
+        self.calibrator_ = calibrator.fit(
+            self.posterior_, Xc, yc, n_components=d, task=self._task, confidence_levels=self._levels(None),
+            predictive=self.predictive_, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
+            random_state=seed, verbose=self.verbose)
+        self.conformity_scores_ = self.calibrator_.scores_
+        self.calibration_reached_ = self.calibrator_.reached_
+        self._store_calibration(self.calibrator_, Xc, seed, t0)
 
-    def _store_calibration(self, result, Xc, seed: int, t0: float) -> None:
+    def _calibrator(self) -> Calibrator:
+        """``calibration`` as an unfitted calibrator object (the estimator's parameter is never fitted itself)."""
+        return resolve_calibration(self.calibration)
+
+    def _store_calibration(self, calibrator, Xc, seed: int, t0: float) -> None:
         self.timings_["calibration"] = time.perf_counter() - t0
-        self.n_components_ = int(result.n_components)
-        self.calibration_ = self._table_in_user_units(result.table.reset_index(drop=True))
+        self.n_components_ = int(calibrator.n_components_)
+        self.calibration_ = self._table_in_user_units(calibrator.table_.reset_index(drop=True))
         # Predictions draw the posterior samples (in weight space, shared by all rows) that the calibration saw.
         self.calibration_seed_ = seed
-        self._sample_seed_ = int(result.sample_seed)
+        self._sample_seed_ = int(calibrator.sample_seed_)
         self.sigma0_ = float(self.posterior_.fit_sigma0(self.n_components_))
         self.n_calibration_rows_ = int(len(Xc))
         self.n_sigma0_rows_ = int(len(self.sigma0_rows_))
@@ -487,7 +323,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         (over [0, σ0_EB], :func:`~glas_sklearn.calibration.tune_sigma0`) and a conformal part, returned, that
         the scores are computed on; the posterior's σ0 is then fixed at the chosen value. With too few rows for
         both parts, "auto" keeps the full-space EB σ0 and an explicit "nll" raises."""
-        n, n_need = len(Xc), self._conformal_rows_needed()
+        n, n_need = len(Xc), self._calibration_rows_needed()
         if n < n_need + 1:
             if self.sigma0 == "nll":
                 raise ValueError(f"{type(self).__name__}: sigma0='nll' needs at least {n_need + 1} calibration rows "
@@ -520,12 +356,13 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
                                       stratify=stratify)
         return np.sort(tune), np.sort(conf)
 
-    def _conformal_rows_needed(self) -> int:
-        """⌈1/γ⌉ − 1: the calibration rows a finite conformal quantile needs at the highest level."""
-        return int(np.ceil(1.0 / (1.0 - max(_check_level_list(self.confidence_level))) - 1e-9)) - 1
+    def _calibration_rows_needed(self) -> int:
+        """The calibration rows the calibrator needs at the estimator's levels ("conformal": ⌈1/γ⌉ − 1 at the
+        highest level, for a finite quantile)."""
+        return self._calibrator().rows_needed(self._levels(None))
 
     def _check_sigma0_setting(self) -> None:
-        if self.sigma0 == "nll" and self.calibration != "conformal":
+        if self.sigma0 == "nll" and not self._calibrator().requires_fixed_predictor:
             raise ValueError(f"{type(self).__name__}: sigma0='nll' tunes σ0 on part of the calibration rows for "
                              f"calibration='conformal'; with calibration={self.calibration!r} (the paper) σ0 is "
                              "empirical Bayes at every d: use sigma0='auto', 'eb_subspace', 'eb_full' or a float.")
@@ -552,50 +389,6 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
             return self.predictive
         return "linearized" if self.posterior in ("low_rank", "low_rank_diag") else "sampled"
 
-    def _conformal_quantiles(self, levels) -> np.ndarray:
-        """The conformal quantiles of the calibration scores at ``levels``; shape (k,) or (k, M)."""
-        return conformal_quantile(self.conformity_scores_, levels)
-
-    # ----------------------------------------------------------------- module
-    def _user_module(self) -> nn.Module | None:
-        """The nn.Module inside ``module`` when it is an instance (or a fitted skorch net)."""
-        if isinstance(self.module, nn.Module):
-            return self.module
-        inner = getattr(self.module, "module_", None)  # skorch's NeuralNet after fit
-        if isinstance(inner, nn.Module):
-            return inner
-        return None
-
-    def _build_module(self, n_features: int, n_outputs: int, seed: int) -> nn.Module:
-        user = self._user_module()
-        kwargs = dict(self.module_kwargs or {})
-        with seeded_torch(seed, torch.device("cpu")):  # initial weights from our seed, global RNG untouched
-            if user is not None:
-                return copy.deepcopy(user)  # never train the user's own instance
-            if self.module is None:
-                return default_mlp(n_features, n_outputs, **kwargs)
-            if callable(self.module):
-                module = self.module(**kwargs)
-                if not isinstance(module, nn.Module):
-                    raise TypeError(f"module(**module_kwargs) must return a torch.nn.Module, "
-                                    f"got {type(module).__name__}.")
-                return module
-        raise TypeError(f"module must be None, a torch.nn.Module, a fitted skorch net or a callable returning one; "
-                        f"got {type(self.module).__name__}.")
-
-    def _prefit_module(self, device: torch.device, dtype: torch.dtype) -> nn.Module:
-        """The user's trained module, used as it is: it must live on the estimator's device and dtype (one
-        without trainable parameters is refused where the posterior binds it)."""
-        user = self._user_module()
-        if user is None:
-            raise ValueError(f"{type(self).__name__}: prefit=True needs module to be a trained torch.nn.Module "
-                             f"(or a fitted skorch net), got {type(self.module).__name__}.")
-        p = next((p for p in user.parameters() if p.requires_grad), None)
-        if p is not None and (p.device != device or p.dtype != dtype):
-            raise ValueError(f"{type(self).__name__}: the prefit module lives on {p.device} with dtype {p.dtype}, "
-                             f"but the estimator was asked for device={str(device)!r}, dtype={self.dtype!r}; set "
-                             "device/dtype to match the module (it is never moved or copied).")
-        return user
 
     # --------------------------------------------------------------- helpers
     def _n_calibration_rows(self, n: int) -> int:
@@ -608,9 +401,9 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
                                  f"hold out at most {n - 2} rows, give a fraction, or pass X_cal and y_cal.")
             return int(cs)
         n_cal = max(1, int(np.ceil(cs * n)))
-        if self.calibration == "conformal":  # enough rows for a finite conformal quantile at every level
-            # (and one more to tune σ0 on with sigma0="nll")
-            n_cal = max(n_cal, self._conformal_rows_needed() + (self._sigma0_choice() == "nll"))
+        # enough rows for the calibrator (a finite conformal quantile at every level), and one more to tune σ0 on
+        # with sigma0="nll"
+        n_cal = max(n_cal, self._calibration_rows_needed() + (self._sigma0_choice() == "nll"))
         return int(min(n_cal, n - 2))
 
     @staticmethod
@@ -618,134 +411,6 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         """A stratified split needs two rows of every class and room for every class on both sides."""
         _, counts = np.unique(y, return_counts=True)
         return counts.min() >= 2 and len(counts) <= min(n_cal, len(y) - n_cal)
-
-    def _check_output_shape(self, module, x1, n_outputs) -> None:
-        name = type(self).__name__
-        try:
-            with torch.no_grad():
-                out = eval_view(module)(x1)  # a prefit module in train mode is probed through an eval-mode view
-        except (RuntimeError, TypeError, IndexError, ValueError) as err:
-            hint = ""
-            if not x1.is_floating_point():
-                hint = (" Integer inputs reach the module as torch.long token ids; for a table of integer-valued "
-                        "features pass X.astype(float).")
-            raise ValueError(f"{name}: the module cannot be evaluated on rows of shape {tuple(x1.shape[1:])} and "
-                             f"dtype {x1.dtype}: {err}.{hint}") from err
-        if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[1] != n_outputs:
-            shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            hint = ""
-            if isinstance(out, torch.Tensor) and out.ndim > 2:
-                hint = (" Per-position outputs (n, T, M), e.g. next-token logits, are not predictions per row: "
-                        "use glas_sklearn.laplace.fit_laplace_subspace(model, X, mask=X != padding_idx).")
-            raise ValueError(f"{name}: the module returns outputs of shape {shape}, but {n_outputs} "
-                             f"output(s) per row are needed for this {self._task} problem: (n, {n_outputs}).{hint}")
-
-    @staticmethod
-    def _to_tensor(X, device, dtype) -> torch.Tensor:
-        """Floating arrays in ``dtype``; integer arrays (token ids) as torch.long, the index type of nn.Embedding."""
-        X = np.ascontiguousarray(X)
-        if np.issubdtype(X.dtype, np.integer):
-            return torch.as_tensor(X, dtype=torch.long).to(device)
-        return torch.as_tensor(X, dtype=dtype).to(device)
-
-    @staticmethod
-    def _dense(X) -> np.ndarray:
-        """Networks take dense inputs: sparse matrices (e.g. one-hot encodings) are densified."""
-        return X.toarray() if sp.issparse(X) else X
-
-    def _validate_X(self, X, y="no_validation", *, reset: bool, **kwargs):
-        """X (and y) validated the scikit-learn way: any rank ≥ 2, finite, numeric, densified; float64, or int64
-        for token ids. ``reset=True`` (fit) records the row shape (``input_shape_``, ``n_features_in_``) and the
-        input kind; otherwise the rows are checked against them (token sequences brought to the fitted length
-        with ``padding_idx``)."""
-        check = dict(dtype="numeric", accept_sparse=("csr", "csc", "coo"), allow_nd=True, ensure_all_finite=True)
-        no_y = isinstance(y, str) and y == "no_validation"
-        if not reset and (len(self.input_shape_) != 1 or self._integer_input):
-            # validate_data would count features on the second axis only; rows of n-d inputs and token
-            # sequences (which have no feature names) are checked whole by _check_rows
-            if no_y:
-                out = check_array(X, estimator=self, input_name="X", **check)
-            else:
-                out = check_X_y(X, y, estimator=self, **check, **kwargs)
-        else:
-            out = validate_data(self, X, y, reset=reset, **check, **kwargs)
-        X, rest = (out[0], tuple(out[1:])) if isinstance(out, tuple) else (out, ())
-        X = self._dense(X)
-        if reset:
-            self.input_shape_ = tuple(int(s) for s in X.shape[1:])
-            self.n_features_in_ = int(np.prod(self.input_shape_))
-            # integer X is token ids for the user's module; for the default MLP a table of numbers
-            self._integer_input = bool(np.issubdtype(X.dtype, np.integer) and self.module is not None)
-        else:
-            X = self._check_rows(X)
-        X = X.astype(np.int64 if self._integer_input else np.float64, copy=False)
-        return (X,) + rest if rest else X
-
-    def _check_rows(self, X: np.ndarray) -> np.ndarray:
-        """X against what fit saw: token ids stay integers, and every row has the fitted shape."""
-        name = type(self).__name__
-        if self._integer_input and not np.issubdtype(X.dtype, np.integer):
-            raise ValueError(f"X has {X.dtype} values, but {name} was fitted on integer token ids; pass the ids as "
-                             "integers (e.g. X.astype(np.int64)).")
-        if self.padding_idx is not None and X.ndim == 2 and len(self.input_shape_) == 1:
-            X = self._to_fitted_length(X)
-        if tuple(X.shape[1:]) != self.input_shape_:
-            raise ValueError(f"X has rows of shape {tuple(X.shape[1:])}, but {name} was fitted on rows of shape "
-                             f"{self.input_shape_}: pass X of shape (n, {', '.join(map(str, self.input_shape_))}).")
-        return X
-
-    def _to_fitted_length(self, X: np.ndarray) -> np.ndarray:
-        """Token sequences (n, T') right-padded with ``padding_idx`` to the fitted length T, or cut to it where
-        only padding follows."""
-        T, pad = self.input_shape_[0], self.padding_idx
-        if X.shape[1] < T:
-            return np.concatenate([X, np.full((X.shape[0], T - X.shape[1]), pad, dtype=X.dtype)], axis=1)
-        if X.shape[1] > T:
-            rows = np.flatnonzero((X[:, T:] != pad).any(axis=1))
-            if rows.size:
-                raise ValueError(f"X has sequences of length {X.shape[1]}, and rows {rows[:5].tolist()} hold tokens "
-                                 f"other than padding_idx={pad} beyond the fitted length {T}; "
-                                 f"{type(self).__name__} was fitted on sequences of length {T} (refit on longer "
-                                 "ones, or truncate these).")
-            return X[:, :T]
-        return X
-
-    def _check_inputs_fit_the_settings(self) -> None:
-        """The input kind seen in fit against module, standardize and padding_idx."""
-        name, shape = type(self).__name__, self.input_shape_
-        if self.module is None and len(shape) != 1:
-            raise ValueError(f"{name}: X has rows of shape {shape}, but the default network is an MLP on 2-D tables; "
-                             f"pass a network that takes (n, {', '.join(map(str, shape))}) inputs as module= (e.g. a "
-                             f"CNN for images), or flatten X to (n, {self.n_features_in_}).")
-        table = len(shape) == 1 and not self._integer_input
-        if self.standardize is True and not self.prefit and not table:
-            what = "integer token ids" if self._integer_input else f"rows of shape {shape}"
-            raise ValueError(f"{name}: standardize=True applies to 2-D tables of floats, but X has {what}; use "
-                             "standardize='auto' (inputs left as they are, regression targets standardised) or "
-                             "False, and normalise the inputs in the module or beforehand.")
-        if self.padding_idx is not None and not (self._integer_input and len(shape) == 1):
-            raise ValueError(f"{name}: padding_idx={self.padding_idx} applies to integer token sequences (n, T) "
-                             f"passed to a module, but X has rows of shape {shape} and "
-                             f"{'integer' if self._integer_input else 'float'} values"
-                             f"{' for the default MLP' if self.module is None else ''}.")
-
-    def _standardizes_inputs(self) -> bool:
-        return (self.standardize is not False and not self.prefit and len(self.input_shape_) == 1
-                and not self._integer_input)
-
-    def _fit_scalers(self, X, y) -> None:
-        if self._standardizes_inputs():
-            mean = X.mean(axis=0)
-            scale = X.std(axis=0)
-            scale[~(scale > 1e-12 * np.maximum(1.0, np.abs(mean)))] = 1.0
-            self.x_mean_, self.x_scale_ = mean, scale
-        else:
-            self.x_mean_ = self.x_scale_ = None
-
-    def _transform_X(self, X):
-        if self.x_mean_ is None:
-            return X
-        return (X - self.x_mean_) / self.x_scale_
 
     def _check_fitted_X(self, X) -> torch.Tensor:
         check_is_fitted(self, "posterior_")
@@ -875,6 +540,10 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
             state.setdefault("sigma0_search_", None)
             state.setdefault("sigma0_rows_", np.zeros(0, dtype=np.int64))
             state.setdefault("n_sigma0_rows_", 0)
+            if "calibrator_" not in state:
+                warnings.warn(f"This {type(self).__name__} was fitted by an earlier glas-sklearn, before calibration "
+                              "methods were objects: it has no fitted calibrator_, so its intervals and sets cannot "
+                              "be predicted; refit it.", UserWarning, stacklevel=2)
         blob = state.pop("_torch_state", None)
         saved_device = state.pop("_torch_device", None)
         if blob is not None:

@@ -16,11 +16,18 @@ from torch import nn
 
 from .._checks import make_generator, numpy_rng
 from .._functional import eval_view, model_outputs
-from ..calibration import CalibrationWarning, Sigma0Result, conformal_quantile, regression_moments
+from ..calibration import (
+    CalibrationWarning,
+    ConformalCalibrator,
+    CoverageCalibrator,
+    Sigma0Result,
+    conformal_quantile,
+)
 from ..laplace import residual_noise_variance
 from ..likelihoods import HeteroscedasticGaussian, Likelihood, NaturalParameterHead, resolve_likelihood
-from ..predictive import conformal_interval, linearized_interval, sampled_interval
-from ._base import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, LaplaceActiveSubspaceBase, _check_level_list
+from ..predictive import conformal_interval, linearized_interval
+from ._base import LaplaceActiveSubspaceBase
+from ._docs import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC
 from ._heteroscedastic import heteroscedastic_moments, tune_sigma0_heteroscedastic
 from ._validation import BOOLEAN, InstanceOf, Interval, Options
 
@@ -251,8 +258,8 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         source = self.noise_std
         if source == "auto":
             enough = len(Xc) >= _MIN_CALIBRATION_ROWS_FOR_NOISE
-            source = "calibration" if enough and self.calibration == "coverage" else "training"
-        elif source == "calibration" and self.calibration == "conformal":
+            source = "calibration" if enough and not self._calibrator().requires_fixed_predictor else "training"
+        elif source == "calibration" and self._calibrator().requires_fixed_predictor:
             warnings.warn("LaplaceActiveSubspaceRegressor: noise_std='calibration' with calibration='conformal' "
                           "estimates σ from the calibration rows, so the conformal scores depend on those rows "
                           "and the coverage guarantee is only approximate; use noise_std='training' or a "
@@ -310,11 +317,16 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         self.predictive_ = self._resolved_predictive()
         self.conformity_scores_ = None
         self.sigma0_search_, self.sigma0_rows_ = None, np.zeros(0, dtype=np.int64)
-        levels = _check_level_list(self.confidence_level)
+        levels = self._levels(None)
+        calibrator = self._calibrator()
+        if not isinstance(calibrator, (ConformalCalibrator, CoverageCalibrator)):
+            raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood='heteroscedastic' supports "
+                             f"calibration='conformal' or 'coverage', got {self.calibration!r}.")
+        self.calibrator_ = None  # the heteroscedastic predictive is calibrated here (scores or the d search)
         p = self.posterior_
         sample_seed = int(numpy_rng(seed).integers(0, 2**62))
         y = yc.reshape(len(yc), -1).to(torch.float64)
-        if self.calibration == "conformal":
+        if calibrator.requires_fixed_predictor:  # conformal: d fixed, scores |y − μ̂| / σ̂
             d = p.max_components if self.n_components == "auto" else self.n_components
             if self._sigma0_choice() == "nll":
                 Xc, yc = self._tune_sigma0(Xc, yc, d, seed)
@@ -331,7 +343,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             self.conformity_scores_ = scores
             self.calibration_reached_ = None
             table = pd.DataFrame(rows, columns=["level", "d", "quantile", "coverage", "mean_width", "sigma0"])
-            self._store_calibration(SimpleNamespace(n_components=d, table=table, sample_seed=sample_seed),
+            self._store_calibration(SimpleNamespace(n_components_=d, table_=table, sample_seed_=sample_seed),
                                     Xc, seed, t0)
             return
         level = levels[0]
@@ -359,7 +371,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
                               CalibrationWarning, stacklevel=4)
         self.calibration_reached_ = reached if self.n_components == "auto" else None
         table = pd.DataFrame(rows, columns=["d", "coverage", "mean_width", "sigma0"])
-        self._store_calibration(SimpleNamespace(n_components=chosen, table=table, sample_seed=sample_seed),
+        self._store_calibration(SimpleNamespace(n_components_=chosen, table_=table, sample_seed_=sample_seed),
                                 Xc, seed, t0)
 
     def _set_std_scale(self) -> None:
@@ -393,36 +405,18 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
     def _predictive(self, Xt: torch.Tensor, levels=None):
         """For one chunk of rows, in internal units: the predictive mean and standard deviation (of f, or
-        of y with ``include_noise``), (n, M) each, and the interval bounds (n, M, 2, k) when ``levels``."""
-        p, d = self.posterior_, self.n_components_
-        if self._lik is not None:  # N(μ̂, σ_ale² + σ_epi²): conformal ŷ ± q σ̂, or its Gaussian intervals
-            mean, ale, epi = self._het_moments(Xt, d, self._sample_seed_)
+        of y with ``include_noise``), (n, M) each, and the interval bounds (n, M, 2, k) when ``levels``, as
+        the fitted calibrator makes them ("conformal": ŷ ± q σ̂; "coverage": the posterior's own intervals).
+        Heteroscedastic: N(μ̂, σ_ale² + σ_epi²), conformal ŷ ± q σ̂ or its Gaussian intervals."""
+        if self._lik is not None:
+            mean, ale, epi = self._het_moments(Xt, self.n_components_, self._sample_seed_)
             var = ale + epi
             bounds = None
             if levels is not None:
-                bounds = (conformal_interval(mean, var.sqrt(), self._conformal_quantiles(levels))
-                          if self.calibration == "conformal" else linearized_interval(mean, var, levels))
+                bounds = (conformal_interval(mean, var.sqrt(), conformal_quantile(self.conformity_scores_, levels))
+                          if self.conformity_scores_ is not None else linearized_interval(mean, var, levels))
             return mean, var.sqrt(), bounds
-        if self.calibration == "conformal":  # ŷ ± q σ̂, σ̂ as the calibration scores were normalised
-            mean, std = regression_moments(p, Xt, d, predictive=self.predictive_, n_samples=self.n_samples,
-                                           noise_var=self._interval_noise_var(), random_state=self._sample_seed_)
-            bounds = None if levels is None else conformal_interval(mean, std, self._conformal_quantiles(levels))
-            return mean, std, bounds
-        if self.predictive_ == "sampled":
-            s = p.predict_samples(Xt, d, self.n_samples, random_state=self._sample_seed_)
-            mean, var = s.mean(0), s.var(0, unbiased=False)
-        else:
-            s = None
-            mean, var = p.predict_mean(Xt), p.linearized_variance(Xt, d).clamp_min(0)
-        if self.include_noise:
-            var = var + torch.as_tensor(self._noise_var_out, dtype=var.dtype, device=var.device)
-        bounds = None
-        if levels is not None:
-            if s is not None:
-                _, bounds = sampled_interval(s, levels, noise_var=self._interval_noise_var())
-            else:  # var already holds the noise with include_noise
-                bounds = linearized_interval(mean, var, levels)
-        return mean, var.sqrt(), bounds
+        return self.calibrator_.predict_interval(self.posterior_, Xt, levels)
 
     def _predict_rows(self, X, levels=None):
         """:meth:`_predictive` over all rows of X, chunk by chunk (bounded memory for large X)."""

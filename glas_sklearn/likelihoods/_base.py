@@ -124,8 +124,10 @@ class Likelihood(abc.ABC):
         return output
 
     def default_conformity_score(self):
-        """The conformity score split-conformal calibration uses for this likelihood by default."""
-        raise NotImplementedError(f"{type(self).__name__} names no default conformity score.")
+        """The conformity score (:mod:`glas_sklearn.calibration`) that split-conformal calibration uses for this
+        likelihood by default; a subclass without one raises NotImplementedError."""
+        raise NotImplementedError(f"{type(self).__name__} names no default conformity score; pass one to "
+                                  "ConformalCalibrator(conformity_score=...).")
 
     # ------------------------------------------------------------ parameters
     @classmethod

@@ -46,3 +46,9 @@ class Categorical(Likelihood):
         """Σ_c p_c J_ck² − (Σ_c p_c J_ck)² per record and weight k (p in the Jacobian's dtype)."""
         p = torch.softmax(output.to(jacobian.dtype), dim=-1).unsqueeze(-1)
         return (p * jacobian**2).sum(-2) - (p * jacobian).sum(-2) ** 2
+
+    def default_conformity_score(self):
+        """The least-ambiguous-class score 1 − p_y (:class:`~glas_sklearn.calibration.LAC`)."""
+        from ..calibration import LAC  # the calibration package sits above the likelihoods
+
+        return LAC()

@@ -42,6 +42,12 @@ class Gaussian(Likelihood):
         """diag(J_nᵀ J_n) = Σ_m J_mk² per record."""
         return (jacobian**2).sum(-2)
 
+    def default_conformity_score(self):
+        """|y − ŷ| / σ̂ (:class:`~glas_sklearn.calibration.StdNormalizedResidual`)."""
+        from ..calibration import StdNormalizedResidual  # the calibration package sits above the likelihoods
+
+        return StdNormalizedResidual()
+
     def _named_scaling_beta(self, factor: float, scaling: str, noise_var: float | None) -> float:
         if noise_var is None:
             raise ValueError(
