@@ -8,7 +8,7 @@ searches instead: d_max first (below the level: no d reaches it), then bisection
 evaluations (⌈log2 d_max⌉ + 1), or a short scan from d = 1 when the linearised curve says the answer is
 there; the answer is the scan's whenever "coverage ≥ level" is monotone in d.
 
-"conformal" (SPEC "Beyond the paper"; :func:`conformal_calibrate`): at a d fixed before looking at the
+"conformal" (beyond the paper, see the user guide; :func:`conformal_calibrate`): at a d fixed before looking at the
 calibration rows, split-conformal quantiles of std-normalised residuals |y − ŷ| / σ̂ (regression) or of the
 LAC score 1 − p_y (classification), with coverage ≥ 1 − γ for exchangeable data at any number of rows.
 

@@ -1,4 +1,4 @@
-"""The low-rank generalized Laplace posterior in the active subspace (SPEC "Posterior in the subspace").
+"""The low-rank generalized Laplace posterior in the active subspace (paper eqs. 4–5 and 43).
 
 θ = θ0 + P z, z ~ N(0, diag(σ_j²)), σ_j² = 1 / (β λ_j + σ0⁻²) (paper eq. 22, 43), with (λ_j, p_j) the leading
 eigenpairs of the generalized Gauss–Newton matrix and σ0 fitted by empirical Bayes in the subspace (eq. 39–41).
@@ -52,7 +52,7 @@ _FORM_BLOCK = 2**14
 
 
 def beta_for(scaling, n_records: int, noise_var: float | None = None, task: str = "regression") -> float:
-    """The posterior scaling β of the generalized posterior (SPEC table).
+    """The posterior scaling β of the generalized posterior (paper eq. 1, §4.1.1).
 
     Parameters
     ----------
@@ -99,7 +99,7 @@ def beta_for(scaling, n_records: int, noise_var: float | None = None, task: str 
 
 
 def estimate_noise_variance(residuals) -> float:
-    """σ² = mean of the squared residuals over all N·M entries (SPEC §2.3).
+    """σ² = mean of the squared residuals over all N·M entries (paper §2.3).
 
     Parameters
     ----------
@@ -148,7 +148,7 @@ class ActiveSubspacePosterior(BoundModel):
     sigma0 : {"auto", "eb_subspace", "eb_full"} or float, default="auto"
         The prior standard deviation σ0, fitted separately for every subspace dimension d
         (:meth:`fit_sigma0`): "eb_subspace" by the paper's empirical Bayes in the subspace (eq. 39–41),
-        "eb_full" by the full-space condition over all D weights (SPEC "Beyond the paper"); "auto" is
+        "eb_full" by the full-space condition over all D weights (beyond the paper, see the user guide); "auto" is
         "eb_subspace" for ``posterior="subspace"`` and "eb_full" for the two low-rank posteriors.
         A float (≥ 0; 0: no weight variance, the trained network's predictive) is used for every d;
         :meth:`set_sigma0` changes the setting after construction.

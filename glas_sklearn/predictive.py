@@ -1,4 +1,4 @@
-"""Predictive distributions from posterior samples or linearised moments (SPEC "Predictions").
+"""Predictive distributions from posterior samples or linearised moments (paper eqs. 43–46).
 
 Pure tensor functions with no knowledge of the model: regression intervals (sampled quantiles or Gaussian
 linearised intervals), class probabilities (averaged softmax, Monte Carlo or probit over a logit Gaussian),
@@ -286,7 +286,7 @@ def _quantiles_tensor(quantiles, like: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def conformal_interval(mean: Array, std: Array, quantiles) -> Array:
-    """Split-conformal intervals ŷ ± q_k σ̂ from std-normalised scores (SPEC "Beyond the paper").
+    """Split-conformal intervals ŷ ± q_k σ̂ from std-normalised scores (beyond the paper, see the user guide).
 
     Parameters
     ----------
