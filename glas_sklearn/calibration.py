@@ -9,7 +9,7 @@ evaluations (⌈log2 d_max⌉ + 1), or a short scan from d = 1 when the linearis
 there; the answer is the scan's whenever "coverage ≥ level" is monotone in d.
 
 "conformal" (beyond the paper, see the user guide; :func:`conformal_calibrate`): at a d fixed before looking at the
-calibration rows, split-conformal quantiles of std-normalised residuals |y − ŷ| / σ̂ (regression) or of the
+calibration rows, split-conformal quantiles of std-normalised residuals ``|y − ŷ|`` / σ̂ (regression) or of the
 LAC score 1 − p_y (classification), with coverage ≥ 1 − γ for exchangeable data at any number of rows.
 
 The prior scale by held-out likelihood (:func:`tune_sigma0`): σ0 between 0 (the trained network's own
@@ -398,7 +398,7 @@ def _search_dimension(probe, guess: dict, level: float, d_min: int, d_max: int) 
 
 
 def _match_regression(y: torch.Tensor, out_shape: tuple) -> torch.Tensor:
-    """Targets reshaped to the model's output shape (n, *out): (n,) is accepted for a single output."""
+    """Targets reshaped to the model's output shape ``(n, *out)``: (n,) is accepted for a single output."""
     if tuple(y.shape) == out_shape:
         return y
     if y.numel() == int(np.prod(out_shape)) and out_shape[-1:] == (1,) and tuple(y.shape) == out_shape[:-1]:
@@ -467,7 +467,7 @@ def regression_moments(posterior: ActiveSubspacePosterior, X: torch.Tensor, d: i
 
     Returns
     -------
-    mean, std : torch.Tensor of shape (n, *out)
+    mean, std : torch.Tensor of shape ``(n, *out)``
     """
     predictive = check_choice("predictive", predictive, ("sampled", "linearized"))
     if predictive == "sampled":
@@ -510,7 +510,7 @@ class ConformalResult:
     sigma0 : float
         The prior standard deviation at d.
     scores : ndarray
-        The calibration scores, sorted along axis 0: |y − ŷ| / σ̂ of shape (n, M) (regression, one column
+        The calibration scores, sorted along axis 0: ``|y − ŷ|`` / σ̂ of shape (n, M) (regression, one column
         per output) or 1 − p_y of shape (n,) (classification, the LAC score).
     confidence_levels : ndarray of shape (k,)
     quantiles : ndarray of shape (k, M) (regression) or (k,) (classification)
@@ -544,7 +544,7 @@ def conformal_calibrate(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor,
                         batch_size: int | None = None) -> ConformalResult:
     """Split-conformal calibration of the posterior's predictive at a given d.
 
-    Regression: scores s_i = |y_i − ŷ_i| / σ̂_i per output, with ŷ, σ̂ from :func:`regression_moments`
+    Regression: scores s_i = ``|y_i − ŷ_i|`` / σ̂_i per output, with ŷ, σ̂ from :func:`regression_moments`
     (σ̂² = σ_f² + σ² with ``noise_var``); the interval at level 1 − γ is ŷ ± q σ̂, q the
     ⌈(n + 1)(1 − γ)⌉-th smallest score (:func:`~glas_sklearn.predictive.conformal_interval`).
     Classification: the LAC score s_i = 1 − p̂_{y_i} and the sets {c : 1 − p̂_c ≤ q}

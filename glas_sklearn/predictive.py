@@ -122,11 +122,11 @@ def _mixture_quantiles(samples: torch.Tensor, noise_var: torch.Tensor, q: torch.
                        max_elements: int = 2**23) -> torch.Tensor:
     """Quantiles of the Gaussian mixture (1/S) Σ_s N(f_s, σ²): the predictive of y = f(x; θ) + ε.
 
-    ``samples`` (S, *b); ``noise_var`` broadcasts over b (zero entries give the plain sample quantile's
-    step-function limit, handled by a tiny floor); ``q`` (r,). Returns (r, *b). The CDF is monotone and
+    ``samples`` ``(S, *b)``; ``noise_var`` broadcasts over b (zero entries give the plain sample quantile's
+    step-function limit, handled by a tiny floor); ``q`` (r,). Returns ``(r, *b)``. The CDF is monotone and
     bracketed by min_s f_s + σ z_q ≤ t ≤ max_s f_s + σ z_q, so a safeguarded Newton iteration converges
     in a few steps; rows are processed in chunks of at most ``max_elements`` mixture terms. The CDF is
-    evaluated in the samples' precision (float32 samples: |F(t) − q| ≤ 1e-6; float64: ≤ 1e-12).
+    evaluated in the samples' precision (float32 samples: ``|F(t) − q|`` ≤ 1e-6; float64: ≤ 1e-12).
     """
     x = samples if samples.dtype in (torch.float32, torch.float64) else samples.to(torch.float64)
     tol = 1e-12 if x.dtype == torch.float64 else 1e-6
@@ -184,7 +184,7 @@ def sampled_interval(samples: Array, confidence_levels, noise_var=0.0) -> tuple[
     Parameters
     ----------
     samples : tensor or array of shape (S, n, M)
-        Network outputs at S posterior weight samples (any trailing shape (S, *b) works).
+        Network outputs at S posterior weight samples (any trailing shape ``(S, *b)`` works).
     confidence_levels : float or sequence of float
         Levels 1 − γ in (0, 1).
     noise_var : float or array of shape (M,), default=0.0
@@ -293,7 +293,7 @@ def conformal_interval(mean: Array, std: Array, quantiles) -> Array:
     mean : shape (n, M)
         ŷ(x).
     std : shape (n, M)
-        σ̂(x) > 0, the scale the calibration scores |y − ŷ| / σ̂ were divided by.
+        σ̂(x) > 0, the scale the calibration scores ``|y − ŷ|`` / σ̂ were divided by.
     quantiles : shape (k,) or (k, M)
         One conformal quantile per level (and per output), e.g. from
         :func:`glas_sklearn.calibration.conformal_quantile`; +inf gives an infinite interval.

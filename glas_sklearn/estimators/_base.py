@@ -97,7 +97,7 @@ PARAMETERS_DOC = """\
     calibration : {"conformal", "coverage"}, default="conformal"
         "conformal": split conformal on the calibration rows at a fixed d, with coverage ≥ 1 − γ for
         exchangeable data at any number of rows: regression intervals ŷ ± q σ̂ with q the
-        ⌈(n + 1)(1 − γ)⌉-th smallest |y − ŷ| / σ̂ (per output), classification sets {c : 1 − p_c ≤ q} (LAC).
+        ⌈(n + 1)(1 − γ)⌉-th smallest ``|y − ŷ|`` / σ̂ (per output), classification sets {c : 1 − p_c ≤ q} (LAC).
         "coverage" (the paper): d is the smallest whose posterior intervals or sets cover the level.
         The paper's method is ``calibration="coverage", posterior="subspace"``.
     predictive : {"auto", "sampled", "linearized"}, default="auto"
@@ -172,7 +172,7 @@ ATTRIBUTES_DOC = """\
         quantile, coverage and mean_width / mean_set_size of the conformal intervals or sets on the
         calibration rows, sigma0.
     conformity_scores_ : ndarray or None
-        "conformal" only (None otherwise): the sorted calibration scores, |y − ŷ| / σ̂ of shape (n, M)
+        "conformal" only (None otherwise): the sorted calibration scores, ``|y − ŷ|`` / σ̂ of shape (n, M)
         (regression) or 1 − p_y of shape (n,) (classification); the quantile for any level is computed from
         them at prediction time.
     calibration_seed_ : int
@@ -205,7 +205,7 @@ ATTRIBUTES_DOC = """\
         The shape of one row of ``X`` seen in fit ((n_features,) for a table, (C, H, W) for images, (T,)
         for token sequences); rows of another shape are refused at predict time.
     n_features_in_ : int
-        The number of values in one row, prod(input_shape_) (the number of columns for a table).
+        The number of values in one row, ``prod(input_shape_)`` (the number of columns for a table).
     feature_names_in_ : ndarray of str
         Only when ``X`` has string column names (a pandas DataFrame)."""
 
@@ -767,7 +767,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         y : array-like
             Targets (regression) or labels (classification).
         d_max : int, optional

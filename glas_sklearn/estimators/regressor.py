@@ -206,7 +206,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         y : array-like of shape (n_samples,) or (n_samples, n_outputs)
         X_cal, y_cal : array-like, optional
             Calibration data for choosing d; when absent, ``calibration_size`` of ``X`` is held out.
@@ -264,7 +264,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         return_std : bool, default=False
             Also return the predictive standard deviation: of f (parameter uncertainty only), or of y
             (``noise_std_`` added in quadrature) with ``include_noise=True``.
@@ -290,7 +290,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         confidence_level : float or list of float, optional
             Defaults to the estimator's ``confidence_level``.
 
@@ -320,7 +320,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples_X, n_features) or (n_samples_X, *input_shape_)
+        X : array-like of shape (n_samples_X, n_features) or ``(n_samples_X, *input_shape_)``
         n_samples : int, default=1
         random_state : int or None, default=0
 
