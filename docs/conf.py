@@ -121,7 +121,8 @@ def _title_and_summary(nb: dict) -> tuple[str, str]:
                     break
                 continue
             body.append(line.strip())
-        return title, _first_sentences(" ".join(body))
+        summary = _first_sentences(" ".join(body))
+        return title, summary[:-1] + "." if summary.endswith(":") else summary
     raise ValueError("a notebook without a '# title' markdown cell")
 
 
@@ -214,9 +215,10 @@ suppress_warnings = ["myst.header"]
 
 def _skip_foreign_members(app, what, name, obj, skip, options):
     """Members inherited from scikit-learn, torch or Python itself are theirs to document, not ours."""
-    if what != "class":
+    if what not in ("class", "exception"):
         return None
-    owner = getattr(obj, "__module__", None) or getattr(getattr(obj, "__func__", None), "__module__", None) or ""
+    owner = (getattr(obj, "__module__", None) or getattr(getattr(obj, "__func__", None), "__module__", None)
+             or getattr(getattr(obj, "__objclass__", None), "__module__", None) or "")  # the last: C methods
     if name.startswith("set_") and name.endswith("_request"):
         return True  # scikit-learn's metadata-routing setters
     if owner.split(".")[0] in {"sklearn", "torch", "builtins", "abc", "typing", "enum"}:
