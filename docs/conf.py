@@ -52,6 +52,8 @@ API_SECTIONS = [
      "What most users need: the two estimators, the interval scorers, and prediction through Pipelines."),
     ("glas_sklearn.metrics", "Interval metrics", "Coverage, width and the interval (Winkler) score."),
     ("glas_sklearn.compose", "Pipelines", "Intervals and prediction sets through Pipelines and target transforms."),
+    ("glas_sklearn.predictive", "Predictive distributions",
+     "Sampled and linearised intervals, class probabilities and prediction sets from a posterior."),
     ("glas_sklearn.calibration", "Calibration",
      "Choosing d by coverage (the paper), split-conformal calibration, σ0 by held-out NLL."),
     ("glas_sklearn.posterior", "Posterior", "The Laplace posterior in (or around) the active subspace."),
