@@ -1,7 +1,7 @@
 """The regressor's predictive under a heteroscedastic likelihood: the moments of y and σ0 by held-out NLL.
 
 Under the weight posterior the network gives, per row and target, a mean μ(x; θ) and a noise variance σ²(x; θ).
-The predictive for y is N(μ̂, σ_ale² + σ_epi²) with (SPEC, "Heteroscedastic")
+The predictive for y is N(μ̂, σ_ale² + σ_epi²) with
 
 - linearised: μ̂ = μ(x; θ0), σ_epi² = Var[μ] = J_μ Σ J_μᵀ (for natural parameters by the delta method on the
   linearised (η1, η2) covariance), σ_ale² = σ²(x; θ0) (the variance head's own posterior uncertainty is not

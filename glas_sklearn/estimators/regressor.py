@@ -133,7 +133,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
                  predictive="auto", n_samples=1000, confidence_level=0.9, calibration_size=0.1,
                  likelihood="gaussian", noise_std="auto", include_noise=False, max_epochs=500, lr=1e-3, batch_size=64,
                  weight_decay=0.0, optimizer="adam", standardize="auto", padding_idx=None, subsample=None,
-                 eigen_method="lanczos", device="auto", dtype="float32", random_state=None, verbose=0):
+                 eigen_method="lanczos", device="auto", dtype="auto", random_state=None, verbose=0):
         super().__init__(
             module, module_kwargs=module_kwargs, prefit=prefit, scaling=scaling, n_components=n_components,
             max_components=max_components, sigma0=sigma0, posterior=posterior, calibration=calibration,
@@ -390,7 +390,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         y : array-like of shape (n_samples,) or (n_samples, n_outputs)
         X_cal, y_cal : array-like, optional
             Calibration data for choosing d; when absent, ``calibration_size`` of ``X`` is held out.
@@ -438,7 +438,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         return_std : bool, default=False
             Also return the predictive standard deviation of y. With ``calibration="conformal"`` it is calibrated:
             the conformal normalisation σ̂(x) (heteroscedastic: sqrt(σ_ale²(x) + σ_epi²(x)); homoscedastic: σ_f,
@@ -468,7 +468,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         confidence_level : float or list of float, optional
             Defaults to the estimator's ``confidence_level``.
 
@@ -520,7 +520,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples_X, n_features) or (n_samples_X, *input_shape_)
+        X : array-like of shape (n_samples_X, n_features) or ``(n_samples_X, *input_shape_)``
         n_samples : int, default=1
         random_state : int or None, default=0
 

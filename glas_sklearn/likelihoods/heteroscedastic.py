@@ -4,7 +4,7 @@ Per record and target, y ~ N(μ(x), σ²(x)), with the loss ℓ = ½ (y − μ)�
 Two output layouts (``output=``), both with 2k outputs for k targets, means (or η1) first:
 
 - ``"mean_logvar"``: [μ_1 … μ_k, s_1 … s_k] with s = log σ². The Fisher (expected Hessian of ℓ) in (μ, s) is
-  H = diag(1/σ², ½), positive definite; it is the GGN's output Hessian (SPEC, "Heteroscedastic").
+  H = diag(1/σ², ½), positive definite; it is the GGN's output Hessian.
 - ``"natural"``: [η1_1 … η1_k, η2_1 … η2_k], the natural parameters η1 = μ/σ², η2 = −1/(2σ²) < 0 (Immer et al.
   2023). ℓ = −η1 y − η2 y² + A(η) is convex in η; its Hessian ∇²A = Cov(y, y²) = [[σ², 2μσ²], [2μσ², 4μ²σ² + 2σ⁴]]
   does not depend on y, so the GGN is exact there.
