@@ -46,6 +46,7 @@ def test_report_is_rendered_from_its_json(stem, script):
 
 @pytest.mark.parametrize("stem, name", [("uci_heteroscedastic", "uci_heteroscedastic"),
                                         ("uci_heteroscedastic_shift", "uci_heteroscedastic"),
+                                        ("uci_heteroscedastic_shift_gap", "uci_heteroscedastic"),
                                         ("synthetic_heteroscedastic", "synthetic_heteroscedastic"),
                                         ("calibrated_std", "calibrated_std")])
 def test_heteroscedastic_reports_are_rendered_from_their_json(stem, name, script):
