@@ -114,7 +114,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         "subsample": [None, Interval(numbers.Integral, 1, None)],
         "eigen_method": [Options("lanczos", "eigsh")],
         "device": NO_VALIDATION,  # checked when resolved (torch parses it)
-        "dtype": [Options(*_DTYPES)],
+        "dtype": [Options("auto", *_DTYPES)],
         "random_state": [None, Interval(numbers.Integral, 0, 2**32, closed="left"),
                          InstanceOf(np.random.RandomState, "a numpy.random.RandomState")],
         "verbose": [Interval(numbers.Integral, 0, None), BOOLEAN],
@@ -125,7 +125,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
                  predictive="auto", n_samples=1000, confidence_level=0.9,
                  calibration_size=0.1, max_epochs=500, lr=1e-3, batch_size=64, weight_decay=0.0,
                  optimizer="adam", standardize="auto", padding_idx=None, subsample=None, eigen_method="lanczos",
-                 device="auto", dtype="float32", random_state=None, verbose=0):
+                 device="auto", dtype="auto", random_state=None, verbose=0):
         self.module = module
         self.module_kwargs = module_kwargs
         self.prefit = prefit
@@ -159,7 +159,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         t_start = time.perf_counter()
         self._check_settings()
         X, y, X_cal, y_cal = self._validate_fit_data(X, y, X_cal, y_cal)
-        device, dtype, seed = self._resolve_device(), _DTYPES[self.dtype], self._seed()
+        device, dtype, seed = self._resolve_device(), self._resolve_dtype(), self._seed()
         if X_cal is None:
             X, X_cal, y, y_cal = self._split_off_calibration_rows(X, y, seed)
         Xt, yt, Xc, yc = self._fit_tensors(X, y, X_cal, y_cal, device, dtype)
@@ -212,6 +212,19 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
             raise ValueError(f"{type(self).__name__}: device={self.device!r} but CUDA is not available; "
                              "use device='cpu' or 'auto'.")
         return device
+
+    def _resolve_dtype(self) -> torch.dtype:
+        """``dtype`` as a torch dtype; "auto" follows a prefit module's trainable parameters, else float32."""
+        if self.dtype != "auto":
+            return _DTYPES[self.dtype]
+        user = self._user_module() if self.prefit else None
+        p = None if user is None else next((p for p in user.parameters() if p.requires_grad), None)
+        if p is None:
+            return torch.float32
+        if p.dtype not in _DTYPES.values():
+            raise ValueError(f"{type(self).__name__}: the prefit module's parameters are {p.dtype}; the posterior "
+                             "needs float32 or float64 weights (cast a copy of the module, e.g. net.float()).")
+        return p.dtype
 
     def _seed(self) -> int:
         """One integer seed for everything random in fit (fresh entropy when random_state is None; drawn from
@@ -424,7 +437,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         y : array-like
             Targets (regression) or labels (classification).
         d_max : int, optional

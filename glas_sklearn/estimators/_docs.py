@@ -51,7 +51,7 @@ PARAMETERS_DOC = """\
     calibration : {"conformal", "coverage"} or Calibrator, default="conformal"
         "conformal" (:class:`~glas_sklearn.calibration.ConformalCalibrator`): split conformal on the calibration
         rows at a fixed d, with coverage ≥ 1 − γ for exchangeable data at any number of rows: regression
-        intervals ŷ ± q σ̂ with q the ⌈(n + 1)(1 − γ)⌉-th smallest |y − ŷ| / σ̂ (per output), classification
+        intervals ŷ ± q σ̂ with q the ⌈(n + 1)(1 − γ)⌉-th smallest ``|y − ŷ|`` / σ̂ (per output), classification
         sets {c : 1 − p_c ≤ q} (LAC); ``ConformalCalibrator(conformity_score=...)`` takes another score.
         "coverage" (:class:`~glas_sklearn.calibration.CoverageCalibrator`, the paper): d is the smallest whose
         posterior intervals or sets cover the level. The paper's method is
@@ -100,7 +100,9 @@ PARAMETERS_DOC = """\
         The eigen-solver: thick-restart Lanczos in torch, or scipy's ARPACK.
     device : "auto" or str, default="auto"
         "auto": where a prefit module lives, else CUDA when available, else CPU.
-    dtype : {"float32", "float64"}, default="float32"
+    dtype : {"auto", "float32", "float64"}, default="auto"
+        The floating dtype of the network, the curvature and the posterior. "auto": the dtype of a prefit
+        module's parameters (it is never cast), float32 for a network the estimator builds.
     random_state : int, RandomState or None, default=None
         Seeds weight initialisation, training order, the calibration split, Lanczos and posterior samples.
     verbose : int, default=0
@@ -129,7 +131,7 @@ ATTRIBUTES_DOC = """\
         quantile, coverage and mean_width / mean_set_size of the conformal intervals or sets on the
         calibration rows, sigma0.
     conformity_scores_ : ndarray or None
-        "conformal" only (None otherwise): the sorted calibration scores, |y − ŷ| / σ̂ of shape (n, M)
+        "conformal" only (None otherwise): the sorted calibration scores, ``|y − ŷ|`` / σ̂ of shape (n, M)
         (regression) or 1 − p_y of shape (n,) (classification); the quantile for any level is computed from
         them at prediction time.
     calibrator_ : Calibrator
@@ -165,7 +167,7 @@ ATTRIBUTES_DOC = """\
         The shape of one row of ``X`` seen in fit ((n_features,) for a table, (C, H, W) for images, (T,)
         for token sequences); rows of another shape are refused at predict time.
     n_features_in_ : int
-        The number of values in one row, prod(input_shape_) (the number of columns for a table).
+        The number of values in one row, ``prod(input_shape_)`` (the number of columns for a table).
     feature_names_in_ : ndarray of str
         Only when ``X`` has string column names (a pandas DataFrame)."""
 
