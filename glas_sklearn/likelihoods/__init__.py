@@ -8,11 +8,11 @@ cross-entropy) are built in; a subclass of :class:`Likelihood` plugs in anywhere
 
 from __future__ import annotations
 
-from ._base import SCALINGS, Likelihood
+from ._base import Likelihood
 from .categorical import Categorical
 from .gaussian import Gaussian
 
-__all__ = ["SCALINGS", "Categorical", "Gaussian", "Likelihood", "resolve_likelihood"]
+__all__ = ["Categorical", "Gaussian", "Likelihood", "resolve_likelihood"]
 
 # Names → classes. "mse" and "cross_entropy" are the loss names GGNOperator(loss=...) has always taken.
 _NAMES = {"gaussian": Gaussian, "mse": Gaussian, "categorical": Categorical, "cross_entropy": Categorical}
