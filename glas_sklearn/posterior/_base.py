@@ -12,7 +12,6 @@ from __future__ import annotations
 import abc
 import logging
 import math
-import numbers
 from typing import ClassVar
 
 import numpy as np
@@ -226,27 +225,11 @@ class ActiveSubspacePosterior(PosteriorSampling, abc.ABC):
     def _sigma0_changed(self) -> None:
         """Drop what the kind caches for the previous σ0 (called by :meth:`set_sigma0`)."""
 
-    # ----------------------------------------------------------------- checks
-    def _check_d(self, d) -> int:
-        K = self.max_components
-        if isinstance(d, bool) or not isinstance(d, numbers.Integral):
-            raise ValueError(f"d must be an integer between 1 and K = {K}, got {d!r}.")
-        if not 1 <= d <= K:
-            raise ValueError(
-                f"d must be between 1 and K = {K} (the number of eigenpairs given), got {d}; "
-                "compute more eigenpairs to use a larger subspace."
-            )
-        return int(d)
-
     # ------------------------------------------------------------- properties
     @property
     def posterior(self) -> str:
         """The kind's name ("subspace", "low_rank", "low_rank_diag", or a user kind's)."""
         return self.name
-
-    @property
-    def max_components(self) -> int:
-        return int(self.eigenvalues.shape[0])
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()

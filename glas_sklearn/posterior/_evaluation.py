@@ -10,6 +10,7 @@ written into.
 from __future__ import annotations
 
 import logging
+import numbers
 
 import numpy as np
 import torch
@@ -33,8 +34,8 @@ _FORM_BLOCK = 2**14
 class PosteriorEvaluation(BoundModel):
     """Forwards at weight rows, JVPs, Jacobian projections and per-record Jacobians of a bound model.
 
-    The host class sets ``functional_model`` and ``eigenvectors`` (D, K) and provides ``_check_d``; it calls
-    :meth:`_init_evaluation` in its constructor. The cache of Jacobian quantities (J P, J Jᵀ and, when
+    The host class sets ``functional_model`` and ``eigenvectors`` (D, K) and calls :meth:`_init_evaluation` in its
+    constructor. The cache of Jacobian quantities (J P, J Jᵀ and, when
     ``_keep_record_jacobians`` is set and they fit in one chunk, the per-record Jacobians) belongs to the last
     ``X`` seen (the same tensor object, unmodified); it does not depend on the prior, and is not pickled.
     """
@@ -54,8 +55,24 @@ class PosteriorEvaluation(BoundModel):
         """D, the number of trainable weights."""
         return self.layout.size
 
+    @property
+    def max_components(self) -> int:
+        """K, the number of eigenvectors: the largest subspace dimension d available."""
+        return int(self.eigenvectors.shape[1])
+
     def _check_X(self, X) -> torch.Tensor:
         return self.functional_model.check_inputs(X, "X")
+
+    def _check_d(self, d) -> int:
+        K = self.max_components
+        if isinstance(d, bool) or not isinstance(d, numbers.Integral):
+            raise ValueError(f"d must be an integer between 1 and K = {K}, got {d!r}.")
+        if not 1 <= d <= K:
+            raise ValueError(
+                f"d must be between 1 and K = {K} (the number of eigenpairs given), got {d}; "
+                "compute more eigenpairs to use a larger subspace."
+            )
+        return int(d)
 
     # ------------------------------------------------------------------ chunking
     def _row_batches(self, n: int, batch_size: int | None) -> list[slice]:

@@ -20,8 +20,7 @@ class PosteriorSampling(PosteriorEvaluation):
     """z ~ N(0, diag σ_j²), weight normals ε ∈ R^D per sample (kinds ``off_subspace``), weight perturbations, and
     the sampled and linearised predictive draws.
 
-    The host class provides ``max_components``, ``off_subspace``, ``variances``, ``_check_d``, ``_check_z`` and the
-    kind's hook ``_perturbations_from_draws(z, eps)``.
+    The host class provides ``off_subspace``, ``variances`` and the kind's hook ``_perturbations_from_draws(z, eps)``.
     """
 
     off_subspace: bool
