@@ -14,6 +14,37 @@ condition, the output covariance from Jacobian projections, its default σ0 and 
 :class:`ActiveSubspacePosterior` (a user's own kind, e.g.); :func:`resolve_posterior` turns either into the class.
 A class rather than an instance: a kind is built from the curvature at fit time, so the unfitted choice is the
 class itself (as ``optimizer=torch.optim.SGD``); ``clone`` and ``get_params`` keep it as it is.
+
+A kind of one's own sets ``default_sigma0``, ``default_predictive`` and ``off_subspace`` and implements the three
+hooks; here Σ = P diag(σ_j²) Pᵀ + τ σ0² (I − P Pᵀ), the prior's variance off span(P) shrunk by τ:
+
+>>> import numpy as np, torch
+>>> class ShrunkComplement(ActiveSubspacePosterior):
+...     tau = 0.25
+...     default_sigma0, default_predictive, off_subspace = "eb_full", "linearized", True
+...
+...     def _perturbations_from_draws(self, z, eps):  # P z + √τ σ0 (ε − P Pᵀ ε)
+...         P = self.eigenvectors[:, :z.shape[1]]
+...         return self.perturbations(z) + (self.tau * self.fit_sigma0(z.shape[1]) ** 2) ** 0.5 * (eps - eps @ P @ P.T)
+...
+...     def _trace_condition(self, d):  # tr Σ(α) = Σ_j 1/(βλ_j + α) + τ (D − d)/α = ‖θ0‖²
+...         blam = self.beta * self.eigenvalues[:d].double().cpu().numpy()
+...         trace = lambda a: float(np.sum(1 / (blam + a))) + self.tau * (self.n_weights - d) / a
+...         return trace_condition(trace, self.n_weights, float(self.theta0.double().square().sum()), d)
+...
+...     def _output_covariance(self, X, jp, d, full_cov, batch_size):  # the variances only, for brevity
+...         gram = self.jacobian_gram(X, batch_size=batch_size)
+...         comp = self.tau * self.fit_sigma0(d) ** 2 * (gram - (jp.double() ** 2).sum(-1))
+...         return ((jp.double() ** 2 * self.variances(d).double()).sum(-1) + comp).to(self.dtype)
+>>> net = torch.nn.Linear(2, 1).double()
+>>> post = ShrunkComplement(net, torch.tensor([2.0, 1.0], dtype=torch.float64), torch.eye(3, 2, dtype=torch.float64),
+...                         beta=1.0)
+>>> post.linearized_variance(torch.ones(4, 2, dtype=torch.float64), 2).shape
+torch.Size([4, 1])
+
+``fit_laplace_subspace(..., posterior=ShrunkComplement)`` and ``LaplaceActiveSubspaceRegressor(
+posterior=ShrunkComplement)`` build it from the curvature (tests/test_posterior_kinds.py checks such a kind against
+dense matrices).
 """
 
 from __future__ import annotations
