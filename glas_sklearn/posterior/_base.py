@@ -103,7 +103,7 @@ class ActiveSubspacePosterior(PosteriorSampling, abc.ABC):
     sigma0 : {"auto", "eb_subspace", "eb_full"} or float, default="auto"
         The prior standard deviation σ0, fitted separately for every subspace dimension d (:meth:`fit_sigma0`):
         "eb_subspace" by the paper's empirical Bayes in the subspace (eq. 39–41), "eb_full" by the full-space
-        condition tr Σ = ‖θ0‖² over all D weights (SPEC "Beyond the paper"); "auto" is the kind's
+        condition tr Σ = ‖θ0‖² over all D weights (beyond the paper, see the user guide); "auto" is the kind's
         ``default_sigma0``. A float (≥ 0; 0: no weight variance, the trained network's predictive) is used for
         every d; :meth:`set_sigma0` changes the setting after construction.
     posterior : {"subspace", "low_rank", "low_rank_diag"} or ActiveSubspacePosterior subclass, optional
@@ -214,7 +214,7 @@ class ActiveSubspacePosterior(PosteriorSampling, abc.ABC):
     @abc.abstractmethod
     def _output_covariance(self, X: torch.Tensor, jp: torch.Tensor, d: int, full_cov: bool,
                            batch_size: int | None) -> torch.Tensor:
-        """J Σ Jᵀ of the linearised network (see :meth:`linearized_variance`), from jp = J P_d (n, *out, d)."""
+        """J Σ Jᵀ of the linearised network (see :meth:`linearized_variance`), from jp = J P_d ``(n, *out, d)``."""
 
     def _set_ggn_diagonal(self, ggn_diagonal) -> None:
         """Take diag(G) (kinds with ``needs_ggn_diagonal``); the others refuse it."""
@@ -354,8 +354,8 @@ class ActiveSubspacePosterior(PosteriorSampling, abc.ABC):
         X : torch.Tensor of shape (n, ...)
         d : int
         full_cov : bool, default=False
-            False: the variances σ_f², shape (n, *out) (e.g. (n, M)).
-            True: the covariance over the last output axis, shape (n, *out[:-1], M, M) (e.g. (n, M, M)).
+            False: the variances σ_f², shape ``(n, *out)`` (e.g. (n, M)).
+            True: the covariance over the last output axis, shape ``(n, *out[:-1], M, M)`` (e.g. (n, M, M)).
         batch_size : int, optional
             Input rows per JVP.
 

@@ -87,7 +87,7 @@ class PosteriorEvaluation(BoundModel):
 
     # ------------------------------------------------------------------ forwards
     def predict_mean(self, X: torch.Tensor, batch_size: int | None = None) -> torch.Tensor:
-        """f(x; θ0), the trained network's output; shape (n, *out)."""
+        """f(x; θ0), the trained network's output; shape ``(n, *out)``."""
         X = self._check_X(X)
         batch_size = check_positive_int("batch_size", batch_size, allow_none=True)
         f = self.functional_model
@@ -96,11 +96,11 @@ class PosteriorEvaluation(BoundModel):
         return torch.cat(outs, 0)
 
     def _forward_many(self, delta: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
-        """f(Xb; θ0 + δ_s) for every row δ_s of ``delta`` (c, D): shape (c, nb, *out)."""
+        """f(Xb; θ0 + δ_s) for every row δ_s of ``delta`` (c, D): shape ``(c, nb, *out)``."""
         return self._forward_weights(self.theta0 + delta, Xb)
 
     def _forward_weights(self, weights: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
-        """f(Xb; w_s) for every row w_s of ``weights`` (c, D) of whole weight vectors: shape (c, nb, *out)."""
+        """f(Xb; w_s) for every row w_s of ``weights`` (c, D) of whole weight vectors: shape ``(c, nb, *out)``."""
         f = self.functional_model
         batched = self.layout.unflatten_rows(weights)
         if self._vmap_forward_ok is not False:
@@ -132,7 +132,7 @@ class PosteriorEvaluation(BoundModel):
 
     # ---------------------------------------------------------------------- JVPs
     def _jvp_many(self, tangents: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
-        """J(Xb) t_k for every row t_k of ``tangents`` (c, D): shape (c, nb, *out)."""
+        """J(Xb) t_k for every row t_k of ``tangents`` (c, D): shape ``(c, nb, *out)``."""
         fm = self.functional_model
         batched = self.layout.unflatten_rows(tangents)
 
@@ -167,7 +167,7 @@ class PosteriorEvaluation(BoundModel):
         return cache
 
     def jacobian_projections(self, X: torch.Tensor, d: int, batch_size: int | None = None) -> torch.Tensor:
-        """J(x) p_j for j ≤ d by forward-mode JVPs; shape (n, *out, d).
+        """J(x) p_j for j ≤ d by forward-mode JVPs; shape ``(n, *out, d)``.
 
         The result for the last ``X`` (the same tensor object, unmodified) is cached and extended column by
         column, so calling it for d = 1, …, K costs K JVPs in total.
@@ -206,8 +206,8 @@ class PosteriorEvaluation(BoundModel):
         return blocks
 
     def jacobian_gram(self, X: torch.Tensor, full_cov: bool = False, batch_size: int | None = None) -> torch.Tensor:
-        """J(x) J(x)ᵀ over the last output axis, per record: ‖J_m(x)‖² of shape (n, *out) (``full_cov=False``)
-        or the (M × M) blocks, shape (n, *out[:-1], M, M); in float64.
+        """J(x) J(x)ᵀ over the last output axis, per record: ‖J_m(x)‖² of shape ``(n, *out)`` (``full_cov=False``)
+        or the (M × M) blocks, shape ``(n, *out[:-1], M, M)``; in float64.
 
         Per-record Jacobians by reverse mode, vectorised over records with ``torch.func.vmap`` where the
         model allows it (a loop over records otherwise), in chunks of records holding at most about

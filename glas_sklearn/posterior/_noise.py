@@ -1,4 +1,4 @@
-"""The posterior scaling β and the observation-noise variance σ² it is built from (SPEC table, §2.3)."""
+"""The posterior scaling β and the observation-noise variance σ² it is built from (paper eq. 1, §2.3, §4.1.1)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ _SCALINGS = ("mean", "standard")
 
 
 def beta_for(scaling, n_records: int, noise_var: float | None = None, task: str = "regression") -> float:
-    """The posterior scaling β of the generalized posterior (SPEC table).
+    """The posterior scaling β of the generalized posterior (paper eq. 1, §4.1.1).
 
     Parameters
     ----------
@@ -63,7 +63,7 @@ def beta_for(scaling, n_records: int, noise_var: float | None = None, task: str 
 
 
 def estimate_noise_variance(residuals) -> float:
-    """σ² = mean of the squared residuals over all N·M entries (SPEC §2.3).
+    """σ² = mean of the squared residuals over all N·M entries (paper §2.3).
 
     Parameters
     ----------

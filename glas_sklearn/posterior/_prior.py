@@ -1,4 +1,5 @@
-"""Empirical Bayes for the prior precision α = σ0⁻² (paper eq. 39–41, SPEC "Beyond the paper").
+"""Empirical Bayes for the prior precision α = σ0⁻² (paper eq. 39–41; the full-space conditions go beyond the
+paper, see the user guide).
 
 Every condition is one equation excess(log α) = 0 whose left side falls strictly in log α: the paper's
 condition in the subspace (the same for every posterior kind), and a full-space condition tr Σ(α) = ‖θ0‖² that

@@ -137,7 +137,7 @@ class PosteriorSampling(PosteriorEvaluation):
 
         Returns
         -------
-        torch.Tensor of shape (S, n, *out)
+        torch.Tensor of shape ``(S, n, *out)``
         """
         X = self._check_X(X)
         batch_size = check_positive_int("batch_size", batch_size, allow_none=True)
@@ -158,7 +158,7 @@ class PosteriorSampling(PosteriorEvaluation):
     def linearized_samples(self, X: torch.Tensor, d: int, n_samples: int = 1000, random_state=None,
                            batch_size: int | None = None) -> torch.Tensor:
         """Draws of the linearised network f(x; θ0) + J(x)(θ − θ0) at the weight draws of
-        :meth:`sample_perturbations` (same seed, same draws); shape (S, n, *out).
+        :meth:`sample_perturbations` (same seed, same draws); shape ``(S, n, *out)``.
 
         Their distribution is the linearised predictive N(f(x; θ0), J Σ Jᵀ) of ``linearized_variance``, which for
         the kinds ``off_subspace`` is the one to draw from: their perturbations of every weight are meaningful

@@ -1,4 +1,5 @@
-"""The Laplace posterior of the rank-d curvature: Σ = P diag(σ_j²) Pᵀ + σ0² (I − P Pᵀ) (SPEC "Beyond the paper")."""
+"""The Laplace posterior of the rank-d curvature: Σ = P diag(σ_j²) Pᵀ + σ0² (I − P Pᵀ) (beyond the paper; the user
+guide describes it)."""
 
 from __future__ import annotations
 

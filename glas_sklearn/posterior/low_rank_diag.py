@@ -1,4 +1,5 @@
-"""The Laplace posterior of the curvature P Λ Pᵀ plus G's residual diagonal, by Woodbury (SPEC "Beyond the paper").
+"""The Laplace posterior of the curvature P Λ Pᵀ plus G's residual diagonal, by Woodbury (beyond the paper; the
+user guide describes it).
 
 Σ(α) = (A + P B Pᵀ)⁻¹ with A = diag(β r + α), B = β Λ_d and r = max(diag(G) − Σ_{j≤d} λ_j p_j ∘ p_j, 0) the part of
 G's diagonal that the leading eigenpairs leave out: the curvature beyond the top d constrains every weight by its
