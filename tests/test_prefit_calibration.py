@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import copy
 import math
+import re
 import warnings
 
 import numpy as np
@@ -129,6 +130,7 @@ def _refused(est, X, y):
     assert "fit(X, y, X_cal=..., y_cal=...)" in msg
     assert "the rows of X are taken to be the network's training rows" in msg
     assert "under-cover" in msg and "benchmarks/results/prefit_calibration.md" in msg
+    assert re.search(r"covered \d+ % \(\d+–\d+ %\) of new rows calibrated that way, \d+ % with unseen X_cal", msg)
     assert "Hold rows out before training the network" in msg
     assert not hasattr(est, "posterior_")
     return msg
