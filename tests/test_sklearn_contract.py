@@ -3,7 +3,8 @@ ColumnTransformer, GridSearchCV and MAPIE.
 
 Exemptions from ``parametrize_with_checks``: none. Every check (validation, NaN/inf, unfitted, pickling,
 n_features_in_, string classes, parameter overwrite, idempotence, subset and sample-order invariance,
-the train-score checks) passes in the small configuration below; ``EXPECTED_FAILED_CHECKS`` is where an
+the train-score checks) passes in the small configuration below, with the defaults and with the paper's
+settings (subspace posterior, coverage calibration, sampled predictive); ``EXPECTED_FAILED_CHECKS`` is where an
 exemption would go, each with its reason, and it is run in strict mode so that a stale entry fails too.
 """
 
@@ -43,10 +44,13 @@ SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=50, lr=0.05
 EXPECTED_FAILED_CHECKS: dict[str, str] = {}
 
 
+# The paper's configuration, whatever the defaults (low-rank posterior, conformal calibration, linearised predictive).
+PAPER = dict(posterior="subspace", calibration="coverage", predictive="sampled")
+
+
 @parametrize_with_checks(
     [LaplaceActiveSubspaceRegressor(**SMALL), LaplaceActiveSubspaceClassifier(**SMALL),
-     LaplaceActiveSubspaceRegressor(predictive="linearized", **SMALL),
-     LaplaceActiveSubspaceClassifier(predictive="linearized", **SMALL)],
+     LaplaceActiveSubspaceRegressor(**PAPER, **SMALL), LaplaceActiveSubspaceClassifier(**PAPER, **SMALL)],
     expected_failed_checks=lambda est: EXPECTED_FAILED_CHECKS,
     xfail_strict=True,
 )
@@ -133,7 +137,7 @@ def test_pickled_prefit_estimator_keeps_module_identity():
     net = torch.nn.Sequential(torch.nn.Linear(3, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1)).double()
     X, y = _regression()
     est = LaplaceActiveSubspaceRegressor(net, prefit=True, dtype="float64", n_samples=20, n_components=2,
-                                         random_state=0).fit(X, y)
+                                         random_state=0).fit(X[10:], y[10:], X_cal=X[:10], y_cal=y[:10])
     assert est.module_ is net
     loaded = pickle.loads(pickle.dumps(est))
     assert loaded.module_ is loaded.module and loaded.module is not net

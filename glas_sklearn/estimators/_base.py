@@ -21,8 +21,16 @@ from torch import nn
 
 from .._checks import check_confidence_levels, numpy_rng
 from .._functional import eval_view
-from ..calibration import CalibrationWarning, choose_dimension, conformal_calibrate, conformal_quantile, tune_sigma0
+from ..calibration import (
+    CALIBRATIONS,
+    CalibrationWarning,
+    Calibrator,
+    choose_dimension,
+    resolve_calibration,
+    tune_sigma0,
+)
 from ..laplace import fit_laplace_subspace
+from ._prefit import REGISTRY, PrefitLeakageWarning, module_fingerprint, row_digests, user_stacklevel
 from ._training import OPTIMIZERS, default_mlp, seeded_torch, train_module
 from ._validation import (
     BOOLEAN,
@@ -47,6 +55,10 @@ _TORCH_STATE = ("module", "module_", "posterior_")
 _PREDICT_BUDGET = 2**24
 # Offset of the seed of the sigma0="nll" tuning / conformal split from the calibration split's seed.
 _SIGMA0_SPLIT = 7919
+# Test coverage of 90 % intervals of an overfitting prefit network calibrated on rows held out of its training
+# rows, and on unseen rows (benchmarks/results/prefit_calibration.md, default settings, mean (range) over
+# 5 seeds).
+_SEEN_COVERAGE, _UNSEEN_COVERAGE = "59 % (52–63 %)", "90 %"
 
 # numpydoc fragments shared by both estimators' docstrings: each parameter and attribute is documented once.
 PARAMETERS_DOC = """\
@@ -64,7 +76,16 @@ PARAMETERS_DOC = """\
         Keyword arguments of the default MLP or of the callable ``module``.
     prefit : bool, default=False
         The module is already trained (inputs and targets in the user's own units; ``standardize`` is then
-        ignored). The rows of ``X`` are its training data, less the calibration part.
+        ignored). The rows of ``X`` are taken to be its training rows (the curvature is built on them), so
+        ``fit`` needs calibration rows the network was not trained on as ``X_cal``, ``y_cal`` and refuses
+        without them: rows held out of its training rows have training residuals and would give intervals or
+        sets that under-cover (benchmarks/results/prefit_calibration.md). Hold them out before training the
+        network. Cross-validating a prefit estimator (``GridSearchCV``, ``cross_validate``) leaks the same
+        way: every test fold was training data of the one network. The rows of ``X`` are recorded (as 8-byte
+        digests, per network, in this process) so that intervals, probabilities, prediction sets or ``score``
+        asked for on them raise a :class:`~glas_sklearn.PrefitLeakageWarning`; with ``n_jobs > 1`` worker
+        processes a fold's warning needs the rows to have been declared in the same process, so it may not
+        appear there.
     scaling : {"mean", "standard"} or float, default="mean"
         Posterior scaling: β = 1/σ² ("mean", the paper's proposal), N/σ² ("standard", Bayes) or a given β;
         for classification "mean" is β = 1 and "standard" is β = N.
@@ -94,12 +115,14 @@ PARAMETERS_DOC = """\
         "low_rank_diag": the curvature P Λ Pᵀ plus the GGN's residual diagonal max(diag(G) − Σ_j λ_j p_j², 0)
         (exact, from per-record Jacobians of the training rows), Σ by Woodbury; σ0 and the predictive
         resolve as for "low_rank".
-    calibration : {"conformal", "coverage"}, default="conformal"
-        "conformal": split conformal on the calibration rows at a fixed d, with coverage ≥ 1 − γ for
-        exchangeable data at any number of rows: regression intervals ŷ ± q σ̂ with q the
-        ⌈(n + 1)(1 − γ)⌉-th smallest |y − ŷ| / σ̂ (per output), classification sets {c : 1 − p_c ≤ q} (LAC).
-        "coverage" (the paper): d is the smallest whose posterior intervals or sets cover the level.
-        The paper's method is ``calibration="coverage", posterior="subspace"``.
+    calibration : {"conformal", "coverage"} or Calibrator, default="conformal"
+        "conformal" (:class:`~glas_sklearn.calibration.ConformalCalibrator`): split conformal on the calibration
+        rows at a fixed d, with coverage ≥ 1 − γ for exchangeable data at any number of rows: regression
+        intervals ŷ ± q σ̂ with q the ⌈(n + 1)(1 − γ)⌉-th smallest ``|y − ŷ|`` / σ̂ (per output), classification
+        sets {c : 1 − p_c ≤ q} (LAC); ``ConformalCalibrator(conformity_score=...)`` takes another score.
+        "coverage" (:class:`~glas_sklearn.calibration.CoverageCalibrator`, the paper): d is the smallest whose
+        posterior intervals or sets cover the level. The paper's method is
+        ``calibration="coverage", posterior="subspace"``.
     predictive : {"auto", "sampled", "linearized"}, default="auto"
         Push posterior samples through the network, or use the linearised network's Gaussian. "auto":
         "linearized" for the low-rank posteriors (the complement perturbs every weight: meaningful for the
@@ -110,7 +133,9 @@ PARAMETERS_DOC = """\
         Interval (or prediction-set) level(s) 1 − γ, strictly between 0 and 1; the first one is the
         calibration target.
     calibration_size : float or int, default=0.1
-        Share (or number) of rows held out of ``X`` for calibration, when ``X_cal`` is not passed to ``fit``.
+        Share (or number) of rows held out of ``X`` for calibration, and out of the network's training, when
+        ``X_cal`` is not passed to ``fit`` (``train_indices_`` and ``calibration_indices_`` say which);
+        unused with ``prefit=True``, which needs ``X_cal``.
         With ``calibration="conformal"`` a share is raised, if need be, to the ⌈1/γ⌉ − 1 rows (9 at 90 %)
         that a finite conformal quantile needs at the highest level (one more with σ0 by "nll"; as far as the
         data allow).
@@ -144,7 +169,9 @@ PARAMETERS_DOC = """\
         The eigen-solver: thick-restart Lanczos in torch, or scipy's ARPACK.
     device : "auto" or str, default="auto"
         "auto": where a prefit module lives, else CUDA when available, else CPU.
-    dtype : {"float32", "float64"}, default="float32"
+    dtype : {"auto", "float32", "float64"}, default="auto"
+        The floating dtype of the network, the curvature and the posterior. "auto": the dtype of a prefit
+        module's parameters (it is never cast), float32 for a network the estimator builds.
     random_state : int, RandomState or None, default=None
         Seeds weight initialisation, training order, the calibration split, Lanczos and posterior samples.
     verbose : int, default=0
@@ -170,9 +197,12 @@ ATTRIBUTES_DOC = """\
         quantile, coverage and mean_width / mean_set_size of the conformal intervals or sets on the
         calibration rows, sigma0.
     conformity_scores_ : ndarray or None
-        "conformal" only (None otherwise): the sorted calibration scores, |y − ŷ| / σ̂ of shape (n, M)
+        "conformal" only (None otherwise): the sorted calibration scores, ``|y − ŷ|`` / σ̂ of shape (n, M)
         (regression) or 1 − p_y of shape (n,) (classification); the quantile for any level is computed from
         them at prediction time.
+    calibrator_ : Calibrator
+        The fitted calibrator (``calibration`` resolved to an object and fitted on the calibration rows);
+        predictions and plots ask it.
     calibration_seed_ : int
         The seed of the calibration's posterior samples (predictions reuse them).
     calibration_reached_ : bool or None
@@ -186,6 +216,10 @@ ATTRIBUTES_DOC = """\
         Mean training loss per epoch (empty when prefit).
     n_records_ : int
         N, the training rows the curvature averages over.
+    train_indices_, calibration_indices_ : ndarray of int or None
+        Positions in ``X`` of the rows the network was trained on (and the curvature built on) and of the rows
+        held out for calibration, in the order they were used; disjoint, together all of ``X``. None when
+        ``X_cal`` was passed (then every row of ``X`` is a training row).
     n_calibration_rows_ : int
         Rows used to choose d (``X_cal`` or the held-out part of ``X``), or with ``calibration="conformal"``
         those the conformal scores come from (less the σ0 tuning rows with "nll").
@@ -203,7 +237,7 @@ ATTRIBUTES_DOC = """\
         The shape of one row of ``X`` seen in fit ((n_features,) for a table, (C, H, W) for images, (T,)
         for token sequences); rows of another shape are refused at predict time.
     n_features_in_ : int
-        The number of values in one row, prod(input_shape_) (the number of columns for a table).
+        The number of values in one row, ``prod(input_shape_)`` (the number of columns for a table).
     feature_names_in_ : ndarray of str
         Only when ``X`` has string column names (a pandas DataFrame)."""
 
@@ -213,6 +247,19 @@ NOTES_DOC = """\
     global torch/numpy seeds (exactly so with ``dtype="float64"``; in float32 a matrix product may round
     differently for different numbers of rows). Sparse inputs are densified. A fitted estimator pickles
     (``pickle``, ``joblib``) with its network; one fitted on CUDA loads on a machine without CUDA, on the CPU."""
+
+
+def _prefit_needs_calibration_rows(name: str, task: str) -> str:
+    """The refusal of a prefit fit without X_cal: what is missing, why (with the measured effect), how to fix it."""
+    what = "intervals" if task == "regression" else "prediction sets"
+    return (f"{name}: prefit=True needs calibration rows that the network was not trained on; pass them as "
+            f"fit(X, y, X_cal=..., y_cal=...). With prefit=True the rows of X are taken to be the network's "
+            f"training rows, so rows held out of them (calibration_size) would have training residuals, smaller "
+            f"than on new rows, and the calibrated {what} would under-cover: on concrete an overfitting "
+            f"8-256-256-1 network's 90 % intervals covered {_SEEN_COVERAGE} of new rows calibrated that way, "
+            f"{_UNSEEN_COVERAGE} with unseen X_cal (benchmarks/results/prefit_calibration.md). Hold rows out "
+            "before training the network (e.g. with sklearn.model_selection.train_test_split) and pass them as "
+            "X_cal, y_cal; X stays the network's training rows (the curvature is built on them).")
 
 
 def _check_level_list(confidence_level) -> list[float]:
@@ -255,7 +302,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         "max_components": [Interval(numbers.Integral, 1, None)],
         "sigma0": [Options("auto", "eb_subspace", "eb_full", "nll"), Interval(numbers.Real, 0, None, closed="neither")],
         "posterior": [Options("low_rank", "low_rank_diag", "subspace")],
-        "calibration": [Options("conformal", "coverage")],
+        "calibration": [InstanceOf(Calibrator, "a Calibrator (e.g. ConformalCalibrator(conformity_score=...))"),
+                        Options(*CALIBRATIONS)],
         "predictive": [Options("auto", "sampled", "linearized")],
         "n_samples": [Interval(numbers.Integral, 2, None)],
         "confidence_level": [Satisfies(_is_level_list, "a number or a non-empty list of numbers strictly between "
@@ -271,7 +319,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         "subsample": [None, Interval(numbers.Integral, 1, None)],
         "eigen_method": [Options("lanczos", "eigsh")],
         "device": NO_VALIDATION,  # checked when resolved (torch parses it)
-        "dtype": [Options(*_DTYPES)],
+        "dtype": [Options("auto", *_DTYPES)],
         "random_state": [None, Interval(numbers.Integral, 0, 2**32, closed="left"),
                          InstanceOf(np.random.RandomState, "a numpy.random.RandomState")],
         "verbose": [Interval(numbers.Integral, 0, None), BOOLEAN],
@@ -282,7 +330,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
                  predictive="auto", n_samples=1000, confidence_level=0.9,
                  calibration_size=0.1, max_epochs=500, lr=1e-3, batch_size=64, weight_decay=0.0,
                  optimizer="adam", standardize="auto", padding_idx=None, subsample=None, eigen_method="lanczos",
-                 device="auto", dtype="float32", random_state=None, verbose=0):
+                 device="auto", dtype="auto", random_state=None, verbose=0):
         self.module = module
         self.module_kwargs = module_kwargs
         self.prefit = prefit
@@ -317,9 +365,14 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         validate_hyperparameters(self)
         self._check_sigma0_setting()
         X, y, X_cal, y_cal = self._validate_fit_data(X, y, X_cal, y_cal)
-        device, dtype, seed = self._resolve_device(), _DTYPES[self.dtype], self._seed()
+        device, dtype, seed = self._resolve_device(), self._resolve_dtype(), self._seed()
+        self._prefit_fingerprint = None
+        if self.prefit:
+            self._declare_prefit_training_rows(self._prefit_module(device, dtype), X, X_cal)
         if X_cal is None:
             X, X_cal, y, y_cal = self._split_off_calibration_rows(X, y, seed)
+        else:
+            self.train_indices_ = self.calibration_indices_ = None
         self._fit_scalers(X, y)
         Xt = self._to_tensor(self._transform_X(X), device, dtype)
         yt = self._target_tensor(y, device, dtype)
@@ -359,16 +412,65 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
                              "use device='cpu' or 'auto'.")
         return device
 
+    def _resolve_dtype(self) -> torch.dtype:
+        """``dtype`` as a torch dtype; "auto" follows a prefit module's trainable parameters, else float32."""
+        if self.dtype != "auto":
+            return _DTYPES[self.dtype]
+        user = self._user_module() if self.prefit else None
+        p = None if user is None else next((p for p in user.parameters() if p.requires_grad), None)
+        if p is None:
+            return torch.float32
+        if p.dtype not in _DTYPES.values():
+            raise ValueError(f"{type(self).__name__}: the prefit module's parameters are {p.dtype}; the posterior "
+                             "needs float32 or float64 weights (cast a copy of the module, e.g. net.float()).")
+        return p.dtype
+
     def _seed(self) -> int:
         """One integer seed for everything random in fit (fresh entropy when random_state is None; drawn from
         it when it is a RandomState)."""
         return int(numpy_rng(self.random_state).integers(0, 2**31 - 1))
 
     def _split_off_calibration_rows(self, X, y, seed):
-        """``X, X_cal, y, y_cal``: ``calibration_size`` rows held out (stratified for classes when possible)."""
+        """``X, X_cal, y, y_cal``: ``calibration_size`` rows held out of training (stratified for classes when
+        possible); their positions in ``X`` are kept as ``train_indices_`` and ``calibration_indices_``."""
         n_cal = self._n_calibration_rows(X.shape[0])
         stratify = y if self._task == "classification" and self._can_stratify(y, n_cal) else None
-        return train_test_split(X, y, test_size=n_cal, random_state=seed, stratify=stratify)
+        train, cal = train_test_split(np.arange(X.shape[0]), test_size=n_cal, random_state=seed, stratify=stratify)
+        self.train_indices_, self.calibration_indices_ = train, cal
+        return X[train], X[cal], y[train], y[cal]
+
+    def _declare_prefit_training_rows(self, module: nn.Module, X: np.ndarray, X_cal: np.ndarray | None) -> None:
+        """Prefit: the rows of X are the network's training rows, so calibration needs unseen ``X_cal`` (refused
+        without it). The rows are recorded as the network's training rows (see ``_prefit.REGISTRY``); X_cal rows
+        among them are warned about."""
+        if X_cal is None:
+            raise ValueError(_prefit_needs_calibration_rows(type(self).__name__, self._task))
+        self._prefit_fingerprint = module_fingerprint(module)
+        REGISTRY.declare(self._prefit_fingerprint, row_digests(X))
+        seen = REGISTRY.declared(self._prefit_fingerprint, row_digests(X_cal))
+        if seen.any():
+            warnings.warn(f"{type(self).__name__}.fit: {int(seen.sum())} of the {len(X_cal)} X_cal rows are rows "
+                          "declared as training rows of this prefit network (rows of X in this or an earlier fit "
+                          "with the same weights). Their residuals are training residuals, so the calibrated "
+                          "intervals or sets will under-cover new rows; pass as X_cal only rows the network was not "
+                          "trained on.", PrefitLeakageWarning, stacklevel=user_stacklevel())
+
+    def _warn_if_prefit_training_rows(self, X: np.ndarray, method: str) -> None:
+        """Warn (:class:`PrefitLeakageWarning`) when validated rows ``X`` passed to ``method`` were declared as
+        training rows of this estimator's prefit network."""
+        fingerprint = getattr(self, "_prefit_fingerprint", None)
+        if fingerprint is None:
+            return
+        seen = REGISTRY.declared(fingerprint, row_digests(X))
+        if seen.any():
+            warnings.warn(
+                f"{type(self).__name__}.{method}: {int(seen.sum())} of the {len(X)} rows were declared as training "
+                "rows of this prefit network (rows of X in a fit with prefit=True and the same weights). The network "
+                "was trained on them, so its errors there are smaller than on new rows, and coverage or scores "
+                "measured on them overstate what new rows get. This happens when a prefit network is "
+                "cross-validated (GridSearchCV, cross_validate): every test fold was training data of the one "
+                "network. Evaluate on rows held out before the network was trained.",
+                PrefitLeakageWarning, stacklevel=user_stacklevel())
 
     def _theta0_module(self, Xt: torch.Tensor, yt: torch.Tensor, n_outputs: int, seed: int,
                        dtype: torch.dtype) -> nn.Module:
@@ -421,48 +523,38 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         return K
 
     def _choose_dimension(self, Xc, yc, seed: int) -> None:
-        """d on the calibration rows: the smallest reaching the first level ("auto"), or the given one (its
-        coverage recorded, not judged); σ0 at d; and the posterior samples' seed that predictions reuse.
-        With ``calibration="conformal"``: d fixed (given, or max_components) and the conformal scores."""
+        """d on the calibration rows by the calibrator: the smallest reaching the first level ("auto" under
+        "coverage"), or the given one (its coverage recorded, not judged); with a calibrator that needs a fixed
+        predictor ("conformal") d is fixed (given, or max_components) and σ0 may be tuned on part of the rows
+        first. σ0 at d, and the posterior samples' seed that predictions reuse."""
         t0 = time.perf_counter()
         self.predictive_ = self._resolved_predictive()
-        self.conformity_scores_ = None
         self.sigma0_search_, self.sigma0_rows_ = None, np.zeros(0, dtype=np.int64)
-        if self.calibration == "conformal":
-            d = self.posterior_.max_components if self.n_components == "auto" else self.n_components
-            if self._sigma0_choice() == "nll":
-                Xc, yc = self._tune_sigma0(Xc, yc, d, seed)
-            result = conformal_calibrate(
-                self.posterior_, Xc, yc, d=d, task=self._task,
-                confidence_level=_check_level_list(self.confidence_level),
-                predictive=self.predictive_, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
-                random_state=seed)
-            self.conformity_scores_ = result.scores
-            self.calibration_reached_ = None
-            self._store_calibration(result, Xc, seed, t0)
-            return
-        common = dict(task=self._task, confidence_level=_check_level_list(self.confidence_level)[0],
-                      predictive=self.predictive_, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
-                      random_state=seed, verbose=self.verbose)
-        if self.n_components == "auto":
-            result = choose_dimension(self.posterior_, Xc, yc, d_max=self.posterior_.max_components,
-                                      full_curve=False, **common)
-            self.calibration_reached_ = bool(result.reached)
-        else:
-            with warnings.catch_warnings():  # a user-chosen d: its coverage is recorded, not judged
-                warnings.simplefilter("ignore", CalibrationWarning)
-                result = choose_dimension(self.posterior_, Xc, yc, d_min=self.n_components,
-                                          d_max=self.n_components, **common)
-            self.calibration_reached_ = None
-        self._store_calibration(result, Xc, seed, t0)
+        calibrator = self._calibrator()
+        d = self.n_components
+        if d == "auto" and not calibrator.chooses_dimension:  # fixed before the calibration rows are seen
+            d = self.posterior_.max_components
+        if self._sigma0_choice() == "nll":
+            Xc, yc = self._tune_sigma0(Xc, yc, d, seed)
+        self.calibrator_ = calibrator.fit(
+            self.posterior_, Xc, yc, n_components=d, task=self._task, confidence_levels=self._levels(None),
+            predictive=self.predictive_, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
+            random_state=seed, verbose=self.verbose)
+        self.conformity_scores_ = self.calibrator_.scores_
+        self.calibration_reached_ = self.calibrator_.reached_
+        self._store_calibration(self.calibrator_, Xc, seed, t0)
 
-    def _store_calibration(self, result, Xc, seed: int, t0: float) -> None:
+    def _calibrator(self) -> Calibrator:
+        """``calibration`` as an unfitted calibrator object (the estimator's parameter is never fitted itself)."""
+        return resolve_calibration(self.calibration)
+
+    def _store_calibration(self, calibrator, Xc, seed: int, t0: float) -> None:
         self.timings_["calibration"] = time.perf_counter() - t0
-        self.n_components_ = int(result.n_components)
-        self.calibration_ = self._table_in_user_units(result.table.reset_index(drop=True))
+        self.n_components_ = int(calibrator.n_components_)
+        self.calibration_ = self._table_in_user_units(calibrator.table_.reset_index(drop=True))
         # Predictions draw the posterior samples (in weight space, shared by all rows) that the calibration saw.
         self.calibration_seed_ = seed
-        self._sample_seed_ = int(result.sample_seed)
+        self._sample_seed_ = int(calibrator.sample_seed_)
         self.sigma0_ = float(self.posterior_.fit_sigma0(self.n_components_))
         self.n_calibration_rows_ = int(len(Xc))
         self.n_sigma0_rows_ = int(len(self.sigma0_rows_))
@@ -472,7 +564,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         (over [0, σ0_EB], :func:`~glas_sklearn.calibration.tune_sigma0`) and a conformal part, returned, that
         the scores are computed on; the posterior's σ0 is then fixed at the chosen value. With too few rows for
         both parts, "auto" keeps the full-space EB σ0 and an explicit "nll" raises."""
-        n, n_need = len(Xc), self._conformal_rows_needed()
+        n, n_need = len(Xc), self._calibration_rows_needed()
         if n < n_need + 1:
             if self.sigma0 == "nll":
                 raise ValueError(f"{type(self).__name__}: sigma0='nll' needs at least {n_need + 1} calibration rows "
@@ -501,12 +593,13 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
                                       stratify=stratify)
         return np.sort(tune), np.sort(conf)
 
-    def _conformal_rows_needed(self) -> int:
-        """⌈1/γ⌉ − 1: the calibration rows a finite conformal quantile needs at the highest level."""
-        return int(np.ceil(1.0 / (1.0 - max(_check_level_list(self.confidence_level))) - 1e-9)) - 1
+    def _calibration_rows_needed(self) -> int:
+        """The calibration rows the calibrator needs at the estimator's levels ("conformal": ⌈1/γ⌉ − 1 at the
+        highest level, for a finite quantile)."""
+        return self._calibrator().rows_needed(self._levels(None))
 
     def _check_sigma0_setting(self) -> None:
-        if self.sigma0 == "nll" and self.calibration != "conformal":
+        if self.sigma0 == "nll" and not self._calibrator().requires_fixed_predictor:
             raise ValueError(f"{type(self).__name__}: sigma0='nll' tunes σ0 on part of the calibration rows for "
                              f"calibration='conformal'; with calibration={self.calibration!r} (the paper) σ0 is "
                              "empirical Bayes at every d: use sigma0='auto', 'eb_subspace', 'eb_full' or a float.")
@@ -532,10 +625,6 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         if self.predictive != "auto":
             return self.predictive
         return "linearized" if self.posterior in ("low_rank", "low_rank_diag") else "sampled"
-
-    def _conformal_quantiles(self, levels) -> np.ndarray:
-        """The conformal quantiles of the calibration scores at ``levels``; shape (k,) or (k, M)."""
-        return conformal_quantile(self.conformity_scores_, levels)
 
     # ----------------------------------------------------------------- module
     def _user_module(self) -> nn.Module | None:
@@ -589,9 +678,9 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
                                  f"hold out at most {n - 2} rows, give a fraction, or pass X_cal and y_cal.")
             return int(cs)
         n_cal = max(1, int(np.ceil(cs * n)))
-        if self.calibration == "conformal":  # enough rows for a finite conformal quantile at every level
-            # (and one more to tune σ0 on with sigma0="nll")
-            n_cal = max(n_cal, self._conformal_rows_needed() + (self._sigma0_choice() == "nll"))
+        # enough rows for the calibrator (a finite conformal quantile at every level), and one more to tune σ0 on
+        # with sigma0="nll"
+        n_cal = max(n_cal, self._calibration_rows_needed() + (self._sigma0_choice() == "nll"))
         return int(min(n_cal, n - 2))
 
     @staticmethod
@@ -728,9 +817,13 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             return X
         return (X - self.x_mean_) / self.x_scale_
 
-    def _check_fitted_X(self, X) -> torch.Tensor:
+    def _check_fitted_X(self, X, method: str | None = None) -> torch.Tensor:
+        """Validated rows as a tensor on the posterior's device; with ``method`` (an uncertainty output), rows of a
+        prefit network's training data are warned about."""
         check_is_fitted(self, "posterior_")
         X = self._validate_X(X, reset=False)
+        if method is not None:
+            self._warn_if_prefit_training_rows(X, method)
         p = self.posterior_
         return self._to_tensor(self._transform_X(X), p.device, p.dtype)
 
@@ -752,7 +845,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         y : array-like
             Targets (regression) or labels (classification).
         d_max : int, optional
@@ -768,6 +861,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         """
         check_is_fitted(self, "posterior_")
         X, y = self._validate_calibration(X, y)
+        self._warn_if_prefit_training_rows(X, "coverage_curve")
         p = self.posterior_
         Xt = self._to_tensor(self._transform_X(X), p.device, p.dtype)
         yt = self._calibration_targets(y, p.device, p.dtype)
@@ -818,6 +912,12 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             state.setdefault("sigma0_search_", None)
             state.setdefault("sigma0_rows_", np.zeros(0, dtype=np.int64))
             state.setdefault("n_sigma0_rows_", 0)
+            state.setdefault("train_indices_", None)
+            state.setdefault("calibration_indices_", None)
+            if "calibrator_" not in state:
+                warnings.warn(f"This {type(self).__name__} was fitted by an earlier glas-sklearn, before calibration "
+                              "methods were objects: it has no fitted calibrator_, so its intervals and sets cannot "
+                              "be predicted; refit it.", UserWarning, stacklevel=2)
         blob = state.pop("_torch_state", None)
         saved_device = state.pop("_torch_device", None)
         if blob is not None:

@@ -11,9 +11,7 @@ from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from .._checks import make_generator, numpy_rng
-from ..calibration import regression_moments
 from ..laplace import residual_noise_variance
-from ..predictive import conformal_interval, linearized_interval, sampled_interval
 from ._base import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, LaplaceActiveSubspaceBase
 from ._validation import BOOLEAN, Interval, Options
 
@@ -99,7 +97,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
                  predictive="auto", n_samples=1000, confidence_level=0.9, calibration_size=0.1, noise_std="auto",
                  include_noise=False, max_epochs=500, lr=1e-3, batch_size=64, weight_decay=0.0, optimizer="adam",
                  standardize="auto", padding_idx=None, subsample=None, eigen_method="lanczos", device="auto",
-                 dtype="float32", random_state=None, verbose=0):
+                 dtype="auto", random_state=None, verbose=0):
         super().__init__(
             module, module_kwargs=module_kwargs, prefit=prefit, scaling=scaling, n_components=n_components,
             max_components=max_components, sigma0=sigma0, posterior=posterior, calibration=calibration,
@@ -173,8 +171,8 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         source = self.noise_std
         if source == "auto":
             enough = len(Xc) >= _MIN_CALIBRATION_ROWS_FOR_NOISE
-            source = "calibration" if enough and self.calibration == "coverage" else "training"
-        elif source == "calibration" and self.calibration == "conformal":
+            source = "calibration" if enough and not self._calibrator().requires_fixed_predictor else "training"
+        elif source == "calibration" and self._calibrator().requires_fixed_predictor:
             warnings.warn("LaplaceActiveSubspaceRegressor: noise_std='calibration' with calibration='conformal' "
                           "estimates σ from the calibration rows, so the conformal scores depend on those rows "
                           "and the coverage guarantee is only approximate; use noise_std='training' or a "
@@ -206,12 +204,15 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         y : array-like of shape (n_samples,) or (n_samples, n_outputs)
         X_cal, y_cal : array-like, optional
-            Calibration data for choosing d; when absent, ``calibration_size`` of ``X`` is held out.
-            Inside a Pipeline, rely on ``calibration_size``: ``X_cal`` passed as a fit parameter reaches
-            this step without going through the earlier steps' transforms.
+            Calibration rows, never used for training: the conformal scores, or the rows d is chosen on. When
+            absent, ``calibration_size`` of ``X`` is held out of training.
+            With ``prefit=True`` they are required and must be rows the network was not trained on (``X``
+            being its training rows). Inside a Pipeline, rely on ``calibration_size``: ``X_cal`` passed as a
+            fit parameter reaches this step without going through the earlier steps' transforms (with
+            ``prefit=True`` pass it transformed, or put the preprocessing inside the network).
 
         Returns
         -------
@@ -221,32 +222,14 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
     def _predictive(self, Xt: torch.Tensor, levels=None):
         """For one chunk of rows, in internal units: the predictive mean and standard deviation (of f, or
-        of y with ``include_noise``), (n, M) each, and the interval bounds (n, M, 2, k) when ``levels``."""
-        p, d = self.posterior_, self.n_components_
-        if self.calibration == "conformal":  # ŷ ± q σ̂, σ̂ as the calibration scores were normalised
-            mean, std = regression_moments(p, Xt, d, predictive=self.predictive_, n_samples=self.n_samples,
-                                           noise_var=self._interval_noise_var(), random_state=self._sample_seed_)
-            bounds = None if levels is None else conformal_interval(mean, std, self._conformal_quantiles(levels))
-            return mean, std, bounds
-        if self.predictive_ == "sampled":
-            s = p.predict_samples(Xt, d, self.n_samples, random_state=self._sample_seed_)
-            mean, var = s.mean(0), s.var(0, unbiased=False)
-        else:
-            s = None
-            mean, var = p.predict_mean(Xt), p.linearized_variance(Xt, d).clamp_min(0)
-        if self.include_noise:
-            var = var + torch.as_tensor(self._noise_var_out, dtype=var.dtype, device=var.device)
-        bounds = None
-        if levels is not None:
-            if s is not None:
-                _, bounds = sampled_interval(s, levels, noise_var=self._interval_noise_var())
-            else:  # var already holds the noise with include_noise
-                bounds = linearized_interval(mean, var, levels)
-        return mean, var.sqrt(), bounds
+        of y with ``include_noise``), (n, M) each, and the interval bounds (n, M, 2, k) when ``levels``, as
+        the fitted calibrator makes them ("conformal": ŷ ± q σ̂; "coverage": the posterior's own intervals)."""
+        return self.calibrator_.predict_interval(self.posterior_, Xt, levels)
 
-    def _predict_rows(self, X, levels=None):
-        """:meth:`_predictive` over all rows of X, chunk by chunk (bounded memory for large X)."""
-        Xt = self._check_fitted_X(X)
+    def _predict_rows(self, X, levels=None, method=None):
+        """:meth:`_predictive` over all rows of X, chunk by chunk (bounded memory for large X); ``method`` names
+        the public method for the prefit-training-rows warning."""
+        Xt = self._check_fitted_X(X, method)
         parts = [self._predictive(Xt[sl], levels) for sl in self._row_chunks(Xt.shape[0], self._n_out)]
         mean = torch.cat([q[0] for q in parts])
         std = torch.cat([q[1] for q in parts])
@@ -264,7 +247,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         return_std : bool, default=False
             Also return the predictive standard deviation: of f (parameter uncertainty only), or of y
             (``noise_std_`` added in quadrature) with ``include_noise=True``.
@@ -290,7 +273,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         confidence_level : float or list of float, optional
             Defaults to the estimator's ``confidence_level``.
 
@@ -302,7 +285,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         """
         check_is_fitted(self, "posterior_")
         levels = self._levels(confidence_level)
-        mean, _, bounds = self._predict_rows(X, levels)
+        mean, _, bounds = self._predict_rows(X, levels, method="predict_interval")
         y_pred = self._to_user_units(mean)
         b = bounds.detach().cpu().double().numpy() * self.y_scale_[None, :, None, None] \
             + self.y_mean_[None, :, None, None]
@@ -320,7 +303,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples_X, n_features) or (n_samples_X, *input_shape_)
+        X : array-like of shape (n_samples_X, n_features) or ``(n_samples_X, *input_shape_)``
         n_samples : int, default=1
         random_state : int or None, default=0
 
@@ -341,6 +324,24 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             s = s + sd * torch.randn(s.shape, generator=gen, dtype=s.dtype, device=s.device)
         out = self._to_user_units(s.permute(1, 2, 0))
         return out[:, 0, :] if self._y_1d else out
+
+    def score(self, X, y, sample_weight=None) -> float:
+        """R² of :meth:`predict` (scikit-learn's ``RegressorMixin.score``); rows that were training rows of a
+        prefit network raise a :class:`~glas_sklearn.PrefitLeakageWarning`.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+        sample_weight : array-like of shape (n_samples,), optional
+
+        Returns
+        -------
+        float
+        """
+        check_is_fitted(self, "posterior_")
+        self._warn_if_prefit_training_rows(self._validate_X(X, reset=False), "score")
+        return super().score(X, y, sample_weight=sample_weight)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()
