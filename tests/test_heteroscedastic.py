@@ -213,25 +213,30 @@ def test_prefit_module_with_a_declared_layout(layout):
     if layout == "natural":
         net = nn.Sequential(net, NaturalParameterHead())
     X, y, _ = _hetero_data(120, 5)
+    X_cal, y_cal, _ = _hetero_data(30, 10)
     before = {k: v.clone() for k, v in net.state_dict().items()}
     lik = HeteroscedasticGaussian(layout)
     est = LaplaceActiveSubspaceRegressor(module=net, prefit=True, likelihood=lik, max_components=5, dtype="float64",
-                                         random_state=0).fit(X, y)
+                                         random_state=0).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    X_new, _, _ = _hetero_data(5, 12)  # rows the network was not trained on
     for k, v in net.state_dict().items():
         assert torch.equal(v, before[k])
     with torch.no_grad():
-        mu, var = lik.mean_and_variance(net(torch.as_tensor(X[:5])))
-    np.testing.assert_allclose(est.predict(X[:5]), mu[:, 0].numpy(), rtol=1e-12)
-    np.testing.assert_allclose(est.predict_noise_std(X[:5]), var[:, 0].sqrt().numpy(), rtol=1e-12)
-    _, pis = est.predict_interval(X[:5])
-    assert np.all(pis[:, 0, 0] < est.predict(X[:5])) and np.all(est.predict(X[:5]) < pis[:, 1, 0])
+        mu, var = lik.mean_and_variance(net(torch.as_tensor(X_new)))
+    np.testing.assert_allclose(est.predict(X_new), mu[:, 0].numpy(), rtol=1e-12)
+    np.testing.assert_allclose(est.predict_noise_std(X_new), var[:, 0].sqrt().numpy(), rtol=1e-12)
+    _, pis = est.predict_interval(X_new)
+    assert np.all(pis[:, 0, 0] < est.predict(X_new)) and np.all(est.predict(X_new) < pis[:, 1, 0])
 
 
 def test_bad_layouts_and_settings_are_refused_clearly():
     X, y, _ = _hetero_data(60, 6)
+    X_cal, y_cal, _ = _hetero_data(15, 11)
+    cal = dict(X_cal=X_cal, y_cal=y_cal)  # prefit fits need calibration rows; the layout is refused first
     odd = nn.Sequential(nn.Linear(1, 4), nn.Tanh(), nn.Linear(4, 3)).double()
     with pytest.raises(ValueError, match="odd number"):
-        LaplaceActiveSubspaceRegressor(module=odd, prefit=True, likelihood="heteroscedastic", dtype="float64").fit(X, y)
+        LaplaceActiveSubspaceRegressor(module=odd, prefit=True, likelihood="heteroscedastic",
+                                       dtype="float64").fit(X, y, **cal)
 
     class NaNVariance(nn.Module):
         def __init__(self):
@@ -244,11 +249,11 @@ def test_bad_layouts_and_settings_are_refused_clearly():
 
     with pytest.raises(ValueError, match="non-finite"):
         LaplaceActiveSubspaceRegressor(module=NaNVariance(), prefit=True, likelihood="heteroscedastic",
-                                       dtype="float64").fit(X, y)
+                                       dtype="float64").fit(X, y, **cal)
     positive = nn.Sequential(nn.Linear(1, 2), nn.Softplus()).double()  # η2 > 0 is no natural parameter
     with pytest.raises(ValueError, match="η2 ≥ 0"):
         LaplaceActiveSubspaceRegressor(module=positive, prefit=True, likelihood=HeteroscedasticGaussian("natural"),
-                                       dtype="float64").fit(X, y)
+                                       dtype="float64").fit(X, y, **cal)
     with pytest.raises(ValueError, match="include_noise"):
         LaplaceActiveSubspaceRegressor(likelihood="heteroscedastic", include_noise=True, max_epochs=1).fit(X, y)
     with pytest.raises(ValueError, match="classification"):
@@ -285,10 +290,16 @@ def test_sigma0_by_held_out_nll_under_the_heteroscedastic_likelihood(fitted_pair
     a prefit module on the standardised data)."""
     het, _ = fitted_pair
     X, y, _ = _hetero_data(800, 0)
-    Xs, ys = (X - het.x_mean_) / het.x_scale_, (y - het.y_mean_[0]) / het.y_scale_[0]
+    X_cal, y_cal, _ = _hetero_data(200, 9)  # rows the network was not trained on
+
+    def standardised(X, y):
+        return (X - het.x_mean_) / het.x_scale_, (y - het.y_mean_[0]) / het.y_scale_[0]
+
+    Xs, ys = standardised(X, y)
+    Xc, yc = standardised(X_cal, y_cal)
     est = LaplaceActiveSubspaceRegressor(module=het.module_, prefit=True, likelihood="heteroscedastic",
-                                         sigma0="nll", max_components=10, calibration_size=0.25, dtype="float64",
-                                         random_state=0).fit(Xs, ys)
+                                         sigma0="nll", max_components=10, dtype="float64",
+                                         random_state=0).fit(Xs, ys, X_cal=Xc, y_cal=yc)
     search = est.sigma0_search_
     table = search.table
     assert set(table["sigma0"]) >= {0.0, search.sigma0_upper}

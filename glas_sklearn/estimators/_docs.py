@@ -18,7 +18,16 @@ PARAMETERS_DOC = """\
         Keyword arguments of the default MLP or of the callable ``module``.
     prefit : bool, default=False
         The module is already trained (inputs and targets in the user's own units; ``standardize`` is then
-        ignored). The rows of ``X`` are its training data, less the calibration part.
+        ignored). The rows of ``X`` are taken to be its training rows (the curvature is built on them), so
+        ``fit`` needs calibration rows the network was not trained on as ``X_cal``, ``y_cal`` and refuses
+        without them: rows held out of its training rows have training residuals and would give intervals or
+        sets that under-cover (benchmarks/results/prefit_calibration.md). Hold them out before training the
+        network. Cross-validating a prefit estimator (``GridSearchCV``, ``cross_validate``) leaks the same
+        way: every test fold was training data of the one network. The rows of ``X`` are recorded (as 8-byte
+        digests, per network, in this process) so that intervals, probabilities, prediction sets or ``score``
+        asked for on them raise a :class:`~glas_sklearn.PrefitLeakageWarning`; with ``n_jobs > 1`` worker
+        processes a fold's warning needs the rows to have been declared in the same process, so it may not
+        appear there.
     scaling : {"auto", "mean", "standard"} or float, default="auto"
         Posterior scaling: β = 1/σ² ("mean", the paper's proposal), N/σ² ("standard", Bayes) or a given β;
         for classification and the heteroscedastic likelihood "mean" is β = 1 and "standard" is β = N.
@@ -50,7 +59,8 @@ PARAMETERS_DOC = """\
         not constrain keep the prior's variance, so intervals widen where the network extrapolates.
         "low_rank_diag": the curvature P Λ Pᵀ plus the GGN's residual diagonal max(diag(G) − Σ_j λ_j p_j², 0)
         (exact, from per-record Jacobians of the training rows), Σ by Woodbury; σ0 and the predictive
-        resolve as for "low_rank".
+        resolve as for "low_rank". A subclass of :class:`~glas_sklearn.posterior.ActiveSubspacePosterior` (a kind's
+        class, e.g. a user's own kind) is used as it is (:func:`~glas_sklearn.posterior.resolve_posterior`).
     calibration : {"conformal", "coverage"} or Calibrator, default="conformal"
         "conformal" (:class:`~glas_sklearn.calibration.ConformalCalibrator`): split conformal on the calibration
         rows at a fixed d, with coverage ≥ 1 − γ for exchangeable data at any number of rows: regression
@@ -69,7 +79,9 @@ PARAMETERS_DOC = """\
         Interval (or prediction-set) level(s) 1 − γ, strictly between 0 and 1; the first one is the
         calibration target.
     calibration_size : float or int, default=0.1
-        Share (or number) of rows held out of ``X`` for calibration, when ``X_cal`` is not passed to ``fit``.
+        Share (or number) of rows held out of ``X`` for calibration, and out of the network's training, when
+        ``X_cal`` is not passed to ``fit`` (``train_indices_`` and ``calibration_indices_`` say which);
+        unused with ``prefit=True``, which needs ``X_cal``.
         With ``calibration="conformal"`` a share is raised, if need be, to the ⌈1/γ⌉ − 1 rows (9 at 90 %)
         that a finite conformal quantile needs at the highest level (one more with σ0 by "nll"; as far as the
         data allow).
@@ -153,6 +165,10 @@ ATTRIBUTES_DOC = """\
         Mean training loss per epoch (empty when prefit).
     n_records_ : int
         N, the training rows the curvature averages over.
+    train_indices_, calibration_indices_ : ndarray of int or None
+        Positions in ``X`` of the rows the network was trained on (and the curvature built on) and of the rows
+        held out for calibration, in the order they were used; disjoint, together all of ``X``. None when
+        ``X_cal`` was passed (then every row of ``X`` is a training row).
     n_calibration_rows_ : int
         Rows used to choose d (``X_cal`` or the held-out part of ``X``), or with ``calibration="conformal"``
         those the conformal scores come from (less the σ0 tuning rows with "nll").

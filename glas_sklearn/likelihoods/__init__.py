@@ -9,12 +9,12 @@ variance per target) and :class:`Categorical` (softmax cross-entropy) are built 
 
 from __future__ import annotations
 
-from ._base import SCALINGS, Likelihood
+from ._base import Likelihood
 from .categorical import Categorical
 from .gaussian import Gaussian
 from .heteroscedastic import HeteroscedasticGaussian, NaturalParameterHead
 
-__all__ = ["SCALINGS", "Categorical", "Gaussian", "HeteroscedasticGaussian", "Likelihood", "NaturalParameterHead",
+__all__ = ["Categorical", "Gaussian", "HeteroscedasticGaussian", "Likelihood", "NaturalParameterHead",
            "resolve_likelihood"]
 
 # Names → classes. "mse" and "cross_entropy" are the loss names GGNOperator(loss=...) has always taken.

@@ -3,7 +3,7 @@
 A likelihood p(y | f) of a network output f gives the mean training loss (the negative log-likelihood up to
 constants and scale), the Hessian H_n of the per-record loss with respect to the output, which the
 generalized Gauss-Newton matrix G = (1/N) Σ_n J_nᵀ H_n J_n needs only through products H_n u, and the scaling β
-that turns G into the posterior precision (the paper, §2.2). Strings name the built-in likelihoods only at the
+that turns G into the posterior precision (paper eq. 1, §4.1.1). Strings name the built-in likelihoods only at the
 boundary (:func:`~glas_sklearn.likelihoods.resolve_likelihood`); code downstream asks the object.
 """
 
@@ -89,7 +89,7 @@ class Likelihood(abc.ABC):
         return (columns * self.output_hessian_product(at, columns)).sum(-1)
 
     def beta(self, scaling, n_records: int, noise_var: float | None = None) -> float:
-        """The posterior scaling β (the paper, §2.2) for ``scaling``: "mean" (the paper's proposal, the mean loss),
+        """The posterior scaling β (paper eq. 1, §4.1.1) for ``scaling``: "mean" (the paper's proposal, the mean loss),
         "standard" (Bayes, the summed loss, N times "mean"), or a positive float, which is β itself.
 
         Parameters

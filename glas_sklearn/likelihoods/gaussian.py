@@ -43,7 +43,7 @@ class Gaussian(Likelihood):
         return (jacobian**2).sum(-2)
 
     def default_conformity_score(self):
-        """|y − ŷ| / σ̂ (:class:`~glas_sklearn.calibration.StdNormalizedResidual`)."""
+        """The std-normalised residual ``|y − ŷ| / σ̂`` (:class:`~glas_sklearn.calibration.StdNormalizedResidual`)."""
         from ..calibration import StdNormalizedResidual  # the calibration package sits above the likelihoods
 
         return StdNormalizedResidual()
