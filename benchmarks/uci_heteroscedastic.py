@@ -423,6 +423,9 @@ def parse_args(argv=None):
                    help="leave out these peers (development runs)")
     p.add_argument("--no-laplace-torch", action="store_true")
     p.add_argument("--tag", default=None)
+    p.add_argument("--merge-tags", nargs="*", default=[],
+                   help="no computation: add the runs of uci_heteroscedastic[_shift]_TAG.json (parallel processes) "
+                        "to this protocol's results and re-render")
     args = p.parse_args(argv)
     args.epochs = args.epochs if args.epochs is not None else (20 if args.quick else 200)
     return args
@@ -435,6 +438,24 @@ def main(argv=None):
     json_path, md_path = args.out_dir / f"{stem}.json", args.out_dir / f"{stem}.md"
     if args.report_only:
         _, text = _common.report_from_results(json_path, md_path, render)
+        print(text)
+        return
+    torch.set_num_threads(args.threads)  # (recorded with the machine, also when merging)
+    if args.merge_tags:  # runs of the same protocol computed by parallel processes (other --tag), into this file
+        merged = _common.read_results(json_path)
+        commands = [merged["command"]]
+        for tag in args.merge_tags:
+            other = _common.read_results(json_path.with_name(f"{json_path.stem}_{tag}.json"))
+            commands.append(other["command"])
+            for name, d in other["datasets"].items():
+                runs = merged["datasets"].setdefault(name, {"runs": []})["runs"]
+                seen = {(r["split"], r.get("protocol")) for r in runs}
+                runs += [r for r in d["runs"] if (r["split"], r.get("protocol")) not in seen]
+                runs.sort(key=lambda r: (r["split"], r.get("protocol") or ""))
+        results = {k: merged[k] for k in ("date", "config", "datasets")}
+        results["config"]["merged_from"] = commands
+        _, text = _common.write_results_and_report(json_path, md_path, results, render,
+                                                   command=" ; ".join(commands))
         print(text)
         return
     torch.set_num_threads(args.threads)
