@@ -4,7 +4,8 @@ Every module that evaluates the network at perturbed weights or differentiates i
 these helpers: the trainable parameters are addressed as one flat vector (in ``named_parameters()``
 order), and the network is called with ``torch.func.functional_call`` on a view of the model in
 evaluation mode. :class:`FunctionalModel` binds a model once in that form (layout, θ0, eval view,
-input checks); the GGN operator and the posterior both hold one.
+input checks, and the :class:`~glas_sklearn.adapters.ModelAdapter` that calls it: keyword inputs and attention
+masks, ``ModelOutput`` → logits); the GGN operator and the posterior both hold one.
 """
 
 from __future__ import annotations
@@ -21,8 +22,10 @@ from typing import Iterator
 import torch
 from torch import nn
 from torch.func import functional_call, jacrev, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ._checks import check_finite_tensor
+from .adapters import ModelAdapter, as_adapter, unwrap_model
 
 __all__ = ["BoundModel", "FunctionalModel", "ParameterLayout", "eval_view", "autodiff_context", "forward",
            "model_outputs"]
@@ -52,8 +55,10 @@ class ParameterLayout:
 
     @classmethod
     def from_model(cls, model: nn.Module) -> "ParameterLayout":
+        """The layout of ``model``'s trainable parameters (of the model it wraps, for a ModelAdapter)."""
         if not isinstance(model, nn.Module):
             raise TypeError(f"Expected a torch.nn.Module, got {type(model).__name__}.")
+        model = unwrap_model(model)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError(
@@ -102,7 +107,7 @@ class ParameterLayout:
 
     def parameters_of(self, model: nn.Module) -> torch.Tensor:
         """θ0: a detached copy of the model's trainable weights as one flat vector."""
-        params = dict(model.named_parameters())
+        params = dict(unwrap_model(model).named_parameters())
         return torch.cat([params[n].detach().reshape(-1) for n in self.names]).clone()
 
 
@@ -141,51 +146,62 @@ def _onednn_disabled() -> Iterator[None]:
 
 @contextlib.contextmanager
 def autodiff_context(model: nn.Module, device: torch.device) -> Iterator[None]:
-    """Gradients on, and oneDNN off for recurrent layers on CPU (forward-mode AD through
-    ``nn.LSTM`` fails with oneDNN); both settings are restored on exit."""
+    """Gradients on; ``scaled_dot_product_attention`` on its math kernel (the fused flash / memory-efficient
+    kernels, which transformers' attention layers call, have neither forward-mode AD nor a double backward);
+    and oneDNN off for recurrent layers on CPU (forward-mode AD through ``nn.LSTM`` fails with oneDNN). All
+    settings are restored on exit."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.enable_grad())
+        stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
         if device.type == "cpu" and _has_rnn(model):
             stack.enter_context(_onednn_disabled())
         yield
 
 
 def forward(model: nn.Module, params: dict, inputs) -> torch.Tensor:
-    """Evaluate ``model`` at the weights ``params`` (a name → tensor dict) on ``inputs``."""
+    """Evaluate ``model`` at the weights ``params`` (a name → tensor dict) on ``inputs`` (positionally)."""
     args = inputs if isinstance(inputs, tuple) else (inputs,)
     return functional_call(model, params, args)
 
 
 def model_outputs(model: nn.Module, X: torch.Tensor, batch_size: int | None = None) -> torch.Tensor:
-    """The model's outputs on every row of ``X`` at its own weights: evaluated through an eval-mode view,
-    without building a graph, ``batch_size`` rows at a time (all at once when None)."""
-    view = eval_view(model)
-    params = {n: p.detach() for n, p in model.named_parameters()}
+    """The model's predictions on every row of ``X`` at its own weights: called through its
+    :class:`~glas_sklearn.adapters.ModelAdapter` on an eval-mode view, without building a graph,
+    ``batch_size`` rows at a time (all at once when None)."""
+    adapter = as_adapter(model)
+    view = eval_view(adapter.model)
+    params = {n: p.detach() for n, p in view.named_parameters()}
     size = batch_size or X.shape[0]
     with torch.no_grad(), autodiff_context(view, X.device):
-        return torch.cat([forward(view, params, X[i:i + size]) for i in range(0, X.shape[0], size)])
+        return torch.cat([adapter.call(view, params, X[i:i + size]) for i in range(0, X.shape[0], size)])
 
 
 class FunctionalModel:
     """A trained model as a pure function of its weights: f(x; θ), with θ0 its trained weights.
 
     The one binding of a model that the GGN operator and the posterior share. It records the layout of the
-    trainable weights in the flat vector, a detached copy θ0 of them, and an eval-mode view of the model
-    (:func:`eval_view`); the model is only ever called through ``torch.func.functional_call`` and is never
-    written into.
+    trainable weights in the flat vector, a detached copy θ0 of them, an eval-mode view of the model
+    (:func:`eval_view`) and the :class:`~glas_sklearn.adapters.ModelAdapter` that calls it; the model is only
+    ever called through ``torch.func.functional_call`` and is never written into. Only the trainable weights
+    are substituted in a call: frozen ones (a transformer's base under LoRA) and buffers are the model's own
+    tensors, read in place and never copied.
 
     Parameters
     ----------
-    model : torch.nn.Module
-        The trained network. Its trainable parameters (``requires_grad=True``, in ``named_parameters()``
-        order) are the D weights; they must share one floating dtype and one device.
+    model : torch.nn.Module or ModelAdapter
+        The trained network, or an adapter naming how to call it. Its trainable parameters
+        (``requires_grad=True``, in ``named_parameters()`` order, under the wrapped model's names for an
+        adapter) are the D weights; they must share one floating dtype and one device.
 
     Attributes
     ----------
     layout : ParameterLayout
         Names, shapes and offsets of the weights in the flat vector.
     module : torch.nn.Module
-        The eval-mode view of the model (the model itself when it is already in eval mode).
+        The eval-mode view of the model (the model itself when it is already in eval mode; the wrapped model
+        for an adapter).
+    adapter : ModelAdapter
+        How the model is called (its input keywords, attention mask and output), wrapping ``module``.
     theta0 : torch.Tensor of shape (D,)
         The trained weights, a detached copy taken at construction (later changes to the model do not move it).
     params0 : dict
@@ -204,9 +220,11 @@ class FunctionalModel:
     """
 
     def __init__(self, model: nn.Module) -> None:
-        self.layout = ParameterLayout.from_model(model)
-        self.module = eval_view(model)
-        self.theta0 = self.layout.parameters_of(model)
+        given = as_adapter(model)
+        self.layout = ParameterLayout.from_model(given.model)
+        self.module = eval_view(given.model)
+        self.adapter = ModelAdapter(self.module, output=given.output, padding_idx=given.padding_idx)
+        self.theta0 = self.layout.parameters_of(given.model)
         self.params0 = self.layout.unflatten(self.theta0)
 
     @property
@@ -230,7 +248,7 @@ class FunctionalModel:
 
     def __call__(self, inputs, params: dict | None = None) -> torch.Tensor:
         """f(inputs; params): the model evaluated at ``params`` (a name → tensor dict; θ0 when None)."""
-        return forward(self.module, self.params0 if params is None else params, inputs)
+        return self.adapter.call(self.module, self.params0 if params is None else params, inputs)
 
     def autodiff(self) -> contextlib.AbstractContextManager:
         """:func:`autodiff_context` for this model: gradients on, oneDNN off for recurrent layers on CPU."""

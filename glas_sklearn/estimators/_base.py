@@ -21,6 +21,7 @@ from torch import nn
 
 from .._checks import check_confidence_levels, numpy_rng
 from .._functional import eval_view
+from ..adapters import as_adapter
 from ..calibration import CalibrationWarning, choose_dimension, conformal_calibrate, conformal_quantile, tune_sigma0
 from ..laplace import fit_laplace_subspace
 from ._training import OPTIMIZERS, default_mlp, seeded_torch, train_module
@@ -59,7 +60,13 @@ PARAMETERS_DOC = """\
         (n, n_classes) for classification: one prediction per row. ``X`` may have any rank (images
         (n, C, H, W), token ids (n, T)); with a module given, integer ``X`` reaches it as ``torch.long``
         (token ids for ``nn.Embedding``), floating ``X`` in ``dtype``. With the default MLP an integer
-        table is a table of numbers.
+        table is a table of numbers. A module that takes keyword inputs or returns a ``ModelOutput``, dict or
+        tuple (a Hugging Face ``transformers`` model, with or without ``peft`` adapters) is taken as it comes:
+        the rows go in as ``input_ids`` with an ``attention_mask`` from ``padding_idx`` (or the config's
+        ``pad_token_id``), and the ``logits`` are read (:class:`~glas_sklearn.adapters.ModelAdapter`; wrap the
+        module in one to name another output). The posterior covers the trainable parameters only
+        (``requires_grad=True``: LoRA adapters and a ``modules_to_save`` head under ``peft``); frozen weights
+        are read in place, never copied or written (``trainable_parameters_``).
     module_kwargs : dict, optional
         Keyword arguments of the default MLP or of the callable ``module``.
     prefit : bool, default=False
@@ -133,9 +140,10 @@ PARAMETERS_DOC = """\
     padding_idx : int, optional
         The token id that pads integer sequences ``X`` of shape (n, T) on the right. The rows are the
         records (one prediction per sequence), so padding matters only as the model's input (e.g.
-        ``nn.Embedding(padding_idx=...)`` and masked pooling). At predict time (and for ``X_cal``), sequences
-        padded to another length are brought to the fitted length T: shorter ones are padded with
-        ``padding_idx``, longer ones cut where only padding follows. Per-position outputs (n, T, M), whose
+        ``nn.Embedding(padding_idx=...)`` and masked pooling; a module whose forward takes an ``attention_mask``
+        gets ``X != padding_idx``, by default the config's ``pad_token_id``). At predict time (and for
+        ``X_cal``), sequences padded to another length are brought to the fitted length T: shorter ones are
+        padded with ``padding_idx``, longer ones cut where only padding follows. Per-position outputs (n, T, M), whose
         padded positions must not count as records, are for the lower-level
         :func:`~glas_sklearn.laplace.fit_laplace_subspace` with ``mask=X != padding_idx``.
     subsample : int, optional
@@ -152,7 +160,13 @@ PARAMETERS_DOC = """\
 
 ATTRIBUTES_DOC = """\
     module_ : torch.nn.Module
-        The trained network (θ0).
+        The trained network (θ0); a module taking keyword inputs or returning a ``ModelOutput`` comes wrapped in
+        a :class:`~glas_sklearn.adapters.ModelAdapter` (``module_.model`` is the module itself).
+    trainable_parameters_ : dict
+        Name → shape of the parameters the posterior covers: the module's trainable ones
+        (``requires_grad=True``), in ``named_parameters()`` order; frozen ones stay at their values.
+    n_weights_ : int
+        D, their total number of entries (the posterior's dimension).
     n_components_ : int
         The subspace dimension d used.
     predictive_ : {"sampled", "linearized"}
@@ -374,10 +388,11 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
                        dtype: torch.dtype) -> nn.Module:
         """θ0: the prefit module as it is, or our own network (new or copied) trained on the training rows."""
         if self.prefit:
-            module = self._prefit_module(Xt.device, dtype)
+            module = self._called_as_network(self._prefit_module(Xt.device, dtype), Xt[:1])
             self.training_loss_ = []
         else:
             module = self._build_module(Xt.shape[1], n_outputs, seed).to(device=Xt.device, dtype=dtype)
+            module = self._called_as_network(module, Xt[:1])
             t0 = time.perf_counter()
             self.training_loss_ = train_module(
                 module, Xt, yt, self._loss, optimizer=self.optimizer, lr=self.lr, weight_decay=self.weight_decay,
@@ -386,6 +401,20 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             self.timings_["training"] = time.perf_counter() - t0
         self._check_output_shape(module, Xt[:1], n_outputs)
         return module
+
+    def _called_as_network(self, module: nn.Module, x1: torch.Tensor) -> nn.Module:
+        """The module as it is when ``module(X)`` returns the predictions tensor; else (keyword inputs such as
+        ``input_ids`` / ``attention_mask``, a ``ModelOutput``, dict or tuple) a
+        :class:`~glas_sklearn.adapters.ModelAdapter` around it (the mask from ``padding_idx``), never a copy."""
+        adapter = as_adapter(module, padding_idx=self.padding_idx)
+        if adapter is module or not adapter.is_trivial:
+            return adapter
+        try:
+            with torch.no_grad():
+                raw = eval_view(module)(x1)
+        except Exception:  # noqa: BLE001 - _check_output_shape reports a module that cannot be evaluated
+            return module
+        return module if isinstance(raw, torch.Tensor) else adapter
 
     def _fit_posterior(self, Xt, yt, Xc, yc, seed: int) -> None:
         """The curvature's top eigenpairs at θ0 and the posterior on them (β from σ² for regression)."""
@@ -398,6 +427,9 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             eigen_method=self.eigen_method, random_state=seed, verbose=self.verbose, posterior=self.posterior)
         self.timings_["curvature"] = time.perf_counter() - t0
         self.posterior_ = fitted.posterior
+        self.trainable_parameters_ = {name: tuple(shape) for name, shape in
+                                      zip(fitted.posterior.layout.names, fitted.posterior.layout.shapes, strict=True)}
+        self.n_weights_ = int(fitted.posterior.n_weights)
         self.beta_ = float(fitted.beta)
         self.n_records_ = int(fitted.n_records)
         self.eigenvalues_ = fitted.eigen.eigenvalues.detach().cpu().numpy()
