@@ -22,7 +22,11 @@ from typing import Iterator
 import torch
 from torch import nn
 from torch.func import functional_call, jacrev, vmap
-from torch.nn.attention import SDPBackend, sdpa_kernel
+
+try:  # torch ≥ 2.3
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+except ImportError:  # pragma: no cover - older torch: its attention kernels are left as they are
+    SDPBackend = sdpa_kernel = None
 
 from ._checks import check_finite_tensor
 from .adapters import ModelAdapter, as_adapter, unwrap_model
@@ -152,7 +156,8 @@ def autodiff_context(model: nn.Module, device: torch.device) -> Iterator[None]:
     settings are restored on exit."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.enable_grad())
-        stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+        if sdpa_kernel is not None:
+            stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
         if device.type == "cpu" and _has_rnn(model):
             stack.enter_context(_onednn_disabled())
         yield

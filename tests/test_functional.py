@@ -95,7 +95,7 @@ def test_output_shape_and_wrong_row_shape():
         def forward(self, x):
             return self.lin(x), x
 
-    with pytest.raises(ValueError, match="must return a torch.Tensor, got tuple"):
+    with pytest.raises(ValueError, match=r"Pair returns a tuple of 2 items .*output=0"):
         FunctionalModel(Pair().double()).output_shape(_randn(2, 3, seed=7))
 
 
