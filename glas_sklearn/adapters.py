@@ -248,7 +248,7 @@ class ModelAdapter(nn.Module):
         return self.select_output(functional_call(module, params, args, kwargs))
 
     def extra_repr(self) -> str:
-        parts = [f"input={'input_ids=' if self.input_keyword else 'positional'}"]
+        parts = [f"input={self.input_keyword or 'positional'}"]
         if self.passes_attention_mask:
             parts.append(f"attention_mask from token {self.mask_token_id}")
         if self.output is not None:
