@@ -372,3 +372,42 @@ def test_perturbed_copy_shares_the_frozen_base():
         with torch.no_grad():
             sampled.base_model.model.transformer.wte.weight.add_(1.0)
     assert_bit_identical(model, before)
+
+
+class _TableNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(4, 8)
+        self.head = nn.Linear(8, 2)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.lin(x)))
+
+
+def test_peft_on_a_plain_module_and_a_generic_peft_wrapper():
+    """peft's generic PeftModel (forward(*args, **kwargs)): over a plain table network it stays as it is (called
+    positionally, no adapter), the posterior over LoRA + head only; over BERT the signature is read through it."""
+    torch.manual_seed(0)
+    model = peft.get_peft_model(_TableNet(), peft.LoraConfig(r=2, target_modules=["lin"], modules_to_save=["head"]))
+    assert ModelAdapter(model).is_trivial
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((120, 4))
+    y = (X[:, 0] > 0).astype(int)
+    before = state_of(model)
+    clf = LaplaceActiveSubspaceClassifier(module=model, prefit=True, max_components=4, random_state=0)
+    clf.fit(X[:80], y[:80], X_cal=X[80:], y_cal=y[80:])
+    clf.predict_proba(X[:5])
+    assert clf.module_ is model  # a module called as model(X) returning a tensor is not wrapped
+    assert clf.trainable_parameters_ == {n: tuple(p.shape) for n, p in model.named_parameters() if p.requires_grad}
+    assert all("lora_" in n or "modules_to_save" in n for n in clf.trainable_parameters_)
+    assert_bit_identical(model, before)
+
+    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, max_position_embeddings=LENGTH)
+    generic = peft.get_peft_model(transformers.BertForSequenceClassification(cfg),
+                                  peft.LoraConfig(r=2, target_modules=["query"])).eval()
+    adapter = ModelAdapter(generic)
+    assert adapter.input_keyword == "input_ids" and adapter.passes_attention_mask and adapter.mask_token_id == 0
+    ids = torch.tensor([[3, 4, 5, 0, 0]])
+    with torch.no_grad():
+        assert torch.equal(adapter(ids), generic(input_ids=ids, attention_mask=(ids != 0).long()).logits)
