@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import logging
 import math
 import warnings
@@ -48,7 +49,12 @@ class ParameterLayout:
     shapes : tuple of torch.Size
     numels : tuple of int
     dtype, device
-        Those of the parameters (all trainable parameters must share them).
+        The flat vector's dtype (that of the parameters; with mixed precisions, the widest, e.g. float32 for
+        peft's float32 LoRA matrices beside a bfloat16 ``modules_to_save`` head) and their device (all trainable
+        parameters must share one).
+    param_dtypes : tuple of torch.dtype or None
+        Each parameter's own dtype when they differ (None when all are ``dtype``): :meth:`unflatten` casts each
+        part back to it, :meth:`flatten` casts to ``dtype``.
     """
 
     names: tuple
@@ -56,6 +62,7 @@ class ParameterLayout:
     numels: tuple
     dtype: torch.dtype
     device: torch.device
+    param_dtypes: tuple | None = None
 
     @classmethod
     def from_model(cls, model: nn.Module) -> "ParameterLayout":
@@ -71,20 +78,21 @@ class ParameterLayout:
             )
         dtypes = {p.dtype for _, p in named}
         devices = {p.device for _, p in named}
-        if len(dtypes) > 1 or len(devices) > 1:
+        if len(devices) > 1:
             raise TypeError(
-                "All trainable parameters must share one dtype and one device; found dtypes "
-                f"{sorted(map(str, dtypes))} and devices {sorted(map(str, devices))}. "
-                "Move the model with model.to(device, dtype) first."
+                f"All trainable parameters must live on one device; found {sorted(map(str, devices))}. "
+                "Move the model with model.to(device) first."
             )
-        if not named[0][1].dtype.is_floating_point:
-            raise TypeError(f"Trainable parameters must be floating point, got {named[0][1].dtype}.")
+        if not all(dt.is_floating_point for dt in dtypes):
+            raise TypeError(f"Trainable parameters must be floating point, got {sorted(map(str, dtypes))}.")
+        dtype = functools.reduce(torch.promote_types, sorted(dtypes, key=str))
         return cls(
             names=tuple(n for n, _ in named),
             shapes=tuple(p.shape for _, p in named),
             numels=tuple(p.numel() for _, p in named),
-            dtype=named[0][1].dtype,
+            dtype=dtype,
             device=named[0][1].device,
+            param_dtypes=None if len(dtypes) == 1 else tuple(p.dtype for _, p in named),
         )
 
     @property
@@ -92,27 +100,34 @@ class ParameterLayout:
         """D, the total number of trainable weights."""
         return int(sum(self.numels))
 
+    def _own_dtypes(self, parts: dict) -> dict:
+        if self.param_dtypes is None:
+            return parts
+        return {n: t.to(dt) for (n, t), dt in zip(parts.items(), self.param_dtypes, strict=True)}
+
     def flatten(self, tensors) -> torch.Tensor:
-        """Concatenate a dict (by name) or sequence (in order) of parameter-shaped tensors."""
+        """Concatenate a dict (by name) or sequence (in order) of parameter-shaped tensors (in ``dtype``)."""
         if isinstance(tensors, dict):
             tensors = [tensors[n] for n in self.names]
-        return torch.cat([t.reshape(-1) for t in tensors])
+        return torch.cat([t.reshape(-1).to(self.dtype) for t in tensors])
 
     def unflatten(self, vector: torch.Tensor) -> dict:
-        """Split a flat vector of length D into a dict of parameter-shaped views."""
+        """Split a flat vector of length D into a dict of parameter-shaped views (copies in their own dtype for
+        parameters of a narrower one)."""
         parts = torch.split(vector, self.numels)
-        return {n: part.view(shape) for n, part, shape in zip(self.names, parts, self.shapes, strict=True)}
+        return self._own_dtypes({n: part.view(shape)
+                                 for n, part, shape in zip(self.names, parts, self.shapes, strict=True)})
 
     def unflatten_rows(self, rows: torch.Tensor) -> dict:
         """Split a (c, D) block of flat weight vectors into a dict of (c, *shape) tensors (for ``vmap``)."""
         parts = torch.split(rows, self.numels, dim=1)
-        return {n: part.reshape(rows.shape[0], *shape)
-                for n, part, shape in zip(self.names, parts, self.shapes, strict=True)}
+        return self._own_dtypes({n: part.reshape(rows.shape[0], *shape)
+                                 for n, part, shape in zip(self.names, parts, self.shapes, strict=True)})
 
     def parameters_of(self, model: nn.Module) -> torch.Tensor:
-        """θ0: a detached copy of the model's trainable weights as one flat vector."""
+        """θ0: a detached copy of the model's trainable weights as one flat vector (in ``dtype``)."""
         params = dict(unwrap_model(model).named_parameters())
-        return torch.cat([params[n].detach().reshape(-1) for n in self.names]).clone()
+        return torch.cat([params[n].detach().reshape(-1).to(self.dtype) for n in self.names]).clone()
 
 
 def eval_view(model: nn.Module) -> nn.Module:
@@ -253,7 +268,10 @@ class FunctionalModel:
 
     def __call__(self, inputs, params: dict | None = None) -> torch.Tensor:
         """f(inputs; params): the model evaluated at ``params`` (a name → tensor dict; θ0 when None)."""
-        return self.adapter.call(self.module, self.params0 if params is None else params, inputs)
+        out = self.adapter.call(self.module, self.params0 if params is None else params, inputs)
+        if self.layout.param_dtypes is not None and out.is_floating_point() and out.dtype != self.dtype:
+            out = out.to(self.dtype)  # mixed precisions: outputs in the weights' (widest) dtype
+        return out
 
     def autodiff(self) -> contextlib.AbstractContextManager:
         """:func:`autodiff_context` for this model: gradients on, oneDNN off for recurrent layers on CPU."""

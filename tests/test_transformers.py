@@ -411,3 +411,53 @@ def test_peft_on_a_plain_module_and_a_generic_peft_wrapper():
     ids = torch.tensor([[3, 4, 5, 0, 0]])
     with torch.no_grad():
         assert torch.equal(adapter(ids), generic(input_ids=ids, attention_mask=(ids != 0).long()).logits)
+
+
+def test_bfloat16_base_with_float32_adapters():
+    """peft keeps LoRA matrices in float32 over a bfloat16 base, and copies the head in bfloat16: the flat weights
+    are float32 (each parameter cast back to its own dtype in the call); G V equals a dense oracle built from the
+    model's own mixed-precision forward, within bfloat16 rounding; predictions are the model's own logits."""
+    torch.manual_seed(0)
+    cfg = transformers.BertConfig(vocab_size=VOCAB, hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
+                                  intermediate_size=32, max_position_embeddings=LENGTH)
+    base = transformers.BertForSequenceClassification(cfg).to(torch.bfloat16)
+    model = peft.get_peft_model(base, peft.LoraConfig(task_type="SEQ_CLS", r=2, target_modules=["query", "value"],
+                                                      init_lora_weights=False))
+    trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    assert {p.dtype for p in trainable.values()} == {torch.float32, torch.bfloat16}
+    X = torch.as_tensor(marker_task(12, seed=2)[0])
+    before = state_of(model)
+    op = GGNOperator(model, X, loss="cross_entropy")
+    assert op.dtype == torch.float32 and op.layout.param_dtypes == tuple(p.dtype for p in trainable.values())
+
+    names, sizes = list(trainable), [p.numel() for p in trainable.values()]
+    theta = torch.cat([p.detach().reshape(-1).float() for p in trainable.values()])
+
+    def logits(flat):
+        parts = {n: t.view(trainable[n].shape).to(trainable[n].dtype)
+                 for n, t in zip(names, flat.split(sizes), strict=True)}
+        return functional_call(model, parts, (), {"input_ids": X, "attention_mask": (X != PAD).long()}).logits.float()
+
+    model.eval()
+    with sdpa_kernel([SDPBackend.MATH]):
+        J = torch.autograd.functional.jacobian(logits, theta).double()  # (n, C, D)
+        p = torch.softmax(logits(theta).double(), -1)
+    model.train()
+    H = torch.diag_embed(p) - p.unsqueeze(-1) * p.unsqueeze(-2)
+    G = torch.einsum("ncd,nce,nef->df", J, H, J) / len(X)
+    V = torch.randn(op.shape[0], 2, generator=torch.Generator().manual_seed(1))
+    GV = (op @ V).double()
+    expected = G @ V.double()
+    eps = torch.finfo(torch.bfloat16).eps
+    assert (GV - expected).abs().max() <= 2 * eps * expected.abs().max()  # measured 1.8e-3 relative
+    clf = LaplaceActiveSubspaceClassifier(module=model, prefit=True, padding_idx=PAD, max_components=3,
+                                          random_state=0)
+    y = np.arange(len(X)) % 2
+    clf.fit(X.numpy(), y, X_cal=X.numpy(), y_cal=y)
+    assert clf.posterior_.eigenvectors.dtype == torch.float32
+    mean = clf.posterior_.predict_mean(X)
+    model.eval()
+    with torch.no_grad():
+        own = model(input_ids=X, attention_mask=(X != PAD).long()).logits
+    assert torch.equal(mean, own.float())
+    assert_bit_identical(model, before)

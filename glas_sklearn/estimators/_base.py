@@ -4,6 +4,7 @@ orchestration (validate → split → train → posterior → choose d), predict
 from __future__ import annotations
 
 import copy
+import functools
 import io
 import logging
 import numbers
@@ -603,9 +604,14 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         if user is None:
             raise ValueError(f"{type(self).__name__}: prefit=True needs module to be a trained torch.nn.Module "
                              f"(or a fitted skorch net), got {type(self.module).__name__}.")
-        p = next((p for p in user.parameters() if p.requires_grad), None)
-        if p is not None and (p.device != device or p.dtype != dtype):
-            raise ValueError(f"{type(self).__name__}: the prefit module lives on {p.device} with dtype {p.dtype}, "
+        trainable = [p for p in user.parameters() if p.requires_grad]
+        if not trainable:
+            return user
+        # the weights' dtype: with mixed precisions (float32 LoRA beside a bfloat16 head) the widest
+        p_dtype = functools.reduce(torch.promote_types, sorted({p.dtype for p in trainable}, key=str))
+        p = trainable[0]
+        if p.device != device or p_dtype != dtype:
+            raise ValueError(f"{type(self).__name__}: the prefit module lives on {p.device} with dtype {p_dtype}, "
                              f"but the estimator was asked for device={str(device)!r}, dtype={self.dtype!r}; set "
                              "device/dtype to match the module (it is never moved or copied).")
         return user
