@@ -22,7 +22,7 @@ from typing import Iterator
 
 import torch
 from torch import nn
-from torch.func import functional_call, jacrev, vmap
+from torch.func import functional_call, jacrev, vjp, vmap
 
 try:  # torch ≥ 2.3
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -36,6 +36,10 @@ __all__ = ["BoundModel", "FunctionalModel", "ParameterLayout", "eval_view", "aut
            "model_outputs"]
 
 logger = logging.getLogger(__name__)
+
+# Output cotangents pulled back at once by BoundModel._pullback_jacobians (its groups of records hold this many
+# outputs): the vectorised backward pass costs this many backward passes over the group.
+_PULLBACK_COTANGENTS = 32
 
 
 @dataclass(frozen=True)
@@ -357,7 +361,9 @@ class BoundModel:
         """∂f(x_i)/∂θ at θ0 for every record of Xb, flattened over the weights: shape (c, *out, D).
 
         Reverse mode, vectorised over the records with ``torch.func.vmap`` where the model allows it (remembered
-        in ``_vmap_jac_ok``), a loop over records and outputs otherwise.
+        in ``_vmap_jac_ok``); else (models whose forward branches on the data, as transformers' mask handling)
+        one forward pass per group of records and its pullback vectorised over the group's outputs
+        (:meth:`_pullback_jacobians`, checked once against the loop); a loop over records and outputs otherwise.
         """
         fm = self.functional_model
         layout = fm.layout
@@ -374,24 +380,72 @@ class BoundModel:
                     jac = vmap(jacrev(single), in_dims=(None, 0))(fm.params0, Xb)
                     self._vmap_jac_ok = True
                     out_ndim = next(iter(jac.values())).ndim - len(layout.shapes[0]) - 1
-                    return flat(jac, 1 + out_ndim).detach()
-                except Exception as err:  # noqa: BLE001 - any failure of the vectorised path falls back to a loop
+                    return flat(jac, 1 + out_ndim).detach().to(layout.dtype)
+                except Exception as err:  # noqa: BLE001 - any failure of the vectorised path falls back
                     if getattr(self, "_vmap_jac_ok", None):
                         raise
-                    logger.debug("vmap over per-record Jacobians failed (%s); computing them one by one", err)
+                    logger.debug("vmap over per-record Jacobians failed (%s); pulling back per group", err)
                     self._vmap_jac_ok = False
+            if getattr(self, "_pullback_jac_ok", None) is not False:
+                try:
+                    jac = self._pullback_jacobians(Xb)
+                except Exception as err:  # noqa: BLE001 - a model the vectorised pullback cannot handle: the loop
+                    if getattr(self, "_pullback_jac_ok", None):
+                        raise
+                    logger.debug("vectorised pullbacks failed (%s); computing Jacobians one by one", err)
+                    self._pullback_jac_ok = False
+                else:
+                    if getattr(self, "_pullback_jac_ok", None) is None and Xb.shape[0] > 1:
+                        # once: a record's output, computed beside another, must be its output alone
+                        ref = self._loop_jacobians(Xb[:1])[0]
+                        tol = 100 * torch.finfo(layout.dtype).eps * float(ref.abs().max().clamp_min(1e-30))
+                        self._pullback_jac_ok = bool((jac[0] - ref).abs().max() <= tol)
+                        if not self._pullback_jac_ok:
+                            logger.debug("a record's output depends on other records; Jacobians one by one")
+                    if getattr(self, "_pullback_jac_ok", None) is not False:
+                        return jac
+            return self._loop_jacobians(Xb)
+
+    def _pullback_jacobians(self, Xb: torch.Tensor) -> torch.Tensor:
+        """Per-record Jacobians from one forward pass per group of records and its pullback ``torch.func.vmap``-ed
+        over the group's output basis (at most ``_PULLBACK_COTANGENTS`` at a time): exact when each record's
+        output depends on its own input only (any network in eval mode that does not mix its rows)."""
+        fm = self.functional_model
+        layout = fm.layout
+
+        def group_jacobians(xb: torch.Tensor) -> torch.Tensor:
+            out, pull = vjp(lambda p: fm(xb, p), fm.params0)
+            n = out.numel()
+            basis = torch.eye(n, dtype=out.dtype, device=out.device).reshape(n, *out.shape)
             rows = []
-            params = {n: p.detach().requires_grad_(True) for n, p in fm.params0.items()}
-            for i in range(Xb.shape[0]):
-                out = fm(Xb[i:i + 1], params)[0]
-                flat_out = out.reshape(-1)
-                grads = []
-                for k in range(flat_out.shape[0]):
-                    g = torch.autograd.grad(flat_out[k], list(params.values()), retain_graph=True, allow_unused=True)
-                    grads.append(torch.cat([torch.zeros(p.numel(), dtype=p.dtype, device=p.device) if gi is None
-                                            else gi.reshape(-1) for gi, p in zip(g, params.values(), strict=True)]))
-                rows.append(torch.stack(grads).reshape(*out.shape, -1))
-            return torch.stack(rows).detach()
+            for j in range(0, n, _PULLBACK_COTANGENTS):
+                (grads,) = vmap(pull)(basis[j:j + _PULLBACK_COTANGENTS])
+                rows.append(torch.cat([grads[name].reshape(grads[name].shape[0], -1).to(layout.dtype)
+                                       for name in layout.names], 1))
+            return torch.cat(rows).reshape(*out.shape, -1).detach()
+
+        first = min(2, Xb.shape[0])  # two records first: their number of outputs sizes the groups
+        parts = [group_jacobians(Xb[:first])]
+        group = max(1, _PULLBACK_COTANGENTS // math.prod(parts[0].shape[1:-1]))
+        parts += [group_jacobians(Xb[i:i + group]) for i in range(first, Xb.shape[0], group)]
+        return torch.cat(parts)
+
+    def _loop_jacobians(self, Xb: torch.Tensor) -> torch.Tensor:
+        """Per-record Jacobians by a loop over records and outputs (one backward pass each)."""
+        fm = self.functional_model
+        rows = []
+        params = {n: p.detach().requires_grad_(True) for n, p in fm.params0.items()}
+        for i in range(Xb.shape[0]):
+            out = fm(Xb[i:i + 1], params)[0]
+            flat_out = out.reshape(-1)
+            grads = []
+            for k in range(flat_out.shape[0]):
+                g = torch.autograd.grad(flat_out[k], list(params.values()), retain_graph=True, allow_unused=True)
+                grads.append(torch.cat([torch.zeros(p.numel(), dtype=fm.dtype, device=p.device) if gi is None
+                                        else gi.reshape(-1).to(fm.dtype)
+                                        for gi, p in zip(g, params.values(), strict=True)]))
+            rows.append(torch.stack(grads).reshape(*out.shape, -1))
+        return torch.stack(rows).detach()
 
     def record_jacobian_chunks(self, X: torch.Tensor, max_bytes: int,
                                batch_size: int | None = None) -> Iterator[tuple[slice, torch.Tensor]]:
