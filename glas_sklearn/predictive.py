@@ -1,8 +1,10 @@
 """Predictive distributions from posterior samples or linearised moments (SPEC "Predictions").
 
-Pure tensor functions with no knowledge of the model: regression intervals (sampled quantiles or Gaussian
+Tensor functions with no knowledge of the model: regression intervals (sampled quantiles or Gaussian
 linearised intervals), class probabilities (averaged softmax, Monte Carlo or probit over a logit Gaussian),
-prediction sets, and their empirical coverage and size.
+prediction sets, and their empirical coverage and size. On top of them, the predictive of a posterior at a
+subspace dimension d that calibration and the estimators' predictions share (:func:`regression_moments`,
+:func:`predictive_interval`, :func:`class_probabilities`).
 
 Users score intervals with :mod:`glas_sklearn.metrics` (``coverage_score``, ``mean_width_score``,
 ``interval_score``: scikit-learn's ``(y_true, y_pis)`` convention, checked inputs, float results).
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Union
+from typing import TYPE_CHECKING, NamedTuple, Union
 
 import numpy as np
 import torch
@@ -33,15 +35,23 @@ from ._checks import (
     check_confidence_levels,
     check_positive_int,
     make_generator,
+    numpy_rng,
 )
 
+if TYPE_CHECKING:  # pragma: no cover - typing only
+    from .posterior import ActiveSubspacePosterior
+
 __all__ = [
+    "RegressionMoments",
+    "class_probabilities",
     "conformal_interval",
     "conformal_sets",
     "linearized_interval",
     "linearized_probabilities",
     "mean_set_size",
     "prediction_sets",
+    "predictive_interval",
+    "regression_moments",
     "sampled_interval",
     "sampled_probabilities",
     "set_coverage",
@@ -594,3 +604,88 @@ def mean_set_size(sets: Array) -> np.ndarray:
     """Mean number of classes per prediction set, per level; shape (k,)."""
     s = _sets_check(sets)
     return _mean_per_level(s.sum(-2))
+
+
+# ------------------------------------------------------------------ a posterior's predictive at d
+
+
+class RegressionMoments(NamedTuple):
+    """Predictive mean ŷ and standard deviation σ̂ of a regression posterior, each of shape (n, *out)."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
+
+
+def _regression_predictive(posterior, X, d, predictive, n_samples, noise_var, random_state, batch_size):
+    """(mean, variance with ``noise_var`` added, samples or None) of the posterior at d."""
+    predictive = check_choice("predictive", predictive, ("sampled", "linearized"))
+    samples = None
+    if predictive == "sampled":
+        samples = posterior.predict_samples(X, d, n_samples=n_samples, random_state=random_state,
+                                            batch_size=batch_size)
+        mean, var = samples.mean(0), samples.var(0, unbiased=False)
+    else:
+        mean = posterior.predict_mean(X, batch_size=batch_size)
+        var = posterior.linearized_variance(X, d, batch_size=batch_size).clamp_min(0)
+    noise = np.asarray(noise_var, dtype=np.float64)
+    if np.any(noise != 0):
+        var = var + torch.as_tensor(noise, dtype=var.dtype, device=var.device)
+    return mean, var, samples
+
+
+def regression_moments(posterior: ActiveSubspacePosterior, X: torch.Tensor, d: int, *,
+                       predictive: str = "linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
+                       batch_size: int | None = None) -> RegressionMoments:
+    """Predictive mean ŷ and standard deviation σ̂ = sqrt(σ_f² + σ²) of a regression posterior at dimension d.
+
+    Sampled: the mean and (population) variance of the S network outputs at the posterior samples (common
+    to all rows: seeded by ``random_state``). Linearised: f(x; θ0) and J Σ Jᵀ's diagonal. ``noise_var`` σ²
+    (one value or one per output) is added to the variance: the σ̂ of intervals for y.
+
+    Returns
+    -------
+    RegressionMoments
+        ``(mean, std)``, torch tensors of shape (n, *out).
+    """
+    mean, var, _ = _regression_predictive(posterior, X, d, predictive, n_samples, noise_var, random_state,
+                                          batch_size)
+    return RegressionMoments(mean, var.sqrt())
+
+
+def predictive_interval(posterior: ActiveSubspacePosterior, X: torch.Tensor, d: int, confidence_levels=None, *,
+                        predictive: str = "linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
+                        batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """The posterior's own predictive at d: :func:`regression_moments` and, for ``confidence_levels``, its
+    central intervals (:func:`sampled_interval` of the samples, or :func:`linearized_interval`).
+
+    Returns
+    -------
+    mean, std : torch.Tensor of shape (n, *out)
+    bounds : torch.Tensor of shape (n, *out, 2, k), or None without ``confidence_levels``
+    """
+    mean, var, samples = _regression_predictive(posterior, X, d, predictive, n_samples, noise_var, random_state,
+                                                batch_size)
+    bounds = None
+    if confidence_levels is not None:
+        if samples is not None:
+            _, bounds = sampled_interval(samples, confidence_levels, noise_var=noise_var)
+        else:  # var already holds the noise
+            bounds = linearized_interval(mean, var, confidence_levels)
+    return mean, var.sqrt(), bounds
+
+
+def class_probabilities(posterior: ActiveSubspacePosterior, X: torch.Tensor, d: int, *,
+                        predictive: str = "sampled", n_samples: int = 1000, random_state=None,
+                        linearized_method: str = "probit", batch_size: int | None = None) -> torch.Tensor:
+    """Class probabilities (n, C) of a classification posterior at dimension d: the softmax averaged over
+    posterior samples (seeded by ``random_state``), or the linearised logit Gaussian pushed through the
+    softmax (probit, or Monte Carlo with the full C × C logit covariance)."""
+    predictive = check_choice("predictive", predictive, ("sampled", "linearized"))
+    linearized_method = check_choice("linearized_method", linearized_method, ("probit", "mc"))
+    if predictive == "sampled":
+        return sampled_probabilities(posterior.predict_samples(X, d, n_samples=n_samples, random_state=random_state,
+                                                               batch_size=batch_size))
+    mean = posterior.predict_mean(X, batch_size=batch_size)
+    cov = posterior.linearized_variance(X, d, full_cov=linearized_method == "mc", batch_size=batch_size)
+    gen = None if random_state is None else int(numpy_rng(random_state).integers(0, 2**62)) + 1
+    return linearized_probabilities(mean, cov, method=linearized_method, n_samples=n_samples, generator=gen)

@@ -23,7 +23,14 @@ from torch import nn
 from .._checks import check_confidence_levels, numpy_rng
 from .._functional import eval_view
 from ..adapters import as_adapter
-from ..calibration import CalibrationWarning, choose_dimension, conformal_calibrate, conformal_quantile, tune_sigma0
+from ..calibration import (
+    CALIBRATIONS,
+    CalibrationWarning,
+    Calibrator,
+    choose_dimension,
+    resolve_calibration,
+    tune_sigma0,
+)
 from ..laplace import fit_laplace_subspace
 from ._training import OPTIMIZERS, default_mlp, seeded_torch, train_module
 from ._validation import (
@@ -102,12 +109,14 @@ PARAMETERS_DOC = """\
         "low_rank_diag": the curvature P Λ Pᵀ plus the GGN's residual diagonal max(diag(G) − Σ_j λ_j p_j², 0)
         (exact, from per-record Jacobians of the training rows), Σ by Woodbury; σ0 and the predictive
         resolve as for "low_rank".
-    calibration : {"conformal", "coverage"}, default="conformal"
-        "conformal": split conformal on the calibration rows at a fixed d, with coverage ≥ 1 − γ for
-        exchangeable data at any number of rows: regression intervals ŷ ± q σ̂ with q the
-        ⌈(n + 1)(1 − γ)⌉-th smallest |y − ŷ| / σ̂ (per output), classification sets {c : 1 − p_c ≤ q} (LAC).
-        "coverage" (the paper): d is the smallest whose posterior intervals or sets cover the level.
-        The paper's method is ``calibration="coverage", posterior="subspace"``.
+    calibration : {"conformal", "coverage"} or Calibrator, default="conformal"
+        "conformal" (:class:`~glas_sklearn.calibration.ConformalCalibrator`): split conformal on the calibration
+        rows at a fixed d, with coverage ≥ 1 − γ for exchangeable data at any number of rows: regression
+        intervals ŷ ± q σ̂ with q the ⌈(n + 1)(1 − γ)⌉-th smallest |y − ŷ| / σ̂ (per output), classification
+        sets {c : 1 − p_c ≤ q} (LAC); ``ConformalCalibrator(conformity_score=...)`` takes another score.
+        "coverage" (:class:`~glas_sklearn.calibration.CoverageCalibrator`, the paper): d is the smallest whose
+        posterior intervals or sets cover the level. The paper's method is
+        ``calibration="coverage", posterior="subspace"``.
     predictive : {"auto", "sampled", "linearized"}, default="auto"
         Push posterior samples through the network, or use the linearised network's Gaussian. "auto":
         "linearized" for the low-rank posteriors (the complement perturbs every weight: meaningful for the
@@ -188,6 +197,9 @@ ATTRIBUTES_DOC = """\
         "conformal" only (None otherwise): the sorted calibration scores, |y − ŷ| / σ̂ of shape (n, M)
         (regression) or 1 − p_y of shape (n,) (classification); the quantile for any level is computed from
         them at prediction time.
+    calibrator_ : Calibrator
+        The fitted calibrator (``calibration`` resolved to an object and fitted on the calibration rows);
+        predictions and plots ask it.
     calibration_seed_ : int
         The seed of the calibration's posterior samples (predictions reuse them).
     calibration_reached_ : bool or None
@@ -270,7 +282,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         "max_components": [Interval(numbers.Integral, 1, None)],
         "sigma0": [Options("auto", "eb_subspace", "eb_full", "nll"), Interval(numbers.Real, 0, None, closed="neither")],
         "posterior": [Options("low_rank", "low_rank_diag", "subspace")],
-        "calibration": [Options("conformal", "coverage")],
+        "calibration": [InstanceOf(Calibrator, "a Calibrator (e.g. ConformalCalibrator(conformity_score=...))"),
+                        Options(*CALIBRATIONS)],
         "predictive": [Options("auto", "sampled", "linearized")],
         "n_samples": [Interval(numbers.Integral, 2, None)],
         "confidence_level": [Satisfies(_is_level_list, "a number or a non-empty list of numbers strictly between "
@@ -454,48 +467,38 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         return K
 
     def _choose_dimension(self, Xc, yc, seed: int) -> None:
-        """d on the calibration rows: the smallest reaching the first level ("auto"), or the given one (its
-        coverage recorded, not judged); σ0 at d; and the posterior samples' seed that predictions reuse.
-        With ``calibration="conformal"``: d fixed (given, or max_components) and the conformal scores."""
+        """d on the calibration rows by the calibrator: the smallest reaching the first level ("auto" under
+        "coverage"), or the given one (its coverage recorded, not judged); with a calibrator that needs a fixed
+        predictor ("conformal") d is fixed (given, or max_components) and σ0 may be tuned on part of the rows
+        first. σ0 at d, and the posterior samples' seed that predictions reuse."""
         t0 = time.perf_counter()
         self.predictive_ = self._resolved_predictive()
-        self.conformity_scores_ = None
         self.sigma0_search_, self.sigma0_rows_ = None, np.zeros(0, dtype=np.int64)
-        if self.calibration == "conformal":
-            d = self.posterior_.max_components if self.n_components == "auto" else self.n_components
-            if self._sigma0_choice() == "nll":
-                Xc, yc = self._tune_sigma0(Xc, yc, d, seed)
-            result = conformal_calibrate(
-                self.posterior_, Xc, yc, d=d, task=self._task,
-                confidence_level=_check_level_list(self.confidence_level),
-                predictive=self.predictive_, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
-                random_state=seed)
-            self.conformity_scores_ = result.scores
-            self.calibration_reached_ = None
-            self._store_calibration(result, Xc, seed, t0)
-            return
-        common = dict(task=self._task, confidence_level=_check_level_list(self.confidence_level)[0],
-                      predictive=self.predictive_, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
-                      random_state=seed, verbose=self.verbose)
-        if self.n_components == "auto":
-            result = choose_dimension(self.posterior_, Xc, yc, d_max=self.posterior_.max_components,
-                                      full_curve=False, **common)
-            self.calibration_reached_ = bool(result.reached)
-        else:
-            with warnings.catch_warnings():  # a user-chosen d: its coverage is recorded, not judged
-                warnings.simplefilter("ignore", CalibrationWarning)
-                result = choose_dimension(self.posterior_, Xc, yc, d_min=self.n_components,
-                                          d_max=self.n_components, **common)
-            self.calibration_reached_ = None
-        self._store_calibration(result, Xc, seed, t0)
+        calibrator = self._calibrator()
+        d = self.n_components
+        if d == "auto" and not calibrator.chooses_dimension:  # fixed before the calibration rows are seen
+            d = self.posterior_.max_components
+        if self._sigma0_choice() == "nll":
+            Xc, yc = self._tune_sigma0(Xc, yc, d, seed)
+        self.calibrator_ = calibrator.fit(
+            self.posterior_, Xc, yc, n_components=d, task=self._task, confidence_levels=self._levels(None),
+            predictive=self.predictive_, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
+            random_state=seed, verbose=self.verbose)
+        self.conformity_scores_ = self.calibrator_.scores_
+        self.calibration_reached_ = self.calibrator_.reached_
+        self._store_calibration(self.calibrator_, Xc, seed, t0)
 
-    def _store_calibration(self, result, Xc, seed: int, t0: float) -> None:
+    def _calibrator(self) -> Calibrator:
+        """``calibration`` as an unfitted calibrator object (the estimator's parameter is never fitted itself)."""
+        return resolve_calibration(self.calibration)
+
+    def _store_calibration(self, calibrator, Xc, seed: int, t0: float) -> None:
         self.timings_["calibration"] = time.perf_counter() - t0
-        self.n_components_ = int(result.n_components)
-        self.calibration_ = self._table_in_user_units(result.table.reset_index(drop=True))
+        self.n_components_ = int(calibrator.n_components_)
+        self.calibration_ = self._table_in_user_units(calibrator.table_.reset_index(drop=True))
         # Predictions draw the posterior samples (in weight space, shared by all rows) that the calibration saw.
         self.calibration_seed_ = seed
-        self._sample_seed_ = int(result.sample_seed)
+        self._sample_seed_ = int(calibrator.sample_seed_)
         self.sigma0_ = float(self.posterior_.fit_sigma0(self.n_components_))
         self.n_calibration_rows_ = int(len(Xc))
         self.n_sigma0_rows_ = int(len(self.sigma0_rows_))
@@ -505,7 +508,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         (over [0, σ0_EB], :func:`~glas_sklearn.calibration.tune_sigma0`) and a conformal part, returned, that
         the scores are computed on; the posterior's σ0 is then fixed at the chosen value. With too few rows for
         both parts, "auto" keeps the full-space EB σ0 and an explicit "nll" raises."""
-        n, n_need = len(Xc), self._conformal_rows_needed()
+        n, n_need = len(Xc), self._calibration_rows_needed()
         if n < n_need + 1:
             if self.sigma0 == "nll":
                 raise ValueError(f"{type(self).__name__}: sigma0='nll' needs at least {n_need + 1} calibration rows "
@@ -534,12 +537,13 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
                                       stratify=stratify)
         return np.sort(tune), np.sort(conf)
 
-    def _conformal_rows_needed(self) -> int:
-        """⌈1/γ⌉ − 1: the calibration rows a finite conformal quantile needs at the highest level."""
-        return int(np.ceil(1.0 / (1.0 - max(_check_level_list(self.confidence_level))) - 1e-9)) - 1
+    def _calibration_rows_needed(self) -> int:
+        """The calibration rows the calibrator needs at the estimator's levels ("conformal": ⌈1/γ⌉ − 1 at the
+        highest level, for a finite quantile)."""
+        return self._calibrator().rows_needed(self._levels(None))
 
     def _check_sigma0_setting(self) -> None:
-        if self.sigma0 == "nll" and self.calibration != "conformal":
+        if self.sigma0 == "nll" and not self._calibrator().requires_fixed_predictor:
             raise ValueError(f"{type(self).__name__}: sigma0='nll' tunes σ0 on part of the calibration rows for "
                              f"calibration='conformal'; with calibration={self.calibration!r} (the paper) σ0 is "
                              "empirical Bayes at every d: use sigma0='auto', 'eb_subspace', 'eb_full' or a float.")
@@ -565,10 +569,6 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         if self.predictive != "auto":
             return self.predictive
         return "linearized" if self.posterior in ("low_rank", "low_rank_diag") else "sampled"
-
-    def _conformal_quantiles(self, levels) -> np.ndarray:
-        """The conformal quantiles of the calibration scores at ``levels``; shape (k,) or (k, M)."""
-        return conformal_quantile(self.conformity_scores_, levels)
 
     # ----------------------------------------------------------------- module
     def _user_module(self) -> nn.Module | None:
@@ -627,9 +627,9 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
                                  f"hold out at most {n - 2} rows, give a fraction, or pass X_cal and y_cal.")
             return int(cs)
         n_cal = max(1, int(np.ceil(cs * n)))
-        if self.calibration == "conformal":  # enough rows for a finite conformal quantile at every level
-            # (and one more to tune σ0 on with sigma0="nll")
-            n_cal = max(n_cal, self._conformal_rows_needed() + (self._sigma0_choice() == "nll"))
+        # enough rows for the calibrator (a finite conformal quantile at every level), and one more to tune σ0 on
+        # with sigma0="nll"
+        n_cal = max(n_cal, self._calibration_rows_needed() + (self._sigma0_choice() == "nll"))
         return int(min(n_cal, n - 2))
 
     @staticmethod
@@ -856,6 +856,10 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             state.setdefault("sigma0_search_", None)
             state.setdefault("sigma0_rows_", np.zeros(0, dtype=np.int64))
             state.setdefault("n_sigma0_rows_", 0)
+            if "calibrator_" not in state:
+                warnings.warn(f"This {type(self).__name__} was fitted by an earlier glas-sklearn, before calibration "
+                              "methods were objects: it has no fitted calibrator_, so its intervals and sets cannot "
+                              "be predicted; refit it.", UserWarning, stacklevel=2)
         blob = state.pop("_torch_state", None)
         saved_device = state.pop("_torch_device", None)
         if blob is not None:

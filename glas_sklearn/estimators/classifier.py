@@ -8,8 +8,7 @@ from sklearn.base import ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
-from ..calibration import class_probabilities
-from ..predictive import conformal_sets, prediction_sets
+from ..predictive import class_probabilities
 from ._base import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, LaplaceActiveSubspaceBase
 
 __all__ = ["LaplaceActiveSubspaceClassifier"]
@@ -66,7 +65,7 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         # Probabilities use the scale of σ0 itself; the full-space EB σ0 is still too wide for them (digits MLP and
         # CNN: NLL above the MAP network's), so under conformal calibration σ0 is chosen by the held-out NLL on
         # half of the calibration rows, between that value and 0 (benchmarks/results/digits_ood.md, digits_cnn.md).
-        return "nll" if self.calibration == "conformal" else "eb_full"
+        return "nll" if self._calibrator().requires_fixed_predictor else "eb_full"
 
     def _validate_train(self, X, y):
         X, y = self._validate_X(X, y, reset=True)
@@ -204,9 +203,6 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         check_is_fitted(self, "posterior_")
         levels = self._levels(confidence_level)
         probs = self._proba_tensor(X)
-        if self.calibration == "conformal":
-            sets = conformal_sets(probs, self._conformal_quantiles(levels)).detach().cpu().numpy()
-        else:
-            sets = prediction_sets(probs, levels).detach().cpu().numpy()
+        sets = self.calibrator_.predict_set(probs, levels).detach().cpu().numpy()
         labels = self.classes_[probs.argmax(dim=1).cpu().numpy()]
         return labels, sets

@@ -11,9 +11,7 @@ from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 
 from .._checks import make_generator, numpy_rng
-from ..calibration import regression_moments
 from ..laplace import residual_noise_variance
-from ..predictive import conformal_interval, linearized_interval, sampled_interval
 from ._base import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, LaplaceActiveSubspaceBase
 from ._validation import BOOLEAN, Interval, Options
 
@@ -173,8 +171,8 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         source = self.noise_std
         if source == "auto":
             enough = len(Xc) >= _MIN_CALIBRATION_ROWS_FOR_NOISE
-            source = "calibration" if enough and self.calibration == "coverage" else "training"
-        elif source == "calibration" and self.calibration == "conformal":
+            source = "calibration" if enough and not self._calibrator().requires_fixed_predictor else "training"
+        elif source == "calibration" and self._calibrator().requires_fixed_predictor:
             warnings.warn("LaplaceActiveSubspaceRegressor: noise_std='calibration' with calibration='conformal' "
                           "estimates σ from the calibration rows, so the conformal scores depend on those rows "
                           "and the coverage guarantee is only approximate; use noise_std='training' or a "
@@ -221,28 +219,9 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
     def _predictive(self, Xt: torch.Tensor, levels=None):
         """For one chunk of rows, in internal units: the predictive mean and standard deviation (of f, or
-        of y with ``include_noise``), (n, M) each, and the interval bounds (n, M, 2, k) when ``levels``."""
-        p, d = self.posterior_, self.n_components_
-        if self.calibration == "conformal":  # ŷ ± q σ̂, σ̂ as the calibration scores were normalised
-            mean, std = regression_moments(p, Xt, d, predictive=self.predictive_, n_samples=self.n_samples,
-                                           noise_var=self._interval_noise_var(), random_state=self._sample_seed_)
-            bounds = None if levels is None else conformal_interval(mean, std, self._conformal_quantiles(levels))
-            return mean, std, bounds
-        if self.predictive_ == "sampled":
-            s = p.predict_samples(Xt, d, self.n_samples, random_state=self._sample_seed_)
-            mean, var = s.mean(0), s.var(0, unbiased=False)
-        else:
-            s = None
-            mean, var = p.predict_mean(Xt), p.linearized_variance(Xt, d).clamp_min(0)
-        if self.include_noise:
-            var = var + torch.as_tensor(self._noise_var_out, dtype=var.dtype, device=var.device)
-        bounds = None
-        if levels is not None:
-            if s is not None:
-                _, bounds = sampled_interval(s, levels, noise_var=self._interval_noise_var())
-            else:  # var already holds the noise with include_noise
-                bounds = linearized_interval(mean, var, levels)
-        return mean, var.sqrt(), bounds
+        of y with ``include_noise``), (n, M) each, and the interval bounds (n, M, 2, k) when ``levels``, as
+        the fitted calibrator makes them ("conformal": ŷ ± q σ̂; "coverage": the posterior's own intervals)."""
+        return self.calibrator_.predict_interval(self.posterior_, Xt, levels)
 
     def _predict_rows(self, X, levels=None):
         """:meth:`_predictive` over all rows of X, chunk by chunk (bounded memory for large X)."""

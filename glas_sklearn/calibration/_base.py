@@ -1,0 +1,114 @@
+"""What every calibration method shares: the :class:`Calibrator` protocol and the checks of calibration targets."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+import torch
+from sklearn.base import BaseEstimator
+
+__all__ = ["Calibrator", "check_targets", "match_regression"]
+
+
+class Calibrator(BaseEstimator, ABC):
+    """A way to calibrate a posterior's intervals or sets on held-out rows (the estimators' ``calibration=``).
+
+    Its constructor only stores hyperparameters (``get_params`` / ``clone`` work as for any scikit-learn
+    estimator); :meth:`fit` calibrates a fitted posterior on calibration rows and sets the fitted attributes
+    below; the predict methods then turn the posterior's predictive into intervals or sets.
+
+    Class attributes (what the estimators ask instead of comparing names):
+
+    - ``chooses_dimension``: the calibration evaluates coverage over the subspace dimension d and picks d
+      (``n_components="auto"`` searches; its table has one row per d evaluated, the curve
+      :class:`~glas_sklearn.plotting.CoverageDisplay` draws). False: d is fixed before the calibration rows
+      are seen (``n_components="auto"`` means every eigenpair computed).
+    - ``requires_fixed_predictor``: the calibration's guarantee needs everything about the predictor (network,
+      σ0, β, σ², d, sample seed) fixed before the calibration rows are seen: σ is then not estimated from
+      those rows, and σ0 may be tuned only on a disjoint part of them (``sigma0="nll"``).
+
+    Attributes
+    ----------
+    n_components_ : int
+        The subspace dimension d the calibration settled on.
+    sigma0_ : float
+        The prior standard deviation at d during calibration.
+    table_ : pandas.DataFrame
+        The calibration's table (internal units).
+    sample_seed_ : int
+        The seed of the posterior samples behind the calibration; predictions reuse it.
+    reached_ : bool or None
+        Whether the target coverage was reached (None where it is not judged).
+    result_ : object
+        The full result of the calibration function.
+    scores_ : ndarray or None
+        The sorted calibration scores of a conformal calibration; None otherwise.
+    predictive_, n_samples_, noise_var_ :
+        The predictive settings calibrated with (and predicted with).
+    """
+
+    chooses_dimension: bool = False
+    requires_fixed_predictor: bool = False
+    scores_ = None
+
+    def rows_needed(self, confidence_levels) -> int:
+        """The fewest calibration rows the calibration needs at ``confidence_levels``."""
+        return 1
+
+    @abstractmethod
+    def fit(self, posterior, X_cal: torch.Tensor, y_cal, *, n_components="auto", task: str = "regression",
+            confidence_levels=0.9, predictive: str = "sampled", n_samples: int = 1000, noise_var=0.0,
+            random_state=None, verbose: int = 0) -> Calibrator:
+        """Calibrate ``posterior`` on ``(X_cal, y_cal)`` (internal units, on the posterior's device).
+
+        ``n_components`` is "auto" (the method's choice of d) or a given d; ``confidence_levels`` lists the
+        levels, the first being the target; the rest are the predictive's settings (as in
+        :func:`~glas_sklearn.calibration.choose_dimension`), kept for prediction. Returns ``self``.
+        """
+
+    @abstractmethod
+    def predict_interval(self, posterior, X: torch.Tensor, confidence_levels=None, *,
+                         batch_size: int | None = None):
+        """``(mean, std, bounds)`` of the regression predictive on the rows ``X``, as calibrated:
+        tensors of shape (n, M), (n, M) and (n, M, 2, k) (bounds None without ``confidence_levels``)."""
+
+    @abstractmethod
+    def predict_set(self, probs: torch.Tensor, confidence_levels):
+        """Prediction sets, bool of shape (n, C, k), from the class probabilities (n, C) at d."""
+
+    def _store(self, result, *, n_components: int, sigma0: float, table, sample_seed: int, reached, predictive: str,
+               n_samples: int, noise_var) -> None:
+        self.result_ = result
+        self.n_components_, self.sigma0_, self.table_ = int(n_components), float(sigma0), table
+        self.sample_seed_, self.reached_ = int(sample_seed), reached
+        self.predictive_, self.n_samples_, self.noise_var_ = predictive, int(n_samples), noise_var
+
+
+def check_targets(y, task: str, n: int, device: torch.device) -> torch.Tensor:
+    """Calibration targets as a tensor on ``device``: n rows, numeric and finite for regression."""
+    if isinstance(y, torch.Tensor):
+        t = y.detach().to(device)
+    else:
+        try:
+            t = torch.as_tensor(np.asarray(y), device=device)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"y_cal must be a torch.Tensor or numeric array, got {type(y).__name__}.") from err
+    if t.ndim < 1 or t.shape[0] != n:
+        raise ValueError(f"X_cal has {n} rows but y_cal has shape {tuple(t.shape)}; they must match.")
+    if task == "regression":
+        if not (t.is_floating_point() or t.dtype in (torch.int32, torch.int64)):
+            raise TypeError(f"y_cal must be numeric for regression, got dtype {t.dtype}.")
+        if not bool(torch.isfinite(t.to(torch.float64)).all()):
+            raise ValueError("y_cal contains NaN or infinite values.")
+    return t
+
+
+def match_regression(y: torch.Tensor, out_shape: tuple) -> torch.Tensor:
+    """Targets reshaped to the model's output shape (n, *out): (n,) is accepted for a single output."""
+    if tuple(y.shape) == out_shape:
+        return y
+    if y.numel() == int(np.prod(out_shape)) and out_shape[-1:] == (1,) and tuple(y.shape) == out_shape[:-1]:
+        return y.unsqueeze(-1)
+    raise ValueError(f"y_cal has shape {tuple(y.shape)}, but the model's outputs on X_cal have shape {out_shape}; "
+                     "they must match (a 1-D y_cal is accepted for a single output).")

@@ -1,0 +1,430 @@
+"""Split-conformal calibration at a fixed subspace dimension d, with conformity scores as objects.
+
+SPEC "Beyond the paper": at a d fixed before looking at the calibration rows, the split-conformal quantile
+of the calibration rows' conformity scores gives intervals or sets with coverage ≥ 1 − γ for exchangeable
+data at any number of rows (:func:`conformal_calibrate`, :class:`ConformalCalibrator`).
+
+A conformity score (in the spirit of MAPIE's ``conformity_scores``) is a small object with
+``score(y, prediction)`` (large: y fits the prediction badly) and ``region(prediction, quantiles)``, its
+inverse: the intervals or sets {y : score(y, prediction) ≤ q}. Regression scores (:class:`RegressionScore`)
+take the predictive moments (:class:`~glas_sklearn.predictive.RegressionMoments`) and give bounds; classification
+scores (:class:`ClassificationScore`) take class probabilities and give sets. Built in:
+:class:`StdNormalizedResidual` |y − ŷ| / σ̂ per output, and :class:`LAC` 1 − p_y. Subclass one of the two
+bases for another score.
+"""
+
+from __future__ import annotations
+
+import warnings
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import torch
+
+from .._checks import check_choice, check_confidence_levels, numpy_rng
+from ..posterior import ActiveSubspacePosterior
+from ..predictive import (
+    class_probabilities,
+    conformal_interval,
+    conformal_sets,
+    mean_interval_width,
+    mean_set_size,
+    regression_moments,
+)
+from ._base import Calibrator, check_targets, match_regression
+
+__all__ = [
+    "LAC",
+    "ClassificationScore",
+    "ConformalCalibrator",
+    "ConformalResult",
+    "ConformalWarning",
+    "ConformityScore",
+    "RegressionScore",
+    "StdNormalizedResidual",
+    "conformal_calibrate",
+    "conformal_quantile",
+    "resolve_conformity_score",
+]
+
+
+class ConformalWarning(UserWarning):
+    """Too few calibration rows for a finite conformal quantile at the requested level."""
+
+
+# ------------------------------------------------------------------------------------ conformity scores
+
+
+class ConformityScore(ABC):
+    """A conformity score and its inverse; subclass :class:`RegressionScore` or :class:`ClassificationScore`.
+
+    ``score(y, prediction)`` gives one score per calibration row (regression: per row and output), larger
+    where y fits the prediction worse; ``region(prediction, quantiles)`` gives, for each quantile q_k,
+    {y : score(y, prediction) ≤ q_k}. Scores hold no fitted state (hyperparameters only).
+    """
+
+    #: Takes class probabilities and gives prediction sets (True), or takes regression moments and gives
+    #: intervals (False).
+    classification: bool = False
+
+    @abstractmethod
+    def score(self, y: torch.Tensor, prediction):
+        """Scores of shape (n,) or (n, M) (tensor or array; computed in float64 by the built-in ones)."""
+
+    @abstractmethod
+    def region(self, prediction, quantiles):
+        """Bounds (n, M, 2, k) (regression) or bool sets (n, C, k) (classification) for quantiles of shape
+        (k,) or (k, M); an infinite quantile gives an infinite interval or every class."""
+
+    def mean_size(self, prediction, quantiles) -> np.ndarray:
+        """Mean width (regression) or set size (classification) of the regions, one per quantile: shape (k,)."""
+        region = self.region(prediction, quantiles)
+        return mean_set_size(region) if self.classification else mean_interval_width(region)
+
+    def __repr__(self) -> str:  # the hyperparameters a subclass stores, if any
+        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
+
+
+class RegressionScore(ConformityScore):
+    """Base of regression scores: ``prediction`` is a :class:`~glas_sklearn.predictive.RegressionMoments`
+    (``mean``, ``std``, tensors (n, M)); ``y`` has the mean's shape and dtype; ``region`` returns bounds
+    (n, M, 2, k) with [..., 0, :] the lower and [..., 1, :] the upper bound."""
+
+    classification = False
+
+
+class ClassificationScore(ConformityScore):
+    """Base of classification scores: ``prediction`` holds class probabilities (n, C) (float64 at calibration,
+    the model's dtype at prediction); ``y`` the class indices (n,) as int64; ``region`` returns bool sets
+    (n, C, k)."""
+
+    classification = True
+
+
+class StdNormalizedResidual(RegressionScore):
+    """|y − ŷ| / σ̂ per output: conformal intervals ŷ ± q σ̂ (:func:`~glas_sklearn.predictive.conformal_interval`).
+
+    Examples
+    --------
+    >>> import torch
+    >>> from glas_sklearn.predictive import RegressionMoments
+    >>> m = RegressionMoments(torch.zeros(2, 1, dtype=torch.float64), torch.full((2, 1), 2.0, dtype=torch.float64))
+    >>> StdNormalizedResidual().score(torch.tensor([[1.0], [-3.0]], dtype=torch.float64), m).ravel().tolist()
+    [0.5, 1.5]
+    """
+
+    def score(self, y, prediction):
+        n = y.shape[0]
+        sd = prediction.std.to(torch.float64).reshape(n, -1)
+        res = (y - prediction.mean).abs().to(torch.float64).reshape(n, -1)
+        if bool((sd <= 0).any()):
+            raise ValueError("The predictive standard deviation is 0 on some calibration rows, so the normalised "
+                             "scores |y − ŷ| / σ̂ are undefined; use include_noise / a positive noise_var.")
+        return res / sd
+
+    def region(self, prediction, quantiles):
+        return conformal_interval(prediction.mean, prediction.std, quantiles)
+
+    def mean_size(self, prediction, quantiles) -> np.ndarray:
+        # width 2 q σ̂ in closed form (infinite q: infinite width)
+        sd = prediction.std.to(torch.float64).reshape(prediction.std.shape[0], -1).cpu().numpy()
+        return np.array([np.mean(2 * q * sd) for q in np.asarray(quantiles, dtype=np.float64)])
+
+
+class LAC(ClassificationScore):
+    """The least-ambiguous-class score 1 − p_y: sets {c : 1 − p_c ≤ q}
+    (:func:`~glas_sklearn.predictive.conformal_sets`; a set may be empty).
+
+    Examples
+    --------
+    >>> import torch
+    >>> LAC().score(torch.tensor([1, 0]), torch.tensor([[0.25, 0.75], [0.5, 0.5]], dtype=torch.float64)).tolist()
+    [0.25, 0.5]
+    """
+
+    def score(self, y, prediction):
+        return 1.0 - prediction.gather(1, y[:, None])[:, 0].to(torch.float64)
+
+    def region(self, prediction, quantiles):
+        return conformal_sets(prediction, quantiles)
+
+
+def resolve_conformity_score(conformity_score, task: str) -> ConformityScore:
+    """The score to use: the given one (checked against the task), or for None the task's default
+    (:class:`StdNormalizedResidual` for regression, :class:`LAC` for classification)."""
+    classification = check_choice("task", task, ("regression", "classification")) == "classification"
+    if conformity_score is None:
+        return LAC() if classification else StdNormalizedResidual()
+    if not isinstance(conformity_score, ConformityScore):
+        raise TypeError(f"conformity_score must be None or a ConformityScore (a RegressionScore or "
+                        f"ClassificationScore subclass instance, e.g. StdNormalizedResidual()), got "
+                        f"{type(conformity_score).__name__}.")
+    if bool(conformity_score.classification) != classification:
+        kind = "classification" if conformity_score.classification else "regression"
+        raise ValueError(f"conformity_score={conformity_score!r} is a {kind} score, but the task is {task}; use a "
+                         f"{'ClassificationScore' if classification else 'RegressionScore'} (e.g. "
+                         f"{'LAC()' if classification else 'StdNormalizedResidual()'}).")
+    return conformity_score
+
+
+def _score_array(raw, n: int, conformity_score) -> np.ndarray:
+    """A score's output as a float64 array of shape (n,) or (n, M), checked."""
+    s = np.asarray(raw.detach().cpu() if isinstance(raw, torch.Tensor) else raw, dtype=np.float64)
+    if s.ndim not in (1, 2) or s.shape[0] != n:
+        raise ValueError(f"{conformity_score!r}.score returned shape {s.shape} for {n} calibration rows; it must "
+                         f"return one score per row, shape ({n},) or ({n}, M).")
+    return s
+
+
+# ------------------------------------------------------------------------------------------ quantiles
+
+
+def conformal_quantile(scores, confidence_levels) -> np.ndarray:
+    """Split-conformal quantiles: the ⌈(n + 1)(1 − γ)⌉-th smallest of the n calibration scores, per level.
+
+    For exchangeable calibration and test scores (continuous or not), P(s_test ≤ q) ≥ 1 − γ; with
+    distinct scores it is exactly ⌈(n + 1)(1 − γ)⌉ / (n + 1).
+
+    Parameters
+    ----------
+    scores : array-like of shape (n,) or (n, M)
+        Calibration scores along axis 0 (one column per output: one quantile per output).
+    confidence_levels : float or sequence of float
+        Levels 1 − γ in (0, 1).
+
+    Returns
+    -------
+    ndarray of shape (k,) or (k, M), float64
+        +inf where the rank exceeds n (too few rows for that level: n < 1/γ − 1), with a
+        :class:`ConformalWarning`.
+
+    Examples
+    --------
+    >>> conformal_quantile([0.3, 0.1, 0.4, 0.2], 0.6)  # ⌈5 · 0.6⌉ = 3rd smallest
+    array([0.3])
+    """
+    levels = check_confidence_levels(confidence_levels)
+    s = np.asarray(scores.detach().cpu() if isinstance(scores, torch.Tensor) else scores, dtype=np.float64)
+    if s.ndim not in (1, 2) or s.shape[0] == 0:
+        raise ValueError(f"scores must have shape (n,) or (n, M) with n >= 1, got {s.shape}.")
+    if np.isnan(s).any():
+        raise ValueError("scores contains NaN values.")
+    n = s.shape[0]
+    s = np.sort(s, axis=0)
+    # ⌈(n + 1)(1 − γ)⌉, with the round-off of e.g. 100 · 0.9 = 90.00000000000001 absorbed
+    ranks = np.ceil((n + 1) * levels - 1e-9 * (n + 1)).astype(np.int64)
+    out = np.full((len(levels),) + s.shape[1:], np.inf)
+    finite = ranks <= n
+    if not finite.all():
+        bad = levels[~finite]
+        warnings.warn(
+            f"{n} calibration rows are too few for a conformal quantile at level(s) {bad.tolist()} "
+            f"(⌈(n+1)(1−γ)⌉ > n needs n ≥ {int(np.ceil(1 / (1 - bad.max()))) - 1}); the intervals or sets are "
+            "infinite (every class) there. Use more calibration rows.", ConformalWarning, stacklevel=2)
+    out[finite] = s[np.maximum(ranks[finite], 1) - 1]
+    return out
+
+
+@dataclass(frozen=True)
+class ConformalResult:
+    """Outcome of :func:`conformal_calibrate`.
+
+    Attributes
+    ----------
+    n_components : int
+        The subspace dimension d the scores were computed at.
+    sigma0 : float
+        The prior standard deviation at d.
+    scores : ndarray
+        The calibration scores, sorted along axis 0: by default |y − ŷ| / σ̂ of shape (n, M) (regression,
+        one column per output) or 1 − p_y of shape (n,) (classification, the LAC score).
+    confidence_levels : ndarray of shape (k,)
+    quantiles : ndarray of shape (k, M) (regression) or (k,) (classification)
+        :func:`conformal_quantile` of ``scores`` at each level.
+    table : pandas.DataFrame
+        One row per level: ``level``, ``d``, ``quantile`` (the first output's for regression), ``coverage``
+        (the share of calibration scores ≤ the quantile) and ``mean_width`` / ``mean_set_size`` of the
+        conformal intervals or sets on the calibration rows, ``sigma0``.
+    sample_seed : int
+        The seed of the posterior samples behind the scores (``random_state=sample_seed`` in
+        :func:`~glas_sklearn.predictive.regression_moments` / :func:`~glas_sklearn.predictive.class_probabilities`
+        reproduces them): new rows must be predicted with it for the scores to be exchangeable with theirs.
+    conformity_score : ConformityScore or None
+        The score the ``scores`` are of (:class:`StdNormalizedResidual` or :class:`LAC` unless one was given);
+        its ``region`` turns ``quantiles`` into intervals or sets.
+    """
+
+    n_components: int
+    sigma0: float
+    scores: np.ndarray
+    confidence_levels: np.ndarray
+    quantiles: np.ndarray
+    table: pd.DataFrame
+    sample_seed: int
+    conformity_score: ConformityScore | None = None
+
+    def quantile(self, confidence_levels) -> np.ndarray:
+        """Conformal quantiles of the stored scores at other levels; shape (k,) or (k, M)."""
+        return conformal_quantile(self.scores, confidence_levels)
+
+
+def conformal_calibrate(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_cal, *, d: int,
+                        task: str = "regression", confidence_level=0.9, predictive: str = "linearized",
+                        n_samples: int = 1000, noise_var=0.0, random_state=None, linearized_method: str = "probit",
+                        batch_size: int | None = None, conformity_score: ConformityScore | None = None
+                        ) -> ConformalResult:
+    """Split-conformal calibration of the posterior's predictive at a given d.
+
+    The scores s_i = ``conformity_score.score(y_i, prediction_i)``, by default: regression
+    s_i = |y_i − ŷ_i| / σ̂_i per output, with ŷ, σ̂ from :func:`~glas_sklearn.predictive.regression_moments`
+    (σ̂² = σ_f² + σ² with ``noise_var``), the interval at level 1 − γ being ŷ ± q σ̂, q the
+    ⌈(n + 1)(1 − γ)⌉-th smallest score (:func:`~glas_sklearn.predictive.conformal_interval`); classification:
+    the LAC score s_i = 1 − p̂_{y_i} and the sets {c : 1 − p̂_c ≤ q}
+    (:func:`~glas_sklearn.predictive.conformal_sets`).
+
+    The guarantee (coverage ≥ 1 − γ on a new exchangeable row) holds when nothing about the predictor —
+    the network, σ0, β, σ², d, the sample seed — depends on the calibration rows: fit the posterior on other
+    data and fix d beforehand.
+
+    Parameters
+    ----------
+    posterior : ActiveSubspacePosterior
+    X_cal : torch.Tensor of shape (n, ...)
+    y_cal : tensor or array
+        Regression targets (n,) or (n, M), or integer labels (n,).
+    d : int
+        Subspace dimension.
+    task : {"regression", "classification"}, default="regression"
+    confidence_level : float or sequence of float, default=0.9
+    predictive : {"sampled", "linearized"}, default="linearized"
+    n_samples : int, default=1000
+    noise_var : float or array of shape (M,), default=0.0
+        Regression only: σ² added to σ̂².
+    random_state : int, numpy Generator or None
+        Seeds the posterior samples: one seed is drawn from it (``sample_seed`` of the result), to be used
+        when predicting on new rows.
+    linearized_method : {"probit", "mc"}, default="probit"
+    batch_size : int, optional
+    conformity_score : ConformityScore, optional
+        None: :class:`StdNormalizedResidual` (regression) or :class:`LAC` (classification).
+
+    Returns
+    -------
+    ConformalResult
+    """
+    if not isinstance(posterior, ActiveSubspacePosterior):
+        raise TypeError(f"posterior must be an ActiveSubspacePosterior, got {type(posterior).__name__}.")
+    score_fn = resolve_conformity_score(conformity_score, task)
+    levels = check_confidence_levels(confidence_level)
+    d = posterior._check_d(d)
+    if score_fn.classification and np.any(np.asarray(noise_var) != 0):
+        raise ValueError("noise_var applies to regression intervals only; leave it at 0 for classification.")
+    X_cal = posterior.functional_model.check_inputs(X_cal)
+    n = X_cal.shape[0]
+    y = check_targets(y_cal, task, n, posterior.device)
+    seed = int(numpy_rng(random_state).integers(0, 2**62))  # as choose_dimension draws its sample seed
+    sigma0 = float(posterior.fit_sigma0(d))
+    if score_fn.classification:
+        probs = class_probabilities(posterior, X_cal, d, predictive=predictive, n_samples=n_samples,
+                                    random_state=seed, linearized_method=linearized_method,
+                                    batch_size=batch_size)
+        target = y.reshape(-1).long()
+        if probs.ndim != 2 or target.shape[0] != probs.shape[0]:
+            raise ValueError(f"Conformal classification needs logits of shape (n, C) and labels of shape (n,); "
+                             f"got probabilities {tuple(probs.shape)} and labels {tuple(y.shape)}.")
+        if bool(((target < 0) | (target >= probs.shape[1])).any()):
+            raise ValueError(f"y_cal must hold class indices between 0 and {probs.shape[1] - 1}.")
+        prediction, size_col = probs.to(torch.float64), "mean_set_size"
+    else:
+        prediction = regression_moments(posterior, X_cal, d, predictive=predictive, n_samples=n_samples,
+                                        noise_var=noise_var, random_state=seed, batch_size=batch_size)
+        target = match_regression(y, tuple(prediction.mean.shape)).to(prediction.mean.dtype)
+        size_col = "mean_width"
+    raw = _score_array(score_fn.score(target, prediction), n, score_fn)
+    scores = np.sort(raw, axis=0)
+    quantiles = conformal_quantile(scores, levels)
+    sizes = np.asarray(score_fn.mean_size(prediction, quantiles), dtype=np.float64).reshape(-1)
+    # a calibration row is inside its region ⇔ its score ≤ q
+    rows = [{"level": float(lev), "d": d, "quantile": float(np.ravel(quantiles[i])[0]), "sigma0": sigma0,
+             "coverage": float(np.mean(raw <= quantiles[i])), size_col: float(sizes[i])}
+            for i, lev in enumerate(levels)]
+    table = pd.DataFrame(rows, columns=["level", "d", "quantile", "coverage", size_col, "sigma0"])
+    return ConformalResult(n_components=d, sigma0=sigma0, scores=scores, confidence_levels=levels,
+                           quantiles=quantiles, table=table, sample_seed=seed, conformity_score=score_fn)
+
+
+# ----------------------------------------------------------------------------------------- calibrator
+
+
+class ConformalCalibrator(Calibrator):
+    """Split-conformal calibration at a fixed d (``calibration="conformal"`` of the estimators).
+
+    :meth:`fit` computes the calibration rows' conformity scores (:func:`conformal_calibrate`); predictions
+    are the score's regions at the conformal quantile of the stored scores, for any level
+    (:meth:`quantile`). With ``n_components="auto"`` the estimators fix d at every eigenpair computed, before
+    the calibration rows are seen, so that the guarantee holds.
+
+    Parameters
+    ----------
+    conformity_score : ConformityScore, optional
+        None: :class:`StdNormalizedResidual` for regression, :class:`LAC` for classification.
+
+    Attributes
+    ----------
+    conformity_score_ : ConformityScore
+        The score used.
+    scores_ : ndarray
+        The sorted calibration scores, (n,) or (n, M).
+    (and those of :class:`~glas_sklearn.calibration.Calibrator`)
+
+    Examples
+    --------
+    >>> from glas_sklearn import LaplaceActiveSubspaceRegressor
+    >>> from glas_sklearn.calibration import ConformalCalibrator, StdNormalizedResidual
+    >>> reg = LaplaceActiveSubspaceRegressor(calibration=ConformalCalibrator(StdNormalizedResidual()))
+    >>> reg.get_params()["calibration__conformity_score"]
+    StdNormalizedResidual()
+    """
+
+    chooses_dimension = False
+    requires_fixed_predictor = True
+
+    def __init__(self, conformity_score: ConformityScore | None = None) -> None:
+        self.conformity_score = conformity_score
+
+    def rows_needed(self, confidence_levels) -> int:
+        """⌈1/γ⌉ − 1: the calibration rows a finite conformal quantile needs at the highest level."""
+        top = float(np.max(check_confidence_levels(confidence_levels)))
+        return int(np.ceil(1.0 / (1.0 - top) - 1e-9)) - 1
+
+    def fit(self, posterior, X_cal, y_cal, *, n_components="auto", task="regression", confidence_levels=0.9,
+            predictive="linearized", n_samples=1000, noise_var=0.0, random_state=None,
+            verbose=0) -> ConformalCalibrator:
+        d = posterior.max_components if isinstance(n_components, str) and n_components == "auto" else n_components
+        result = conformal_calibrate(posterior, X_cal, y_cal, d=d, task=task, confidence_level=confidence_levels,
+                                     predictive=predictive, n_samples=n_samples, noise_var=noise_var,
+                                     random_state=random_state, conformity_score=self.conformity_score)
+        self.conformity_score_, self.scores_ = result.conformity_score, result.scores
+        self._store(result, n_components=result.n_components, sigma0=result.sigma0, table=result.table,
+                    sample_seed=result.sample_seed, reached=None, predictive=predictive, n_samples=n_samples,
+                    noise_var=noise_var)
+        return self
+
+    def quantile(self, confidence_levels) -> np.ndarray:
+        """Conformal quantiles of the stored scores at ``confidence_levels``; shape (k,) or (k, M)."""
+        return conformal_quantile(self.scores_, confidence_levels)
+
+    def predict_interval(self, posterior, X, confidence_levels=None, *, batch_size=None):
+        # the moments the calibration scores were computed from, on the calibration's samples
+        moments = regression_moments(posterior, X, self.n_components_, predictive=self.predictive_,
+                                     n_samples=self.n_samples_, noise_var=self.noise_var_,
+                                     random_state=self.sample_seed_, batch_size=batch_size)
+        bounds = None
+        if confidence_levels is not None:
+            bounds = self.conformity_score_.region(moments, self.quantile(confidence_levels))
+        return moments.mean, moments.std, bounds
+
+    def predict_set(self, probs, confidence_levels):
+        return self.conformity_score_.region(probs, self.quantile(confidence_levels))
