@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import math
+import pickle
 import warnings
 
 import numpy as np
@@ -145,6 +146,8 @@ def test_bert_lora_classifier_as_it_comes(tuned, task):
     assert probs.shape == reference.shape and sets.shape[0] == len(X_test)
     assert mean_nll(probs, y_test) <= mean_nll(reference, y_test) + 0.01
     assert np.mean(probs.argmax(1) == y_test) > 0.7  # the task was learnt (10 % of the labels are flipped)
+    restored = pickle.loads(pickle.dumps(clf))  # pickles with the model (and its adapter)
+    np.testing.assert_array_equal(restored.predict_proba(X_test), probs)
 
 
 def test_bert_lora_regressor_head(task):
