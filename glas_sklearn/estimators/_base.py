@@ -261,6 +261,13 @@ def _is_level_list(value) -> bool:
     return True
 
 
+def _trainable_dtype(module: nn.Module) -> torch.dtype | None:
+    """The dtype of a module's trainable weights: with mixed precisions (peft's float32 LoRA matrices beside a
+    bfloat16 head) the widest, as the posterior holds them; None without trainable parameters."""
+    dtypes = sorted({p.dtype for p in module.parameters() if p.requires_grad}, key=str)
+    return functools.reduce(torch.promote_types, dtypes) if dtypes else None
+
+
 def _is_optimizer_class(value) -> bool:
     return isinstance(value, type) and issubclass(value, torch.optim.Optimizer)
 
@@ -394,13 +401,14 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         if self.dtype != "auto":
             return _DTYPES[self.dtype]
         user = self._user_module() if self.prefit else None
-        p = None if user is None else next((p for p in user.parameters() if p.requires_grad), None)
-        if p is None:
+        weights_dtype = None if user is None else _trainable_dtype(user)
+        if weights_dtype is None:
             return torch.float32
-        if p.dtype not in _DTYPES.values():
-            raise ValueError(f"{type(self).__name__}: the prefit module's parameters are {p.dtype}; the posterior "
-                             "needs float32 or float64 weights (cast a copy of the module, e.g. net.float()).")
-        return p.dtype
+        if weights_dtype not in _DTYPES.values():
+            raise ValueError(f"{type(self).__name__}: the prefit module's parameters are {weights_dtype}; the "
+                             "posterior needs float32 or float64 weights (cast a copy of the module, e.g. "
+                             "net.float()).")
+        return weights_dtype
 
     def _seed(self) -> int:
         """One integer seed for everything random in fit (fresh entropy when random_state is None; drawn from
@@ -619,12 +627,10 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         if user is None:
             raise ValueError(f"{type(self).__name__}: prefit=True needs module to be a trained torch.nn.Module "
                              f"(or a fitted skorch net), got {type(self.module).__name__}.")
-        trainable = [p for p in user.parameters() if p.requires_grad]
-        if not trainable:
+        p = next((p for p in user.parameters() if p.requires_grad), None)
+        if p is None:
             return user
-        # the weights' dtype: with mixed precisions (float32 LoRA beside a bfloat16 head) the widest
-        p_dtype = functools.reduce(torch.promote_types, sorted({p.dtype for p in trainable}, key=str))
-        p = trainable[0]
+        p_dtype = _trainable_dtype(user)
         if p.device != device or p_dtype != dtype:
             raise ValueError(f"{type(self).__name__}: the prefit module lives on {p.device} with dtype {p_dtype}, "
                              f"but the estimator was asked for device={str(device)!r}, dtype={self.dtype!r}; set "
