@@ -682,10 +682,12 @@ class ActiveSubspacePosterior(BoundModel):
         size = batch_size or n
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
-    def _chunk(self, rows: int, total: int) -> int:
-        """How many weight vectors to evaluate together on ``rows`` inputs (memory-bounded)."""
+    def _chunk(self, rows: int, total: int, X: torch.Tensor | None = None) -> int:
+        """How many weight vectors to evaluate together on ``rows`` inputs (memory-bounded; a row of token ids
+        counts as its T positions, whose activations a sequence model holds)."""
         by_weights = _WEIGHT_CHUNK_BYTES // (self.n_weights * self.theta0.element_size())
-        by_rows = _MAX_BATCHED_ROWS // max(rows, 1)
+        positions = math.prod(X.shape[1:]) if X is not None and not X.is_floating_point() else 1
+        by_rows = _MAX_BATCHED_ROWS // max(rows * positions, 1)
         return int(max(1, min(total, by_weights, by_rows)))
 
     def predict_mean(self, X: torch.Tensor, batch_size: int | None = None) -> torch.Tensor:
@@ -759,7 +761,7 @@ class ActiveSubspacePosterior(BoundModel):
         batch_size = check_positive_int("batch_size", batch_size, allow_none=True)
         z, seeds = self._draws(n_samples, d, random_state)
         rows = self._row_batches(X.shape[0], batch_size)
-        chunk = self._chunk(rows[0].stop - rows[0].start, n_samples)
+        chunk = self._chunk(rows[0].stop - rows[0].start, n_samples, X)
         basis = self.eigenvectors[:, :d].T  # (d, D), a view
         # θ0 + P z for a chunk of samples in one fused product, written into one buffer reused by every chunk
         # (a fresh (chunk, D) tensor per chunk costs page faults comparable to the product itself)
@@ -792,7 +794,7 @@ class ActiveSubspacePosterior(BoundModel):
         z, seeds = self._draws(n_samples, d, random_state)
         mean = self.predict_mean(X, batch_size=batch_size)
         rows = self._row_batches(X.shape[0], batch_size)
-        chunk = self._chunk(rows[0].stop - rows[0].start, n_samples)
+        chunk = self._chunk(rows[0].stop - rows[0].start, n_samples, X)
         out = []
         for s in range(0, n_samples, chunk):
             delta = self._perturbation_block(z, seeds, s, min(s + chunk, n_samples))
@@ -851,7 +853,7 @@ class ActiveSubspacePosterior(BoundModel):
         have = 0 if cache["JP"] is None else cache["JP"].shape[-1]
         if have < d:
             rows = self._row_batches(X.shape[0], batch_size)
-            chunk = self._chunk(rows[0].stop - rows[0].start, d - have)
+            chunk = self._chunk(rows[0].stop - rows[0].start, d - have, X)
             new = []
             for k in range(have, d, chunk):
                 tangents = self.eigenvectors[:, k:min(k + chunk, d)].T
