@@ -19,7 +19,7 @@ eigenvectors, 4 bytes an entry in float32) and all the model's weights; whether 
 bit-identical after fit and predictions; test NLL, ECE (15 bins), accuracy, 90 % set coverage / size.
 laplace-torch (its LLM path: a hand-written wrapper taking a dict of ``input_ids`` / ``attention_mask``, KFAC over
 the same trainable parameters, prior precision by marginal likelihood, GLM predictive with probit) is run on the
-same model when it imports.
+same model when it imports, in a forked process capped at 12 GiB (a failure is reported in the report).
 
 Usage
 -----
@@ -244,11 +244,42 @@ def run(args) -> dict:
         out["methods"][key] = r
         print(f"[hf_lora] {key}: fit {seconds:.1f} s, NLL {r['nll']:.4f}, peak {mem.peak_mib:.1f} MiB", flush=True)
     out["curvature_streamed"] = run_streamed_curvature(model, data, args)
-    try:
-        out["methods"]["laplace_torch"] = run_laplace_torch(model, data, args)
-    except Exception as err:  # noqa: BLE001 - reported, not fatal: laplace-torch is an optional comparison
-        out["laplace_torch_error"] = f"{type(err).__name__}: {err}"
+    result = run_capped(run_laplace_torch, model, data, args)
+    if "error" in result:
+        out["laplace_torch_error"] = result["error"]
+    else:
+        out["methods"]["laplace_torch"] = result
     return out
+
+
+def _capped_child(queue, fn, cap_bytes, *fn_args) -> None:
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_AS, (cap_bytes, cap_bytes))
+    try:
+        queue.put(fn(*fn_args))
+    except BaseException as err:  # noqa: BLE001 - reported to the parent, which carries on
+        queue.put({"error": f"{type(err).__name__}: {str(err)[:300]}"})
+
+
+def run_capped(fn, *fn_args, cap_gib: float = 12.0) -> dict:
+    """fn(*fn_args) in a forked process whose address space is capped at ``cap_gib`` GiB (an optional comparison
+    that runs out of memory is reported, not fatal, and cannot take the machine down)."""
+    import multiprocessing as mp
+
+    ctx = mp.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_capped_child, args=(queue, fn, int(cap_gib * 2**30), *fn_args))
+    child.start()
+    try:
+        while True:
+            try:
+                return queue.get(timeout=5)
+            except Exception:  # noqa: BLE001 - nothing yet: still running, or died without reporting
+                if not child.is_alive() and queue.empty():
+                    return {"error": f"the run ended without a result (exit code {child.exitcode})"}
+    finally:
+        child.join(timeout=10)
 
 
 def render(results: dict) -> str:
@@ -321,16 +352,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--length", type=int, default=32)
     p.add_argument("--rank", type=int, default=8)
     p.add_argument("--epochs", type=int, default=None, help="fine-tuning epochs (default 5; quick 3)")
-    p.add_argument("--n-tune", type=int, default=None, help="fine-tuning rows (default 1000; quick 200)")
-    p.add_argument("--n-cal", type=int, default=None, help="calibration rows (default 300; quick 60)")
-    p.add_argument("--n-test", type=int, default=None, help="test rows (default 1000; quick 100)")
+    p.add_argument("--n-tune", type=int, default=None, help="fine-tuning rows (default 600; quick 200)")
+    p.add_argument("--n-cal", type=int, default=None, help="calibration rows (default 200; quick 60)")
+    p.add_argument("--n-test", type=int, default=None, help="test rows (default 500; quick 100)")
     p.add_argument("--max-components", type=int, default=None, help="d_max (default 20; quick 5)")
-    p.add_argument("--n-samples", type=int, default=None, help="posterior samples, paper setting (default 200)")
+    p.add_argument("--n-samples", type=int, default=None, help="posterior samples, paper setting (default 100)")
     args = p.parse_args(argv)
     quick = {"hidden": 16, "epochs": 3, "n_tune": 200, "n_cal": 60, "n_test": 100, "max_components": 5,
              "n_samples": 50}
-    full = {"hidden": 64, "epochs": 5, "n_tune": 1000, "n_cal": 300, "n_test": 1000, "max_components": 20,
-            "n_samples": 200}
+    full = {"hidden": 64, "epochs": 5, "n_tune": 600, "n_cal": 200, "n_test": 500, "max_components": 20,
+            "n_samples": 100}
     for key, value in (quick if args.quick else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
