@@ -61,6 +61,8 @@ API_SECTIONS = [
      "One call from a trained model and its data to the eigenpairs and the posterior."),
     ("glas_sklearn.adapters", "Model adapters",
      "How a model is called: transformers / peft keyword inputs and attention masks, ModelOutput → logits."),
+    ("glas_sklearn.likelihoods", "Likelihoods",
+     "The observation model: training loss, the output Hessian of the curvature, and β per scaling."),
     ("glas_sklearn.ggn", "Curvature", "The generalized Gauss-Newton matrix as a matrix-free operator."),
     ("glas_sklearn.eigen", "Eigen-solvers", "Top eigenpairs of a curvature operator (Lanczos or ARPACK)."),
     ("glas_sklearn.sampling", "Weight samples", "Posterior samples as parameter dicts or perturbed model copies."),

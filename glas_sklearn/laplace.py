@@ -14,11 +14,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._checks import check_choice, check_positive_int
+from ._checks import check_positive_int
 from ._functional import model_outputs
 from .eigen import EigenResult, top_eigenpairs
 from .ggn import GGNOperator
-from .posterior import ActiveSubspacePosterior, beta_for, estimate_noise_variance
+from .likelihoods import Likelihood, resolve_likelihood
+from .posterior import ActiveSubspacePosterior, estimate_noise_variance, resolve_posterior
 
 __all__ = ["LaplaceSubspace", "fit_laplace_subspace", "residual_noise_variance"]
 
@@ -69,13 +70,13 @@ def residual_noise_variance(model: nn.Module, X: torch.Tensor, y: torch.Tensor,
 
 
 def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | None = None, *,
-                         loss: str = "mse", mask: torch.Tensor | None = None, scaling="mean",
+                         loss: str | Likelihood = "mse", mask: torch.Tensor | None = None, scaling="mean",
                          noise_var: float | None = None, n_components: int = 50, sigma0="auto",
                          batch_size: int | None = None, subsample: int | None = None,
                          eigen_method: str = "lanczos", tol: float = 1e-5, random_state=None,
                          reuse_linearization="auto", trim_padding: bool = False, max_matvecs: int | None = None,
                          ncv: int | None = None, distributed: bool = False, process_group=None,
-                         verbose: int = 0, posterior: str = "subspace") -> LaplaceSubspace:
+                         verbose: int = 0, posterior: str | type = "subspace") -> LaplaceSubspace:
     """Build the generalized Laplace active-subspace posterior of a trained model.
 
     Parameters
@@ -86,7 +87,9 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         Training inputs on the model's device (token ids for sequence models).
     y : torch.Tensor, optional
         Regression targets, needed when ``loss="mse"`` and ``noise_var`` is None (σ² from residuals).
-    loss : {"mse", "cross_entropy"}, default="mse"
+    loss : {"mse", "cross_entropy"} or Likelihood, default="mse"
+        The likelihood (:func:`~glas_sklearn.likelihoods.resolve_likelihood`): its output Hessian enters the GGN
+        and it sets β for a named ``scaling``; a likelihood with ``needs_noise_variance`` (the Gaussian) takes σ².
     mask : torch.Tensor of bool, optional
         Padding mask (n, T) for sequence outputs; records are unmasked tokens.
     scaling : {"mean", "standard"} or float, default="mean"
@@ -98,8 +101,8 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         K, the number of eigenpairs computed (the largest d available afterwards); K < D, the number of
         weights (checked by :func:`~glas_sklearn.eigen.top_eigenpairs`).
     sigma0 : {"auto", "eb_subspace", "eb_full"} or float, default="auto"
-        Prior standard deviation; "auto" = empirical Bayes at each d, in the subspace (the paper) for
-        ``posterior="subspace"``, over all D weights for the two low-rank posteriors
+        Prior standard deviation; "auto" = empirical Bayes at each d as the kind's ``default_sigma0`` says: in the
+        subspace (the paper) for ``posterior="subspace"``, over all D weights for the two low-rank posteriors
         (:class:`~glas_sklearn.posterior.ActiveSubspacePosterior`).
     batch_size, subsample, random_state, reuse_linearization, trim_padding
         Passed to :class:`~glas_sklearn.ggn.GGNOperator` (``random_state`` also seeds Lanczos;
@@ -120,19 +123,21 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         The group for ``distributed=True`` (default: the world).
     verbose : int, default=0
         ≥ 1 shows a progress bar over the eigen-solver's products.
-    posterior : {"subspace", "low_rank", "low_rank_diag"}, default="subspace"
-        "subspace": the paper's θ0 + P z. "low_rank": adds the prior's variance σ0² (I − P Pᵀ) off span(P).
-        "low_rank_diag": the curvature is P Λ Pᵀ plus G's residual diagonal (computed exactly from per-record
-        Jacobians of the same rows, :meth:`~glas_sklearn.ggn.GGNOperator.diagonal`, timed as "ggn_diagonal").
+    posterior : {"subspace", "low_rank", "low_rank_diag"} or ActiveSubspacePosterior subclass, default="subspace"
+        The posterior kind (:func:`~glas_sklearn.posterior.resolve_posterior`). "subspace": the paper's θ0 + P z.
+        "low_rank": adds the prior's variance σ0² (I − P Pᵀ) off span(P). "low_rank_diag": the curvature is
+        P Λ Pᵀ plus G's residual diagonal (computed exactly from per-record Jacobians of the same rows,
+        :meth:`~glas_sklearn.ggn.GGNOperator.diagonal`, timed as "ggn_diagonal"), as for every kind with
+        ``needs_ggn_diagonal``. A class is built as ``kind(model, eigenvalues, eigenvectors, beta=..., sigma0=...,
+        ggn_diagonal=...)``.
 
     Returns
     -------
     LaplaceSubspace
     """
-    check_choice("loss", loss, ("mse", "cross_entropy"))
-    check_choice("posterior", posterior, ("subspace", "low_rank", "low_rank_diag"))
+    likelihood = resolve_likelihood(loss, "loss")
+    kind = resolve_posterior(posterior)
     n_components = check_positive_int("n_components", n_components)
-    task = "regression" if loss == "mse" else "classification"
     t0 = time.perf_counter()
     if distributed:
         if subsample is not None:
@@ -141,14 +146,14 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
 
         random_state = shared_seed(random_state, process_group)  # the eigen-solvers must start alike
 
-        op = DistributedGGNOperator(model, X, y, loss=loss, batch_size=batch_size, mask=mask,
+        op = DistributedGGNOperator(model, X, y, loss=likelihood, batch_size=batch_size, mask=mask,
                                     trim_padding=trim_padding, reuse_linearization=reuse_linearization,
                                     group=process_group)
     else:
-        op = GGNOperator(model, X, y, loss=loss, batch_size=batch_size, mask=mask, subsample=subsample,
+        op = GGNOperator(model, X, y, loss=likelihood, batch_size=batch_size, mask=mask, subsample=subsample,
                          random_state=random_state, trim_padding=trim_padding,
                          reuse_linearization=reuse_linearization)
-    if task == "regression" and not isinstance(scaling, (int, float)):
+    if likelihood.needs_noise_variance and not isinstance(scaling, (int, float)):
         if noise_var is None:
             if y is None:
                 raise ValueError("Regression needs y (or noise_var) to set the noise variance σ² in β.")
@@ -161,7 +166,7 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         if not noise_var > 0:
             raise ValueError(f"The noise variance must be positive, got {noise_var!r} (a perfect fit to the "
                              "training data leaves β undefined); pass noise_var explicitly.")
-    beta = beta_for(scaling, op.n_records, noise_var, task)
+    beta = likelihood.beta(scaling, op.n_records, noise_var)
     t1 = time.perf_counter()
     eig = top_eigenpairs(op, n_components, method=eigen_method, tol=tol, random_state=random_state,
                          max_matvecs=max_matvecs, ncv=ncv, verbose=verbose)
@@ -169,10 +174,9 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
     op.release()
     timings = {"ggn_setup": t1 - t0, "eigen": t2 - t1}
     diagonal = None
-    if posterior == "low_rank_diag":
+    if kind.needs_ggn_diagonal:
         diagonal = op.diagonal()
         timings["ggn_diagonal"] = time.perf_counter() - t2
-    post = ActiveSubspacePosterior(model, eig.eigenvalues, eig.eigenvectors, beta=beta, sigma0=sigma0,
-                                   posterior=posterior, ggn_diagonal=diagonal)
+    post = kind(model, eig.eigenvalues, eig.eigenvectors, beta=beta, sigma0=sigma0, ggn_diagonal=diagonal)
     return LaplaceSubspace(posterior=post, eigen=eig, beta=beta, n_records=op.n_records,
                            noise_var=noise_var, timings=timings)

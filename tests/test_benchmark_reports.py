@@ -38,7 +38,8 @@ def _report(stem):
     return (RESULTS / f"{stem}.md").read_text()
 
 
-@pytest.mark.parametrize("stem", ["bench_ggn", "bench_fit", "bench_calibration", "uci", "uci_epochs500", "paper_1d"])
+@pytest.mark.parametrize("stem", ["bench_ggn", "bench_fit", "bench_calibration", "uci", "uci_epochs500", "paper_1d",
+                                  "prefit_calibration"])
 def test_report_is_rendered_from_its_json(stem, script):
     module = script(stem.split("_epochs")[0])
     assert module.render(_results(stem)) == _report(stem)
@@ -51,6 +52,15 @@ def test_paper_concrete_report_is_rendered_from_its_json(script):
     assert rendered.endswith(MARK + "\n") and MARK in committed
     assert rendered.split(MARK)[0] == committed.split(MARK)[0]
     assert committed.split(MARK)[1].strip().startswith("## Discussion")  # the hand-written part is still there
+
+
+def test_digits_rotation_report_is_rendered_from_its_json(script):
+    module = script("digits_rotation")
+    rendered = module.render(_results("digits_rotation"))
+    committed = _report("digits_rotation")
+    assert rendered.endswith(MARK + "\n") and MARK in committed
+    assert rendered.split(MARK)[0] == committed.split(MARK)[0]
+    assert committed.split(MARK)[1].strip().startswith("## ")  # the hand-written part is still there
 
 
 def test_paper_smiles_report_is_rendered_from_its_json(script):
