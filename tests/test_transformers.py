@@ -274,11 +274,11 @@ def test_dict_and_tuple_outputs(kind, output):
 @pytest.mark.parametrize("kind, names", [("qa", ["'start_logits': Tensor(1, 3)", "'end_logits'"]),
                                          ("tuple2", ["[0] Tensor(1, 3)", "[1] Tensor(1, 3)", "output=0"])])
 def test_undetermined_output_is_refused_naming_the_entries(kind, names):
-    X = np.array([[4, 5, 0, 0]] * 30)
+    X = np.random.default_rng(0).integers(1, VOCAB, (30, 4))
     y = np.arange(30) % 3
     clf = LaplaceActiveSubspaceClassifier(module=_Keyword(kind), prefit=True, padding_idx=0, max_components=2)
     with pytest.raises(ValueError, match="ModelAdapter") as err:
-        clf.fit(X, y, X_cal=X[:10], y_cal=y[:10])
+        clf.fit(X[:20], y[:20], X_cal=X[20:], y_cal=y[20:])
     assert all(name in str(err.value) for name in names)
     with pytest.raises(ValueError, match="name the prediction"):
         fit_laplace_subspace(_Keyword(kind), torch.as_tensor(X), loss="cross_entropy", n_components=2)
@@ -399,7 +399,7 @@ def test_peft_on_a_plain_module_and_a_generic_peft_wrapper():
     before = state_of(model)
     clf = LaplaceActiveSubspaceClassifier(module=model, prefit=True, max_components=4, random_state=0)
     clf.fit(X[:80], y[:80], X_cal=X[80:], y_cal=y[80:])
-    clf.predict_proba(X[:5])
+    clf.predict_proba(X[80:85])
     assert clf.module_ is model  # a module called as model(X) returning a tensor is not wrapped
     assert clf.trainable_parameters_ == {n: tuple(p.shape) for n, p in model.named_parameters() if p.requires_grad}
     assert all("lora_" in n or "modules_to_save" in n for n in clf.trainable_parameters_)
@@ -456,7 +456,8 @@ def test_bfloat16_base_with_float32_adapters():
     clf = LaplaceActiveSubspaceClassifier(module=model, prefit=True, padding_idx=PAD, max_components=3,
                                           random_state=0)
     y = np.arange(len(X)) % 2
-    clf.fit(X.numpy(), y, X_cal=X.numpy(), y_cal=y)
+    X_cal = marker_task(12, seed=5)[0]
+    clf.fit(X.numpy(), y, X_cal=X_cal, y_cal=y)
     assert clf.posterior_.eigenvectors.dtype == torch.float32
     mean = clf.posterior_.predict_mean(X)
     model.eval()
