@@ -16,7 +16,7 @@ import scipy.sparse as sp
 import torch
 from sklearn.base import BaseEstimator
 from sklearn.model_selection import train_test_split
-from sklearn.utils.validation import check_array, check_is_fitted, check_X_y, validate_data
+from sklearn.utils.validation import _check_sample_weight, check_array, check_is_fitted, check_X_y, validate_data
 from torch import nn
 
 from .._checks import check_confidence_levels, numpy_rng
@@ -41,7 +41,7 @@ from ._validation import (
     validate_hyperparameters,
 )
 
-__all__ = ["ATTRIBUTES_DOC", "LaplaceActiveSubspaceBase", "NOTES_DOC", "PARAMETERS_DOC"]
+__all__ = ["ATTRIBUTES_DOC", "LaplaceActiveSubspaceBase", "NOTES_DOC", "PARAMETERS_DOC", "SAMPLE_WEIGHT_DOC"]
 
 logger = logging.getLogger(__name__)
 
@@ -219,6 +219,19 @@ ATTRIBUTES_DOC = """\
     feature_names_in_ : ndarray of str
         Only when ``X`` has string column names (a pandas DataFrame)."""
 
+# The sample_weight parameter of both estimators' fit.
+SAMPLE_WEIGHT_DOC = """\
+        sample_weight : array-like of shape (n_samples,), optional
+            Non-negative weights of the rows of ``X`` (frequency weights: an integer weight counts the row that
+            many times, a zero weight drops it). Rows of zero weight are removed first; the calibration rows are
+            then held out of the others, and the weights apply to the training rows: the training loss is the
+            weighted mean Σ w_i ℓ_i / Σ w_i, the curvature G = Σ_n w_n J_nᵀ H_n J_n / Σ_n w_n, σ² the weighted
+            mean squared training residual, the input and target standardisation weighted, and N in β for
+            ``scaling="standard"`` the total weight Σ w. The calibration rows (held out of ``X``, or ``X_cal``)
+            are unweighted: split conformal's guarantee is for exchangeable, unweighted rows. Finite, not all
+            zero. All ones is the same as None. In a Pipeline pass ``step__sample_weight=w``; with metadata
+            routing enabled, request it with ``set_fit_request(sample_weight=True)``."""
+
 NOTES_DOC = """\
     Posterior samples are drawn in weight space from a generator seeded by ``random_state`` and shared by
     all rows, so a prediction does not depend on the other rows passed with it, on their order, or on the
@@ -324,23 +337,25 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         self.verbose = verbose
 
     # -------------------------------------------------------------------- fit
-    def _fit(self, X, y, X_cal, y_cal):
+    def _fit(self, X, y, X_cal, y_cal, sample_weight=None):
         """``fit`` of both estimators, one step per line in the order the data flows."""
         t_start = time.perf_counter()
         validate_hyperparameters(self)
         self._check_sigma0_setting()
         X, y, X_cal, y_cal = self._validate_fit_data(X, y, X_cal, y_cal)
+        X, y, sample_weight = self._weighted_rows(X, y, sample_weight)
         device, dtype, seed = self._resolve_device(), _DTYPES[self.dtype], self._seed()
         if X_cal is None:
-            X, X_cal, y, y_cal = self._split_off_calibration_rows(X, y, seed)
-        self._fit_scalers(X, y)
+            X, X_cal, y, y_cal, sample_weight = self._split_off_calibration_rows(X, y, seed, sample_weight)
+        self._fit_scalers(X, y, sample_weight)
         Xt = self._to_tensor(self._transform_X(X), device, dtype)
         yt = self._target_tensor(y, device, dtype)
         Xc = self._to_tensor(self._transform_X(X_cal), device, dtype)
         yc = self._calibration_targets(y_cal, device, dtype)
+        wt = None if sample_weight is None else torch.as_tensor(sample_weight, dtype=torch.float64).to(device)
         self.timings_ = {}
-        self.module_ = self._theta0_module(Xt, yt, self._n_outputs(y), seed, dtype)
-        self._fit_posterior(Xt, yt, Xc, yc, seed)
+        self.module_ = self._theta0_module(Xt, yt, self._n_outputs(y), seed, dtype, wt)
+        self._fit_posterior(Xt, yt, Xc, yc, seed, wt)
         self._choose_dimension(Xc, yc, seed)
         self.timings_["total"] = time.perf_counter() - t_start
         return self
@@ -355,6 +370,22 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             raise ValueError(f"{type(self).__name__}.fit: pass both X_cal and y_cal, or neither.")
         X_cal, y_cal = self._validate_calibration(X_cal, y_cal)
         return X, y, X_cal, y_cal
+
+    def _weighted_rows(self, X, y, sample_weight):
+        """``sample_weight`` checked (one finite, non-negative weight per row, not all zero) and the rows of zero
+        weight dropped: ``X, y, weights`` (weights None when not given or all ones)."""
+        if sample_weight is None:
+            return X, y, None
+        weight = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
+        if np.all(weight == 1.0):
+            return X, y, None
+        keep = weight > 0
+        if keep.sum() < 3:
+            raise ValueError(f"{type(self).__name__} needs at least 3 rows of positive sample_weight (training and "
+                             f"calibration rows), got {int(keep.sum())}.")
+        if not keep.all():
+            X, y, weight = X[keep], y[keep], weight[keep]
+        return X, y, weight
 
     def _resolve_device(self) -> torch.device:
         if self.device == "auto":
@@ -377,15 +408,19 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         it when it is a RandomState)."""
         return int(numpy_rng(self.random_state).integers(0, 2**31 - 1))
 
-    def _split_off_calibration_rows(self, X, y, seed):
-        """``X, X_cal, y, y_cal``: ``calibration_size`` rows held out (stratified for classes when possible)."""
+    def _split_off_calibration_rows(self, X, y, seed, sample_weight=None):
+        """``X, X_cal, y, y_cal, weights``: ``calibration_size`` rows held out (stratified for classes when
+        possible); the training rows keep their weights (None stays None), the calibration rows are unweighted."""
         n_cal = self._n_calibration_rows(X.shape[0])
         stratify = y if self._task == "classification" and self._can_stratify(y, n_cal) else None
-        return train_test_split(X, y, test_size=n_cal, random_state=seed, stratify=stratify)
+        arrays = (X, y) if sample_weight is None else (X, y, sample_weight)
+        parts = train_test_split(*arrays, test_size=n_cal, random_state=seed, stratify=stratify)
+        return (*parts[:4], None if sample_weight is None else parts[4])
 
     def _theta0_module(self, Xt: torch.Tensor, yt: torch.Tensor, n_outputs: int, seed: int,
-                       dtype: torch.dtype) -> nn.Module:
-        """θ0: the prefit module as it is, or our own network (new or copied) trained on the training rows."""
+                       dtype: torch.dtype, sample_weight: torch.Tensor | None = None) -> nn.Module:
+        """θ0: the prefit module as it is, or our own network (new or copied) trained on the training rows
+        (on the weighted mean loss with ``sample_weight``)."""
         if self.prefit:
             module = self._prefit_module(Xt.device, dtype)
             self.training_loss_ = []
@@ -395,20 +430,22 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             self.training_loss_ = train_module(
                 module, Xt, yt, self._loss, optimizer=self.optimizer, lr=self.lr, weight_decay=self.weight_decay,
                 batch_size=self.batch_size, max_epochs=self.max_epochs, seed=seed, verbose=self.verbose,
-                owner=type(self).__name__)
+                owner=type(self).__name__, sample_weight=sample_weight)
             self.timings_["training"] = time.perf_counter() - t0
         self._check_output_shape(module, Xt[:1], n_outputs)
         return module
 
-    def _fit_posterior(self, Xt, yt, Xc, yc, seed: int) -> None:
-        """The curvature's top eigenpairs at θ0 and the posterior on them (β from σ² for regression)."""
+    def _fit_posterior(self, Xt, yt, Xc, yc, seed: int, sample_weight: torch.Tensor | None = None) -> None:
+        """The curvature's top eigenpairs at θ0 and the posterior on them (β from σ² for regression), with the
+        training rows' weights in G, σ² and β."""
         t0 = time.perf_counter()
         regression = self._task == "regression"
         fitted = fit_laplace_subspace(
             self.module_, Xt, yt if regression else None, loss="mse" if regression else "cross_entropy",
-            scaling=self.scaling, noise_var=self._noise_var(self.module_, Xt, yt, Xc, yc),
+            scaling=self.scaling, noise_var=self._noise_var(self.module_, Xt, yt, Xc, yc, sample_weight),
             n_components=self._n_eigenpairs(self.module_), sigma0=self._resolved_sigma0(), subsample=self.subsample,
-            eigen_method=self.eigen_method, random_state=seed, verbose=self.verbose, posterior=self.posterior)
+            eigen_method=self.eigen_method, random_state=seed, verbose=self.verbose, posterior=self.posterior,
+            sample_weight=sample_weight)
         self.timings_["curvature"] = time.perf_counter() - t0
         self.posterior_ = fitted.posterior
         self.beta_ = float(fitted.beta)
@@ -714,10 +751,11 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         return (self.standardize is not False and not self.prefit and len(self.input_shape_) == 1
                 and not self._integer_input)
 
-    def _fit_scalers(self, X, y) -> None:
+    def _fit_scalers(self, X, y, sample_weight=None) -> None:
+        """The inputs' (weighted) mean and standard deviation, when they are standardised."""
         if self._standardizes_inputs():
-            mean = X.mean(axis=0)
-            scale = X.std(axis=0)
+            mean = np.average(X, axis=0, weights=sample_weight)
+            scale = np.sqrt(np.average((X - mean) ** 2, axis=0, weights=sample_weight))
             scale[~(scale > 1e-12 * np.maximum(1.0, np.abs(mean)))] = 1.0
             self.x_mean_, self.x_scale_ = mean, scale
         else:

@@ -9,7 +9,7 @@ from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
 from ..predictive import class_probabilities
-from ._base import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, LaplaceActiveSubspaceBase
+from ._base import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, SAMPLE_WEIGHT_DOC, LaplaceActiveSubspaceBase
 
 __all__ = ["LaplaceActiveSubspaceClassifier"]
 
@@ -112,21 +112,22 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
     def _loss(out, y):
         return torch.nn.functional.cross_entropy(out, y)
 
-    def _noise_var(self, module, Xt, yt, Xc, yc):
+    def _noise_var(self, module, Xt, yt, Xc, yc, sample_weight=None):
         return None
 
     def _set_noise(self) -> None:
         pass
 
     # ------------------------------------------------------------------- API
-    def fit(self, X, y, *, X_cal=None, y_cal=None) -> "LaplaceActiveSubspaceClassifier":
+    def fit(self, X, y, sample_weight=None, *, X_cal=None, y_cal=None) -> "LaplaceActiveSubspaceClassifier":
         """Train the network (unless prefit), build the posterior and choose d.
 
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
         y : array-like of shape (n_samples,)
-            Class labels.
+            Class labels (``classes_`` are those of all rows, zero-weight rows included).
+        sample_weight
         X_cal, y_cal : array-like, optional
             Calibration data for choosing d; when absent, ``calibration_size`` of ``X`` is held out
             (stratified when every class has two rows).
@@ -137,7 +138,9 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         -------
         self
         """
-        return self._fit(X, y, X_cal, y_cal)
+        return self._fit(X, y, X_cal, y_cal, sample_weight)
+
+    fit.__doc__ = fit.__doc__.replace("        sample_weight\n", SAMPLE_WEIGHT_DOC + "\n")
 
     def _proba_chunk(self, Xt: torch.Tensor) -> torch.Tensor:
         # sampled: the calibration's weight samples; linearised: probit (the logit variances only)
