@@ -222,15 +222,16 @@ ATTRIBUTES_DOC = """\
 # The sample_weight parameter of both estimators' fit.
 SAMPLE_WEIGHT_DOC = """\
         sample_weight : array-like of shape (n_samples,), optional
-            Non-negative weights of the rows of ``X`` (frequency weights: an integer weight counts the row that
-            many times, a zero weight drops it). Rows of zero weight are removed first; the calibration rows are
-            then held out of the others, and the weights apply to the training rows: the training loss is the
-            weighted mean Σ w_i ℓ_i / Σ w_i, the curvature G = Σ_n w_n J_nᵀ H_n J_n / Σ_n w_n, σ² the weighted
-            mean squared training residual, the input and target standardisation weighted, and N in β for
-            ``scaling="standard"`` the total weight Σ w. The calibration rows (held out of ``X``, or ``X_cal``)
-            are unweighted: split conformal's guarantee is for exchangeable, unweighted rows. Finite, not all
-            zero. All ones is the same as None. In a Pipeline pass ``step__sample_weight=w``; with metadata
-            routing enabled, request it with ``set_fit_request(sample_weight=True)``."""
+            Non-negative weights of the rows of ``X``, as frequency weights: an integer weight counts the row
+            that many times, a zero weight drops it. Rows of zero weight are removed first; the calibration rows
+            are then held out of the others, and the weights apply to the training rows: the training loss is the
+            weighted mean Σ w_i ℓ_i / Σ w_i, the curvature G = Σ_n w_n J_nᵀ H_n J_n / Σ_n w_n, σ² from the
+            training residuals (regression) their weighted mean square, the input and target standardisation is
+            weighted, and N in β for ``scaling="standard"`` is the total weight Σ w. The calibration rows (held
+            out of ``X``, or ``X_cal``) are unweighted: split conformal's guarantee is for exchangeable,
+            unweighted rows. Finite, not all zero; all ones is the same as None. In a Pipeline pass
+            ``step__sample_weight=w``; with metadata routing enabled, request it with
+            ``set_fit_request(sample_weight=True)``."""
 
 NOTES_DOC = """\
     Posterior samples are drawn in weight space from a generator seeded by ``random_state`` and shared by
