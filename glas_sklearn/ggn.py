@@ -163,10 +163,6 @@ class GGNOperator(BoundModel, CurvatureOperator):
     y : torch.Tensor, optional
         Targets. G does not depend on them (H_n depends only on the output); when given, their
         length is checked against X.
-    sample_weight : torch.Tensor or array-like of shape (n,), optional
-        Non-negative weight w_i of each row (frequency weights): G = Σ_n w_n J_nᵀ H_n J_n / Σ_n w_n, so an
-        integer weight equals repeating the row and a zero weight equals dropping it. A row's weight applies
-        to each of its unmasked records (positions, for sequence outputs). Finite, not all zero.
     loss : {"mse", "cross_entropy"}, default="mse"
         ½-squared error (H = I) or softmax cross-entropy over the last output axis (H = diag(p) − ppᵀ).
     batch_size : int, optional
@@ -204,6 +200,10 @@ class GGNOperator(BoundModel, CurvatureOperator):
         of width ≲ 150, respectively ≲ 400, on 10³ rows), since larger products are compute-bound there and
         the single products are as fast (benchmarks/results/bench_ggn.md). Models that ``vmap`` cannot
         handle fall back to columns.
+    sample_weight : torch.Tensor or array-like of shape (n,), optional
+        Non-negative weight w_i of each row (frequency weights): G = Σ_n w_n J_nᵀ H_n J_n / Σ_n w_n, so an
+        integer weight equals repeating the row and a zero weight equals dropping it. A row's weight applies
+        to each of its unmasked records (positions, for sequence outputs). Finite, not all zero.
 
     Attributes
     ----------
@@ -252,7 +252,7 @@ class GGNOperator(BoundModel, CurvatureOperator):
                  loss: str = "mse", batch_size: int | None = None, mask: torch.Tensor | None = None,
                  subsample: int | None = None, random_state=None, trim_padding: bool = False,
                  reuse_linearization: bool | str = "auto", vectorize_blocks: bool | str = "auto",
-                 sample_weight=None) -> None:
+                 sample_weight: torch.Tensor | np.ndarray | None = None) -> None:
         self.loss = check_choice("loss", loss, _LOSSES)
         self.functional_model = fm = FunctionalModel(model)
 

@@ -60,7 +60,7 @@ class LaplaceSubspace:
 
 def residual_noise_variance(model: nn.Module, X: torch.Tensor, y: torch.Tensor,
                             batch_size: int | None = None, per_output: bool = False,
-                            sample_weight=None) -> float | np.ndarray:
+                            sample_weight: torch.Tensor | np.ndarray | None = None) -> float | np.ndarray:
     """σ² = mean squared residual of the model (in eval mode, at its own weights) on ``(X, y)``.
 
     Over all N·M entries (a float), or with ``per_output=True`` one mean per output column of an (N, M)
@@ -90,7 +90,8 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
                          eigen_method: str = "lanczos", tol: float = 1e-5, random_state=None,
                          reuse_linearization="auto", trim_padding: bool = False, max_matvecs: int | None = None,
                          ncv: int | None = None, distributed: bool = False, process_group=None,
-                         verbose: int = 0, posterior: str = "subspace", sample_weight=None) -> LaplaceSubspace:
+                         verbose: int = 0, posterior: str = "subspace",
+                         sample_weight: torch.Tensor | np.ndarray | None = None) -> LaplaceSubspace:
     """Build the generalized Laplace active-subspace posterior of a trained model.
 
     Parameters
