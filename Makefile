@@ -1,11 +1,11 @@
-# Two entry points for a fresh machine: `make demo` (the main job) and `make test`.
-# Both create .venv, install the CPU build of torch first (pinned), then the project.
+# Entry points for a fresh machine: `make demo` (the main job), `make test` and `make docs`.
+# Each creates .venv, installs the CPU build of torch first (pinned), then the project.
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 
-.PHONY: venv demo test bench bench-quick reports notebooks clean
+.PHONY: venv demo test docs bench bench-quick reports notebooks clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,6 +21,15 @@ demo: venv
 
 test: venv
 	$(PY) -m pytest -q
+
+# The documentation site (Sphinx) into docs/_build/html, warnings as errors; the notebooks are rendered with
+# their saved outputs, not executed.
+$(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
+	$(PY) -m pip install -q -e ".[test,plot,docs]"
+	touch $@
+
+docs: $(VENV)/.docs-installed
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
 
 # Peers for the benchmarks, never replacing the CPU torch (see benchmarks/README.md).
 bench: venv
@@ -54,4 +63,4 @@ notebooks: venv
 	$(PY) notebooks/build.py --execute
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info docs/_build docs/api docs/gallery/generated docs/benchmarks/generated

@@ -95,7 +95,7 @@ class ParameterLayout:
         return {n: part.view(shape) for n, part, shape in zip(self.names, parts, self.shapes, strict=True)}
 
     def unflatten_rows(self, rows: torch.Tensor) -> dict:
-        """Split a (c, D) block of flat weight vectors into a dict of (c, *shape) tensors (for ``vmap``)."""
+        """Split a (c, D) block of flat weight vectors into a dict of ``(c, *shape)`` tensors (for ``vmap``)."""
         parts = torch.split(rows, self.numels, dim=1)
         return {n: part.reshape(rows.shape[0], *shape)
                 for n, part, shape in zip(self.names, parts, self.shapes, strict=True)}
@@ -313,7 +313,7 @@ class BoundModel:
         return self.functional_model.theta0
 
     def record_jacobians(self, Xb: torch.Tensor) -> torch.Tensor:
-        """∂f(x_i)/∂θ at θ0 for every record of Xb, flattened over the weights: shape (c, *out, D).
+        """∂f(x_i)/∂θ at θ0 for every record of Xb, flattened over the weights: shape ``(c, *out, D)``.
 
         Reverse mode, vectorised over the records with ``torch.func.vmap`` where the model allows it (remembered
         in ``_vmap_jac_ok``), a loop over records and outputs otherwise.
@@ -354,7 +354,7 @@ class BoundModel:
 
     def record_jacobian_chunks(self, X: torch.Tensor, max_bytes: int,
                                batch_size: int | None = None) -> Iterator[tuple[slice, torch.Tensor]]:
-        """(rows, ∂f/∂θ of those rows in float64, shape (c, *out, D)) over consecutive chunks of the records of X,
+        """(rows, ∂f/∂θ of those rows in float64, shape ``(c, *out, D)``) over consecutive chunks of the records of X,
         each holding at most ``max_bytes`` of Jacobian entries (at least one record; at most ``batch_size``)."""
         n_out = math.prod(self.functional_model.output_shape(X))
         size = max(1, max_bytes // max(1, n_out * self.layout.size * 8))

@@ -20,12 +20,30 @@ def _is_terminal(stream) -> bool:
         return False
 
 
+class _LogBar(tqdm):
+    """A bar for a file or pipe: a new postfix or description is shown with the next timed update (at most one
+    per ``mininterval``) and at close, instead of redrawing the bar on every call."""
+
+    def set_postfix(self, ordered_dict=None, refresh=False, **kwargs):
+        super().set_postfix(ordered_dict, refresh=False, **kwargs)
+
+    def set_postfix_str(self, s="", refresh=False):
+        super().set_postfix_str(s, refresh=False)
+
+    def set_description(self, desc=None, refresh=False):
+        super().set_description(desc, refresh=False)
+
+    def set_description_str(self, desc=None, refresh=False):
+        super().set_description_str(desc, refresh=False)
+
+
 def progress(iterable=None, *, verbose: int | bool = 1, **kwargs: Any) -> tqdm:
     """A tqdm bar that stays readable in non-interactive logs.
 
-    In a terminal the bar updates live (tqdm's defaults). When standard error is a file or a pipe (CI,
-    ``make demo > log``), it is redrawn at most every ``LOG_INTERVAL`` seconds, so a log holds its first and last
-    state and one line per half minute instead of one per update. ``verbose=0`` (or False) silences it.
+    In a terminal the bar updates live (tqdm's defaults). When the stream (standard error unless ``file=`` is
+    given) is a file or a pipe (CI, ``make demo 2> log``), the bar is redrawn at most every ``LOG_INTERVAL``
+    seconds and ``set_postfix`` / ``set_description`` do not redraw it, so a log holds its first and last state
+    and one line per half minute instead of one per update. ``verbose=0`` (or False) silences it.
 
     Parameters
     ----------
@@ -42,7 +60,8 @@ def progress(iterable=None, *, verbose: int | bool = 1, **kwargs: Any) -> tqdm:
         The bar (disabled when ``verbose`` is falsy).
     """
     file = kwargs.get("file", sys.stderr)
-    if not _is_terminal(file):
-        kwargs.setdefault("mininterval", LOG_INTERVAL)
-        kwargs.setdefault("maxinterval", max(LOG_INTERVAL, kwargs["mininterval"]))
-    return tqdm(iterable, disable=not verbose, **kwargs)
+    if _is_terminal(file):
+        return tqdm(iterable, disable=not verbose, **kwargs)
+    kwargs.setdefault("mininterval", LOG_INTERVAL)
+    kwargs.setdefault("maxinterval", max(LOG_INTERVAL, kwargs["mininterval"]))
+    return _LogBar(iterable, disable=not verbose, **kwargs)

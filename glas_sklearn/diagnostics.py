@@ -3,7 +3,7 @@
 The paper computes the GGN on a random subsample of the training rows (§2.4) and checks, for several
 subsample sizes, that independent subsamples give the same leading eigenvector (Fig. 9).
 
-- :func:`eigenvector_alignment`: |⟨p^(i), p^(j)⟩| between eigenvectors of independent runs, or against a
+- :func:`eigenvector_alignment`: ``|⟨p^(i), p^(j)⟩|`` between eigenvectors of independent runs, or against a
   reference run.
 - :func:`subsample_alignment`: the whole study. For each size it draws R subsamples through
   :class:`~glas_sklearn.ggn.GGNOperator`'s own ``subsample``, computes the top eigenpairs and tabulates
@@ -47,8 +47,8 @@ def eigenvector_alignment(eigenvectors: Sequence[torch.Tensor], reference: torch
     Returns
     -------
     numpy.ndarray
-        The R×R matrix |⟨p^(i), p^(j)⟩| (entries near 1: converged; away from 1: not), or, with
-        ``reference``, the length-R vector |⟨p^(i), p_ref⟩|.
+        The R×R matrix ``|⟨p^(i), p^(j)⟩|`` (entries near 1: converged; away from 1: not), or, with
+        ``reference``, the length-R vector ``|⟨p^(i), p_ref⟩|``.
 
     Examples
     --------
@@ -92,10 +92,10 @@ def subsample_alignment(model: nn.Module, X: torch.Tensor, *, mask: torch.Tensor
 
     For every size n in ``subsample_sizes``, R = ``n_replicas`` independent subsamples of n rows
     (sequences) are drawn without replacement. The top ``n_components`` eigenpairs of the GGN on each
-    subsample are computed. The R×R matrix |⟨p^(i), p^(j)⟩| of the compared eigenvector is formed.
+    subsample are computed. The R×R matrix ``|⟨p^(i), p^(j)⟩|`` of the compared eigenvector is formed.
     Entries away from 1 flag runs that did not converge or that depend on the subsample. With
     ``reference_size``, one more independent run on that many rows gives p_ref, and each replica's
-    |⟨p^(i), p_ref⟩| is reported.
+    ``|⟨p^(i), p_ref⟩|`` is reported.
 
     Parameters
     ----------
@@ -145,7 +145,7 @@ def subsample_alignment(model: nn.Module, X: torch.Tensor, *, mask: torch.Tensor
             pandas.DataFrame, one row per run. Columns: ``run`` ("replica" or "reference"),
             ``subsample_size``, ``replica``, ``n_records`` (N of the run, in tokens),
             ``lambda_1`` … ``lambda_k``, ``max_relative_residual``, ``converged``, ``n_matvecs``,
-            ``seconds`` and ``alignment_to_reference`` (|⟨p^(i), p_ref⟩|, NaN without a reference).
+            ``seconds`` and ``alignment_to_reference`` (``|⟨p^(i), p_ref⟩|``, NaN without a reference).
         ``"summary"``
             pandas.DataFrame, one row per size. Columns: ``min_replica_alignment`` (the smallest
             off-diagonal entry, 1 when R = 1), ``mean_replica_alignment`` (mean of the off-diagonal

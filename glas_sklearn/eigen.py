@@ -44,7 +44,7 @@ class EigenResult:
     eigenvectors : torch.Tensor of shape (D, k)
         Orthonormal columns in the operator's dtype and device; column j belongs to eigenvalue j.
     residual_norms : torch.Tensor of shape (k,)
-        ‖A p_j − λ_j p_j‖ (Lanczos: the exact-arithmetic estimate |β_m y_mj|; eigsh: measured).
+        ‖A p_j − λ_j p_j‖ (Lanczos: the exact-arithmetic estimate ``|β_m y_mj|``; eigsh: measured).
     n_matvecs : int
         Number of operator products used.
     converged : bool
@@ -149,7 +149,7 @@ def _orthogonalize(w: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, np.n
 
 
 def _ritz(T: np.ndarray, beta: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Ritz values (descending), the eigenvectors y of T and the residual norms |β y_last| (host, float64)."""
+    """Ritz values (descending), the eigenvectors y of T and the residual norms ``|β y_last|`` (host, float64)."""
     theta, y = np.linalg.eigh(T)
     theta, y = theta[::-1].copy(), y[:, ::-1].copy()
     return theta, y, np.abs(beta * y[-1, :])

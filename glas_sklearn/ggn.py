@@ -1,6 +1,6 @@
 """The generalized Gauss-Newton matrix of a trained network as a matrix-free linear operator.
 
-G = (1/N) Σ_n J_nᵀ H_n J_n (SPEC eq. 28, 30), with J_n the Jacobian of the network output for record n with
+G = (1/N) Σ_n J_nᵀ H_n J_n (paper eqs. 28, 30), with J_n the Jacobian of the network output for record n with
 respect to the trainable weights and H_n the Hessian of the loss with respect to that output:
 the identity for the ½-squared loss and diag(p) − p pᵀ for softmax cross-entropy (analytic, p = softmax(f)).
 With record weights w_n (``sample_weight``) G = Σ_n w_n J_nᵀ H_n J_n / Σ_n w_n: frequency weights, so an integer

@@ -106,8 +106,8 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
     mask : torch.Tensor of bool, optional
         Padding mask (n, T) for sequence outputs; records are unmasked tokens.
     scaling : {"mean", "standard"} or float, default="mean"
-        The posterior scaling β (SPEC table): mean β = 1/σ² (regression) or 1 (classification);
-        standard β = N/σ² or N; a float is used as β.
+        The posterior scaling β of the generalized posterior (paper eq. 1, §4.1.1): mean β = 1/σ² (regression)
+        or 1 (classification); standard β = N/σ² or N; a float is used as β.
     noise_var : float, optional
         σ² for regression; estimated from the training residuals when None.
     n_components : int, default=50

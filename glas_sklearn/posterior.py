@@ -1,4 +1,4 @@
-"""The low-rank generalized Laplace posterior in the active subspace (SPEC "Posterior in the subspace").
+"""The low-rank generalized Laplace posterior in the active subspace (paper eqs. 4–5 and 43).
 
 θ = θ0 + P z, z ~ N(0, diag(σ_j²)), σ_j² = 1 / (β λ_j + σ0⁻²) (paper eq. 22, 43), with (λ_j, p_j) the leading
 eigenpairs of the generalized Gauss–Newton matrix and σ0 fitted by empirical Bayes in the subspace (eq. 39–41).
@@ -52,7 +52,7 @@ _FORM_BLOCK = 2**14
 
 
 def beta_for(scaling, n_records: int, noise_var: float | None = None, task: str = "regression") -> float:
-    """The posterior scaling β of the generalized posterior (SPEC table).
+    """The posterior scaling β of the generalized posterior (paper eq. 1, §4.1.1).
 
     Parameters
     ----------
@@ -99,7 +99,7 @@ def beta_for(scaling, n_records: int, noise_var: float | None = None, task: str 
 
 
 def estimate_noise_variance(residuals) -> float:
-    """σ² = mean of the squared residuals over all N·M entries (SPEC §2.3).
+    """σ² = mean of the squared residuals over all N·M entries (paper §2.3).
 
     Parameters
     ----------
@@ -148,7 +148,7 @@ class ActiveSubspacePosterior(BoundModel):
     sigma0 : {"auto", "eb_subspace", "eb_full"} or float, default="auto"
         The prior standard deviation σ0, fitted separately for every subspace dimension d
         (:meth:`fit_sigma0`): "eb_subspace" by the paper's empirical Bayes in the subspace (eq. 39–41),
-        "eb_full" by the full-space condition over all D weights (SPEC "Beyond the paper"); "auto" is
+        "eb_full" by the full-space condition over all D weights (beyond the paper, see the user guide); "auto" is
         "eb_subspace" for ``posterior="subspace"`` and "eb_full" for the two low-rank posteriors.
         A float (≥ 0; 0: no weight variance, the trained network's predictive) is used for every d;
         :meth:`set_sigma0` changes the setting after construction.
@@ -689,7 +689,7 @@ class ActiveSubspacePosterior(BoundModel):
         return int(max(1, min(total, by_weights, by_rows)))
 
     def predict_mean(self, X: torch.Tensor, batch_size: int | None = None) -> torch.Tensor:
-        """f(x; θ0), the trained network's output; shape (n, *out)."""
+        """f(x; θ0), the trained network's output; shape ``(n, *out)``."""
         X = self._check_X(X)
         batch_size = check_positive_int("batch_size", batch_size, allow_none=True)
         f = self.functional_model
@@ -698,11 +698,11 @@ class ActiveSubspacePosterior(BoundModel):
         return torch.cat(outs, 0)
 
     def _forward_many(self, delta: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
-        """f(Xb; θ0 + δ_s) for every row δ_s of ``delta`` (c, D): shape (c, nb, *out)."""
+        """f(Xb; θ0 + δ_s) for every row δ_s of ``delta`` (c, D): shape ``(c, nb, *out)``."""
         return self._forward_weights(self.theta0 + delta, Xb)
 
     def _forward_weights(self, weights: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
-        """f(Xb; w_s) for every row w_s of ``weights`` (c, D) of whole weight vectors: shape (c, nb, *out)."""
+        """f(Xb; w_s) for every row w_s of ``weights`` (c, D) of whole weight vectors: shape ``(c, nb, *out)``."""
         f = self.functional_model
         batched = self.layout.unflatten_rows(weights)
         if self._vmap_forward_ok is not False:
@@ -753,7 +753,7 @@ class ActiveSubspacePosterior(BoundModel):
 
         Returns
         -------
-        torch.Tensor of shape (S, n, *out)
+        torch.Tensor of shape ``(S, n, *out)``
         """
         X = self._check_X(X)
         batch_size = check_positive_int("batch_size", batch_size, allow_none=True)
@@ -779,7 +779,7 @@ class ActiveSubspacePosterior(BoundModel):
     def linearized_samples(self, X: torch.Tensor, d: int, n_samples: int = 1000, random_state=None,
                            batch_size: int | None = None) -> torch.Tensor:
         """Draws of the linearised network f(x; θ0) + J(x)(θ − θ0) at the weight draws of
-        :meth:`sample_perturbations` (same seed, same draws); shape (S, n, *out).
+        :meth:`sample_perturbations` (same seed, same draws); shape ``(S, n, *out)``.
 
         Their distribution is the linearised predictive N(f(x; θ0), J Σ Jᵀ) of :meth:`linearized_variance`,
         which for ``posterior="low_rank"`` is the one to draw from: the complement's perturbations of every
@@ -801,7 +801,7 @@ class ActiveSubspacePosterior(BoundModel):
 
     # --------------------------------------------------------------- linearised
     def _jvp_many(self, tangents: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
-        """J(Xb) t_k for every row t_k of ``tangents`` (c, D): shape (c, nb, *out)."""
+        """J(Xb) t_k for every row t_k of ``tangents`` (c, D): shape ``(c, nb, *out)``."""
         fm = self.functional_model
         batched = self.layout.unflatten_rows(tangents)
 
@@ -836,7 +836,7 @@ class ActiveSubspacePosterior(BoundModel):
         return cache
 
     def jacobian_projections(self, X: torch.Tensor, d: int, batch_size: int | None = None) -> torch.Tensor:
-        """J(x) p_j for j ≤ d by forward-mode JVPs; shape (n, *out, d).
+        """J(x) p_j for j ≤ d by forward-mode JVPs; shape ``(n, *out, d)``.
 
         The result for the last ``X`` (the same tensor object, unmodified) is cached and extended column by
         column, so calling it for d = 1, …, K costs K JVPs in total.
@@ -872,8 +872,8 @@ class ActiveSubspacePosterior(BoundModel):
         X : torch.Tensor of shape (n, ...)
         d : int
         full_cov : bool, default=False
-            False: the variances σ_f² = Σ_j σ_j² (J p_j)², shape (n, *out) (e.g. (n, M)).
-            True: the covariance over the last output axis, shape (n, *out[:-1], M, M) (e.g. (n, M, M)).
+            False: the variances σ_f² = Σ_j σ_j² (J p_j)², shape ``(n, *out)`` (e.g. (n, M)).
+            True: the covariance over the last output axis, shape ``(n, *out[:-1], M, M)`` (e.g. (n, M, M)).
         batch_size : int, optional
             Input rows per JVP.
 
@@ -938,8 +938,8 @@ class ActiveSubspacePosterior(BoundModel):
         return blocks
 
     def jacobian_gram(self, X: torch.Tensor, full_cov: bool = False, batch_size: int | None = None) -> torch.Tensor:
-        """J(x) J(x)ᵀ over the last output axis, per record: ‖J_m(x)‖² of shape (n, *out) (``full_cov=False``)
-        or the (M × M) blocks, shape (n, *out[:-1], M, M); in float64.
+        """J(x) J(x)ᵀ over the last output axis, per record: ‖J_m(x)‖² of shape ``(n, *out)`` (``full_cov=False``)
+        or the (M × M) blocks, shape ``(n, *out[:-1], M, M)``; in float64.
 
         Per-record Jacobians by reverse mode, vectorised over records with ``torch.func.vmap`` where the
         model allows it (a loop over records otherwise), in chunks of records holding at most about

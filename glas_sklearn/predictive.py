@@ -1,4 +1,4 @@
-"""Predictive distributions from posterior samples or linearised moments (SPEC "Predictions").
+"""Predictive distributions from posterior samples or linearised moments (paper eqs. 43–46).
 
 Tensor functions with no knowledge of the model: regression intervals (sampled quantiles or Gaussian
 linearised intervals), class probabilities (averaged softmax, Monte Carlo or probit over a logit Gaussian),
@@ -132,11 +132,11 @@ def _mixture_quantiles(samples: torch.Tensor, noise_var: torch.Tensor, q: torch.
                        max_elements: int = 2**23) -> torch.Tensor:
     """Quantiles of the Gaussian mixture (1/S) Σ_s N(f_s, σ²): the predictive of y = f(x; θ) + ε.
 
-    ``samples`` (S, *b); ``noise_var`` broadcasts over b (zero entries give the plain sample quantile's
-    step-function limit, handled by a tiny floor); ``q`` (r,). Returns (r, *b). The CDF is monotone and
+    ``samples`` ``(S, *b)``; ``noise_var`` broadcasts over b (zero entries give the plain sample quantile's
+    step-function limit, handled by a tiny floor); ``q`` (r,). Returns ``(r, *b)``. The CDF is monotone and
     bracketed by min_s f_s + σ z_q ≤ t ≤ max_s f_s + σ z_q, so a safeguarded Newton iteration converges
     in a few steps; rows are processed in chunks of at most ``max_elements`` mixture terms. The CDF is
-    evaluated in the samples' precision (float32 samples: |F(t) − q| ≤ 1e-6; float64: ≤ 1e-12).
+    evaluated in the samples' precision (float32 samples: ``|F(t) − q|`` ≤ 1e-6; float64: ≤ 1e-12).
     """
     x = samples if samples.dtype in (torch.float32, torch.float64) else samples.to(torch.float64)
     tol = 1e-12 if x.dtype == torch.float64 else 1e-6
@@ -194,7 +194,7 @@ def sampled_interval(samples: Array, confidence_levels, noise_var=0.0) -> tuple[
     Parameters
     ----------
     samples : tensor or array of shape (S, n, M)
-        Network outputs at S posterior weight samples (any trailing shape (S, *b) works).
+        Network outputs at S posterior weight samples (any trailing shape ``(S, *b)`` works).
     confidence_levels : float or sequence of float
         Levels 1 − γ in (0, 1).
     noise_var : float or array of shape (M,), default=0.0
@@ -296,14 +296,14 @@ def _quantiles_tensor(quantiles, like: torch.Tensor, name: str) -> torch.Tensor:
 
 
 def conformal_interval(mean: Array, std: Array, quantiles) -> Array:
-    """Split-conformal intervals ŷ ± q_k σ̂ from std-normalised scores (SPEC "Beyond the paper").
+    """Split-conformal intervals ŷ ± q_k σ̂ from std-normalised scores (beyond the paper, see the user guide).
 
     Parameters
     ----------
     mean : shape (n, M)
         ŷ(x).
     std : shape (n, M)
-        σ̂(x) > 0, the scale the calibration scores |y − ŷ| / σ̂ were divided by.
+        σ̂(x) > 0, the scale the calibration scores ``|y − ŷ|`` / σ̂ were divided by.
     quantiles : shape (k,) or (k, M)
         One conformal quantile per level (and per output), e.g. from
         :func:`glas_sklearn.calibration.conformal_quantile`; +inf gives an infinite interval.
@@ -610,7 +610,7 @@ def mean_set_size(sets: Array) -> np.ndarray:
 
 
 class RegressionMoments(NamedTuple):
-    """Predictive mean ŷ and standard deviation σ̂ of a regression posterior, each of shape (n, *out)."""
+    """Predictive mean ŷ and standard deviation σ̂ of a regression posterior, each of shape ``(n, *out)``."""
 
     mean: torch.Tensor
     std: torch.Tensor
@@ -645,7 +645,7 @@ def regression_moments(posterior: ActiveSubspacePosterior, X: torch.Tensor, d: i
     Returns
     -------
     RegressionMoments
-        ``(mean, std)``, torch tensors of shape (n, *out).
+        ``(mean, std)``, torch tensors of shape ``(n, *out)``.
     """
     mean, var, _ = _regression_predictive(posterior, X, d, predictive, n_samples, noise_var, random_state,
                                           batch_size)
@@ -660,8 +660,8 @@ def predictive_interval(posterior: ActiveSubspacePosterior, X: torch.Tensor, d: 
 
     Returns
     -------
-    mean, std : torch.Tensor of shape (n, *out)
-    bounds : torch.Tensor of shape (n, *out, 2, k), or None without ``confidence_levels``
+    mean, std : torch.Tensor of shape ``(n, *out)``
+    bounds : torch.Tensor of shape ``(n, *out, 2, k)``, or None without ``confidence_levels``
     """
     mean, var, samples = _regression_predictive(posterior, X, d, predictive, n_samples, noise_var, random_state,
                                                 batch_size)

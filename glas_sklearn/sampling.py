@@ -21,7 +21,7 @@ Workflow for a sequence model
    block raises.
 4. Check that the leading eigenvector does not depend on which subsample was drawn. Use
    :func:`glas_sklearn.diagnostics.subsample_alignment`: it runs R independent subsamples per size and reports
-   |⟨p1^(i), p1^(j)⟩| (entries away from 1 flag unconverged runs) and |⟨p1, p1_ref⟩| against a
+   ``|⟨p1^(i), p1^(j)⟩|`` (entries away from 1 flag unconverged runs) and ``|⟨p1, p1_ref⟩|`` against a
    larger reference run.
 
 Examples

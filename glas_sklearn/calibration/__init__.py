@@ -5,10 +5,10 @@ of a built-in one (:func:`resolve_calibration`, the one place where the names be
 
 - ``"coverage"``, :class:`CoverageCalibrator` (the paper, eq. 42, §4.1.7; :func:`choose_dimension`): the
   smallest subspace dimension d whose (1 − γ) intervals or sets cover the calibration rows.
-- ``"conformal"``, :class:`ConformalCalibrator` (SPEC "Beyond the paper"; :func:`conformal_calibrate`):
+- ``"conformal"``, :class:`ConformalCalibrator` (beyond the paper, see the user guide; :func:`conformal_calibrate`):
   split-conformal quantiles of conformity scores at a d fixed beforehand, with coverage ≥ 1 − γ for
   exchangeable data at any number of rows. The scores are objects too: :class:`StdNormalizedResidual`
-  |y − ŷ| / σ̂ (regression), :class:`LAC` 1 − p_y (classification), or a subclass of :class:`RegressionScore`
+  ``|y − ŷ|`` / σ̂ (regression), :class:`LAC` 1 − p_y (classification), or a subclass of :class:`RegressionScore`
   / :class:`ClassificationScore`.
 
 The prior scale by held-out likelihood: :func:`tune_sigma0`, :func:`predictive_nll`. The predictive moments

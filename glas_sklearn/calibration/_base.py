@@ -105,7 +105,7 @@ def check_targets(y, task: str, n: int, device: torch.device) -> torch.Tensor:
 
 
 def match_regression(y: torch.Tensor, out_shape: tuple) -> torch.Tensor:
-    """Targets reshaped to the model's output shape (n, *out): (n,) is accepted for a single output."""
+    """Targets reshaped to the model's output shape ``(n, *out)``: (n,) is accepted for a single output."""
     if tuple(y.shape) == out_shape:
         return y
     if y.numel() == int(np.prod(out_shape)) and out_shape[-1:] == (1,) and tuple(y.shape) == out_shape[:-1]:

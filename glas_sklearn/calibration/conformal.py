@@ -1,6 +1,6 @@
 """Split-conformal calibration at a fixed subspace dimension d, with conformity scores as objects.
 
-SPEC "Beyond the paper": at a d fixed before looking at the calibration rows, the split-conformal quantile
+Beyond the paper (see the user guide): at a d fixed before looking at the calibration rows, the split-conformal quantile
 of the calibration rows' conformity scores gives intervals or sets with coverage ≥ 1 − γ for exchangeable
 data at any number of rows (:func:`conformal_calibrate`, :class:`ConformalCalibrator`).
 
@@ -9,7 +9,7 @@ A conformity score (in the spirit of MAPIE's ``conformity_scores``) is a small o
 inverse: the intervals or sets {y : score(y, prediction) ≤ q}. Regression scores (:class:`RegressionScore`)
 take the predictive moments (:class:`~glas_sklearn.predictive.RegressionMoments`) and give bounds; classification
 scores (:class:`ClassificationScore`) take class probabilities and give sets. Built in:
-:class:`StdNormalizedResidual` |y − ŷ| / σ̂ per output, and :class:`LAC` 1 − p_y. Subclass one of the two
+:class:`StdNormalizedResidual` ``|y − ŷ|`` / σ̂ per output, and :class:`LAC` 1 − p_y. Subclass one of the two
 bases for another score.
 """
 
@@ -104,7 +104,7 @@ class ClassificationScore(ConformityScore):
 
 
 class StdNormalizedResidual(RegressionScore):
-    """|y − ŷ| / σ̂ per output: conformal intervals ŷ ± q σ̂ (:func:`~glas_sklearn.predictive.conformal_interval`).
+    """``|y − ŷ|`` / σ̂ per output: conformal intervals ŷ ± q σ̂ (:func:`~glas_sklearn.predictive.conformal_interval`).
 
     Examples
     --------
@@ -238,7 +238,7 @@ class ConformalResult:
     sigma0 : float
         The prior standard deviation at d.
     scores : ndarray
-        The calibration scores, sorted along axis 0: by default |y − ŷ| / σ̂ of shape (n, M) (regression,
+        The calibration scores, sorted along axis 0: by default ``|y − ŷ|`` / σ̂ of shape (n, M) (regression,
         one column per output) or 1 − p_y of shape (n,) (classification, the LAC score).
     confidence_levels : ndarray of shape (k,)
     quantiles : ndarray of shape (k, M) (regression) or (k,) (classification)
@@ -278,7 +278,7 @@ def conformal_calibrate(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor,
     """Split-conformal calibration of the posterior's predictive at a given d.
 
     The scores s_i = ``conformity_score.score(y_i, prediction_i)``, by default: regression
-    s_i = |y_i − ŷ_i| / σ̂_i per output, with ŷ, σ̂ from :func:`~glas_sklearn.predictive.regression_moments`
+    s_i = ``|y_i − ŷ_i|`` / σ̂_i per output, with ŷ, σ̂ from :func:`~glas_sklearn.predictive.regression_moments`
     (σ̂² = σ_f² + σ² with ``noise_var``), the interval at level 1 − γ being ŷ ± q σ̂, q the
     ⌈(n + 1)(1 − γ)⌉-th smallest score (:func:`~glas_sklearn.predictive.conformal_interval`); classification:
     the LAC score s_i = 1 − p̂_{y_i} and the sets {c : 1 − p̂_c ≤ q}

@@ -104,7 +104,7 @@ PARAMETERS_DOC = """\
     calibration : {"conformal", "coverage"} or Calibrator, default="conformal"
         "conformal" (:class:`~glas_sklearn.calibration.ConformalCalibrator`): split conformal on the calibration
         rows at a fixed d, with coverage ≥ 1 − γ for exchangeable data at any number of rows: regression
-        intervals ŷ ± q σ̂ with q the ⌈(n + 1)(1 − γ)⌉-th smallest |y − ŷ| / σ̂ (per output), classification
+        intervals ŷ ± q σ̂ with q the ⌈(n + 1)(1 − γ)⌉-th smallest ``|y − ŷ|`` / σ̂ (per output), classification
         sets {c : 1 − p_c ≤ q} (LAC); ``ConformalCalibrator(conformity_score=...)`` takes another score.
         "coverage" (:class:`~glas_sklearn.calibration.CoverageCalibrator`, the paper): d is the smallest whose
         posterior intervals or sets cover the level. The paper's method is
@@ -153,7 +153,9 @@ PARAMETERS_DOC = """\
         The eigen-solver: thick-restart Lanczos in torch, or scipy's ARPACK.
     device : "auto" or str, default="auto"
         "auto": where a prefit module lives, else CUDA when available, else CPU.
-    dtype : {"float32", "float64"}, default="float32"
+    dtype : {"auto", "float32", "float64"}, default="auto"
+        The floating dtype of the network, the curvature and the posterior. "auto": the dtype of a prefit
+        module's parameters (it is never cast), float32 for a network the estimator builds.
     random_state : int, RandomState or None, default=None
         Seeds weight initialisation, training order, the calibration split, Lanczos and posterior samples.
     verbose : int, default=0
@@ -179,7 +181,7 @@ ATTRIBUTES_DOC = """\
         quantile, coverage and mean_width / mean_set_size of the conformal intervals or sets on the
         calibration rows, sigma0.
     conformity_scores_ : ndarray or None
-        "conformal" only (None otherwise): the sorted calibration scores, |y − ŷ| / σ̂ of shape (n, M)
+        "conformal" only (None otherwise): the sorted calibration scores, ``|y − ŷ|`` / σ̂ of shape (n, M)
         (regression) or 1 − p_y of shape (n,) (classification); the quantile for any level is computed from
         them at prediction time.
     calibrator_ : Calibrator
@@ -215,7 +217,7 @@ ATTRIBUTES_DOC = """\
         The shape of one row of ``X`` seen in fit ((n_features,) for a table, (C, H, W) for images, (T,)
         for token sequences); rows of another shape are refused at predict time.
     n_features_in_ : int
-        The number of values in one row, prod(input_shape_) (the number of columns for a table).
+        The number of values in one row, ``prod(input_shape_)`` (the number of columns for a table).
     feature_names_in_ : ndarray of str
         Only when ``X`` has string column names (a pandas DataFrame)."""
 
@@ -298,7 +300,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         "subsample": [None, Interval(numbers.Integral, 1, None)],
         "eigen_method": [Options("lanczos", "eigsh")],
         "device": NO_VALIDATION,  # checked when resolved (torch parses it)
-        "dtype": [Options(*_DTYPES)],
+        "dtype": [Options("auto", *_DTYPES)],
         "random_state": [None, Interval(numbers.Integral, 0, 2**32, closed="left"),
                          InstanceOf(np.random.RandomState, "a numpy.random.RandomState")],
         "verbose": [Interval(numbers.Integral, 0, None), BOOLEAN],
@@ -309,7 +311,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
                  predictive="auto", n_samples=1000, confidence_level=0.9,
                  calibration_size=0.1, max_epochs=500, lr=1e-3, batch_size=64, weight_decay=0.0,
                  optimizer="adam", standardize="auto", padding_idx=None, subsample=None, eigen_method="lanczos",
-                 device="auto", dtype="float32", random_state=None, verbose=0):
+                 device="auto", dtype="auto", random_state=None, verbose=0):
         self.module = module
         self.module_kwargs = module_kwargs
         self.prefit = prefit
@@ -345,7 +347,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         self._check_sigma0_setting()
         X, y, X_cal, y_cal = self._validate_fit_data(X, y, X_cal, y_cal)
         X, y, sample_weight = self._weighted_rows(X, y, sample_weight)
-        device, dtype, seed = self._resolve_device(), _DTYPES[self.dtype], self._seed()
+        device, dtype, seed = self._resolve_device(), self._resolve_dtype(), self._seed()
         if X_cal is None:
             X, X_cal, y, y_cal, sample_weight = self._split_off_calibration_rows(X, y, seed, sample_weight)
         self._fit_scalers(X, y, sample_weight)
@@ -403,6 +405,19 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             raise ValueError(f"{type(self).__name__}: device={self.device!r} but CUDA is not available; "
                              "use device='cpu' or 'auto'.")
         return device
+
+    def _resolve_dtype(self) -> torch.dtype:
+        """``dtype`` as a torch dtype; "auto" follows a prefit module's trainable parameters, else float32."""
+        if self.dtype != "auto":
+            return _DTYPES[self.dtype]
+        user = self._user_module() if self.prefit else None
+        p = None if user is None else next((p for p in user.parameters() if p.requires_grad), None)
+        if p is None:
+            return torch.float32
+        if p.dtype not in _DTYPES.values():
+            raise ValueError(f"{type(self).__name__}: the prefit module's parameters are {p.dtype}; the posterior "
+                             "needs float32 or float64 weights (cast a copy of the module, e.g. net.float()).")
+        return p.dtype
 
     def _seed(self) -> int:
         """One integer seed for everything random in fit (fresh entropy when random_state is None; drawn from
@@ -791,7 +806,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         y : array-like
             Targets (regression) or labels (classification).
         d_max : int, optional

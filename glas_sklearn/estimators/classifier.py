@@ -124,7 +124,7 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         y : array-like of shape (n_samples,)
             Class labels (``classes_`` are those of all rows, zero-weight rows included).
         sample_weight
@@ -160,7 +160,7 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
 
         Returns
         -------
@@ -175,7 +175,7 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
 
         Returns
         -------
@@ -192,7 +192,7 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         confidence_level : float or list of float, optional
             Defaults to the estimator's ``confidence_level``.
 

@@ -97,7 +97,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
                  predictive="auto", n_samples=1000, confidence_level=0.9, calibration_size=0.1, noise_std="auto",
                  include_noise=False, max_epochs=500, lr=1e-3, batch_size=64, weight_decay=0.0, optimizer="adam",
                  standardize="auto", padding_idx=None, subsample=None, eigen_method="lanczos", device="auto",
-                 dtype="float32", random_state=None, verbose=0):
+                 dtype="auto", random_state=None, verbose=0):
         super().__init__(
             module, module_kwargs=module_kwargs, prefit=prefit, scaling=scaling, n_components=n_components,
             max_components=max_components, sigma0=sigma0, posterior=posterior, calibration=calibration,
@@ -205,7 +205,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         y : array-like of shape (n_samples,) or (n_samples, n_outputs)
         sample_weight
         X_cal, y_cal : array-like, optional
@@ -247,7 +247,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         return_std : bool, default=False
             Also return the predictive standard deviation: of f (parameter uncertainty only), or of y
             (``noise_std_`` added in quadrature) with ``include_noise=True``.
@@ -273,7 +273,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         confidence_level : float or list of float, optional
             Defaults to the estimator's ``confidence_level``.
 
@@ -303,7 +303,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples_X, n_features) or (n_samples_X, *input_shape_)
+        X : array-like of shape (n_samples_X, n_features) or ``(n_samples_X, *input_shape_)``
         n_samples : int, default=1
         random_state : int or None, default=0
 

@@ -1,0 +1,30 @@
+"""The README stays short and its links lead somewhere; shipped text cites nothing that is not shipped."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+
+
+def test_readme_is_at_most_150_lines():
+    assert len(README.read_text(encoding="utf-8").splitlines()) <= 150
+
+
+def test_readme_relative_links_exist():
+    links = re.findall(r"\]\(([^)\s]+)\)", README.read_text(encoding="utf-8"))
+    relative = [link.split("#")[0] for link in links if not re.match(r"[a-z]+://|#|mailto:", link)]
+    assert relative, "the README links into docs/"
+    missing = [link for link in relative if not (ROOT / link).exists()]
+    assert not missing, f"README links to files that are not in the repository: {missing}"
+
+
+def test_no_reference_to_unshipped_design_files():
+    # SPEC.md and DESIGN.md are not part of the repository: docstrings cite the paper or the docs instead.
+    pattern = re.compile(r"\bSPEC\b|DESIGN\.md")
+    files = [README, *sorted((ROOT / "glas_sklearn").rglob("*.py")), *sorted((ROOT / "docs").glob("**/*.md"))]
+    hits = [f"{path.relative_to(ROOT)}:{n}" for path in files if "generated" not in path.parts
+            for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if pattern.search(line)]
+    assert not hits, hits
