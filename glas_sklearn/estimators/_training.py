@@ -69,10 +69,10 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
                  owner: str = "train_module", sample_weight: torch.Tensor | None = None) -> list[float]:
     """Mini-batch training of ``module`` in place on the mean loss; returns the mean loss of each epoch.
 
-    With ``sample_weight`` the objective is the weighted mean Σ_i w_i ℓ_i / Σ_i w_i: a step minimises
-    (1/|B|) Σ_{i ∈ B} (w_i / w̄) ℓ_i over its rows B (w̄ the mean weight of all rows), an unbiased estimate
-    of it whose scale does not depend on the weights' scale; with all rows in one batch it is the objective
-    itself, so integer weights equal repeated rows.
+    With ``sample_weight`` the objective is the weighted mean Σ_i w_i ℓ_i / Σ_i w_i: a step minimises the mean
+    of (w_i / w̄) ℓ_i over its rows (w̄ the mean weight of all rows), an unbiased estimate of it whose scale
+    does not depend on the weights' scale; with all rows in one batch it is the objective itself, so integer
+    weights equal repeated rows.
 
     Parameters
     ----------
@@ -111,7 +111,7 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
         gen = torch.Generator().manual_seed(seed)
         n = X.shape[0]
         size = min(batch_size or n, n)
-        # per-row factors w_i / w̄ (mean 1 over the rows), so that a batch's loss is (1/|B|) Σ (w_i / w̄) ℓ_i
+        # per-row factors w_i / w̄ (mean 1 over the rows): a batch's loss is the mean of (w_i / w̄) ℓ_i
         factors = None if sample_weight is None else sample_weight / sample_weight.mean()
         losses = []
         bar = progress(range(max_epochs), desc="training", verbose=verbose, leave=False)
