@@ -2,7 +2,7 @@
 
 from .compose import predict_interval, predict_set
 from .datasets import load_concrete
-from .estimators import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
+from .estimators import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor, PrefitLeakageWarning
 from .metrics import coverage_score, interval_score, make_interval_scorer, mean_width_score
 
 __version__ = "0.1.0.dev0"
@@ -10,6 +10,7 @@ __version__ = "0.1.0.dev0"
 __all__ = [
     "LaplaceActiveSubspaceRegressor",
     "LaplaceActiveSubspaceClassifier",
+    "PrefitLeakageWarning",
     "coverage_score",
     "interval_score",
     "make_interval_scorer",

@@ -294,9 +294,10 @@ pd.DataFrame(rows).round(3)
 # `LaplaceActiveSubspaceRegressor(module=net, prefit=True)` does the above in one `fit`: it never trains,
 # moves or modifies the network; here it estimates $\sigma$ from the training residuals like the paper
 # (`noise_std="training"`; the default `"auto"` uses the calibration residuals when there are at least 30 rows),
-# computes the eigenpairs and picks $d$ on the calibration data given as `X_cal, y_cal` (without them it holds
-# out `calibration_size` of `X`). With `prefit=True` the inputs are not standardised: the network sees $x$ as it
-# was trained. `dtype="float64"` matches the float64 copy of the network.
+# computes the eigenpairs on the training rows `x` and picks $d$ on the calibration data given as `X_cal, y_cal`,
+# rows the network was not trained on (with `prefit=True` they are required: rows held out of the network's own
+# training rows would have training residuals and under-cover). With `prefit=True` the inputs are not
+# standardised: the network sees $x$ as it was trained. `dtype="float64"` matches the float64 copy of the network.
 
 # %%
 regs = {}

@@ -51,6 +51,12 @@ def _labels(n=60, seed=0, names=("cat", "dog", "emu")):
     return X, np.array(names, dtype=object)[codes]
 
 
+def _unseen(n=20, seed=7, **kwargs) -> dict:
+    """Calibration rows a prefit network was not trained on, as fit's X_cal / y_cal (prefit needs them)."""
+    X_cal, y_cal = _data(n=n, seed=seed, **kwargs)
+    return dict(X_cal=X_cal, y_cal=y_cal)
+
+
 def _reg(**params):
     return LaplaceActiveSubspaceRegressor(**{**SMALL, **params})
 
@@ -104,6 +110,7 @@ class _NetWithDropout(nn.Module):
         return self.body(x)
 
 
+@pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitLeakageWarning")  # its own rows, for the mechanics
 @pytest.mark.parametrize("predictive", ["sampled", "linearized"])
 def test_prefit_module_is_bit_identical_after_fit_and_predict(predictive):
     net = _NetWithDropout().double().train()  # train mode, a frozen bias and a stale gradient: all kept
@@ -111,7 +118,7 @@ def test_prefit_module_is_bit_identical_after_fit_and_predict(predictive):
     net.body[3].weight.grad = torch.full_like(net.body[3].weight, 0.25)
     before = snapshot(net)
     X, y = _data()
-    est = _reg(module=net, prefit=True, predictive=predictive).fit(X, y)
+    est = _reg(module=net, prefit=True, predictive=predictive).fit(X, y, **_unseen())
     est.predict(X)
     est.predict_interval(X, confidence_level=[0.5, 0.9])
     est.sample_y(X, 4)
@@ -124,7 +131,7 @@ def test_prefit_module_is_bit_identical_after_fit_and_predict(predictive):
 def test_prefit_linearized_predict_is_the_modules_own_output():
     net = mlp(n_in=3, hidden=5, n_out=1, seed=1)
     X, y = _data()
-    est = _reg(module=net, prefit=True, predictive="linearized").fit(X, y)
+    est = _reg(module=net, prefit=True, predictive="linearized").fit(X, y, **_unseen())
     with torch.no_grad():
         expected = net(torch.as_tensor(X)).numpy()[:, 0]  # prefit: the user's units, no standardisation
     np.testing.assert_allclose(est.predict(X), expected, rtol=1e-13, atol=1e-13)
@@ -389,10 +396,11 @@ def test_too_many_components_are_refused_or_capped():
     # K < D is checked once, by the eigen layer (or fit_laplace_subspace); its message names K and D
     for K in (D, D + 5):
         with pytest.raises(ValueError, match=rf"={K} eigenpairs requested.*D={D}"):
-            _reg(module=net, prefit=True, n_components=K).fit(X, y)
-    est = _reg(module=net, prefit=True, max_components=40).fit(X, y)  # "auto": capped at D − 1
+            _reg(module=net, prefit=True, n_components=K).fit(X, y, **_unseen())
+    est = _reg(module=net, prefit=True, max_components=40).fit(X, y, **_unseen())  # "auto": capped at D − 1
     assert len(est.eigenvalues_) <= D - 1
-    assert len(_reg(module=net, prefit=True, max_components=16, n_components="auto").fit(X, y).eigenvalues_) == 16
+    capped = _reg(module=net, prefit=True, max_components=16, n_components="auto").fit(X, y, **_unseen())
+    assert len(capped.eigenvalues_) == 16
 
 
 def test_subsample_larger_than_the_training_rows_is_refused_at_fit():
@@ -406,7 +414,7 @@ def test_prefit_module_without_trainable_weights_is_refused_at_fit():
     net = mlp(n_in=3, hidden=2, n_out=1, seed=0).requires_grad_(False)
     X, y = _data()
     with pytest.raises(ValueError, match="no trainable parameters"):
-        _reg(module=net, prefit=True).fit(X, y)
+        _reg(module=net, prefit=True).fit(X, y, **_unseen())
 
 
 @pytest.mark.parametrize("param,value", [

@@ -52,6 +52,7 @@ def _eigvals(G: torch.Tensor, k: int) -> np.ndarray:
 # ------------------------------------------------------------------------------------------- images
 
 
+@pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitLeakageWarning")  # its own rows, for the mechanics
 def test_image_classifier_curvature_is_the_dense_ggn_and_matches_the_flattened_network():
     X, label, _ = _images()
     net = _cnn(2)
@@ -74,13 +75,14 @@ def test_image_classifier_curvature_is_the_dense_ggn_and_matches_the_flattened_n
     assert_unchanged(net, before)
 
 
+@pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitLeakageWarning")  # its own rows, for the mechanics
 def test_image_regressor_matches_the_flattened_network_in_every_method():
     X, _, target = _images()
     net = _cnn(1)
     common = dict(prefit=True, noise_std=0.1, **FAST)
-    est = LaplaceActiveSubspaceRegressor(net, **common).fit(X, target)
+    est = LaplaceActiveSubspaceRegressor(net, **common).fit(X[12:], target[12:], X_cal=X[:12], y_cal=target[:12])
     flat = LaplaceActiveSubspaceRegressor(nn.Sequential(nn.Unflatten(1, (1, 6, 6)), *net), **common).fit(
-        X.reshape(48, -1), target)
+        X[12:].reshape(36, -1), target[12:], X_cal=X[:12].reshape(12, -1), y_cal=target[:12])
     Xf = X.reshape(48, -1)
     tol = dict(rtol=1e-9, atol=1e-12)
     np.testing.assert_allclose(est.eigenvalues_, flat.eigenvalues_, rtol=1e-10)
@@ -106,7 +108,8 @@ def test_image_estimators_train_their_own_copy_of_a_cnn_without_standardising_th
 
 def test_image_input_errors():
     X, label, target = _images()
-    est = LaplaceActiveSubspaceClassifier(_cnn(2), prefit=True, **FAST).fit(X, label)
+    est = LaplaceActiveSubspaceClassifier(_cnn(2), prefit=True, **FAST).fit(X[12:], label[12:], X_cal=X[:12],
+                                                                            y_cal=label[:12])
     msg = ("X has rows of shape (1, 6, 5), but LaplaceActiveSubspaceClassifier was fitted on rows of shape "
            "(1, 6, 6): pass X of shape (n, 1, 6, 6).")
     for method in (est.predict, est.predict_proba, est.predict_set):
@@ -180,9 +183,12 @@ def test_token_classifier_curvature_counts_sequences_and_equals_the_lower_level_
     np.testing.assert_allclose(est.eigenvalues_, _eigvals(dense_ggn(net, Xt, "cross_entropy"), 3), rtol=1e-7)
 
 
+@pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitLeakageWarning")  # its own rows, for the mechanics
 def test_token_sequences_of_other_padded_lengths_are_brought_to_the_fitted_length():
     X, label = _tokens()
-    est = LaplaceActiveSubspaceClassifier(_SeqClassifier().double(), prefit=True, padding_idx=PAD, **FAST).fit(X, label)
+    unseen = dict(X_cal=X[:10], y_cal=label[:10])
+    est = LaplaceActiveSubspaceClassifier(_SeqClassifier().double(), prefit=True, padding_idx=PAD, **FAST).fit(
+        X[10:], label[10:], **unseen)
     short = X[:, :T - 1][(X[:, T - 1] == PAD)]  # rows whose last position is padding, one column shorter
     rows = X[X[:, T - 1] == PAD]
     longer = np.concatenate([rows, np.full((len(rows), 3), PAD)], axis=1)
@@ -195,7 +201,8 @@ def test_token_sequences_of_other_padded_lengths_are_brought_to_the_fitted_lengt
                                          rf"length {T}"):
         est.predict(longer)
     # without padding_idx another length is a wrong row shape
-    strict = LaplaceActiveSubspaceClassifier(_SeqClassifier().double(), prefit=True, **FAST).fit(X, label)
+    strict = LaplaceActiveSubspaceClassifier(_SeqClassifier().double(), prefit=True, **FAST).fit(X[10:], label[10:],
+                                                                                                **unseen)
     with pytest.raises(ValueError, match=re.escape(f"X has rows of shape ({T - 1},), but")):
         strict.predict(short)
 
@@ -217,11 +224,13 @@ def test_token_regressor_and_token_errors():
     # a per-position model (logits (n, T, V)) is pointed to the lower-level API and its mask
     per_token = nn.Sequential(nn.Embedding(VOCAB, 3), nn.Linear(3, 2)).double()
     with pytest.raises(ValueError, match=re.escape("fit_laplace_subspace(model, X, mask=X != padding_idx)")):
-        LaplaceActiveSubspaceClassifier(per_token, prefit=True, padding_idx=PAD, **FAST).fit(X, label)
+        LaplaceActiveSubspaceClassifier(per_token, prefit=True, padding_idx=PAD, **FAST).fit(
+            X[10:], label[10:], X_cal=X[:10], y_cal=label[:10])
     # integer X for a network on floats: a clear error with the way out
     with pytest.raises(ValueError, match=r"cannot be evaluated on rows of shape \(8,\) and dtype torch.int64.*"
                                          r"X.astype\(float\)"):
-        LaplaceActiveSubspaceRegressor(nn.Linear(T, 1).double(), prefit=True, **FAST).fit(X, y)
+        LaplaceActiveSubspaceRegressor(nn.Linear(T, 1).double(), prefit=True, **FAST).fit(X[10:], y[10:], X_cal=X[:10],
+                                                                                        y_cal=y[:10])
 
 
 def test_integer_table_for_the_default_mlp_is_a_table_of_numbers():
@@ -250,14 +259,16 @@ def _mlp32(n_out, seed=0):
     return nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, n_out))
 
 
+@pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitLeakageWarning")  # its own rows, for the mechanics
 def test_fitted_skorch_regressor_as_prefit_module():
     skorch = pytest.importorskip("skorch")
     X, y = _skorch_data()
     net = skorch.NeuralNetRegressor(_mlp32(1), max_epochs=30, lr=0.05, optimizer=torch.optim.Adam,
                                     train_split=None, verbose=0, batch_size=-1).fit(X, y[:, None])
     before = snapshot(net.module_)
+    X_cal, y_cal = _skorch_data(n=20, seed=1)  # rows the skorch net was not trained on
     est = LaplaceActiveSubspaceRegressor(net, prefit=True, predictive="linearized", n_components=2,
-                                         random_state=0).fit(X, y)
+                                         random_state=0).fit(X, y, X_cal=X_cal, y_cal=y_cal)
     ours, ours64 = est.predict(X), est.predict(X.astype(np.float64))
     _, y_pis = est.predict_interval(X)
     assert_unchanged(net.module_, before)  # (before skorch's own predict, which switches it to eval mode)
@@ -269,6 +280,7 @@ def test_fitted_skorch_regressor_as_prefit_module():
     assert np.all(y_pis[:, 0, 0] < y_pis[:, 1, 0])
 
 
+@pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitLeakageWarning")  # its own rows, for the mechanics
 def test_fitted_skorch_classifier_as_prefit_module():
     skorch = pytest.importorskip("skorch")
     X, f = _skorch_data()
@@ -277,7 +289,9 @@ def test_fitted_skorch_classifier_as_prefit_module():
                                      optimizer=torch.optim.Adam, train_split=None, verbose=0, batch_size=-1)
     net.fit(X, label)
     before = snapshot(net.module_)
-    est = LaplaceActiveSubspaceClassifier(net, prefit=True, n_samples=50, n_components=2, random_state=0).fit(X, label)
+    X_cal, f_cal = _skorch_data(n=20, seed=1)  # rows the skorch net was not trained on
+    est = LaplaceActiveSubspaceClassifier(net, prefit=True, n_samples=50, n_components=2, random_state=0).fit(
+        X, label, X_cal=X_cal, y_cal=(f_cal > 0).astype(np.int64))
     proba, pred = est.predict_proba(X), est.predict(X)
     assert_unchanged(net.module_, before)  # (before skorch's own predict, which switches it to eval mode)
     assert est.module_ is net.module_

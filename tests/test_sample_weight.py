@@ -286,6 +286,9 @@ def test_zero_weights_equal_dropping_rows_and_ones_equal_none(Est):
     dropped = Est(**SMALL).fit(X[w > 0], y[w > 0], sample_weight=w[w > 0])
     unweighted = Est(**SMALL).fit(X[w > 0], y[w > 0])
     np.testing.assert_array_equal(getattr(weighted, method)(X_test), getattr(dropped, method)(X_test))
+    kept = np.flatnonzero(w > 0)  # the split's positions are in the user's X; zero-weight rows are in neither
+    np.testing.assert_array_equal(weighted.train_indices_, kept[dropped.train_indices_])
+    np.testing.assert_array_equal(weighted.calibration_indices_, kept[dropped.calibration_indices_])
     assert not np.allclose(getattr(weighted, method)(X_test), getattr(unweighted, method)(X_test))
     ones = Est(**SMALL).fit(X, y, sample_weight=np.ones(40))
     none = Est(**SMALL).fit(X, y)

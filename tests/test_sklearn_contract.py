@@ -144,7 +144,7 @@ def test_pickled_prefit_estimator_keeps_module_identity():
     net = torch.nn.Sequential(torch.nn.Linear(3, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1)).double()
     X, y = _regression()
     est = LaplaceActiveSubspaceRegressor(net, prefit=True, dtype="float64", n_samples=20, n_components=2,
-                                         random_state=0).fit(X, y)
+                                         random_state=0).fit(X[10:], y[10:], X_cal=X[:10], y_cal=y[:10])
     assert est.module_ is net
     loaded = pickle.loads(pickle.dumps(est))
     assert loaded.module_ is loaded.module and loaded.module is not net

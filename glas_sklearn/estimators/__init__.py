@@ -1,6 +1,7 @@
 """The scikit-learn estimators."""
 
+from ._prefit import PrefitLeakageWarning
 from .classifier import LaplaceActiveSubspaceClassifier
 from .regressor import LaplaceActiveSubspaceRegressor
 
-__all__ = ["LaplaceActiveSubspaceRegressor", "LaplaceActiveSubspaceClassifier"]
+__all__ = ["LaplaceActiveSubspaceRegressor", "LaplaceActiveSubspaceClassifier", "PrefitLeakageWarning"]

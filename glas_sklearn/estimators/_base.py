@@ -30,6 +30,7 @@ from ..calibration import (
     tune_sigma0,
 )
 from ..laplace import fit_laplace_subspace
+from ._prefit import REGISTRY, PrefitLeakageWarning, module_fingerprint, row_digests, user_stacklevel
 from ._training import OPTIMIZERS, default_mlp, seeded_torch, train_module
 from ._validation import (
     BOOLEAN,
@@ -54,6 +55,10 @@ _TORCH_STATE = ("module", "module_", "posterior_")
 _PREDICT_BUDGET = 2**24
 # Offset of the seed of the sigma0="nll" tuning / conformal split from the calibration split's seed.
 _SIGMA0_SPLIT = 7919
+# Test coverage of 90 % intervals of an overfitting prefit network calibrated on rows held out of its training
+# rows, and on unseen rows (benchmarks/results/prefit_calibration.md, default settings, mean (range) over
+# 5 seeds).
+_SEEN_COVERAGE, _UNSEEN_COVERAGE = "59 % (52–63 %)", "90 %"
 
 # numpydoc fragments shared by both estimators' docstrings: each parameter and attribute is documented once.
 PARAMETERS_DOC = """\
@@ -71,7 +76,16 @@ PARAMETERS_DOC = """\
         Keyword arguments of the default MLP or of the callable ``module``.
     prefit : bool, default=False
         The module is already trained (inputs and targets in the user's own units; ``standardize`` is then
-        ignored). The rows of ``X`` are its training data, less the calibration part.
+        ignored). The rows of ``X`` are taken to be its training rows (the curvature is built on them), so
+        ``fit`` needs calibration rows the network was not trained on as ``X_cal``, ``y_cal`` and refuses
+        without them: rows held out of its training rows have training residuals and would give intervals or
+        sets that under-cover (benchmarks/results/prefit_calibration.md). Hold them out before training the
+        network. Cross-validating a prefit estimator (``GridSearchCV``, ``cross_validate``) leaks the same
+        way: every test fold was training data of the one network. The rows of ``X`` are recorded (as 8-byte
+        digests, per network, in this process) so that intervals, probabilities, prediction sets or ``score``
+        asked for on them raise a :class:`~glas_sklearn.PrefitLeakageWarning`; with ``n_jobs > 1`` worker
+        processes a fold's warning needs the rows to have been declared in the same process, so it may not
+        appear there.
     scaling : {"mean", "standard"} or float, default="mean"
         Posterior scaling: β = 1/σ² ("mean", the paper's proposal), N/σ² ("standard", Bayes) or a given β;
         for classification "mean" is β = 1 and "standard" is β = N.
@@ -119,7 +133,9 @@ PARAMETERS_DOC = """\
         Interval (or prediction-set) level(s) 1 − γ, strictly between 0 and 1; the first one is the
         calibration target.
     calibration_size : float or int, default=0.1
-        Share (or number) of rows held out of ``X`` for calibration, when ``X_cal`` is not passed to ``fit``.
+        Share (or number) of rows held out of ``X`` for calibration, and out of the network's training, when
+        ``X_cal`` is not passed to ``fit`` (``train_indices_`` and ``calibration_indices_`` say which);
+        unused with ``prefit=True``, which needs ``X_cal``.
         With ``calibration="conformal"`` a share is raised, if need be, to the ⌈1/γ⌉ − 1 rows (9 at 90 %)
         that a finite conformal quantile needs at the highest level (one more with σ0 by "nll"; as far as the
         data allow).
@@ -200,6 +216,11 @@ ATTRIBUTES_DOC = """\
         Mean training loss per epoch (empty when prefit).
     n_records_ : int
         N, the training rows the curvature averages over.
+    train_indices_, calibration_indices_ : ndarray of int or None
+        Positions in ``X`` of the rows the network was trained on (and the curvature built on) and of the rows
+        held out for calibration, in the order they were used; disjoint, together all of ``X`` (less the rows
+        of zero ``sample_weight``, which are in neither). None when ``X_cal`` was passed (then every row of ``X``
+        of positive weight is a training row).
     n_calibration_rows_ : int
         Rows used to choose d (``X_cal`` or the held-out part of ``X``), or with ``calibration="conformal"``
         those the conformal scores come from (less the σ0 tuning rows with "nll").
@@ -241,6 +262,19 @@ NOTES_DOC = """\
     global torch/numpy seeds (exactly so with ``dtype="float64"``; in float32 a matrix product may round
     differently for different numbers of rows). Sparse inputs are densified. A fitted estimator pickles
     (``pickle``, ``joblib``) with its network; one fitted on CUDA loads on a machine without CUDA, on the CPU."""
+
+
+def _prefit_needs_calibration_rows(name: str, task: str) -> str:
+    """The refusal of a prefit fit without X_cal: what is missing, why (with the measured effect), how to fix it."""
+    what = "intervals" if task == "regression" else "prediction sets"
+    return (f"{name}: prefit=True needs calibration rows that the network was not trained on; pass them as "
+            f"fit(X, y, X_cal=..., y_cal=...). With prefit=True the rows of X are taken to be the network's "
+            f"training rows, so rows held out of them (calibration_size) would have training residuals, smaller "
+            f"than on new rows, and the calibrated {what} would under-cover: on concrete an overfitting "
+            f"8-256-256-1 network's 90 % intervals covered {_SEEN_COVERAGE} of new rows calibrated that way, "
+            f"{_UNSEEN_COVERAGE} with unseen X_cal (benchmarks/results/prefit_calibration.md). Hold rows out "
+            "before training the network (e.g. with sklearn.model_selection.train_test_split) and pass them as "
+            "X_cal, y_cal; X stays the network's training rows (the curvature is built on them).")
 
 
 def _check_level_list(confidence_level) -> list[float]:
@@ -346,10 +380,17 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         validate_hyperparameters(self)
         self._check_sigma0_setting()
         X, y, X_cal, y_cal = self._validate_fit_data(X, y, X_cal, y_cal)
-        X, y, sample_weight = self._weighted_rows(X, y, sample_weight)
+        sample_weight, kept = self._check_sample_weight(sample_weight, X)
         device, dtype, seed = self._resolve_device(), self._resolve_dtype(), self._seed()
+        self._prefit_fingerprint = None
+        if self.prefit:
+            self._declare_prefit_training_rows(self._prefit_module(device, dtype), X, X_cal)
+        if kept is not None:  # rows of zero weight are dropped
+            X, y = X[kept], y[kept]
         if X_cal is None:
-            X, X_cal, y, y_cal, sample_weight = self._split_off_calibration_rows(X, y, seed, sample_weight)
+            X, X_cal, y, y_cal, sample_weight = self._split_off_calibration_rows(X, y, seed, sample_weight, kept)
+        else:
+            self.train_indices_ = self.calibration_indices_ = None
         self._fit_scalers(X, y, sample_weight)
         Xt = self._to_tensor(self._transform_X(X), device, dtype)
         yt = self._target_tensor(y, device, dtype)
@@ -374,21 +415,20 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         X_cal, y_cal = self._validate_calibration(X_cal, y_cal)
         return X, y, X_cal, y_cal
 
-    def _weighted_rows(self, X, y, sample_weight):
-        """``sample_weight`` checked (one finite, non-negative weight per row, not all zero) and the rows of zero
-        weight dropped: ``X, y, weights`` (weights None when not given or all ones)."""
+    def _check_sample_weight(self, sample_weight, X) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """``sample_weight`` checked (one finite, non-negative weight per row, not all zero): the weights of the
+        rows of positive weight (None when not given or all ones) and those rows' positions in ``X`` (None when
+        there is no zero weight)."""
         if sample_weight is None:
-            return X, y, None
+            return None, None
         weight = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
         if np.all(weight == 1.0):
-            return X, y, None
-        keep = weight > 0
-        if keep.sum() < 3:
+            return None, None
+        kept = np.flatnonzero(weight > 0)
+        if len(kept) < 3:
             raise ValueError(f"{type(self).__name__} needs at least 3 rows of positive sample_weight (training and "
-                             f"calibration rows), got {int(keep.sum())}.")
-        if not keep.all():
-            X, y, weight = X[keep], y[keep], weight[keep]
-        return X, y, weight
+                             f"calibration rows), got {len(kept)}.")
+        return weight[kept], None if len(kept) == len(weight) else kept
 
     def _resolve_device(self) -> torch.device:
         if self.device == "auto":
@@ -424,14 +464,50 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         it when it is a RandomState)."""
         return int(numpy_rng(self.random_state).integers(0, 2**31 - 1))
 
-    def _split_off_calibration_rows(self, X, y, seed, sample_weight=None):
-        """``X, X_cal, y, y_cal, weights``: ``calibration_size`` rows held out (stratified for classes when
-        possible); the training rows keep their weights (None stays None), the calibration rows are unweighted."""
+    def _split_off_calibration_rows(self, X, y, seed, sample_weight=None, positions=None):
+        """``X, X_cal, y, y_cal, weights``: ``calibration_size`` rows held out of training (stratified for classes
+        when possible); the training rows keep their weights (None stays None), the calibration rows are
+        unweighted. Their positions in the user's ``X`` (``positions`` of these rows there, when rows of zero
+        weight were dropped) are kept as ``train_indices_`` and ``calibration_indices_``."""
         n_cal = self._n_calibration_rows(X.shape[0])
         stratify = y if self._task == "classification" and self._can_stratify(y, n_cal) else None
-        arrays = (X, y) if sample_weight is None else (X, y, sample_weight)
-        parts = train_test_split(*arrays, test_size=n_cal, random_state=seed, stratify=stratify)
-        return (*parts[:4], None if sample_weight is None else parts[4])
+        train, cal = train_test_split(np.arange(X.shape[0]), test_size=n_cal, random_state=seed, stratify=stratify)
+        at = np.arange(X.shape[0]) if positions is None else positions
+        self.train_indices_, self.calibration_indices_ = at[train], at[cal]
+        return X[train], X[cal], y[train], y[cal], None if sample_weight is None else sample_weight[train]
+
+    def _declare_prefit_training_rows(self, module: nn.Module, X: np.ndarray, X_cal: np.ndarray | None) -> None:
+        """Prefit: the rows of X are the network's training rows, so calibration needs unseen ``X_cal`` (refused
+        without it). The rows are recorded as the network's training rows (see ``_prefit.REGISTRY``); X_cal rows
+        among them are warned about."""
+        if X_cal is None:
+            raise ValueError(_prefit_needs_calibration_rows(type(self).__name__, self._task))
+        self._prefit_fingerprint = module_fingerprint(module)
+        REGISTRY.declare(self._prefit_fingerprint, row_digests(X))
+        seen = REGISTRY.declared(self._prefit_fingerprint, row_digests(X_cal))
+        if seen.any():
+            warnings.warn(f"{type(self).__name__}.fit: {int(seen.sum())} of the {len(X_cal)} X_cal rows are rows "
+                          "declared as training rows of this prefit network (rows of X in this or an earlier fit "
+                          "with the same weights). Their residuals are training residuals, so the calibrated "
+                          "intervals or sets will under-cover new rows; pass as X_cal only rows the network was not "
+                          "trained on.", PrefitLeakageWarning, stacklevel=user_stacklevel())
+
+    def _warn_if_prefit_training_rows(self, X: np.ndarray, method: str) -> None:
+        """Warn (:class:`PrefitLeakageWarning`) when validated rows ``X`` passed to ``method`` were declared as
+        training rows of this estimator's prefit network."""
+        fingerprint = getattr(self, "_prefit_fingerprint", None)
+        if fingerprint is None:
+            return
+        seen = REGISTRY.declared(fingerprint, row_digests(X))
+        if seen.any():
+            warnings.warn(
+                f"{type(self).__name__}.{method}: {int(seen.sum())} of the {len(X)} rows were declared as training "
+                "rows of this prefit network (rows of X in a fit with prefit=True and the same weights). The network "
+                "was trained on them, so its errors there are smaller than on new rows, and coverage or scores "
+                "measured on them overstate what new rows get. This happens when a prefit network is "
+                "cross-validated (GridSearchCV, cross_validate): every test fold was training data of the one "
+                "network. Evaluate on rows held out before the network was trained.",
+                PrefitLeakageWarning, stacklevel=user_stacklevel())
 
     def _theta0_module(self, Xt: torch.Tensor, yt: torch.Tensor, n_outputs: int, seed: int,
                        dtype: torch.dtype, sample_weight: torch.Tensor | None = None) -> nn.Module:
@@ -782,9 +858,13 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             return X
         return (X - self.x_mean_) / self.x_scale_
 
-    def _check_fitted_X(self, X) -> torch.Tensor:
+    def _check_fitted_X(self, X, method: str | None = None) -> torch.Tensor:
+        """Validated rows as a tensor on the posterior's device; with ``method`` (an uncertainty output), rows of a
+        prefit network's training data are warned about."""
         check_is_fitted(self, "posterior_")
         X = self._validate_X(X, reset=False)
+        if method is not None:
+            self._warn_if_prefit_training_rows(X, method)
         p = self.posterior_
         return self._to_tensor(self._transform_X(X), p.device, p.dtype)
 
@@ -822,6 +902,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         """
         check_is_fitted(self, "posterior_")
         X, y = self._validate_calibration(X, y)
+        self._warn_if_prefit_training_rows(X, "coverage_curve")
         p = self.posterior_
         Xt = self._to_tensor(self._transform_X(X), p.device, p.dtype)
         yt = self._calibration_targets(y, p.device, p.dtype)
@@ -872,6 +953,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             state.setdefault("sigma0_search_", None)
             state.setdefault("sigma0_rows_", np.zeros(0, dtype=np.int64))
             state.setdefault("n_sigma0_rows_", 0)
+            state.setdefault("train_indices_", None)
+            state.setdefault("calibration_indices_", None)
             if "calibrator_" not in state:
                 warnings.warn(f"This {type(self).__name__} was fitted by an earlier glas-sklearn, before calibration "
                               "methods were objects: it has no fitted calibrator_, so its intervals and sets cannot "

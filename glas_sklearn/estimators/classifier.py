@@ -129,10 +129,13 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
             Class labels (``classes_`` are those of all rows, zero-weight rows included).
         sample_weight
         X_cal, y_cal : array-like, optional
-            Calibration data for choosing d; when absent, ``calibration_size`` of ``X`` is held out
+            Calibration rows, never used for training: the conformal scores, or the rows d is chosen on. When
+            absent, ``calibration_size`` of ``X`` is held out of training
             (stratified when every class has two rows).
-            Inside a Pipeline, rely on ``calibration_size``: ``X_cal`` passed as a fit parameter reaches
-            this step without going through the earlier steps' transforms.
+            With ``prefit=True`` they are required and must be rows the network was not trained on (``X``
+            being its training rows). Inside a Pipeline, rely on ``calibration_size``: ``X_cal`` passed as a
+            fit parameter reaches this step without going through the earlier steps' transforms (with
+            ``prefit=True`` pass it transformed, or put the preprocessing inside the network).
 
         Returns
         -------
@@ -147,9 +150,10 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         return class_probabilities(self.posterior_, Xt, self.n_components_, predictive=self.predictive_,
                                    n_samples=self.n_samples, random_state=self._sample_seed_)
 
-    def _proba_tensor(self, X) -> torch.Tensor:
-        """Class probabilities (n, C), chunk by chunk of rows (bounded memory for large X)."""
-        Xt = self._check_fitted_X(X)
+    def _proba_tensor(self, X, method=None) -> torch.Tensor:
+        """Class probabilities (n, C), chunk by chunk of rows (bounded memory for large X); ``method`` names the
+        public method for the prefit-training-rows warning."""
+        Xt = self._check_fitted_X(X, method)
         return torch.cat([self._proba_chunk(Xt[sl]) for sl in self._row_chunks(Xt.shape[0], len(self.classes_))])
 
     def predict_proba(self, X) -> np.ndarray:
@@ -167,7 +171,10 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         ndarray of shape (n_samples, n_classes)
             Rows sum to 1 (renormalised in float64, also when the network runs in float32).
         """
-        probs = self._proba_tensor(X).detach().cpu().double().numpy()
+        return self._proba_array(X, "predict_proba")
+
+    def _proba_array(self, X, method=None) -> np.ndarray:
+        probs = self._proba_tensor(X, method).detach().cpu().double().numpy()
         return probs / probs.sum(axis=1, keepdims=True)
 
     def predict(self, X) -> np.ndarray:
@@ -182,7 +189,7 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         ndarray of shape (n_samples,)
             Labels from ``classes_``.
         """
-        proba = self.predict_proba(X)
+        proba = self._proba_array(X)
         return self.classes_[np.argmax(proba, axis=1)]
 
     def predict_set(self, X, confidence_level=None) -> tuple[np.ndarray, np.ndarray]:
@@ -205,7 +212,25 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         """
         check_is_fitted(self, "posterior_")
         levels = self._levels(confidence_level)
-        probs = self._proba_tensor(X)
+        probs = self._proba_tensor(X, "predict_set")
         sets = self.calibrator_.predict_set(probs, levels).detach().cpu().numpy()
         labels = self.classes_[probs.argmax(dim=1).cpu().numpy()]
         return labels, sets
+
+    def score(self, X, y, sample_weight=None) -> float:
+        """Accuracy of :meth:`predict` (scikit-learn's ``ClassifierMixin.score``); rows that were training rows of
+        a prefit network raise a :class:`~glas_sklearn.PrefitLeakageWarning`.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
+        y : array-like of shape (n_samples,)
+        sample_weight : array-like of shape (n_samples,), optional
+
+        Returns
+        -------
+        float
+        """
+        check_is_fitted(self, "posterior_")
+        self._warn_if_prefit_training_rows(self._validate_X(X, reset=False), "score")
+        return super().score(X, y, sample_weight=sample_weight)

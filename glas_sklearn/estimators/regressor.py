@@ -209,9 +209,12 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         y : array-like of shape (n_samples,) or (n_samples, n_outputs)
         sample_weight
         X_cal, y_cal : array-like, optional
-            Calibration data for choosing d; when absent, ``calibration_size`` of ``X`` is held out.
-            Inside a Pipeline, rely on ``calibration_size``: ``X_cal`` passed as a fit parameter reaches
-            this step without going through the earlier steps' transforms.
+            Calibration rows, never used for training: the conformal scores, or the rows d is chosen on. When
+            absent, ``calibration_size`` of ``X`` is held out of training.
+            With ``prefit=True`` they are required and must be rows the network was not trained on (``X``
+            being its training rows). Inside a Pipeline, rely on ``calibration_size``: ``X_cal`` passed as a
+            fit parameter reaches this step without going through the earlier steps' transforms (with
+            ``prefit=True`` pass it transformed, or put the preprocessing inside the network).
 
         Returns
         -------
@@ -227,9 +230,10 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         the fitted calibrator makes them ("conformal": ŷ ± q σ̂; "coverage": the posterior's own intervals)."""
         return self.calibrator_.predict_interval(self.posterior_, Xt, levels)
 
-    def _predict_rows(self, X, levels=None):
-        """:meth:`_predictive` over all rows of X, chunk by chunk (bounded memory for large X)."""
-        Xt = self._check_fitted_X(X)
+    def _predict_rows(self, X, levels=None, method=None):
+        """:meth:`_predictive` over all rows of X, chunk by chunk (bounded memory for large X); ``method`` names
+        the public method for the prefit-training-rows warning."""
+        Xt = self._check_fitted_X(X, method)
         parts = [self._predictive(Xt[sl], levels) for sl in self._row_chunks(Xt.shape[0], self._n_out)]
         mean = torch.cat([q[0] for q in parts])
         std = torch.cat([q[1] for q in parts])
@@ -285,7 +289,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         """
         check_is_fitted(self, "posterior_")
         levels = self._levels(confidence_level)
-        mean, _, bounds = self._predict_rows(X, levels)
+        mean, _, bounds = self._predict_rows(X, levels, method="predict_interval")
         y_pred = self._to_user_units(mean)
         b = bounds.detach().cpu().double().numpy() * self.y_scale_[None, :, None, None] \
             + self.y_mean_[None, :, None, None]
@@ -324,6 +328,24 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             s = s + sd * torch.randn(s.shape, generator=gen, dtype=s.dtype, device=s.device)
         out = self._to_user_units(s.permute(1, 2, 0))
         return out[:, 0, :] if self._y_1d else out
+
+    def score(self, X, y, sample_weight=None) -> float:
+        """R² of :meth:`predict` (scikit-learn's ``RegressorMixin.score``); rows that were training rows of a
+        prefit network raise a :class:`~glas_sklearn.PrefitLeakageWarning`.
+
+        Parameters
+        ----------
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
+        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+        sample_weight : array-like of shape (n_samples,), optional
+
+        Returns
+        -------
+        float
+        """
+        check_is_fitted(self, "posterior_")
+        self._warn_if_prefit_training_rows(self._validate_X(X, reset=False), "score")
+        return super().score(X, y, sample_weight=sample_weight)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

@@ -1,0 +1,171 @@
+"""A prefit network's training rows: what they may not be used for, and how their reuse is detected.
+
+A prefit network was trained on rows the estimator never sees being used; the rows of ``X`` passed to ``fit`` are
+taken to be those training rows. Their residuals are training residuals, smaller than on new rows, so they can
+neither calibrate the network (``fit`` then needs unseen ``X_cal``) nor evaluate its intervals. The second
+happens silently in a cross-validation over a prefit network (``GridSearchCV``, ``cross_validate``): every fold's
+test rows were training rows of the one network. :data:`REGISTRY` records, per network (a fingerprint of its
+weights), digests of the rows declared as its training rows in ``fit``, so that the estimators can raise a
+:class:`PrefitLeakageWarning` when asked for intervals, prediction sets or scores on such rows.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import sys
+import threading
+from collections import OrderedDict
+
+import numpy as np
+import torch
+from torch import nn
+
+__all__ = ["PrefitLeakageWarning", "PrefitRowRegistry", "REGISTRY", "module_fingerprint", "row_digests",
+           "user_stacklevel"]
+
+# Weight values hashed for a fingerprint: all of them up to this many, a strided sample of this many beyond.
+_FINGERPRINT_ELEMENTS = 2**24
+_FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class PrefitLeakageWarning(UserWarning):
+    """Rows that were declared as a prefit network's training rows are used where unseen rows are needed.
+
+    Raised by the estimators when intervals (``predict_interval``, ``coverage_curve``), probabilities or
+    prediction sets (``predict_proba``, ``predict_set``) or ``score`` are asked for on rows that were passed as
+    ``X`` to a ``fit`` with ``prefit=True`` and the same network weights (in this process), and by ``fit`` when
+    ``X_cal`` holds such rows. The network was trained on them, so its errors there are smaller than on new
+    rows: coverage and scores measured on them overstate what new rows get. The usual cause is cross-validating
+    a prefit network (``GridSearchCV``, ``cross_validate``), whose every test fold the network was trained on.
+    """
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` for a ``warnings.warn`` in the function calling this one that points at the first
+    frame outside the glas_sklearn package (the user's call, or scikit-learn's)."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep):
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def module_fingerprint(module: nn.Module) -> bytes:
+    """A digest of the network's weights and buffers (names, shapes, dtypes and values).
+
+    Every value is hashed for networks of up to 2²⁴ values, a strided sample of 2²⁴ values beyond (so large
+    models are fingerprinted in one pass over a bounded copy). The module is only read.
+
+    Parameters
+    ----------
+    module : torch.nn.Module
+
+    Returns
+    -------
+    bytes
+        16 bytes.
+    """
+    state = module.state_dict()
+    total = sum(t.numel() for t in state.values() if isinstance(t, torch.Tensor))
+    step = max(1, math.ceil(total / _FINGERPRINT_ELEMENTS))
+    digest = hashlib.blake2b(digest_size=16)
+    for name, value in state.items():
+        digest.update(name.encode())
+        if not isinstance(value, torch.Tensor):
+            digest.update(repr(value).encode())
+            continue
+        digest.update(f"{tuple(value.shape)}{value.dtype}".encode())
+        flat = value.detach().reshape(-1)[::step]
+        digest.update(flat.cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.digest()
+
+
+def row_digests(X: np.ndarray) -> np.ndarray:
+    """One 64-bit digest of the bytes of each row of ``X`` (any rank ≥ 1, any fixed-size dtype).
+
+    Parameters
+    ----------
+    X : ndarray of shape (n, ...)
+
+    Returns
+    -------
+    ndarray of uint64, shape (n,)
+    """
+    A = np.ascontiguousarray(X)
+    n = A.shape[0]
+    if n == 0:
+        return np.zeros(0, dtype=np.uint64)
+    raw = A.reshape(n, -1).view(np.uint8).reshape(n, -1)
+    pad = (-raw.shape[1]) % 8
+    if pad:
+        raw = np.concatenate([raw, np.zeros((n, pad), dtype=np.uint8)], axis=1)
+    words = np.ascontiguousarray(raw).view(np.uint64)
+    h = np.full(n, _FNV_OFFSET ^ np.uint64(words.shape[1]), dtype=np.uint64)
+    with np.errstate(over="ignore"):
+        for j in range(words.shape[1]):  # FNV-1a over 64-bit words, with a shift so high bits reach low ones
+            h ^= words[:, j]
+            h *= _FNV_PRIME
+            h ^= h >> np.uint64(29)
+        # splitmix64 finaliser
+        h ^= h >> np.uint64(30)
+        h *= np.uint64(0xBF58476D1CE4E5B9)
+        h ^= h >> np.uint64(27)
+        h *= np.uint64(0x94D049BB133111EB)
+        h ^= h >> np.uint64(31)
+    return h
+
+
+class PrefitRowRegistry:
+    """Digests of the rows declared as training rows of each prefit network, keyed by its weight fingerprint.
+
+    Bounded in memory: at most ``max_networks`` networks (the least recently used is forgotten) and
+    ``max_rows`` digests (8 bytes each) per network; beyond that the smallest digests are kept, a uniform
+    sample of the rows, so reused rows are still detected in proportion. Thread-safe; it lives in one process
+    and cannot see what other processes (``n_jobs > 1`` with process-based joblib backends) declared.
+
+    Parameters
+    ----------
+    max_networks : int, default=16
+    max_rows : int, default=2**20
+    """
+
+    def __init__(self, max_networks: int = 16, max_rows: int = 2**20):
+        self.max_networks = max_networks
+        self.max_rows = max_rows
+        self._rows: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def declare(self, fingerprint: bytes, digests: np.ndarray) -> None:
+        """Record ``digests`` as training rows of the network ``fingerprint``."""
+        with self._lock:
+            known = self._rows.pop(fingerprint, np.zeros(0, dtype=np.uint64))
+            merged = np.union1d(known, np.asarray(digests, dtype=np.uint64))  # sorted, unique
+            self._rows[fingerprint] = merged[:self.max_rows]
+            while len(self._rows) > self.max_networks:
+                self._rows.popitem(last=False)
+
+    def declared(self, fingerprint: bytes, digests: np.ndarray) -> np.ndarray:
+        """Boolean mask: which of ``digests`` were declared as training rows of the network ``fingerprint``."""
+        digests = np.asarray(digests, dtype=np.uint64)
+        with self._lock:
+            known = self._rows.get(fingerprint)
+            if known is not None:
+                self._rows.move_to_end(fingerprint)
+        if known is None or known.size == 0 or digests.size == 0:
+            return np.zeros(digests.shape, dtype=bool)
+        pos = np.minimum(np.searchsorted(known, digests), known.size - 1)
+        return known[pos] == digests
+
+    def clear(self) -> None:
+        """Forget every network."""
+        with self._lock:
+            self._rows.clear()
+
+    def __len__(self) -> int:
+        return len(self._rows)
+
+
+#: The process-wide registry the estimators use.
+REGISTRY = PrefitRowRegistry()
