@@ -47,6 +47,7 @@ bench-quick: venv
 	$(PY) benchmarks/paper_concrete.py --quick --out-dir $(QUICK_DIR)
 	$(PY) benchmarks/uci.py --quick --datasets yacht --no-laplace-torch --out-dir $(QUICK_DIR)
 	$(PY) benchmarks/prefit_calibration.py --quick --out-dir $(QUICK_DIR)
+	$(PY) benchmarks/digits_rotation.py --quick --no-laplace-torch --out-dir $(QUICK_DIR)
 
 # The reports in benchmarks/results/ re-rendered from their committed JSON (no computation).
 reports: venv
@@ -59,6 +60,7 @@ reports: venv
 	$(PY) benchmarks/uci.py --report-only --tag epochs500
 	$(PY) benchmarks/paper_smiles.py --report-only
 	$(PY) benchmarks/prefit_calibration.py --report-only
+	$(PY) benchmarks/digits_rotation.py --report-only
 
 # The example notebooks generated from their percent-format sources and executed in full mode (≈ 3 min).
 notebooks: venv

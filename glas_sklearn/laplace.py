@@ -18,7 +18,7 @@ from ._checks import check_choice, check_positive_int, check_sample_weight
 from ._functional import model_outputs
 from .eigen import EigenResult, top_eigenpairs
 from .ggn import GGNOperator
-from .posterior import ActiveSubspacePosterior, beta_for, estimate_noise_variance
+from .posterior import ActiveSubspacePosterior, beta_for, estimate_noise_variance, resolve_posterior
 
 __all__ = ["LaplaceSubspace", "fit_laplace_subspace", "residual_noise_variance"]
 
@@ -90,7 +90,7 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
                          eigen_method: str = "lanczos", tol: float = 1e-5, random_state=None,
                          reuse_linearization="auto", trim_padding: bool = False, max_matvecs: int | None = None,
                          ncv: int | None = None, distributed: bool = False, process_group=None,
-                         verbose: int = 0, posterior: str = "subspace",
+                         verbose: int = 0, posterior: str | type = "subspace",
                          sample_weight: torch.Tensor | np.ndarray | None = None) -> LaplaceSubspace:
     """Build the generalized Laplace active-subspace posterior of a trained model.
 
@@ -114,8 +114,8 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         K, the number of eigenpairs computed (the largest d available afterwards); K < D, the number of
         weights (checked by :func:`~glas_sklearn.eigen.top_eigenpairs`).
     sigma0 : {"auto", "eb_subspace", "eb_full"} or float, default="auto"
-        Prior standard deviation; "auto" = empirical Bayes at each d, in the subspace (the paper) for
-        ``posterior="subspace"``, over all D weights for the two low-rank posteriors
+        Prior standard deviation; "auto" = empirical Bayes at each d as the kind's ``default_sigma0`` says: in the
+        subspace (the paper) for ``posterior="subspace"``, over all D weights for the two low-rank posteriors
         (:class:`~glas_sklearn.posterior.ActiveSubspacePosterior`).
     batch_size, subsample, random_state, reuse_linearization, trim_padding
         Passed to :class:`~glas_sklearn.ggn.GGNOperator` (``random_state`` also seeds Lanczos;
@@ -136,10 +136,13 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         The group for ``distributed=True`` (default: the world).
     verbose : int, default=0
         ≥ 1 shows a progress bar over the eigen-solver's products.
-    posterior : {"subspace", "low_rank", "low_rank_diag"}, default="subspace"
-        "subspace": the paper's θ0 + P z. "low_rank": adds the prior's variance σ0² (I − P Pᵀ) off span(P).
-        "low_rank_diag": the curvature is P Λ Pᵀ plus G's residual diagonal (computed exactly from per-record
-        Jacobians of the same rows, :meth:`~glas_sklearn.ggn.GGNOperator.diagonal`, timed as "ggn_diagonal").
+    posterior : {"subspace", "low_rank", "low_rank_diag"} or ActiveSubspacePosterior subclass, default="subspace"
+        The posterior kind (:func:`~glas_sklearn.posterior.resolve_posterior`). "subspace": the paper's θ0 + P z.
+        "low_rank": adds the prior's variance σ0² (I − P Pᵀ) off span(P). "low_rank_diag": the curvature is
+        P Λ Pᵀ plus G's residual diagonal (computed exactly from per-record Jacobians of the same rows,
+        :meth:`~glas_sklearn.ggn.GGNOperator.diagonal`, timed as "ggn_diagonal"), as for every kind with
+        ``needs_ggn_diagonal``. A class is built as ``kind(model, eigenvalues, eigenvectors, beta=..., sigma0=...,
+        ggn_diagonal=...)``.
     sample_weight : torch.Tensor or array-like of shape (n,), optional
         Non-negative frequency weights of the rows of ``X``: the GGN becomes Σ_n w_n J_nᵀ H_n J_n / Σ_n w_n, σ²
         the weighted mean squared residual, and N in β for ``scaling="standard"`` the total weight Σ w; so
@@ -151,7 +154,7 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
     LaplaceSubspace
     """
     check_choice("loss", loss, ("mse", "cross_entropy"))
-    check_choice("posterior", posterior, ("subspace", "low_rank", "low_rank_diag"))
+    kind = resolve_posterior(posterior)
     n_components = check_positive_int("n_components", n_components)
     task = "regression" if loss == "mse" else "classification"
     t0 = time.perf_counter()
@@ -195,10 +198,9 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
     op.release()
     timings = {"ggn_setup": t1 - t0, "eigen": t2 - t1}
     diagonal = None
-    if posterior == "low_rank_diag":
+    if kind.needs_ggn_diagonal:
         diagonal = op.diagonal()
         timings["ggn_diagonal"] = time.perf_counter() - t2
-    post = ActiveSubspacePosterior(model, eig.eigenvalues, eig.eigenvectors, beta=beta, sigma0=sigma0,
-                                   posterior=posterior, ggn_diagonal=diagonal)
+    post = kind(model, eig.eigenvalues, eig.eigenvectors, beta=beta, sigma0=sigma0, ggn_diagonal=diagonal)
     return LaplaceSubspace(posterior=post, eigen=eig, beta=beta, n_records=op.n_records,
                            noise_var=noise_var, timings=timings, total_weight=op.total_weight)

@@ -54,6 +54,15 @@ def test_paper_concrete_report_is_rendered_from_its_json(script):
     assert committed.split(MARK)[1].strip().startswith("## Discussion")  # the hand-written part is still there
 
 
+def test_digits_rotation_report_is_rendered_from_its_json(script):
+    module = script("digits_rotation")
+    rendered = module.render(_results("digits_rotation"))
+    committed = _report("digits_rotation")
+    assert rendered.endswith(MARK + "\n") and MARK in committed
+    assert rendered.split(MARK)[0] == committed.split(MARK)[0]
+    assert committed.split(MARK)[1].strip().startswith("## ")  # the hand-written part is still there
+
+
 def test_paper_smiles_report_is_rendered_from_its_json(script):
     pd = pytest.importorskip("pandas")
     module = script("paper_smiles")

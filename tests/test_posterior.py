@@ -231,11 +231,11 @@ def test_predict_samples_in_float32_across_chunks_matches_the_float64_reference(
     net = copy.deepcopy(net64).float()
     post = ActiveSubspacePosterior(net, lam.float(), P64.float(), beta=BETA)
     D = post.n_weights
-    monkeypatch.setattr("glas_sklearn.posterior._WEIGHT_CHUNK_BYTES", 3 * D * 4)
+    monkeypatch.setattr("glas_sklearn.posterior._evaluation._WEIGHT_CHUNK_BYTES", 3 * D * 4)
     assert post._chunk(9, 8) == 3
     out = post.predict_samples(X64[:9].float(), 3, n_samples=8, random_state=4)
     # single-threaded, the weights are formed in blocks of _FORM_BLOCK: blocks of 7 (the last one partial)
-    monkeypatch.setattr("glas_sklearn.posterior._FORM_BLOCK", 7)
+    monkeypatch.setattr("glas_sklearn.posterior._evaluation._FORM_BLOCK", 7)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -30,6 +30,7 @@ from ..calibration import (
     tune_sigma0,
 )
 from ..laplace import fit_laplace_subspace
+from ..posterior import POSTERIOR_KINDS, ActiveSubspacePosterior, resolve_posterior
 from ._prefit import REGISTRY, PrefitLeakageWarning, module_fingerprint, row_digests, user_stacklevel
 from ._training import OPTIMIZERS, default_mlp, seeded_torch, train_module
 from ._validation import (
@@ -114,7 +115,8 @@ PARAMETERS_DOC = """\
         not constrain keep the prior's variance, so intervals widen where the network extrapolates.
         "low_rank_diag": the curvature P Λ Pᵀ plus the GGN's residual diagonal max(diag(G) − Σ_j λ_j p_j², 0)
         (exact, from per-record Jacobians of the training rows), Σ by Woodbury; σ0 and the predictive
-        resolve as for "low_rank".
+        resolve as for "low_rank". A subclass of :class:`~glas_sklearn.posterior.ActiveSubspacePosterior` (a kind's
+        class, e.g. a user's own kind) is used as it is (:func:`~glas_sklearn.posterior.resolve_posterior`).
     calibration : {"conformal", "coverage"} or Calibrator, default="conformal"
         "conformal" (:class:`~glas_sklearn.calibration.ConformalCalibrator`): split conformal on the calibration
         rows at a fixed d, with coverage ≥ 1 − γ for exchangeable data at any number of rows: regression
@@ -298,6 +300,10 @@ def _is_optimizer_class(value) -> bool:
     return isinstance(value, type) and issubclass(value, torch.optim.Optimizer)
 
 
+def _is_posterior_class(value) -> bool:
+    return isinstance(value, type) and issubclass(value, ActiveSubspacePosterior)
+
+
 class LaplaceActiveSubspaceBase(BaseEstimator):
     """Common machinery of :class:`LaplaceActiveSubspaceRegressor` and :class:`LaplaceActiveSubspaceClassifier`.
 
@@ -316,7 +322,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         "n_components": [Options("auto"), Interval(numbers.Integral, 1, None)],
         "max_components": [Interval(numbers.Integral, 1, None)],
         "sigma0": [Options("auto", "eb_subspace", "eb_full", "nll"), Interval(numbers.Real, 0, None, closed="neither")],
-        "posterior": [Options("low_rank", "low_rank_diag", "subspace")],
+        "posterior": [Satisfies(_is_posterior_class, "a subclass of ActiveSubspacePosterior"),
+                      Options(*POSTERIOR_KINDS)],
         "calibration": [InstanceOf(Calibrator, "a Calibrator (e.g. ConformalCalibrator(conformity_score=...))"),
                         Options(*CALIBRATIONS)],
         "predictive": [Options("auto", "sampled", "linearized")],
@@ -648,9 +655,14 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         """What sigma0="auto" means for the low-rank posteriors (each estimator's choice, see its override)."""
         return "eb_full"
 
+    def _posterior_kind(self) -> type[ActiveSubspacePosterior]:
+        """The class of the posterior kind ``posterior`` names."""
+        return resolve_posterior(self.posterior)
+
     def _sigma0_choice(self):
-        """``sigma0`` with "auto" resolved for the low-rank posterior (the estimator's per-task choice)."""
-        if self.sigma0 == "auto" and self.posterior in ("low_rank", "low_rank_diag"):
+        """``sigma0`` with "auto" resolved for the kinds with variance off the subspace (the estimator's per-task
+        choice); for the others "auto" is left to the kind (its ``default_sigma0``)."""
+        if self.sigma0 == "auto" and self._posterior_kind().off_subspace:
             return self._auto_low_rank_sigma0()
         return self.sigma0
 
@@ -661,10 +673,11 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         return "eb_full" if choice == "nll" else choice
 
     def _resolved_predictive(self) -> str:
-        """``predictive`` with "auto" resolved: linearised for the low-rank posterior, sampled for the subspace."""
+        """``predictive`` with "auto" resolved: the kind's ``default_predictive`` (linearised for the low-rank
+        posteriors, sampled for the subspace)."""
         if self.predictive != "auto":
             return self.predictive
-        return "linearized" if self.posterior in ("low_rank", "low_rank_diag") else "sampled"
+        return self._posterior_kind().default_predictive
 
     # ----------------------------------------------------------------- module
     def _user_module(self) -> nn.Module | None:

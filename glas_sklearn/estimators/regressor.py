@@ -317,7 +317,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         """
         Xt = self._check_fitted_X(X)
         p = self.posterior_
-        if p.posterior in ("low_rank", "low_rank_diag") and self.predictive_ == "linearized":
+        if p.off_subspace and self.predictive_ == "linearized":
             s = p.linearized_samples(Xt, self.n_components_, n_samples, random_state=random_state)
         else:
             s = p.predict_samples(Xt, self.n_components_, n_samples, random_state=random_state)
