@@ -82,7 +82,7 @@ def eigenvector_alignment(eigenvectors: Sequence[torch.Tensor], reference: torch
 
 
 def subsample_alignment(model: nn.Module, X: torch.Tensor, *, mask: torch.Tensor | None = None,
-                        loss: str = "cross_entropy", subsample_sizes: Sequence[int], n_replicas: int = 3,
+                        loss="cross_entropy", subsample_sizes: Sequence[int], n_replicas: int = 3,
                         reference_size: int | None = None, n_components: int = 1, index: int = 0,
                         batch_size: int | None = None, trim_padding: bool = False,
                         eigen_method: str = "lanczos", max_matvecs: int | None = None, ncv: int | None = None,
@@ -105,7 +105,7 @@ def subsample_alignment(model: nn.Module, X: torch.Tensor, *, mask: torch.Tensor
         All available inputs, one row per sequence (token ids for sequence models).
     mask : torch.Tensor of bool, optional
         (n, T) padding mask for sequence outputs (n, T, M). Records are the unmasked tokens.
-    loss : {"cross_entropy", "mse"}, default="cross_entropy"
+    loss : {"cross_entropy", "mse"} or Likelihood, default="cross_entropy"
         Passed to :class:`~glas_sklearn.ggn.GGNOperator`.
     subsample_sizes : sequence of int
         The subsample sizes n to study, in rows. Each must be at most the number of rows of X.

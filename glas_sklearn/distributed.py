@@ -17,9 +17,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ._checks import check_choice, numpy_rng
+from ._checks import numpy_rng
 from ._functional import ParameterLayout, model_outputs
 from .ggn import CurvatureOperator, GGNOperator
+from .likelihoods import Likelihood, resolve_likelihood
 
 __all__ = ["DistributedGGNOperator", "distributed_noise_variance", "shared_seed"]
 
@@ -70,6 +71,8 @@ class DistributedGGNOperator(CurvatureOperator):
     ----------
     shape : tuple of int
         (D, D).
+    likelihood : Likelihood
+        ``loss`` resolved to its object (the same on every process).
     n_records : int
         N over all processes.
     total_weight : float
@@ -90,9 +93,9 @@ class DistributedGGNOperator(CurvatureOperator):
         res = top_eigenpairs(op, k=20, random_state=0)   # same seed everywhere: same eigenpairs everywhere
     """
 
-    def __init__(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor | None = None, *, loss: str = "mse",
-                 batch_size: int | None = None, mask: torch.Tensor | None = None, trim_padding: bool = False,
-                 reuse_linearization: bool | str = "auto", group=None) -> None:
+    def __init__(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor | None = None, *,
+                 loss: str | Likelihood = "mse", batch_size: int | None = None, mask: torch.Tensor | None = None,
+                 trim_padding: bool = False, reuse_linearization: bool | str = "auto", group=None) -> None:
         _check_initialized()
         self.group = group
         self.layout = ParameterLayout.from_model(model)
@@ -101,16 +104,16 @@ class DistributedGGNOperator(CurvatureOperator):
         self.local: GGNOperator | None = None
         error: BaseException | None = None
         try:
-            check_choice("loss", loss, ("mse", "cross_entropy"))
+            likelihood = resolve_likelihood(loss, "loss")
             if not isinstance(X, torch.Tensor):
                 raise TypeError(f"X must be a torch.Tensor, got {type(X).__name__}.")
             if X.shape[0] > 0:
-                self.local = GGNOperator(model, X, y, loss=loss, batch_size=batch_size, mask=mask,
+                self.local = GGNOperator(model, X, y, loss=likelihood, batch_size=batch_size, mask=mask,
                                          trim_padding=trim_padding, reuse_linearization=reuse_linearization)
         except (ValueError, TypeError, RuntimeError) as err:
             error = err
         _all_agree(error, group, self._comm)
-        self.loss = loss
+        self.likelihood = likelihood
 
         # Same model everywhere: D first (so the next collective has equal sizes), then the weights.
         theta0 = self.layout.parameters_of(model).detach().to(torch.float64)
@@ -136,7 +139,7 @@ class DistributedGGNOperator(CurvatureOperator):
 
     def __repr__(self) -> str:
         return (f"DistributedGGNOperator(D={self.shape[0]}, N={self.n_records}, local N={self.n_local_records}, "
-                f"processes={dist.get_world_size(self.group)}, loss={self.loss!r})")
+                f"processes={dist.get_world_size(self.group)}, likelihood={self.likelihood!r})")
 
     def _matmat(self, V: torch.Tensor) -> torch.Tensor:
         if self.local is None:

@@ -2,7 +2,8 @@
 
 G = (1/N) Σ_n J_nᵀ H_n J_n (paper eqs. 28, 30), with J_n the Jacobian of the network output for record n with
 respect to the trainable weights and H_n the Hessian of the loss with respect to that output:
-the identity for the ½-squared loss and diag(p) − p pᵀ for softmax cross-entropy (analytic, p = softmax(f)).
+the identity for the ½-squared loss and diag(p) − p pᵀ for softmax cross-entropy (analytic, p = softmax(f)),
+in general whatever the :class:`~glas_sklearn.likelihoods.Likelihood`'s ``output_hessian_product`` gives.
 With record weights w_n (``sample_weight``) G = Σ_n w_n J_nᵀ H_n J_n / Σ_n w_n: frequency weights, so an integer
 weight is the same as repeating the record and a zero weight the same as dropping it.
 G is never formed: G v is one Jacobian-vector product, a multiply by H at the output and one
@@ -26,14 +27,14 @@ from scipy.sparse.linalg import LinearOperator
 from torch import nn
 from torch.func import jvp, vjp, vmap
 
-from ._checks import check_choice, check_positive_int, check_sample_weight, check_vector, numpy_rng
+from ._checks import check_positive_int, check_sample_weight, check_vector, numpy_rng
 from ._functional import BoundModel, FunctionalModel
+from .likelihoods import Likelihood, resolve_likelihood
 
 __all__ = ["CurvatureOperator", "GGNOperator"]
 
 logger = logging.getLogger(__name__)
 
-_LOSSES = ("mse", "cross_entropy")
 # Memory for one vectorised block product (tangents, results and the batched activations of a mini-batch);
 # larger blocks are split into chunks of columns that fit it.
 _BLOCK_BYTES = 1 << 30
@@ -42,14 +43,6 @@ _BLOCK_BYTES = 1 << 30
 _VECTORIZE_MAX_COLUMN_BYTES = {"cached": 8 << 20, "streamed": 32 << 20}
 # Per-record Jacobian entries held at once by diagonal().
 _DIAG_CHUNK_BYTES = 128 << 20
-
-
-def _output_hessian_product(loss: str, logits: torch.Tensor | None, probs: torch.Tensor | None,
-                            u: torch.Tensor) -> torch.Tensor:
-    """H u at the output: u for the ½-squared loss, p⊙u − p (pᵀu) for softmax cross-entropy."""
-    if loss == "mse":
-        return u
-    return probs * u - probs * (probs * u).sum(dim=-1, keepdim=True)
 
 
 def _available_memory(device: torch.device) -> int:
@@ -163,8 +156,11 @@ class GGNOperator(BoundModel, CurvatureOperator):
     y : torch.Tensor, optional
         Targets. G does not depend on them (H_n depends only on the output); when given, their
         length is checked against X.
-    loss : {"mse", "cross_entropy"}, default="mse"
-        ½-squared error (H = I) or softmax cross-entropy over the last output axis (H = diag(p) − ppᵀ).
+    loss : {"mse", "cross_entropy"} or Likelihood, default="mse"
+        The likelihood whose output Hessian H_n enters G: "mse" (:class:`~glas_sklearn.likelihoods.Gaussian`,
+        ½-squared error, H = I), "cross_entropy" (:class:`~glas_sklearn.likelihoods.Categorical`, softmax
+        cross-entropy over the last output axis, H = diag(p) − ppᵀ), their other names "gaussian" and
+        "categorical", or any :class:`~glas_sklearn.likelihoods.Likelihood` instance.
     batch_size : int, optional
         Rows per mini-batch; all rows at once when None.
     mask : torch.Tensor of bool, optional
@@ -209,6 +205,8 @@ class GGNOperator(BoundModel, CurvatureOperator):
     ----------
     shape : tuple of int
         (D, D).
+    likelihood : Likelihood
+        ``loss`` resolved to its object.
     n_records : int
         The number of records G averages over (unmasked tokens for sequence data; with ``sample_weight`` those
         of positive weight).
@@ -249,11 +247,11 @@ class GGNOperator(BoundModel, CurvatureOperator):
     """
 
     def __init__(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor | None = None, *,
-                 loss: str = "mse", batch_size: int | None = None, mask: torch.Tensor | None = None,
+                 loss: str | Likelihood = "mse", batch_size: int | None = None, mask: torch.Tensor | None = None,
                  subsample: int | None = None, random_state=None, trim_padding: bool = False,
                  reuse_linearization: bool | str = "auto", vectorize_blocks: bool | str = "auto",
                  sample_weight: torch.Tensor | np.ndarray | None = None) -> None:
-        self.loss = check_choice("loss", loss, _LOSSES)
+        self.likelihood = resolve_likelihood(loss, "loss")
         self.functional_model = fm = FunctionalModel(model)
 
         X = fm.check_inputs(X, "X")
@@ -349,7 +347,7 @@ class GGNOperator(BoundModel, CurvatureOperator):
 
     # ------------------------------------------------------------- properties
     def __repr__(self) -> str:
-        return (f"GGNOperator(D={self.shape[0]}, N={self.n_records}, loss={self.loss!r}, "
+        return (f"GGNOperator(D={self.shape[0]}, N={self.n_records}, likelihood={self.likelihood!r}, "
                 f"batches={len(self._batches)}, dtype={self.dtype}, device={self.device})")
 
     # --------------------------------------------------------------- per batch
@@ -396,9 +394,7 @@ class GGNOperator(BoundModel, CurvatureOperator):
                 dummy = torch.zeros_like(out, requires_grad=True)
                 grads = torch.autograd.grad(out, leaves, dummy, create_graph=True, allow_unused=True)
                 live = [i for i, g in enumerate(grads) if g is not None and g.requires_grad]
-                probs = torch.softmax(out.detach(), dim=-1) if self.loss == "cross_entropy" else None
-                cache.append((out, leaves, dummy, [grads[i] for i in live], live, probs,
-                              self._record_weight(mb, out)))
+                cache.append((out, leaves, dummy, [grads[i] for i in live], live, self._record_weight(mb, out)))
         return cache
 
     def _decide_cache(self) -> bool:
@@ -423,12 +419,12 @@ class GGNOperator(BoundModel, CurvatureOperator):
     def _product_cached(self, tangents: list) -> torch.Tensor:
         result = torch.zeros(self.layout.size, dtype=self.dtype, device=self.device)
         with self.functional_model.autodiff():
-            for out, leaves, dummy, grads, live, probs, weight in self._cache:
+            for out, leaves, dummy, grads, live, weight in self._cache:
                 jv = torch.autograd.grad(grads, dummy, [tangents[i] for i in live],
                                          retain_graph=True, allow_unused=True)[0]
                 if jv is None:  # the output does not depend on the weights at all
                     continue
-                hjv = _output_hessian_product(self.loss, out, probs, jv) * weight
+                hjv = self.likelihood.output_hessian_product(out.detach(), jv) * weight
                 vjp = torch.autograd.grad(out, leaves, hjv, retain_graph=True, allow_unused=True)
                 result += self.layout.flatten([torch.zeros_like(p) if g is None else g
                                                for g, p in zip(vjp, leaves, strict=True)])
@@ -446,8 +442,8 @@ class GGNOperator(BoundModel, CurvatureOperator):
                     primal, jv = fwAD.unpack_dual(fm(xb, duals))
                 if jv is None:
                     continue
-                probs = torch.softmax(primal.detach(), dim=-1) if self.loss == "cross_entropy" else None
-                hjv = _output_hessian_product(self.loss, primal, probs, jv.detach()) * self._record_weight(mb, primal)
+                hjv = self.likelihood.output_hessian_product(primal.detach(), jv.detach()) \
+                    * self._record_weight(mb, primal)
                 vjp = torch.autograd.grad(primal, leaves, hjv, allow_unused=True)
                 result += self.layout.flatten([torch.zeros_like(p) if g is None else g
                                                for g, p in zip(vjp, leaves, strict=True)])
@@ -518,8 +514,9 @@ class GGNOperator(BoundModel, CurvatureOperator):
 
                 primal, pullback = vjp(f, fm.params0)
                 jv = vmap(lambda t, f=f: jvp(f, (fm.params0,), (t,))[1])(tangents)
-                probs = torch.softmax(primal, dim=-1) if self.loss == "cross_entropy" else None
-                hjv = _output_hessian_product(self.loss, primal, probs, jv) * self._record_weight(mb, primal)
+                # H_n at every column's tangent: the output broadcast (a view) to the block's shape (k, *out)
+                hjv = self.likelihood.output_hessian_product(primal.detach().expand_as(jv), jv) \
+                    * self._record_weight(mb, primal)
                 (grads,) = vmap(pullback)(hjv)
                 result += torch.cat([grads[n].reshape(k, -1) for n in self.layout.names], dim=1)
         return result.T.contiguous()
@@ -539,22 +536,19 @@ class GGNOperator(BoundModel, CurvatureOperator):
         """The exact diagonal of G, (1/N) Σ_n diag(J_nᵀ H_n J_n), from per-record Jacobians; shape (D,), float64
         (with ``sample_weight``: Σ_n w_n diag(J_nᵀ H_n J_n) / Σ_n w_n).
 
-        Per record and weight k: Σ_m J_mk² for the ½-squared loss, Σ_c p_c J_ck² − (Σ_c p_c J_ck)² for softmax
-        cross-entropy (H = diag(p) − p pᵀ), summed over the unmasked records of the operator's rows (the
-        subsample's, when one was drawn). The Jacobians are formed in chunks of records holding at most about
-        128 MiB (at least one record at a time), so the cost is about one backward pass per output and record.
+        Per record and weight k the likelihood's ``output_hessian_diagonal_terms`` (Σ_m J_mk² for the ½-squared
+        loss, Σ_c p_c J_ck² − (Σ_c p_c J_ck)² for softmax cross-entropy, H = diag(p) − p pᵀ), summed over the
+        unmasked records of the operator's rows (the subsample's, when one was drawn). The Jacobians are formed in
+        chunks of records holding at most about 128 MiB (at least one record at a time), so the cost is about one
+        backward pass per output and record.
         """
         fm = self.functional_model
         total = torch.zeros(self.layout.size, dtype=torch.float64, device=self.device)
         for xb, mb in self._batches:
             with torch.no_grad():
-                logits = fm(xb)
+                outputs = fm(xb)
             for rows, jac in self.record_jacobian_chunks(xb, _DIAG_CHUNK_BYTES):  # (c, *out, D)
-                if self.loss == "mse":
-                    per_record = (jac**2).sum(-2)  # (c, *out[:-1], D)
-                else:
-                    p = torch.softmax(logits[rows].to(torch.float64), dim=-1).unsqueeze(-1)
-                    per_record = (p * jac**2).sum(-2) - (p * jac).sum(-2) ** 2
+                per_record = self.likelihood.output_hessian_diagonal_terms(outputs[rows], jac)  # (c, *out[:-1], D)
                 if mb is not None:
                     per_record = per_record * mb[rows].to(torch.float64).unsqueeze(-1)
                 total += per_record.reshape(-1, self.layout.size).sum(0)

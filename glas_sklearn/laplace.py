@@ -14,11 +14,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._checks import check_choice, check_positive_int, check_sample_weight
+from ._checks import check_positive_int, check_sample_weight
 from ._functional import model_outputs
 from .eigen import EigenResult, top_eigenpairs
 from .ggn import GGNOperator
-from .posterior import ActiveSubspacePosterior, beta_for, estimate_noise_variance, resolve_posterior
+from .likelihoods import Likelihood, resolve_likelihood
+from .posterior import ActiveSubspacePosterior, estimate_noise_variance, resolve_posterior
 
 __all__ = ["LaplaceSubspace", "fit_laplace_subspace", "residual_noise_variance"]
 
@@ -84,7 +85,7 @@ def residual_noise_variance(model: nn.Module, X: torch.Tensor, y: torch.Tensor,
 
 
 def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | None = None, *,
-                         loss: str = "mse", mask: torch.Tensor | None = None, scaling="mean",
+                         loss: str | Likelihood = "mse", mask: torch.Tensor | None = None, scaling="mean",
                          noise_var: float | None = None, n_components: int = 50, sigma0="auto",
                          batch_size: int | None = None, subsample: int | None = None,
                          eigen_method: str = "lanczos", tol: float = 1e-5, random_state=None,
@@ -102,7 +103,9 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         Training inputs on the model's device (token ids for sequence models).
     y : torch.Tensor, optional
         Regression targets, needed when ``loss="mse"`` and ``noise_var`` is None (σ² from residuals).
-    loss : {"mse", "cross_entropy"}, default="mse"
+    loss : {"mse", "cross_entropy"} or Likelihood, default="mse"
+        The likelihood (:func:`~glas_sklearn.likelihoods.resolve_likelihood`): its output Hessian enters the GGN
+        and it sets β for a named ``scaling``; a likelihood with ``needs_noise_variance`` (the Gaussian) takes σ².
     mask : torch.Tensor of bool, optional
         Padding mask (n, T) for sequence outputs; records are unmasked tokens.
     scaling : {"mean", "standard"} or float, default="mean"
@@ -153,10 +156,9 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
     -------
     LaplaceSubspace
     """
-    check_choice("loss", loss, ("mse", "cross_entropy"))
+    likelihood = resolve_likelihood(loss, "loss")
     kind = resolve_posterior(posterior)
     n_components = check_positive_int("n_components", n_components)
-    task = "regression" if loss == "mse" else "classification"
     t0 = time.perf_counter()
     if distributed:
         if subsample is not None:
@@ -168,14 +170,14 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
 
         random_state = shared_seed(random_state, process_group)  # the eigen-solvers must start alike
 
-        op = DistributedGGNOperator(model, X, y, loss=loss, batch_size=batch_size, mask=mask,
+        op = DistributedGGNOperator(model, X, y, loss=likelihood, batch_size=batch_size, mask=mask,
                                     trim_padding=trim_padding, reuse_linearization=reuse_linearization,
                                     group=process_group)
     else:
-        op = GGNOperator(model, X, y, loss=loss, batch_size=batch_size, mask=mask, subsample=subsample,
+        op = GGNOperator(model, X, y, loss=likelihood, batch_size=batch_size, mask=mask, subsample=subsample,
                          random_state=random_state, trim_padding=trim_padding,
                          reuse_linearization=reuse_linearization, sample_weight=sample_weight)
-    if task == "regression" and not isinstance(scaling, (int, float)):
+    if likelihood.needs_noise_variance and not isinstance(scaling, (int, float)):
         if noise_var is None:
             if y is None:
                 raise ValueError("Regression needs y (or noise_var) to set the noise variance σ² in β.")
@@ -188,7 +190,7 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         if not noise_var > 0:
             raise ValueError(f"The noise variance must be positive, got {noise_var!r} (a perfect fit to the "
                              "training data leaves β undefined); pass noise_var explicitly.")
-    beta = beta_for(scaling, op.n_records, noise_var, task)
+    beta = likelihood.beta(scaling, op.n_records, noise_var)
     if scaling == "standard" and op.total_weight != op.n_records:  # N/σ² with N = Σ w, the total record weight
         beta *= op.total_weight / op.n_records
     t1 = time.perf_counter()

@@ -25,8 +25,6 @@ from .predictive import interval_coverage, mean_interval_width
 
 __all__ = ["coverage_score", "interval_score", "make_interval_scorer", "mean_width_score"]
 
-_METRICS = ("interval_score", "coverage", "width")
-
 
 def _check_intervals(y_pis, y_true=None) -> tuple[np.ndarray, np.ndarray | None, bool]:
     """Intervals as float64 (n, M, 2, k), targets as (n, M), and whether a level axis was given."""
@@ -161,12 +159,29 @@ def interval_score(y_true, y_pis, confidence_level=0.9) -> float | np.ndarray:
     return _result(score.reshape(-1, k).mean(axis=0), has_levels)
 
 
+def _neg_width(y, y_pis, confidence_level) -> float:
+    return -float(mean_width_score(y_pis)[0])
+
+
+def _coverage(y, y_pis, confidence_level) -> float:
+    return float(coverage_score(y, y_pis)[0])
+
+
+def _neg_interval_score(y, y_pis, confidence_level) -> float:
+    return -float(interval_score(y, y_pis, confidence_level)[0])
+
+
+# The scorer's metric names → the score of one level's intervals, negated where smaller is better.
+_SCORES = {"interval_score": _neg_interval_score, "coverage": _coverage, "width": _neg_width}
+
+
 class _IntervalScorer:
     """``scorer(estimator, X, y)`` for one interval metric at one level; greater is better."""
 
     def __init__(self, metric: str, confidence_level: float):
         self.metric = metric
         self.confidence_level = confidence_level
+        self._score = _SCORES[metric]
 
     def __call__(self, estimator, X, y) -> float:
         y_pis = np.asarray(predict_interval(estimator, X, self.confidence_level)[1], dtype=np.float64)
@@ -175,11 +190,7 @@ class _IntervalScorer:
         if y_pis.shape[-1] != 1:
             raise ValueError(f"The estimator returned intervals for {y_pis.shape[-1]} levels; an interval scorer "
                              f"scores one level ({self.confidence_level}).")
-        if self.metric == "coverage":
-            return float(coverage_score(y, y_pis)[0])
-        if self.metric == "width":
-            return -float(mean_width_score(y_pis)[0])
-        return -float(interval_score(y, y_pis, self.confidence_level)[0])
+        return self._score(y, y_pis, self.confidence_level)
 
     def __repr__(self) -> str:
         return f"make_interval_scorer(metric={self.metric!r}, confidence_level={self.confidence_level!r})"
@@ -215,8 +226,8 @@ def make_interval_scorer(metric: str = "interval_score", confidence_level: float
     >>> make_interval_scorer("width", confidence_level=0.8)
     make_interval_scorer(metric='width', confidence_level=0.8)
     """
-    if not isinstance(metric, str) or metric not in _METRICS:
-        raise ValueError(f"metric must be one of {list(_METRICS)}, got {metric!r}.")
+    if not isinstance(metric, str) or metric not in _SCORES:
+        raise ValueError(f"metric must be one of {list(_SCORES)}, got {metric!r}.")
     if not (isinstance(confidence_level, numbers.Real) and not isinstance(confidence_level, bool)
             and 0 < confidence_level < 1):
         raise ValueError(f"confidence_level must be a single number strictly between 0 and 1, "

@@ -488,7 +488,7 @@ def test_regressor_signature_repeats_the_shared_defaults():
 
     base = inspect.signature(LaplaceActiveSubspaceBase.__init__).parameters
     reg = inspect.signature(LaplaceActiveSubspaceRegressor.__init__).parameters
-    assert set(reg) - set(base) == {"noise_std", "include_noise"}
+    assert set(reg) - set(base) == {"likelihood", "noise_std", "include_noise"}
     for name, p in base.items():
         assert (reg[name].default, reg[name].kind) == (p.default, p.kind), name
 
@@ -964,3 +964,31 @@ def test_calibration_search_matches_the_full_scan_on_small_fits(task, params):
                 assert len(table) <= 3 + 1 + 5  # a scan of at most 3, d_max, bisection of 20 candidates
                 searched += d > 3 and len(table) < d  # fewer evaluations than a scan up to d
     assert searched >= 1 or scalings == ["standard"]
+
+
+def test_every_hook_the_base_calls_is_declared_on_the_base():
+    """The methods the shared estimator code calls on ``self`` all exist on the base class (the subclass hooks
+    as abstract methods), and a subclass that leaves one out cannot be instantiated."""
+    import ast
+    import inspect
+
+    from glas_sklearn.estimators import _base, _inputs, _network
+    from glas_sklearn.estimators._base import LaplaceActiveSubspaceBase
+
+    called = set()
+    for module in (_base, _inputs, _network):
+        for node in ast.walk(ast.parse(inspect.getsource(module))):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"):
+                called.add(node.func.attr)
+    assert called, "no self.method() calls found"
+    params = set(LaplaceActiveSubspaceBase._get_param_names())  # e.g. self.module(**module_kwargs)
+    assert not sorted(name for name in called - params if not hasattr(LaplaceActiveSubspaceBase, name))
+    hooks = LaplaceActiveSubspaceBase.__abstractmethods__
+    assert {"_resolve_likelihood", "_validate_train", "_target_tensor", "_noise_var"} <= hooks
+
+    class Incomplete(LaplaceActiveSubspaceBase):
+        pass
+
+    with pytest.raises(TypeError, match="abstract"):
+        Incomplete()

@@ -1,9 +1,12 @@
-"""What the two estimators share: their hyperparameters (constraints and documentation), the fit
-orchestration (validate → split → train → posterior → choose d), prediction chunking and pickling."""
+"""What the two estimators share: their hyperparameters (constraints; their documentation is in _docs.py), the
+fit orchestration (validate → split → train → posterior → choose d) as named steps, the hooks each estimator
+implements (declared abstract here), prediction chunking and pickling. Input handling is in _inputs.py, the
+network θ0 in _network.py."""
 
 from __future__ import annotations
 
-import copy
+import abc
+import inspect
 import io
 import logging
 import numbers
@@ -12,15 +15,13 @@ import warnings
 
 import numpy as np
 import pandas as pd
-import scipy.sparse as sp
 import torch
 from sklearn.base import BaseEstimator
 from sklearn.model_selection import train_test_split
-from sklearn.utils.validation import _check_sample_weight, check_array, check_is_fitted, check_X_y, validate_data
+from sklearn.utils.validation import _check_sample_weight, check_is_fitted
 from torch import nn
 
 from .._checks import check_confidence_levels, numpy_rng
-from .._functional import eval_view
 from ..calibration import (
     CALIBRATIONS,
     CalibrationWarning,
@@ -30,9 +31,12 @@ from ..calibration import (
     tune_sigma0,
 )
 from ..laplace import fit_laplace_subspace
+from ..likelihoods import Likelihood
 from ..posterior import POSTERIOR_KINDS, ActiveSubspacePosterior, resolve_posterior
+from ._inputs import InputsMixin
+from ._network import NetworkMixin
 from ._prefit import REGISTRY, PrefitLeakageWarning, module_fingerprint, row_digests, user_stacklevel
-from ._training import OPTIMIZERS, default_mlp, seeded_torch, train_module
+from ._training import OPTIMIZERS, train_module
 from ._validation import (
     BOOLEAN,
     NO_VALIDATION,
@@ -43,7 +47,7 @@ from ._validation import (
     validate_hyperparameters,
 )
 
-__all__ = ["ATTRIBUTES_DOC", "LaplaceActiveSubspaceBase", "NOTES_DOC", "PARAMETERS_DOC", "SAMPLE_WEIGHT_DOC"]
+__all__ = ["LaplaceActiveSubspaceBase"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,214 +65,10 @@ _SIGMA0_SPLIT = 7919
 # 5 seeds).
 _SEEN_COVERAGE, _UNSEEN_COVERAGE = "59 % (52–63 %)", "90 %"
 
-# numpydoc fragments shared by both estimators' docstrings: each parameter and attribute is documented once.
-PARAMETERS_DOC = """\
-    module : None, torch.nn.Module, skorch net or callable, default=None
-        None: an MLP (two tanh layers of 50; ``module_kwargs`` may set ``hidden_layer_sizes`` and
-        ``activation``, one of "tanh", "relu", "gelu", "silu"), for 2-D tables only. A module instance is
-        copied before training; with ``prefit=True`` it is used as θ0 as it is, never trained, moved or
-        modified (a fitted skorch net: its ``module_``). A callable is called with ``module_kwargs``. The
-        network maps the rows of ``X``, ``(n, *input_shape)``, to (n, n_outputs) for regression and to logits
-        (n, n_classes) for classification: one prediction per row. ``X`` may have any rank (images
-        (n, C, H, W), token ids (n, T)); with a module given, integer ``X`` reaches it as ``torch.long``
-        (token ids for ``nn.Embedding``), floating ``X`` in ``dtype``. With the default MLP an integer
-        table is a table of numbers.
-    module_kwargs : dict, optional
-        Keyword arguments of the default MLP or of the callable ``module``.
-    prefit : bool, default=False
-        The module is already trained (inputs and targets in the user's own units; ``standardize`` is then
-        ignored). The rows of ``X`` are taken to be its training rows (the curvature is built on them), so
-        ``fit`` needs calibration rows the network was not trained on as ``X_cal``, ``y_cal`` and refuses
-        without them: rows held out of its training rows have training residuals and would give intervals or
-        sets that under-cover (benchmarks/results/prefit_calibration.md). Hold them out before training the
-        network. Cross-validating a prefit estimator (``GridSearchCV``, ``cross_validate``) leaks the same
-        way: every test fold was training data of the one network. The rows of ``X`` are recorded (as 8-byte
-        digests, per network, in this process) so that intervals, probabilities, prediction sets or ``score``
-        asked for on them raise a :class:`~glas_sklearn.PrefitLeakageWarning`; with ``n_jobs > 1`` worker
-        processes a fold's warning needs the rows to have been declared in the same process, so it may not
-        appear there.
-    scaling : {"mean", "standard"} or float, default="mean"
-        Posterior scaling: β = 1/σ² ("mean", the paper's proposal), N/σ² ("standard", Bayes) or a given β;
-        for classification "mean" is β = 1 and "standard" is β = N.
-    n_components : "auto" or int, default="auto"
-        The subspace dimension d. "auto": with ``calibration="coverage"`` the smallest d whose intervals
-        cover the first level on the calibration rows (up to ``max_components``); with
-        ``calibration="conformal"`` d = ``max_components`` (fixed before the calibration rows are seen, so
-        the conformal guarantee holds). A given d must be smaller than the number D of trainable weights.
-    max_components : int, default=50
-        The eigenpairs computed for ``n_components="auto"``, at most D − 1.
-    sigma0 : {"auto", "eb_subspace", "eb_full", "nll"} or float, default="auto"
-        Prior standard deviation (in the network's weight units), fitted at each d: "eb_subspace" by the
-        paper's empirical Bayes in the subspace, "eb_full" by the full-space condition over all D weights
-        (tr Σ = ‖θ0‖²). "nll" (``calibration="conformal"`` only): the σ0 in [0, σ0_EB] (σ0_EB the "eb_full"
-        value; 0 gives the trained network's own predictive, the MAP probabilities) that minimises the mean
-        predictive NLL (−log p_y; regression −log N(y; ŷ, σ̂²)) of half of the calibration rows, searched in
-        log σ0 with both ends compared; the conformal scores use the other half (at least the rows a conformal
-        quantile needs), so the guarantee holds. "auto": "eb_subspace" for ``posterior="subspace"`` (the paper)
-        and for the low-rank regressor (its conformal intervals depend only on the shape of σ̂(x), and the
-        larger subspace σ0 widens them more where the network extrapolates); for the low-rank classifier "nll"
-        under ``calibration="conformal"`` (its probabilities depend on the scale itself, and even the full-space
-        EB σ0 made them worse than the MAP network's on digits) and "eb_full" under "coverage".
-    posterior : {"low_rank", "low_rank_diag", "subspace"}, default="low_rank"
-        "subspace" (the paper): θ = θ0 + P z, no variance off the top-d eigenvectors. "low_rank": the Laplace
-        posterior of the rank-d curvature, Σ = P diag(σ_j²) Pᵀ + σ0² (I − P Pᵀ): the directions the data do
-        not constrain keep the prior's variance, so intervals widen where the network extrapolates.
-        "low_rank_diag": the curvature P Λ Pᵀ plus the GGN's residual diagonal max(diag(G) − Σ_j λ_j p_j², 0)
-        (exact, from per-record Jacobians of the training rows), Σ by Woodbury; σ0 and the predictive
-        resolve as for "low_rank". A subclass of :class:`~glas_sklearn.posterior.ActiveSubspacePosterior` (a kind's
-        class, e.g. a user's own kind) is used as it is (:func:`~glas_sklearn.posterior.resolve_posterior`).
-    calibration : {"conformal", "coverage"} or Calibrator, default="conformal"
-        "conformal" (:class:`~glas_sklearn.calibration.ConformalCalibrator`): split conformal on the calibration
-        rows at a fixed d, with coverage ≥ 1 − γ for exchangeable data at any number of rows: regression
-        intervals ŷ ± q σ̂ with q the ⌈(n + 1)(1 − γ)⌉-th smallest ``|y − ŷ|`` / σ̂ (per output), classification
-        sets {c : 1 − p_c ≤ q} (LAC); ``ConformalCalibrator(conformity_score=...)`` takes another score.
-        "coverage" (:class:`~glas_sklearn.calibration.CoverageCalibrator`, the paper): d is the smallest whose
-        posterior intervals or sets cover the level. The paper's method is
-        ``calibration="coverage", posterior="subspace"``.
-    predictive : {"auto", "sampled", "linearized"}, default="auto"
-        Push posterior samples through the network, or use the linearised network's Gaussian. "auto":
-        "linearized" for the low-rank posteriors (the complement perturbs every weight: meaningful for the
-        linearised network, not for the non-linear one) and "sampled" for "subspace".
-    n_samples : int, default=1000
-        Posterior samples (at least 2) for the sampled predictive.
-    confidence_level : float or list of float, default=0.9
-        Interval (or prediction-set) level(s) 1 − γ, strictly between 0 and 1; the first one is the
-        calibration target.
-    calibration_size : float or int, default=0.1
-        Share (or number) of rows held out of ``X`` for calibration, and out of the network's training, when
-        ``X_cal`` is not passed to ``fit`` (``train_indices_`` and ``calibration_indices_`` say which);
-        unused with ``prefit=True``, which needs ``X_cal``.
-        With ``calibration="conformal"`` a share is raised, if need be, to the ⌈1/γ⌉ − 1 rows (9 at 90 %)
-        that a finite conformal quantile needs at the highest level (one more with σ0 by "nll"; as far as the
-        data allow).
-    max_epochs : int, default=500
-        Training epochs when ``prefit=False``.
-    lr : float, default=1e-3
-        Learning rate.
-    batch_size : int or None, default=64
-        Rows per training step (None: all rows).
-    weight_decay : float, default=0.0
-        Weight decay of the optimizer.
-    optimizer : {"adam", "adamw", "sgd"} or torch.optim.Optimizer subclass, default="adam"
-        Built as ``optimizer(params, lr=lr, weight_decay=weight_decay)``.
-    standardize : "auto" or bool, default="auto"
-        Standardise the inputs (and regression targets) internally; results are in the original units.
-        Inputs are standardised only when they are a 2-D table of floats: "auto" leaves other inputs
-        (images, integer token ids) as they are and still standardises regression targets; True refuses
-        them (normalise images in the module or beforehand); False standardises nothing. Ignored with
-        ``prefit=True``.
-    padding_idx : int, optional
-        The token id that pads integer sequences ``X`` of shape (n, T) on the right. The rows are the
-        records (one prediction per sequence), so padding matters only as the model's input (e.g.
-        ``nn.Embedding(padding_idx=...)`` and masked pooling). At predict time (and for ``X_cal``), sequences
-        padded to another length are brought to the fitted length T: shorter ones are padded with
-        ``padding_idx``, longer ones cut where only padding follows. Per-position outputs (n, T, M), whose
-        padded positions must not count as records, are for the lower-level
-        :func:`~glas_sklearn.laplace.fit_laplace_subspace` with ``mask=X != padding_idx``.
-    subsample : int, optional
-        Build the curvature on a random subsample of that many training rows (paper §2.4).
-    eigen_method : {"lanczos", "eigsh"}, default="lanczos"
-        The eigen-solver: thick-restart Lanczos in torch, or scipy's ARPACK.
-    device : "auto" or str, default="auto"
-        "auto": where a prefit module lives, else CUDA when available, else CPU.
-    dtype : {"auto", "float32", "float64"}, default="auto"
-        The floating dtype of the network, the curvature and the posterior. "auto": the dtype of a prefit
-        module's parameters (it is never cast), float32 for a network the estimator builds.
-    random_state : int, RandomState or None, default=None
-        Seeds weight initialisation, training order, the calibration split, Lanczos and posterior samples.
-    verbose : int, default=0
-        0 silent; ≥ 1 progress bars."""
 
-ATTRIBUTES_DOC = """\
-    module_ : torch.nn.Module
-        The trained network (θ0).
-    n_components_ : int
-        The subspace dimension d used.
-    predictive_ : {"sampled", "linearized"}
-        The predictive used (``predictive`` with "auto" resolved).
-    sigma0_ : float
-        The prior standard deviation used at d (with "nll" the one chosen; 0 means the MAP predictive).
-    beta_ : float
-    eigenvalues_ : ndarray of shape (K,)
-        Top eigenvalues of the GGN (in the internal, standardised units).
-    calibration_ : pandas.DataFrame
-        "coverage": d, coverage, mean_width (regression: in the units of y for a single output, standardised
-        units otherwise) or mean_set_size (classification), sigma0 for every d evaluated on the calibration data
-        (the sampled predictive searches, evaluating a few d; the linearised one scans up to the chosen d);
-        :meth:`coverage_curve` gives the whole curve on any data. "conformal": one row per level: level, d,
-        quantile, coverage and mean_width / mean_set_size of the conformal intervals or sets on the
-        calibration rows, sigma0.
-    conformity_scores_ : ndarray or None
-        "conformal" only (None otherwise): the sorted calibration scores, ``|y − ŷ|`` / σ̂ of shape (n, M)
-        (regression) or 1 − p_y of shape (n,) (classification); the quantile for any level is computed from
-        them at prediction time.
-    calibrator_ : Calibrator
-        The fitted calibrator (``calibration`` resolved to an object and fitted on the calibration rows);
-        predictions and plots ask it.
-    calibration_seed_ : int
-        The seed of the calibration's posterior samples (predictions reuse them).
-    calibration_reached_ : bool or None
-        Whether the target coverage was reached (None when d was given, and with ``calibration="conformal"``).
-    eigen_info_ : dict
-        Products used, residuals and convergence of the eigen-solver.
-    posterior_ : ActiveSubspacePosterior
-    timings_ : dict
-        Wall seconds of training, curvature, calibration.
-    training_loss_ : list of float
-        Mean training loss per epoch (empty when prefit).
-    n_records_ : int
-        N, the training rows the curvature averages over.
-    train_indices_, calibration_indices_ : ndarray of int or None
-        Positions in ``X`` of the rows the network was trained on (and the curvature built on) and of the rows
-        held out for calibration, in the order they were used; disjoint, together all of ``X`` (less the rows
-        of zero ``sample_weight``, which are in neither). None when ``X_cal`` was passed (then every row of ``X``
-        of positive weight is a training row).
-    n_calibration_rows_ : int
-        Rows used to choose d (``X_cal`` or the held-out part of ``X``), or with ``calibration="conformal"``
-        those the conformal scores come from (less the σ0 tuning rows with "nll").
-    n_sigma0_rows_ : int
-        With σ0 by "nll": the calibration rows σ0 was tuned on (disjoint from the conformal ones); 0 otherwise.
-    sigma0_rows_ : ndarray of int
-        Their positions among the calibration rows (``X_cal``, or the held-out part of ``X``), sorted; the
-        conformal rows are the others. Drawn from ``random_state``, stratified by class where possible.
-    sigma0_search_ : Sigma0Result or None
-        With "nll": the search (:func:`~glas_sklearn.calibration.tune_sigma0`: the chosen σ0, σ0_EB, the NLL
-        there, at 0 and at σ0_EB, every evaluation); None otherwise.
-    x_mean_, x_scale_ : ndarray or None
-        The internal standardisation of the inputs (None when off or prefit).
-    input_shape_ : tuple of int
-        The shape of one row of ``X`` seen in fit ((n_features,) for a table, (C, H, W) for images, (T,)
-        for token sequences); rows of another shape are refused at predict time.
-    n_features_in_ : int
-        The number of values in one row, ``prod(input_shape_)`` (the number of columns for a table).
-    feature_names_in_ : ndarray of str
-        Only when ``X`` has string column names (a pandas DataFrame)."""
-
-# The sample_weight parameter of both estimators' fit.
-SAMPLE_WEIGHT_DOC = """\
-        sample_weight : array-like of shape (n_samples,), optional
-            Non-negative weights of the rows of ``X``, as frequency weights: an integer weight counts the row
-            that many times, a zero weight drops it. Rows of zero weight are removed first; the calibration rows
-            are then held out of the others, and the weights apply to the training rows: the training loss is the
-            weighted mean Σ w_i ℓ_i / Σ w_i, the curvature G = Σ_n w_n J_nᵀ H_n J_n / Σ_n w_n, σ² from the
-            training residuals (regression) their weighted mean square, the input and target standardisation is
-            weighted, and N in β for ``scaling="standard"`` is the total weight Σ w. The calibration rows (held
-            out of ``X``, or ``X_cal``) are unweighted: split conformal's guarantee is for exchangeable,
-            unweighted rows. Finite, not all zero; all ones is the same as None. In a Pipeline pass
-            ``step__sample_weight=w``; with metadata routing enabled, request it with
-            ``set_fit_request(sample_weight=True)``."""
-
-NOTES_DOC = """\
-    Posterior samples are drawn in weight space from a generator seeded by ``random_state`` and shared by
-    all rows, so a prediction does not depend on the other rows passed with it, on their order, or on the
-    global torch/numpy seeds (exactly so with ``dtype="float64"``; in float32 a matrix product may round
-    differently for different numbers of rows). Sparse inputs are densified. A fitted estimator pickles
-    (``pickle``, ``joblib``) with its network; one fitted on CUDA loads on a machine without CUDA, on the CPU."""
-
-
-def _prefit_needs_calibration_rows(name: str, task: str) -> str:
+def _prefit_needs_calibration_rows(name: str, classification: bool) -> str:
     """The refusal of a prefit fit without X_cal: what is missing, why (with the measured effect), how to fix it."""
-    what = "intervals" if task == "regression" else "prediction sets"
+    what = "prediction sets" if classification else "intervals"
     return (f"{name}: prefit=True needs calibration rows that the network was not trained on; pass them as "
             f"fit(X, y, X_cal=..., y_cal=...). With prefit=True the rows of X are taken to be the network's "
             f"training rows, so rows held out of them (calibration_size) would have training residuals, smaller "
@@ -304,14 +104,12 @@ def _is_posterior_class(value) -> bool:
     return isinstance(value, type) and issubclass(value, ActiveSubspacePosterior)
 
 
-class LaplaceActiveSubspaceBase(BaseEstimator):
+class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metaclass=abc.ABCMeta):
     """Common machinery of :class:`LaplaceActiveSubspaceRegressor` and :class:`LaplaceActiveSubspaceClassifier`.
 
-    Subclasses set ``_task`` ("regression" | "classification"), extend ``_parameter_constraints`` with their
-    own parameters and implement the target handling.
+    Subclasses name their likelihood (:meth:`_resolve_likelihood`, fitted as ``likelihood_``), extend
+    ``_parameter_constraints`` with their own parameters and implement the target handling (the abstract hooks).
     """
-
-    _task = "regression"
 
     # Every constructor parameter → the forms it may take (any one); checked at fit by validate_hyperparameters.
     _parameter_constraints: dict = {
@@ -384,8 +182,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
     def _fit(self, X, y, X_cal, y_cal, sample_weight=None):
         """``fit`` of both estimators, one step per line in the order the data flows."""
         t_start = time.perf_counter()
-        validate_hyperparameters(self)
-        self._check_sigma0_setting()
+        self._check_settings()
         X, y, X_cal, y_cal = self._validate_fit_data(X, y, X_cal, y_cal)
         sample_weight, kept = self._check_sample_weight(sample_weight, X)
         device, dtype, seed = self._resolve_device(), self._resolve_dtype(), self._seed()
@@ -398,11 +195,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             X, X_cal, y, y_cal, sample_weight = self._split_off_calibration_rows(X, y, seed, sample_weight, kept)
         else:
             self.train_indices_ = self.calibration_indices_ = None
-        self._fit_scalers(X, y, sample_weight)
-        Xt = self._to_tensor(self._transform_X(X), device, dtype)
-        yt = self._target_tensor(y, device, dtype)
-        Xc = self._to_tensor(self._transform_X(X_cal), device, dtype)
-        yc = self._calibration_targets(y_cal, device, dtype)
+        Xt, yt, Xc, yc = self._fit_tensors(X, y, X_cal, y_cal, device, dtype, sample_weight)
         wt = None if sample_weight is None else torch.as_tensor(sample_weight, dtype=torch.float64).to(device)
         self.timings_ = {}
         self.module_ = self._theta0_module(Xt, yt, self._n_outputs(y), seed, dtype, wt)
@@ -410,6 +203,22 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         self._choose_dimension(Xc, yc, seed)
         self.timings_["total"] = time.perf_counter() - t_start
         return self
+
+    def _check_settings(self) -> None:
+        """The hyperparameters checked (alone and together), and the likelihood resolved (``likelihood_``)."""
+        validate_hyperparameters(self)
+        self.likelihood_ = self._resolve_likelihood()
+        self._check_sigma0_setting()
+
+    def _fit_tensors(self, X, y, X_cal, y_cal, device, dtype, sample_weight=None):
+        """The input standardisation fitted on the training rows (weighted by ``sample_weight``); training and
+        calibration rows as tensors in the internal units: ``Xt, yt, Xc, yc``."""
+        self._fit_scalers(X, y, sample_weight)
+        Xt = self._to_tensor(self._transform_X(X), device, dtype)
+        yt = self._target_tensor(y, device, dtype)
+        Xc = self._to_tensor(self._transform_X(X_cal), device, dtype)
+        yc = self._calibration_targets(y_cal, device, dtype)
+        return Xt, yt, Xc, yc
 
     def _validate_fit_data(self, X, y, X_cal, y_cal):
         """The training rows and, when given, the calibration rows, validated (X densified)."""
@@ -477,7 +286,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         unweighted. Their positions in the user's ``X`` (``positions`` of these rows there, when rows of zero
         weight were dropped) are kept as ``train_indices_`` and ``calibration_indices_``."""
         n_cal = self._n_calibration_rows(X.shape[0])
-        stratify = y if self._task == "classification" and self._can_stratify(y, n_cal) else None
+        stratify = y if self.likelihood_.is_classification and self._can_stratify(y, n_cal) else None
         train, cal = train_test_split(np.arange(X.shape[0]), test_size=n_cal, random_state=seed, stratify=stratify)
         at = np.arange(X.shape[0]) if positions is None else positions
         self.train_indices_, self.calibration_indices_ = at[train], at[cal]
@@ -488,7 +297,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         without it). The rows are recorded as the network's training rows (see ``_prefit.REGISTRY``); X_cal rows
         among them are warned about."""
         if X_cal is None:
-            raise ValueError(_prefit_needs_calibration_rows(type(self).__name__, self._task))
+            raise ValueError(_prefit_needs_calibration_rows(type(self).__name__, self.likelihood_.is_classification))
         self._prefit_fingerprint = module_fingerprint(module)
         REGISTRY.declare(self._prefit_fingerprint, row_digests(X))
         seen = REGISTRY.declared(self._prefit_fingerprint, row_digests(X_cal))
@@ -527,9 +336,9 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             module = self._build_module(Xt.shape[1], n_outputs, seed).to(device=Xt.device, dtype=dtype)
             t0 = time.perf_counter()
             self.training_loss_ = train_module(
-                module, Xt, yt, self._loss, optimizer=self.optimizer, lr=self.lr, weight_decay=self.weight_decay,
-                batch_size=self.batch_size, max_epochs=self.max_epochs, seed=seed, verbose=self.verbose,
-                owner=type(self).__name__, sample_weight=sample_weight)
+                module, Xt, yt, self.likelihood_.loss, optimizer=self.optimizer, lr=self.lr,
+                weight_decay=self.weight_decay, batch_size=self.batch_size, max_epochs=self.max_epochs, seed=seed,
+                verbose=self.verbose, owner=type(self).__name__, sample_weight=sample_weight)
             self.timings_["training"] = time.perf_counter() - t0
         self._check_output_shape(module, Xt[:1], n_outputs)
         return module
@@ -538,9 +347,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         """The curvature's top eigenpairs at θ0 and the posterior on them (β from σ² for regression), with the
         training rows' weights in G, σ² and β."""
         t0 = time.perf_counter()
-        regression = self._task == "regression"
         fitted = fit_laplace_subspace(
-            self.module_, Xt, yt if regression else None, loss="mse" if regression else "cross_entropy",
+            self.module_, Xt, yt, loss=self.likelihood_,
             scaling=self.scaling, noise_var=self._noise_var(self.module_, Xt, yt, Xc, yc, sample_weight),
             n_components=self._n_eigenpairs(self.module_), sigma0=self._resolved_sigma0(), subsample=self.subsample,
             eigen_method=self.eigen_method, random_state=seed, verbose=self.verbose, posterior=self.posterior,
@@ -634,7 +442,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         part at least the n_need rows of a finite conformal quantile (and the tuning part at least one row);
         stratified by class where every class has two rows and fits on both sides; seeded from ``seed``."""
         n_conf = min(n - 1, max(int(np.ceil(n / 2)), n_need))
-        labels = yc.detach().cpu().numpy() if self._task == "classification" else None
+        labels = yc.detach().cpu().numpy() if self.likelihood_.is_classification else None
         stratify = labels if labels is not None and self._can_stratify(labels, n - n_conf) else None
         tune, conf = train_test_split(np.arange(n), test_size=n_conf, random_state=(seed + _SIGMA0_SPLIT) % 2**31,
                                       stratify=stratify)
@@ -679,46 +487,6 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
             return self.predictive
         return self._posterior_kind().default_predictive
 
-    # ----------------------------------------------------------------- module
-    def _user_module(self) -> nn.Module | None:
-        """The nn.Module inside ``module`` when it is an instance (or a fitted skorch net)."""
-        if isinstance(self.module, nn.Module):
-            return self.module
-        inner = getattr(self.module, "module_", None)  # skorch's NeuralNet after fit
-        if isinstance(inner, nn.Module):
-            return inner
-        return None
-
-    def _build_module(self, n_features: int, n_outputs: int, seed: int) -> nn.Module:
-        user = self._user_module()
-        kwargs = dict(self.module_kwargs or {})
-        with seeded_torch(seed, torch.device("cpu")):  # initial weights from our seed, global RNG untouched
-            if user is not None:
-                return copy.deepcopy(user)  # never train the user's own instance
-            if self.module is None:
-                return default_mlp(n_features, n_outputs, **kwargs)
-            if callable(self.module):
-                module = self.module(**kwargs)
-                if not isinstance(module, nn.Module):
-                    raise TypeError(f"module(**module_kwargs) must return a torch.nn.Module, "
-                                    f"got {type(module).__name__}.")
-                return module
-        raise TypeError(f"module must be None, a torch.nn.Module, a fitted skorch net or a callable returning one; "
-                        f"got {type(self.module).__name__}.")
-
-    def _prefit_module(self, device: torch.device, dtype: torch.dtype) -> nn.Module:
-        """The user's trained module, used as it is: it must live on the estimator's device and dtype (one
-        without trainable parameters is refused where the posterior binds it)."""
-        user = self._user_module()
-        if user is None:
-            raise ValueError(f"{type(self).__name__}: prefit=True needs module to be a trained torch.nn.Module "
-                             f"(or a fitted skorch net), got {type(self.module).__name__}.")
-        p = next((p for p in user.parameters() if p.requires_grad), None)
-        if p is not None and (p.device != device or p.dtype != dtype):
-            raise ValueError(f"{type(self).__name__}: the prefit module lives on {p.device} with dtype {p.dtype}, "
-                             f"but the estimator was asked for device={str(device)!r}, dtype={self.dtype!r}; set "
-                             "device/dtype to match the module (it is never moved or copied).")
-        return user
 
     # --------------------------------------------------------------- helpers
     def _n_calibration_rows(self, n: int) -> int:
@@ -741,135 +509,6 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
         """A stratified split needs two rows of every class and room for every class on both sides."""
         _, counts = np.unique(y, return_counts=True)
         return counts.min() >= 2 and len(counts) <= min(n_cal, len(y) - n_cal)
-
-    def _check_output_shape(self, module, x1, n_outputs) -> None:
-        name = type(self).__name__
-        try:
-            with torch.no_grad():
-                out = eval_view(module)(x1)  # a prefit module in train mode is probed through an eval-mode view
-        except (RuntimeError, TypeError, IndexError, ValueError) as err:
-            hint = ""
-            if not x1.is_floating_point():
-                hint = (" Integer inputs reach the module as torch.long token ids; for a table of integer-valued "
-                        "features pass X.astype(float).")
-            raise ValueError(f"{name}: the module cannot be evaluated on rows of shape {tuple(x1.shape[1:])} and "
-                             f"dtype {x1.dtype}: {err}.{hint}") from err
-        if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[1] != n_outputs:
-            shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
-            hint = ""
-            if isinstance(out, torch.Tensor) and out.ndim > 2:
-                hint = (" Per-position outputs (n, T, M), e.g. next-token logits, are not predictions per row: "
-                        "use glas_sklearn.laplace.fit_laplace_subspace(model, X, mask=X != padding_idx).")
-            raise ValueError(f"{name}: the module returns outputs of shape {shape}, but {n_outputs} "
-                             f"output(s) per row are needed for this {self._task} problem: (n, {n_outputs}).{hint}")
-
-    @staticmethod
-    def _to_tensor(X, device, dtype) -> torch.Tensor:
-        """Floating arrays in ``dtype``; integer arrays (token ids) as torch.long, the index type of nn.Embedding."""
-        X = np.ascontiguousarray(X)
-        if np.issubdtype(X.dtype, np.integer):
-            return torch.as_tensor(X, dtype=torch.long).to(device)
-        return torch.as_tensor(X, dtype=dtype).to(device)
-
-    @staticmethod
-    def _dense(X) -> np.ndarray:
-        """Networks take dense inputs: sparse matrices (e.g. one-hot encodings) are densified."""
-        return X.toarray() if sp.issparse(X) else X
-
-    def _validate_X(self, X, y="no_validation", *, reset: bool, **kwargs):
-        """X (and y) validated the scikit-learn way: any rank ≥ 2, finite, numeric, densified; float64, or int64
-        for token ids. ``reset=True`` (fit) records the row shape (``input_shape_``, ``n_features_in_``) and the
-        input kind; otherwise the rows are checked against them (token sequences brought to the fitted length
-        with ``padding_idx``)."""
-        check = dict(dtype="numeric", accept_sparse=("csr", "csc", "coo"), allow_nd=True, ensure_all_finite=True)
-        no_y = isinstance(y, str) and y == "no_validation"
-        if not reset and (len(self.input_shape_) != 1 or self._integer_input):
-            # validate_data would count features on the second axis only; rows of n-d inputs and token
-            # sequences (which have no feature names) are checked whole by _check_rows
-            if no_y:
-                out = check_array(X, estimator=self, input_name="X", **check)
-            else:
-                out = check_X_y(X, y, estimator=self, **check, **kwargs)
-        else:
-            out = validate_data(self, X, y, reset=reset, **check, **kwargs)
-        X, rest = (out[0], tuple(out[1:])) if isinstance(out, tuple) else (out, ())
-        X = self._dense(X)
-        if reset:
-            self.input_shape_ = tuple(int(s) for s in X.shape[1:])
-            self.n_features_in_ = int(np.prod(self.input_shape_))
-            # integer X is token ids for the user's module; for the default MLP a table of numbers
-            self._integer_input = bool(np.issubdtype(X.dtype, np.integer) and self.module is not None)
-        else:
-            X = self._check_rows(X)
-        X = X.astype(np.int64 if self._integer_input else np.float64, copy=False)
-        return (X,) + rest if rest else X
-
-    def _check_rows(self, X: np.ndarray) -> np.ndarray:
-        """X against what fit saw: token ids stay integers, and every row has the fitted shape."""
-        name = type(self).__name__
-        if self._integer_input and not np.issubdtype(X.dtype, np.integer):
-            raise ValueError(f"X has {X.dtype} values, but {name} was fitted on integer token ids; pass the ids as "
-                             "integers (e.g. X.astype(np.int64)).")
-        if self.padding_idx is not None and X.ndim == 2 and len(self.input_shape_) == 1:
-            X = self._to_fitted_length(X)
-        if tuple(X.shape[1:]) != self.input_shape_:
-            raise ValueError(f"X has rows of shape {tuple(X.shape[1:])}, but {name} was fitted on rows of shape "
-                             f"{self.input_shape_}: pass X of shape (n, {', '.join(map(str, self.input_shape_))}).")
-        return X
-
-    def _to_fitted_length(self, X: np.ndarray) -> np.ndarray:
-        """Token sequences (n, T') right-padded with ``padding_idx`` to the fitted length T, or cut to it where
-        only padding follows."""
-        T, pad = self.input_shape_[0], self.padding_idx
-        if X.shape[1] < T:
-            return np.concatenate([X, np.full((X.shape[0], T - X.shape[1]), pad, dtype=X.dtype)], axis=1)
-        if X.shape[1] > T:
-            rows = np.flatnonzero((X[:, T:] != pad).any(axis=1))
-            if rows.size:
-                raise ValueError(f"X has sequences of length {X.shape[1]}, and rows {rows[:5].tolist()} hold tokens "
-                                 f"other than padding_idx={pad} beyond the fitted length {T}; "
-                                 f"{type(self).__name__} was fitted on sequences of length {T} (refit on longer "
-                                 "ones, or truncate these).")
-            return X[:, :T]
-        return X
-
-    def _check_inputs_fit_the_settings(self) -> None:
-        """The input kind seen in fit against module, standardize and padding_idx."""
-        name, shape = type(self).__name__, self.input_shape_
-        if self.module is None and len(shape) != 1:
-            raise ValueError(f"{name}: X has rows of shape {shape}, but the default network is an MLP on 2-D tables; "
-                             f"pass a network that takes (n, {', '.join(map(str, shape))}) inputs as module= (e.g. a "
-                             f"CNN for images), or flatten X to (n, {self.n_features_in_}).")
-        table = len(shape) == 1 and not self._integer_input
-        if self.standardize is True and not self.prefit and not table:
-            what = "integer token ids" if self._integer_input else f"rows of shape {shape}"
-            raise ValueError(f"{name}: standardize=True applies to 2-D tables of floats, but X has {what}; use "
-                             "standardize='auto' (inputs left as they are, regression targets standardised) or "
-                             "False, and normalise the inputs in the module or beforehand.")
-        if self.padding_idx is not None and not (self._integer_input and len(shape) == 1):
-            raise ValueError(f"{name}: padding_idx={self.padding_idx} applies to integer token sequences (n, T) "
-                             f"passed to a module, but X has rows of shape {shape} and "
-                             f"{'integer' if self._integer_input else 'float'} values"
-                             f"{' for the default MLP' if self.module is None else ''}.")
-
-    def _standardizes_inputs(self) -> bool:
-        return (self.standardize is not False and not self.prefit and len(self.input_shape_) == 1
-                and not self._integer_input)
-
-    def _fit_scalers(self, X, y, sample_weight=None) -> None:
-        """The inputs' (weighted) mean and standard deviation, when they are standardised."""
-        if self._standardizes_inputs():
-            mean = np.average(X, axis=0, weights=sample_weight)
-            scale = np.sqrt(np.average((X - mean) ** 2, axis=0, weights=sample_weight))
-            scale[~(scale > 1e-12 * np.maximum(1.0, np.abs(mean)))] = 1.0
-            self.x_mean_, self.x_scale_ = mean, scale
-        else:
-            self.x_mean_ = self.x_scale_ = None
-
-    def _transform_X(self, X):
-        if self.x_mean_ is None:
-            return X
-        return (X - self.x_mean_) / self.x_scale_
 
     def _check_fitted_X(self, X, method: str | None = None) -> torch.Tensor:
         """Validated rows as a tensor on the posterior's device; with ``method`` (an uncertainty output), rows of a
@@ -940,6 +579,44 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
     def _levels(self, confidence_level) -> list[float]:
         return _check_level_list(self.confidence_level if confidence_level is None else confidence_level)
 
+    # ------------------------------------------------- hooks of the subclasses
+    @property
+    def _task(self) -> str:
+        """The task name the calibration functions take, "classification" or "regression", from ``likelihood_``."""
+        return "classification" if self.likelihood_.is_classification else "regression"
+
+    @abc.abstractmethod
+    def _resolve_likelihood(self) -> Likelihood:
+        """The likelihood of this fit (the estimator's setting resolved to an object, checked)."""
+
+    @abc.abstractmethod
+    def _validate_train(self, X, y):
+        """The training rows and targets validated (``_validate_X`` with ``reset=True``), targets encoded."""
+
+    @abc.abstractmethod
+    def _validate_calibration(self, X_cal, y_cal):
+        """Calibration (or scoring) rows and targets validated against what fit saw."""
+
+    @abc.abstractmethod
+    def _n_outputs(self, y) -> int:
+        """The network outputs per row that the validated targets ``y`` call for."""
+
+    @abc.abstractmethod
+    def _target_tensor(self, y, device, dtype) -> torch.Tensor:
+        """The validated training targets as the tensor the loss takes (internal units)."""
+
+    @abc.abstractmethod
+    def _calibration_targets(self, y, device, dtype) -> torch.Tensor:
+        """The validated calibration targets as the tensor the calibration takes (internal units)."""
+
+    @abc.abstractmethod
+    def _noise_var(self, module, Xt, yt, Xc, yc):
+        """σ² for β (internal units), or None when the likelihood has no noise variance."""
+
+    @abc.abstractmethod
+    def _set_noise(self) -> None:
+        """Record the fitted noise attributes once the posterior is built."""
+
     # ------------------------------------------------------------ pickling
     def __getstate__(self) -> dict:
         """Torch objects (the module, the posterior) are stored through ``torch.save`` so that ``__setstate__``
@@ -981,6 +658,11 @@ class LaplaceActiveSubspaceBase(BaseEstimator):
                             type(self).__name__, saved_device)
             state.update(torch.load(io.BytesIO(blob), map_location=map_location, weights_only=False))
         super().__setstate__(state)
+        if hasattr(self, "posterior_") and not hasattr(self, "likelihood_"):  # fitted before likelihood objects
+            init = inspect.signature(type(self).__init__).parameters
+            if "likelihood" in init and not hasattr(self, "likelihood"):
+                self.likelihood = init["likelihood"].default
+            self.likelihood_ = self._resolve_likelihood()
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

@@ -8,8 +8,10 @@ from sklearn.base import ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
+from ..likelihoods import Categorical
 from ..predictive import class_probabilities
-from ._base import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, SAMPLE_WEIGHT_DOC, LaplaceActiveSubspaceBase
+from ._base import LaplaceActiveSubspaceBase
+from ._docs import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, SAMPLE_WEIGHT_DOC
 
 __all__ = ["LaplaceActiveSubspaceClassifier"]
 
@@ -58,9 +60,10 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
     (4, 3, 1)
     """
 
-    _task = "classification"
-
     # ------------------------------------------------------------------ hooks
+    def _resolve_likelihood(self) -> Categorical:
+        return Categorical()
+
     def _auto_low_rank_sigma0(self) -> str:
         # Probabilities use the scale of σ0 itself; the full-space EB σ0 is still too wide for them (digits MLP and
         # CNN: NLL above the MAP network's), so under conformal calibration σ0 is chosen by the held-out NLL on
@@ -101,16 +104,12 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         return X_cal, codes
 
     def _n_outputs(self, y) -> int:
-        return len(self.classes_)
+        return self.likelihood_.n_outputs(len(self.classes_))
 
     def _target_tensor(self, y, device, dtype) -> torch.Tensor:
         return torch.as_tensor(np.asarray(y, dtype=np.int64)).to(device)
 
     _calibration_targets = _target_tensor
-
-    @staticmethod
-    def _loss(out, y):
-        return torch.nn.functional.cross_entropy(out, y)
 
     def _noise_var(self, module, Xt, yt, Xc, yc, sample_weight=None):
         return None

@@ -12,12 +12,16 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._checks import make_generator, numpy_rng
 from ..laplace import residual_noise_variance
-from ._base import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, SAMPLE_WEIGHT_DOC, LaplaceActiveSubspaceBase
-from ._validation import BOOLEAN, Interval, Options
+from ..likelihoods import Likelihood, resolve_likelihood
+from ._base import LaplaceActiveSubspaceBase
+from ._docs import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, SAMPLE_WEIGHT_DOC
+from ._validation import BOOLEAN, InstanceOf, Interval, Options
 
 __all__ = ["LaplaceActiveSubspaceRegressor"]
 
 _NOISE_SOURCES = ("auto", "calibration", "training")
+# The likelihood names the regressor takes (resolve_likelihood turns them into objects).
+_LIKELIHOODS = ("gaussian",)
 # Below this many held-out rows the residual variance is too noisy to prefer it over the training residuals.
 _MIN_CALIBRATION_ROWS_FOR_NOISE = 30
 
@@ -36,6 +40,10 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     Parameters
     ----------
 {PARAMETERS_DOC}
+    likelihood : "gaussian" or Likelihood, default="gaussian"
+        The observation model: "gaussian" (:class:`~glas_sklearn.likelihoods.Gaussian`, y ~ N(f, σ²), trained on
+        the ½-squared error; the paper's) or a regression :class:`~glas_sklearn.likelihoods.Likelihood` instance.
+        The training loss, the curvature's output Hessian and β come from it.
     noise_std : "auto", "calibration", "training" or float, default="auto"
         Observation-noise standard deviation σ in β: from the residuals of the held-out calibration rows
         ("calibration"), from the training residuals ("training", the paper's choice), or given (in the
@@ -85,19 +93,19 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     (5, 2, 1)
     """
 
-    _task = "regression"
     _parameter_constraints: dict = {
         **LaplaceActiveSubspaceBase._parameter_constraints,
+        "likelihood": [Options(*_LIKELIHOODS), InstanceOf(Likelihood, "a glas_sklearn.likelihoods.Likelihood")],
         "noise_std": [Options(*_NOISE_SOURCES), Interval(numbers.Real, 0, None, closed="neither")],
         "include_noise": [BOOLEAN],
     }
 
     def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="mean", n_components="auto",
                  max_components=50, sigma0="auto", posterior="low_rank", calibration="conformal",
-                 predictive="auto", n_samples=1000, confidence_level=0.9, calibration_size=0.1, noise_std="auto",
-                 include_noise=False, max_epochs=500, lr=1e-3, batch_size=64, weight_decay=0.0, optimizer="adam",
-                 standardize="auto", padding_idx=None, subsample=None, eigen_method="lanczos", device="auto",
-                 dtype="auto", random_state=None, verbose=0):
+                 predictive="auto", n_samples=1000, confidence_level=0.9, calibration_size=0.1,
+                 likelihood="gaussian", noise_std="auto", include_noise=False, max_epochs=500, lr=1e-3, batch_size=64,
+                 weight_decay=0.0, optimizer="adam", standardize="auto", padding_idx=None, subsample=None,
+                 eigen_method="lanczos", device="auto", dtype="auto", random_state=None, verbose=0):
         super().__init__(
             module, module_kwargs=module_kwargs, prefit=prefit, scaling=scaling, n_components=n_components,
             max_components=max_components, sigma0=sigma0, posterior=posterior, calibration=calibration,
@@ -106,10 +114,19 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             batch_size=batch_size, weight_decay=weight_decay, optimizer=optimizer, standardize=standardize,
             padding_idx=padding_idx, subsample=subsample, eigen_method=eigen_method, device=device, dtype=dtype,
             random_state=random_state, verbose=verbose)
+        self.likelihood = likelihood
         self.noise_std = noise_std
         self.include_noise = include_noise
 
     # ------------------------------------------------------------------ hooks
+    def _resolve_likelihood(self) -> Likelihood:
+        likelihood = resolve_likelihood(self.likelihood)
+        if likelihood.is_classification:
+            raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood={self.likelihood!r} is a likelihood of class "
+                             "labels; use LaplaceActiveSubspaceClassifier for classification, or a regression "
+                             "likelihood here (e.g. 'gaussian').")
+        return likelihood
+
     def _auto_low_rank_sigma0(self) -> str:
         # Conformal intervals are rescaled, so only the shape of σ̂(x) matters, and the larger subspace-EB σ0
         # weights the off-data directions more: wider where the network extrapolates
@@ -137,7 +154,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         return X_cal, y_cal.reshape(expected)
 
     def _n_outputs(self, y) -> int:
-        return 1 if y.ndim == 1 else y.shape[1]
+        return self.likelihood_.n_outputs(1 if y.ndim == 1 else y.shape[1])
 
     def _fit_scalers(self, X, y, sample_weight=None) -> None:
         super()._fit_scalers(X, y, sample_weight)
@@ -156,10 +173,6 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         return self._to_tensor(Y, device, dtype)
 
     _calibration_targets = _target_tensor
-
-    @staticmethod
-    def _loss(out, y):
-        return 0.5 * ((out - y) ** 2).sum(-1).mean()
 
     def _table_in_user_units(self, table):
         if len(self.y_scale_) == 1 and "mean_width" in table:

@@ -2,17 +2,15 @@
 
 from __future__ import annotations
 
-import numbers
-
 import numpy as np
 import torch
 
-from .._checks import check_choice, check_positive_float, check_positive_int
+from .._checks import check_choice
+from ..likelihoods import Categorical, Gaussian
 
 __all__ = ["beta_for", "estimate_noise_variance"]
 
 _TASKS = ("regression", "classification")
-_SCALINGS = ("mean", "standard")
 
 
 def beta_for(scaling, n_records: int, noise_var: float | None = None, task: str = "regression") -> float:
@@ -43,23 +41,8 @@ def beta_for(scaling, n_records: int, noise_var: float | None = None, task: str 
     100.0
     """
     check_choice("task", task, _TASKS)
-    n_records = check_positive_int("n_records", n_records)
-    if isinstance(scaling, numbers.Real) and not isinstance(scaling, bool):
-        return check_positive_float("scaling (a float is used as β directly)", scaling)
-    if not isinstance(scaling, str) or scaling not in _SCALINGS:
-        raise ValueError(
-            f"scaling must be 'mean', 'standard' or a positive float (β itself), got {scaling!r}."
-        )
-    factor = float(n_records) if scaling == "standard" else 1.0
-    if task == "classification":
-        return factor
-    if noise_var is None:
-        raise ValueError(
-            "noise_var (σ², the observation-noise variance) is required for regression with "
-            f"scaling={scaling!r}; estimate it from training residuals with estimate_noise_variance()."
-        )
-    noise_var = check_positive_float("noise_var", noise_var)
-    return factor / noise_var
+    likelihood = Categorical() if task == "classification" else Gaussian()
+    return likelihood.beta(scaling, n_records, noise_var)
 
 
 def estimate_noise_variance(residuals) -> float:

@@ -1,0 +1,211 @@
+"""numpydoc fragments shared by both estimators' docstrings: each parameter and attribute is documented once
+(the estimators' ``__doc__`` are f-strings around them)."""
+
+__all__ = ["ATTRIBUTES_DOC", "NOTES_DOC", "PARAMETERS_DOC", "SAMPLE_WEIGHT_DOC"]
+
+PARAMETERS_DOC = """\
+    module : None, torch.nn.Module, skorch net or callable, default=None
+        None: an MLP (two tanh layers of 50; ``module_kwargs`` may set ``hidden_layer_sizes`` and
+        ``activation``, one of "tanh", "relu", "gelu", "silu"), for 2-D tables only. A module instance is
+        copied before training; with ``prefit=True`` it is used as θ0 as it is, never trained, moved or
+        modified (a fitted skorch net: its ``module_``). A callable is called with ``module_kwargs``. The
+        network maps the rows of ``X``, ``(n, *input_shape)``, to (n, n_outputs) for regression and to logits
+        (n, n_classes) for classification: one prediction per row. ``X`` may have any rank (images
+        (n, C, H, W), token ids (n, T)); with a module given, integer ``X`` reaches it as ``torch.long``
+        (token ids for ``nn.Embedding``), floating ``X`` in ``dtype``. With the default MLP an integer
+        table is a table of numbers.
+    module_kwargs : dict, optional
+        Keyword arguments of the default MLP or of the callable ``module``.
+    prefit : bool, default=False
+        The module is already trained (inputs and targets in the user's own units; ``standardize`` is then
+        ignored). The rows of ``X`` are taken to be its training rows (the curvature is built on them), so
+        ``fit`` needs calibration rows the network was not trained on as ``X_cal``, ``y_cal`` and refuses
+        without them: rows held out of its training rows have training residuals and would give intervals or
+        sets that under-cover (benchmarks/results/prefit_calibration.md). Hold them out before training the
+        network. Cross-validating a prefit estimator (``GridSearchCV``, ``cross_validate``) leaks the same
+        way: every test fold was training data of the one network. The rows of ``X`` are recorded (as 8-byte
+        digests, per network, in this process) so that intervals, probabilities, prediction sets or ``score``
+        asked for on them raise a :class:`~glas_sklearn.PrefitLeakageWarning`; with ``n_jobs > 1`` worker
+        processes a fold's warning needs the rows to have been declared in the same process, so it may not
+        appear there.
+    scaling : {"mean", "standard"} or float, default="mean"
+        Posterior scaling: β = 1/σ² ("mean", the paper's proposal), N/σ² ("standard", Bayes) or a given β;
+        for classification "mean" is β = 1 and "standard" is β = N.
+    n_components : "auto" or int, default="auto"
+        The subspace dimension d. "auto": with ``calibration="coverage"`` the smallest d whose intervals
+        cover the first level on the calibration rows (up to ``max_components``); with
+        ``calibration="conformal"`` d = ``max_components`` (fixed before the calibration rows are seen, so
+        the conformal guarantee holds). A given d must be smaller than the number D of trainable weights.
+    max_components : int, default=50
+        The eigenpairs computed for ``n_components="auto"``, at most D − 1.
+    sigma0 : {"auto", "eb_subspace", "eb_full", "nll"} or float, default="auto"
+        Prior standard deviation (in the network's weight units), fitted at each d: "eb_subspace" by the
+        paper's empirical Bayes in the subspace, "eb_full" by the full-space condition over all D weights
+        (tr Σ = ‖θ0‖²). "nll" (``calibration="conformal"`` only): the σ0 in [0, σ0_EB] (σ0_EB the "eb_full"
+        value; 0 gives the trained network's own predictive, the MAP probabilities) that minimises the mean
+        predictive NLL (−log p_y; regression −log N(y; ŷ, σ̂²)) of half of the calibration rows, searched in
+        log σ0 with both ends compared; the conformal scores use the other half (at least the rows a conformal
+        quantile needs), so the guarantee holds. "auto": "eb_subspace" for ``posterior="subspace"`` (the paper)
+        and for the low-rank regressor (its conformal intervals depend only on the shape of σ̂(x), and the
+        larger subspace σ0 widens them more where the network extrapolates); for the low-rank classifier "nll"
+        under ``calibration="conformal"`` (its probabilities depend on the scale itself, and even the full-space
+        EB σ0 made them worse than the MAP network's on digits) and "eb_full" under "coverage".
+    posterior : {"low_rank", "low_rank_diag", "subspace"}, default="low_rank"
+        "subspace" (the paper): θ = θ0 + P z, no variance off the top-d eigenvectors. "low_rank": the Laplace
+        posterior of the rank-d curvature, Σ = P diag(σ_j²) Pᵀ + σ0² (I − P Pᵀ): the directions the data do
+        not constrain keep the prior's variance, so intervals widen where the network extrapolates.
+        "low_rank_diag": the curvature P Λ Pᵀ plus the GGN's residual diagonal max(diag(G) − Σ_j λ_j p_j², 0)
+        (exact, from per-record Jacobians of the training rows), Σ by Woodbury; σ0 and the predictive
+        resolve as for "low_rank". A subclass of :class:`~glas_sklearn.posterior.ActiveSubspacePosterior` (a kind's
+        class, e.g. a user's own kind) is used as it is (:func:`~glas_sklearn.posterior.resolve_posterior`).
+    calibration : {"conformal", "coverage"} or Calibrator, default="conformal"
+        "conformal" (:class:`~glas_sklearn.calibration.ConformalCalibrator`): split conformal on the calibration
+        rows at a fixed d, with coverage ≥ 1 − γ for exchangeable data at any number of rows: regression
+        intervals ŷ ± q σ̂ with q the ⌈(n + 1)(1 − γ)⌉-th smallest ``|y − ŷ|`` / σ̂ (per output), classification
+        sets {c : 1 − p_c ≤ q} (LAC); ``ConformalCalibrator(conformity_score=...)`` takes another score.
+        "coverage" (:class:`~glas_sklearn.calibration.CoverageCalibrator`, the paper): d is the smallest whose
+        posterior intervals or sets cover the level. The paper's method is
+        ``calibration="coverage", posterior="subspace"``.
+    predictive : {"auto", "sampled", "linearized"}, default="auto"
+        Push posterior samples through the network, or use the linearised network's Gaussian. "auto":
+        "linearized" for the low-rank posteriors (the complement perturbs every weight: meaningful for the
+        linearised network, not for the non-linear one) and "sampled" for "subspace".
+    n_samples : int, default=1000
+        Posterior samples (at least 2) for the sampled predictive.
+    confidence_level : float or list of float, default=0.9
+        Interval (or prediction-set) level(s) 1 − γ, strictly between 0 and 1; the first one is the
+        calibration target.
+    calibration_size : float or int, default=0.1
+        Share (or number) of rows held out of ``X`` for calibration, and out of the network's training, when
+        ``X_cal`` is not passed to ``fit`` (``train_indices_`` and ``calibration_indices_`` say which);
+        unused with ``prefit=True``, which needs ``X_cal``.
+        With ``calibration="conformal"`` a share is raised, if need be, to the ⌈1/γ⌉ − 1 rows (9 at 90 %)
+        that a finite conformal quantile needs at the highest level (one more with σ0 by "nll"; as far as the
+        data allow).
+    max_epochs : int, default=500
+        Training epochs when ``prefit=False``.
+    lr : float, default=1e-3
+        Learning rate.
+    batch_size : int or None, default=64
+        Rows per training step (None: all rows).
+    weight_decay : float, default=0.0
+        Weight decay of the optimizer.
+    optimizer : {"adam", "adamw", "sgd"} or torch.optim.Optimizer subclass, default="adam"
+        Built as ``optimizer(params, lr=lr, weight_decay=weight_decay)``.
+    standardize : "auto" or bool, default="auto"
+        Standardise the inputs (and regression targets) internally; results are in the original units.
+        Inputs are standardised only when they are a 2-D table of floats: "auto" leaves other inputs
+        (images, integer token ids) as they are and still standardises regression targets; True refuses
+        them (normalise images in the module or beforehand); False standardises nothing. Ignored with
+        ``prefit=True``.
+    padding_idx : int, optional
+        The token id that pads integer sequences ``X`` of shape (n, T) on the right. The rows are the
+        records (one prediction per sequence), so padding matters only as the model's input (e.g.
+        ``nn.Embedding(padding_idx=...)`` and masked pooling). At predict time (and for ``X_cal``), sequences
+        padded to another length are brought to the fitted length T: shorter ones are padded with
+        ``padding_idx``, longer ones cut where only padding follows. Per-position outputs (n, T, M), whose
+        padded positions must not count as records, are for the lower-level
+        :func:`~glas_sklearn.laplace.fit_laplace_subspace` with ``mask=X != padding_idx``.
+    subsample : int, optional
+        Build the curvature on a random subsample of that many training rows (paper §2.4).
+    eigen_method : {"lanczos", "eigsh"}, default="lanczos"
+        The eigen-solver: thick-restart Lanczos in torch, or scipy's ARPACK.
+    device : "auto" or str, default="auto"
+        "auto": where a prefit module lives, else CUDA when available, else CPU.
+    dtype : {"auto", "float32", "float64"}, default="auto"
+        The floating dtype of the network, the curvature and the posterior. "auto": the dtype of a prefit
+        module's parameters (it is never cast), float32 for a network the estimator builds.
+    random_state : int, RandomState or None, default=None
+        Seeds weight initialisation, training order, the calibration split, Lanczos and posterior samples.
+    verbose : int, default=0
+        0 silent; ≥ 1 progress bars."""
+
+ATTRIBUTES_DOC = """\
+    module_ : torch.nn.Module
+        The trained network (θ0).
+    n_components_ : int
+        The subspace dimension d used.
+    predictive_ : {"sampled", "linearized"}
+        The predictive used (``predictive`` with "auto" resolved).
+    sigma0_ : float
+        The prior standard deviation used at d (with "nll" the one chosen; 0 means the MAP predictive).
+    beta_ : float
+    likelihood_ : Likelihood
+        The likelihood of the fit (the regressor's ``likelihood`` resolved; the classifier's
+        :class:`~glas_sklearn.likelihoods.Categorical`): the training loss, the curvature's output Hessian and β.
+    eigenvalues_ : ndarray of shape (K,)
+        Top eigenvalues of the GGN (in the internal, standardised units).
+    calibration_ : pandas.DataFrame
+        "coverage": d, coverage, mean_width (regression: in the units of y for a single output, standardised
+        units otherwise) or mean_set_size (classification), sigma0 for every d evaluated on the calibration data
+        (the sampled predictive searches, evaluating a few d; the linearised one scans up to the chosen d);
+        :meth:`coverage_curve` gives the whole curve on any data. "conformal": one row per level: level, d,
+        quantile, coverage and mean_width / mean_set_size of the conformal intervals or sets on the
+        calibration rows, sigma0.
+    conformity_scores_ : ndarray or None
+        "conformal" only (None otherwise): the sorted calibration scores, ``|y − ŷ|`` / σ̂ of shape (n, M)
+        (regression) or 1 − p_y of shape (n,) (classification); the quantile for any level is computed from
+        them at prediction time.
+    calibrator_ : Calibrator
+        The fitted calibrator (``calibration`` resolved to an object and fitted on the calibration rows);
+        predictions and plots ask it.
+    calibration_seed_ : int
+        The seed of the calibration's posterior samples (predictions reuse them).
+    calibration_reached_ : bool or None
+        Whether the target coverage was reached (None when d was given, and with ``calibration="conformal"``).
+    eigen_info_ : dict
+        Products used, residuals and convergence of the eigen-solver.
+    posterior_ : ActiveSubspacePosterior
+    timings_ : dict
+        Wall seconds of training, curvature, calibration.
+    training_loss_ : list of float
+        Mean training loss per epoch (empty when prefit).
+    n_records_ : int
+        N, the training rows the curvature averages over (with ``sample_weight``: those of positive weight; the
+        curvature is normalised by their total weight).
+    train_indices_, calibration_indices_ : ndarray of int or None
+        Positions in ``X`` of the rows the network was trained on (and the curvature built on) and of the rows
+        held out for calibration, in the order they were used; disjoint, together all of ``X`` (less the rows
+        of zero ``sample_weight``, which are in neither). None when ``X_cal`` was passed (then every row of ``X``
+        of positive weight is a training row).
+    n_calibration_rows_ : int
+        Rows used to choose d (``X_cal`` or the held-out part of ``X``), or with ``calibration="conformal"``
+        those the conformal scores come from (less the σ0 tuning rows with "nll").
+    n_sigma0_rows_ : int
+        With σ0 by "nll": the calibration rows σ0 was tuned on (disjoint from the conformal ones); 0 otherwise.
+    sigma0_rows_ : ndarray of int
+        Their positions among the calibration rows (``X_cal``, or the held-out part of ``X``), sorted; the
+        conformal rows are the others. Drawn from ``random_state``, stratified by class where possible.
+    sigma0_search_ : Sigma0Result or None
+        With "nll": the search (:func:`~glas_sklearn.calibration.tune_sigma0`: the chosen σ0, σ0_EB, the NLL
+        there, at 0 and at σ0_EB, every evaluation); None otherwise.
+    x_mean_, x_scale_ : ndarray or None
+        The internal standardisation of the inputs (None when off or prefit).
+    input_shape_ : tuple of int
+        The shape of one row of ``X`` seen in fit ((n_features,) for a table, (C, H, W) for images, (T,)
+        for token sequences); rows of another shape are refused at predict time.
+    n_features_in_ : int
+        The number of values in one row, ``prod(input_shape_)`` (the number of columns for a table).
+    feature_names_in_ : ndarray of str
+        Only when ``X`` has string column names (a pandas DataFrame)."""
+
+# The sample_weight parameter of both estimators' fit.
+SAMPLE_WEIGHT_DOC = """\
+        sample_weight : array-like of shape (n_samples,), optional
+            Non-negative weights of the rows of ``X``, as frequency weights: an integer weight counts the row
+            that many times, a zero weight drops it. Rows of zero weight are removed first; the calibration rows
+            are then held out of the others, and the weights apply to the training rows: the training loss is the
+            weighted mean Σ w_i ℓ_i / Σ w_i, the curvature G = Σ_n w_n J_nᵀ H_n J_n / Σ_n w_n, σ² from the
+            training residuals (regression) their weighted mean square, the input and target standardisation is
+            weighted, and N in β for ``scaling="standard"`` is the total weight Σ w. The calibration rows (held
+            out of ``X``, or ``X_cal``) are unweighted: split conformal's guarantee is for exchangeable,
+            unweighted rows. Finite, not all zero; all ones is the same as None. In a Pipeline pass
+            ``step__sample_weight=w``; with metadata routing enabled, request it with
+            ``set_fit_request(sample_weight=True)``."""
+
+NOTES_DOC = """\
+    Posterior samples are drawn in weight space from a generator seeded by ``random_state`` and shared by
+    all rows, so a prediction does not depend on the other rows passed with it, on their order, or on the
+    global torch/numpy seeds (exactly so with ``dtype="float64"``; in float32 a matrix product may round
+    differently for different numbers of rows). Sparse inputs are densified. A fitted estimator pickles
+    (``pickle``, ``joblib``) with its network; one fitted on CUDA loads on a machine without CUDA, on the CPU."""

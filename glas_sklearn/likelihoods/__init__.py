@@ -1,0 +1,50 @@
+"""Likelihoods p(y | f) of a network's output: the training loss, the output Hessian H_n of the GGN and β.
+
+:class:`Gaussian` (homoscedastic regression, the ½-squared loss) and :class:`Categorical` (softmax
+cross-entropy) are built in; a subclass of :class:`Likelihood` plugs in anywhere a likelihood is taken
+(:class:`~glas_sklearn.ggn.GGNOperator`, :func:`~glas_sklearn.laplace.fit_laplace_subspace`, the regressor's
+``likelihood=``). :func:`resolve_likelihood` is the one place where their names become objects.
+"""
+
+from __future__ import annotations
+
+from ._base import Likelihood
+from .categorical import Categorical
+from .gaussian import Gaussian
+
+__all__ = ["Categorical", "Gaussian", "Likelihood", "resolve_likelihood"]
+
+# Names → classes. "mse" and "cross_entropy" are the loss names GGNOperator(loss=...) has always taken.
+_NAMES = {"gaussian": Gaussian, "mse": Gaussian, "categorical": Categorical, "cross_entropy": Categorical}
+
+
+def resolve_likelihood(likelihood: str | Likelihood, name: str = "likelihood") -> Likelihood:
+    """A :class:`Likelihood` from a name ("gaussian" or "mse"; "categorical" or "cross_entropy") or an instance,
+    which is returned as it is.
+
+    Parameters
+    ----------
+    likelihood : str or Likelihood
+    name : str, default="likelihood"
+        The argument's name in the error message.
+
+    Returns
+    -------
+    Likelihood
+
+    Examples
+    --------
+    >>> resolve_likelihood("mse")
+    Gaussian()
+    >>> resolve_likelihood(Categorical())
+    Categorical()
+    """
+    if isinstance(likelihood, Likelihood):
+        return likelihood
+    if isinstance(likelihood, str) and likelihood in _NAMES:
+        return _NAMES[likelihood]()
+    if isinstance(likelihood, type) and issubclass(likelihood, Likelihood):
+        raise TypeError(f"{name} must be a Likelihood instance, got the class {likelihood.__name__}; "
+                        f"pass {likelihood.__name__}() instead.")
+    raise ValueError(f"{name} must be one of {', '.join(map(repr, _NAMES))} or a "
+                     f"glas_sklearn.likelihoods.Likelihood instance, got {likelihood!r}.")

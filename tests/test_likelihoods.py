@@ -1,0 +1,334 @@
+"""The likelihood objects against independent references: output Hessians against autograd Hessians of the
+per-record loss, losses against closed forms, β per scaling; the GGN, fit_laplace_subspace and the estimators
+driven by likelihood instances (built in and user-defined) against dense matrices and the string spellings."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from scipy.special import logsumexp
+from sklearn.base import clone
+from torch.func import hessian
+
+from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
+from glas_sklearn.calibration import CalibrationWarning
+from glas_sklearn.ggn import GGNOperator
+from glas_sklearn.laplace import fit_laplace_subspace
+from glas_sklearn.likelihoods import Categorical, Gaussian, Likelihood, resolve_likelihood
+from glas_sklearn.posterior import beta_for
+
+from .reference import dense_jacobian, mlp
+
+EPS64 = torch.finfo(torch.float64).eps
+
+
+def _tol(n_terms: int) -> float:
+    """Relative tolerance of float64 results that accumulate ``n_terms`` rounded products."""
+    return 50 * n_terms * EPS64
+
+
+def _rel(a, b) -> float:
+    return float((a - b).norm() / b.norm())
+
+
+def _randn(*shape, seed):
+    return torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+
+class Poisson(Likelihood):
+    """A user-defined likelihood: y ~ Poisson(exp(f)), loss exp(f) − y f (up to log y!), H = diag(exp(f)).
+    Only the two abstract methods are implemented (the GGN diagonal takes the base class's generic path)."""
+
+    name = "poisson"
+
+    def loss(self, output, target):
+        return (torch.exp(output) - target * output).sum(-1).mean()
+
+    def output_hessian_product(self, output, u):
+        return torch.exp(output) * u
+
+
+class PoissonClosedDiagonal(Poisson):
+    """The same likelihood with diag(J_nᵀ H_n J_n) = Σ_m exp(f_m) J_mk² in closed form."""
+
+    def output_hessian_diagonal_terms(self, output, jacobian):
+        return (torch.exp(output).unsqueeze(-1) * jacobian**2).sum(-2)
+
+
+class ScaledGaussian(Gaussian):
+    """A likelihood with a constructor argument (½ scale ‖f − y‖²), for get_params / set_params / clone."""
+
+    def __init__(self, scale=1.0):
+        self.scale = scale
+
+    def loss(self, output, target):
+        return self.scale * super().loss(output, target)
+
+    def output_hessian_product(self, output, u):
+        return self.scale * u
+
+
+def _targets(lik: Likelihood, shape, seed):
+    """Targets of the likelihood's kind for outputs of ``shape`` (..., M)."""
+    g = torch.Generator().manual_seed(seed)
+    if lik.is_classification:
+        return torch.randint(0, shape[-1], shape[:-1], generator=g)
+    if isinstance(lik, Poisson):
+        return torch.poisson(torch.full(shape, 2.0, dtype=torch.float64), generator=g)
+    return torch.randn(*shape, dtype=torch.float64, generator=g)
+
+
+def _dense_output_hessians(lik: Likelihood, f: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """H_n = ∂²/∂f² of each record's loss (the loss of a batch of that one record), (n, M, M), by autograd."""
+    return torch.stack([hessian(lambda fn, yn=yn: lik.loss(fn[None], yn[None]))(fn) for fn, yn in zip(f, y,
+                                                                                                       strict=True)])
+
+
+LIKELIHOODS = [Gaussian(), Categorical(), Poisson()]
+
+
+# ----------------------------------------------------------------------- per-record algebra
+
+
+@pytest.mark.parametrize("lik", LIKELIHOODS, ids=lambda lik: lik.name)
+@pytest.mark.parametrize("lead", [(7,), (2, 3)])
+def test_output_hessian_product_matches_autograd_hessian_of_the_record_loss(lik, lead):
+    M = 4
+    f, u = _randn(*lead, M, seed=1), _randn(*lead, M, seed=2)
+    y = _targets(lik, (*lead, M), seed=3)
+    H = _dense_output_hessians(lik, f.reshape(-1, M), y.reshape(-1, *y.shape[len(lead):]))
+    expected = torch.einsum("nij,nj->ni", H, u.reshape(-1, M)).reshape(u.shape)
+    got = lik.output_hessian_product(f, u)
+    assert got.shape == u.shape
+    assert _rel(got, expected) < _tol(M)
+
+
+@pytest.mark.parametrize("lik", LIKELIHOODS, ids=lambda lik: lik.name)
+def test_output_hessian_diagonal_terms_match_dense_jt_h_j(lik):
+    n, M, D = 5, 3, 6
+    f, J = _randn(n, M, seed=4), _randn(n, M, D, seed=5)
+    H = _dense_output_hessians(lik, f, _targets(lik, (n, M), seed=6))
+    expected = torch.einsum("nmd,nmk,nkd->nd", J, H, J)
+    got = lik.output_hessian_diagonal_terms(f, J)
+    generic = Likelihood.output_hessian_diagonal_terms(lik, f, J)  # the base class's path through H u
+    assert got.shape == (n, D)
+    assert _rel(got, expected) < _tol(M * M)
+    assert _rel(generic, expected) < _tol(M * M)
+
+
+def test_losses_match_closed_forms():
+    f, y = _randn(6, 2, seed=7), _randn(6, 2, seed=8)
+    expected = 0.5 * np.mean(np.sum((f.numpy() - y.numpy()) ** 2, axis=1))
+    assert float(Gaussian().loss(f, y)) == pytest.approx(expected, rel=_tol(12))
+
+    logits, labels = _randn(2, 3, 4, seed=9), torch.tensor([[0, 3, 1], [2, 2, 0]])
+    z, k = logits.reshape(-1, 4).numpy(), labels.reshape(-1).numpy()
+    expected = -np.mean(z[np.arange(6), k] - logsumexp(z, axis=1))
+    assert float(Categorical().loss(logits, labels)) == pytest.approx(expected, rel=_tol(24))
+    assert float(Categorical().loss(logits[0], labels[0])) == pytest.approx(-np.mean(
+        z[np.arange(3), k[:3]] - logsumexp(z[:3], axis=1)), rel=_tol(12))
+
+
+@pytest.mark.parametrize("scaling,factor", [("mean", 1.0), ("standard", 40.0)])
+def test_beta_per_scaling(scaling, factor):
+    assert Gaussian().beta(scaling, 40, noise_var=0.25) == factor / 0.25
+    assert Categorical().beta(scaling, 40) == factor
+    assert Categorical().beta(scaling, 40, noise_var=0.25) == factor  # σ² plays no part in classification
+    assert Poisson().beta(scaling, 40) == factor  # the base class's default: the record factor
+    # beta_for, the posterior module's spelling with a task name, delegates to the same objects
+    assert beta_for(scaling, 40, 0.25, "regression") == Gaussian().beta(scaling, 40, 0.25)
+    assert beta_for(scaling, 40, task="classification") == Categorical().beta(scaling, 40)
+
+
+def test_beta_float_scaling_and_errors():
+    assert Gaussian().beta(3.5, 10) == 3.5 and Categorical().beta(3.5, 10, noise_var=2.0) == 3.5
+    assert Gaussian.needs_noise_variance and not Categorical.needs_noise_variance
+    with pytest.raises(ValueError, match="noise_var"):
+        Gaussian().beta("mean", 10)
+    with pytest.raises(ValueError, match="scaling must be 'mean', 'standard' or a positive float"):
+        Categorical().beta("bayes", 10)
+    with pytest.raises(ValueError, match="n_records"):
+        Categorical().beta("mean", 0)
+
+
+def test_resolve_likelihood_names_and_instances():
+    for name, cls in [("gaussian", Gaussian), ("mse", Gaussian), ("categorical", Categorical),
+                      ("cross_entropy", Categorical)]:
+        assert type(resolve_likelihood(name)) is cls
+    lik = Poisson()
+    assert resolve_likelihood(lik) is lik
+    with pytest.raises(ValueError, match="loss must be one of 'gaussian', 'mse'.*got 'hinge'"):
+        resolve_likelihood("hinge", "loss")
+    with pytest.raises(TypeError, match=r"pass Gaussian\(\) instead"):
+        resolve_likelihood(Gaussian)
+    assert Gaussian().n_outputs(3) == 3 and Categorical().n_outputs(5) == 5
+    out = _randn(2, 3, seed=10)
+    assert Gaussian().mean_output(out) is out
+
+
+def test_default_conformity_scores_are_the_calibration_defaults_of_their_task():
+    from glas_sklearn.calibration import LAC, StdNormalizedResidual
+    from glas_sklearn.calibration.conformal import resolve_conformity_score
+
+    assert type(Gaussian().default_conformity_score()) is StdNormalizedResidual
+    assert type(Categorical().default_conformity_score()) is LAC
+    for lik, task in [(Gaussian(), "regression"), (Categorical(), "classification")]:
+        assert type(lik.default_conformity_score()) is type(resolve_conformity_score(None, task))
+    with pytest.raises(NotImplementedError, match="Poisson names no default conformity score"):
+        Poisson().default_conformity_score()
+
+
+def test_likelihood_parameters_repr_and_equality():
+    lik = ScaledGaussian(scale=2.0)
+    assert lik.get_params() == {"scale": 2.0}
+    assert repr(lik) == "ScaledGaussian(scale=2.0)" and repr(Categorical()) == "Categorical()"
+    assert lik.set_params(scale=3.0) is lik and lik.scale == 3.0
+    assert lik == ScaledGaussian(scale=3.0) and lik != ScaledGaussian() and Gaussian() != Categorical()
+    with pytest.raises(ValueError, match="Invalid parameter 'sigma' for ScaledGaussian"):
+        lik.set_params(sigma=1.0)
+
+
+# ------------------------------------------------------------------------------ the GGN
+
+
+def _dense_ggn(lik: Likelihood, model, X: torch.Tensor) -> torch.Tensor:
+    """(1/N) Σ_n J_nᵀ H_n J_n with J from torch.func.jacrev and H_n the autograd Hessian of the record loss."""
+    with torch.no_grad():
+        f = model(X)
+    J = dense_jacobian(model, X)  # (n, M, D)
+    H = _dense_output_hessians(lik, f, _targets(lik, tuple(f.shape), seed=11))
+    return torch.einsum("nmd,nmk,nke->de", J, H, J) / X.shape[0]
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+@pytest.mark.parametrize("name,lik,n_out", [("mse", Gaussian(), 2), ("cross_entropy", Categorical(), 3)])
+def test_ggn_with_a_likelihood_instance_equals_the_string_and_the_dense_ggn(name, lik, n_out, reuse):
+    net, X = mlp(n_out=n_out), _randn(17, 3, seed=12)
+    G = _dense_ggn(lik, net, X)
+    by_name = GGNOperator(net, X, loss=name, reuse_linearization=reuse)
+    by_object = GGNOperator(net, X, loss=lik, reuse_linearization=reuse)
+    assert by_object.likelihood is lik and type(by_name.likelihood) is type(lik)
+    V = _randn(G.shape[0], 3, seed=13)
+    tol = _tol(X.shape[0] * n_out * G.shape[0])
+    for op in (by_name, by_object):
+        assert _rel(op @ V, G @ V) < tol  # a vectorised block
+        assert _rel(op.matvec(V[:, 0]), G @ V[:, 0]) < tol  # one product
+        assert _rel(op.diagonal(), G.diagonal()) < tol
+    assert torch.equal(by_name @ V, by_object @ V)
+    assert torch.equal(by_name.diagonal(), by_object.diagonal())
+
+
+@pytest.mark.parametrize("reuse", [True, False])
+def test_user_defined_likelihood_through_the_ggn(reuse):
+    lik = Poisson()
+    net, X = mlp(n_out=2), _randn(15, 3, seed=14)
+    G = _dense_ggn(lik, net, X)
+    op = GGNOperator(net, X, loss=lik, batch_size=6, reuse_linearization=reuse)
+    V = _randn(G.shape[0], 4, seed=15)
+    tol = _tol(X.shape[0] * 2 * G.shape[0])
+    assert _rel(op @ V, G @ V) < tol
+    assert _rel(op.matvec(V[:, 1]), G @ V[:, 1]) < tol
+    assert _rel(op.diagonal(), G.diagonal()) < tol
+    assert "Poisson()" in repr(op)
+
+
+def test_user_defined_likelihood_through_fit_laplace_subspace():
+    lik = Poisson()
+    net, X = mlp(n_out=2), _randn(15, 3, seed=16)
+    G = _dense_ggn(lik, net, X)
+    top = torch.linalg.eigvalsh(G).flip(0)[:4]
+    fit = fit_laplace_subspace(net, X, loss=lik, n_components=4, scaling="standard", tol=1e-10, random_state=0)
+    assert fit.beta == 15.0 and fit.noise_var is None  # β = N; no noise variance asked of a Poisson likelihood
+    assert fit.n_records == 15
+    np.testing.assert_allclose(fit.eigen.eigenvalues.numpy(), top.numpy(), rtol=1e-8, atol=1e-10 * float(top[0]))
+    # the low-rank + diagonal posterior takes G's diagonal through the base class's generic path; the same
+    # likelihood with a closed-form diagonal gives the same predictive variances
+    generic = fit_laplace_subspace(net, X, loss=lik, n_components=4, posterior="low_rank_diag", random_state=0)
+    closed = fit_laplace_subspace(net, X, loss=PoissonClosedDiagonal(), n_components=4, posterior="low_rank_diag",
+                                  random_state=0)
+    assert generic.beta == 1.0
+    var_generic = generic.posterior.linearized_variance(X, 4)
+    var_closed = closed.posterior.linearized_variance(X, 4)
+    assert torch.all(var_generic > 0)
+    assert _rel(var_generic, var_closed) < _tol(15 * 2 * G.shape[0])
+
+
+# ---------------------------------------------------------------------------- estimators
+
+SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=30, lr=0.05, batch_size=None,
+             n_samples=50, max_components=3, dtype="float64", random_state=0)
+
+
+def _data(n=50, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-1, 1, size=(n, 3))
+    return X, 3.0 * np.sin(2 * X[:, 0]) + 0.5 * X[:, 1] + 0.3 * rng.standard_normal(n)
+
+
+@pytest.mark.parametrize("paper", [True, False], ids=["paper", "default"])
+def test_regressor_likelihood_string_and_object_give_identical_fits(paper):
+    X, y = _data()
+    settings = dict(calibration="coverage", posterior="subspace") if paper else {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)
+        by_name = LaplaceActiveSubspaceRegressor(likelihood="gaussian", **SMALL, **settings).fit(X, y)
+        by_object = LaplaceActiveSubspaceRegressor(likelihood=Gaussian(), **SMALL, **settings).fit(X, y)
+    assert type(by_name.likelihood_) is Gaussian and by_object.likelihood_ is by_object.likelihood
+    assert by_name.training_loss_ == by_object.training_loss_
+    assert by_name.beta_ == by_object.beta_ and by_name.n_components_ == by_object.n_components_
+    np.testing.assert_array_equal(by_name.eigenvalues_, by_object.eigenvalues_)
+    for a, b in zip(by_name.predict_interval(X[:7]), by_object.predict_interval(X[:7]), strict=True):
+        np.testing.assert_array_equal(a, b)
+    # the loss trained on is the Gaussian's: ½ squared error of the standardised targets
+    assert by_name.training_loss_[0] > by_name.training_loss_[-1] > 0
+
+
+def test_classifier_holds_the_categorical_likelihood():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((40, 2))
+    y = (X[:, 0] > 0).astype(int)
+    clf = LaplaceActiveSubspaceClassifier(**SMALL).fit(X, y)
+    assert type(clf.likelihood_) is Categorical
+    # β of the default "mean" scaling is 1 for a categorical likelihood
+    assert clf.beta_ == 1.0
+
+
+def test_regressor_refuses_classification_and_unknown_likelihoods():
+    X, y = _data(n=20)
+    with pytest.raises(ValueError, match="use LaplaceActiveSubspaceClassifier"):
+        LaplaceActiveSubspaceRegressor(likelihood=Categorical(), **SMALL).fit(X, y)
+    with pytest.raises(ValueError, match="likelihood"):
+        LaplaceActiveSubspaceRegressor(likelihood="poisson", **SMALL).fit(X, y)
+
+
+def test_clone_and_get_params_with_a_likelihood_instance():
+    lik = ScaledGaussian(scale=2.0)
+    reg = LaplaceActiveSubspaceRegressor(likelihood=lik)
+    params = reg.get_params(deep=True)
+    assert params["likelihood"] is lik and params["likelihood__scale"] == 2.0
+    copy = clone(reg)
+    assert copy.likelihood == lik and copy.likelihood is not lik  # a fresh, equal likelihood
+    reg.set_params(likelihood__scale=5.0)
+    assert lik.scale == 5.0 and copy.likelihood.scale == 2.0
+    assert "likelihood=ScaledGaussian(scale=5.0)" in repr(reg)
+
+
+@pytest.mark.parametrize("cls", [LaplaceActiveSubspaceRegressor, LaplaceActiveSubspaceClassifier])
+def test_pickles_from_before_likelihood_objects_load(cls):
+    X, y = _data(n=30)
+    if cls is LaplaceActiveSubspaceClassifier:
+        y = (y > np.median(y)).astype(int)
+    est = cls(**SMALL).fit(X, y)
+    state = est.__getstate__()
+    state.pop("likelihood_")
+    state.pop("likelihood", None)  # the regressor's parameter did not exist either
+    old = cls.__new__(cls)
+    old.__setstate__(state)
+    assert type(old.likelihood_) is type(est.likelihood_)
+    assert old.get_params() == est.get_params()
+    np.testing.assert_array_equal(old.predict(X[:5]), est.predict(X[:5]))
+    table = old.coverage_curve(X, y, d_max=2)  # asks the likelihood (classification or not)
+    assert list(table["d"]) == [1, 2]
