@@ -1,7 +1,7 @@
 """numpydoc fragments shared by both estimators' docstrings: each parameter and attribute is documented once
 (the estimators' ``__doc__`` are f-strings around them)."""
 
-__all__ = ["ATTRIBUTES_DOC", "NOTES_DOC", "PARAMETERS_DOC"]
+__all__ = ["ATTRIBUTES_DOC", "NOTES_DOC", "PARAMETERS_DOC", "SAMPLE_WEIGHT_DOC"]
 
 PARAMETERS_DOC = """\
     module : None, torch.nn.Module, skorch net or callable, default=None
@@ -175,11 +175,13 @@ ATTRIBUTES_DOC = """\
     training_loss_ : list of float
         Mean training loss per epoch (empty when prefit).
     n_records_ : int
-        N, the training rows the curvature averages over.
+        N, the training rows the curvature averages over (with ``sample_weight``: those of positive weight; the
+        curvature is normalised by their total weight).
     train_indices_, calibration_indices_ : ndarray of int or None
         Positions in ``X`` of the rows the network was trained on (and the curvature built on) and of the rows
-        held out for calibration, in the order they were used; disjoint, together all of ``X``. None when
-        ``X_cal`` was passed (then every row of ``X`` is a training row).
+        held out for calibration, in the order they were used; disjoint, together all of ``X`` (less the rows
+        of zero ``sample_weight``, which are in neither). None when ``X_cal`` was passed (then every row of ``X``
+        of positive weight is a training row).
     n_calibration_rows_ : int
         Rows used to choose d (``X_cal`` or the held-out part of ``X``), or with ``calibration="conformal"``
         those the conformal scores come from (less the σ0 tuning rows with "nll").
@@ -200,6 +202,20 @@ ATTRIBUTES_DOC = """\
         The number of values in one row, ``prod(input_shape_)`` (the number of columns for a table).
     feature_names_in_ : ndarray of str
         Only when ``X`` has string column names (a pandas DataFrame)."""
+
+# The sample_weight parameter of both estimators' fit.
+SAMPLE_WEIGHT_DOC = """\
+        sample_weight : array-like of shape (n_samples,), optional
+            Non-negative weights of the rows of ``X``, as frequency weights: an integer weight counts the row
+            that many times, a zero weight drops it. Rows of zero weight are removed first; the calibration rows
+            are then held out of the others, and the weights apply to the training rows: the training loss is the
+            weighted mean Σ w_i ℓ_i / Σ w_i, the curvature G = Σ_n w_n J_nᵀ H_n J_n / Σ_n w_n, σ² from the
+            training residuals (regression) their weighted mean square, the input and target standardisation is
+            weighted, and N in β for ``scaling="standard"`` is the total weight Σ w. The calibration rows (held
+            out of ``X``, or ``X_cal``) are unweighted: split conformal's guarantee is for exchangeable,
+            unweighted rows. Finite, not all zero; all ones is the same as None. In a Pipeline pass
+            ``step__sample_weight=w``; with metadata routing enabled, request it with
+            ``set_fit_request(sample_weight=True)``."""
 
 NOTES_DOC = """\
     Posterior samples are drawn in weight space from a generator seeded by ``random_state`` and shared by
