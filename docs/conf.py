@@ -59,6 +59,8 @@ API_SECTIONS = [
     ("glas_sklearn.posterior", "Posterior", "The Laplace posterior in (or around) the active subspace."),
     ("glas_sklearn.laplace", "From a model to a posterior",
      "One call from a trained model and its data to the eigenpairs and the posterior."),
+    ("glas_sklearn.adapters", "Model adapters",
+     "How a model is called: transformers / peft keyword inputs and attention masks, ModelOutput → logits."),
     ("glas_sklearn.likelihoods", "Likelihoods",
      "The observation model: training loss, the output Hessian of the curvature, and β per scaling."),
     ("glas_sklearn.ggn", "Curvature", "The generalized Gauss-Newton matrix as a matrix-free operator."),

@@ -13,6 +13,7 @@ __all__ = [
     "check_finite_tensor",
     "check_positive_float",
     "check_positive_int",
+    "check_sample_weight",
     "check_vector",
     "make_generator",
     "numpy_rng",
@@ -124,3 +125,34 @@ def check_confidence_levels(confidence_levels) -> np.ndarray:
             f"got {levels[bad].tolist()}."
         )
     return levels
+
+
+def check_sample_weight(sample_weight, n_rows: int, device: torch.device | str = "cpu") -> torch.Tensor | None:
+    """Record weights for ``n_rows`` rows as a float64 tensor on ``device`` (None stays None).
+
+    Accepts a torch tensor or array-like of shape (n_rows,) of finite, non-negative numbers, at least one of them
+    positive; anything else raises a ValueError (a TypeError for non-numeric input) that says what to pass.
+    """
+    if sample_weight is None:
+        return None
+    if isinstance(sample_weight, torch.Tensor):
+        w = sample_weight.detach()
+        if w.is_complex() or w.dtype == torch.bool:
+            raise TypeError(f"sample_weight must hold real numbers, got a tensor of dtype {w.dtype}.")
+        w = w.to(device=device, dtype=torch.float64)
+    else:
+        try:
+            w = torch.as_tensor(np.asarray(sample_weight, dtype=np.float64), device=device)
+        except (TypeError, ValueError) as err:
+            raise TypeError(f"sample_weight must be an array of numbers, got {type(sample_weight).__name__}.") from err
+    if w.ndim != 1 or w.shape[0] != n_rows:
+        raise ValueError(f"sample_weight has shape {tuple(w.shape)}, but there are {n_rows} rows: pass one weight per "
+                         f"row, shape ({n_rows},).")
+    if not bool(torch.isfinite(w).all()):
+        raise ValueError(f"sample_weight contains {int((~torch.isfinite(w)).sum())} NaN or infinite value(s); "
+                         "weights must be finite.")
+    if bool((w < 0).any()):
+        raise ValueError(f"sample_weight contains {int((w < 0).sum())} negative value(s); weights must be >= 0.")
+    if not bool((w > 0).any()):
+        raise ValueError("sample_weight is zero for every row; at least one row needs a positive weight.")
+    return w

@@ -4,7 +4,8 @@ Every module that evaluates the network at perturbed weights or differentiates i
 these helpers: the trainable parameters are addressed as one flat vector (in ``named_parameters()``
 order), and the network is called with ``torch.func.functional_call`` on a view of the model in
 evaluation mode. :class:`FunctionalModel` binds a model once in that form (layout, θ0, eval view,
-input checks); the GGN operator and the posterior both hold one.
+input checks, and the :class:`~glas_sklearn.adapters.ModelAdapter` that calls it: keyword inputs and attention
+masks, ``ModelOutput`` → logits); the GGN operator and the posterior both hold one.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import functools
 import logging
 import math
 import warnings
@@ -20,14 +22,24 @@ from typing import Iterator
 
 import torch
 from torch import nn
-from torch.func import functional_call, jacrev, vmap
+from torch.func import functional_call, jacrev, vjp, vmap
+
+try:  # torch ≥ 2.3
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+except ImportError:  # pragma: no cover - older torch: its attention kernels are left as they are
+    SDPBackend = sdpa_kernel = None
 
 from ._checks import check_finite_tensor
+from .adapters import ModelAdapter, as_adapter, unwrap_model
 
 __all__ = ["BoundModel", "FunctionalModel", "ParameterLayout", "eval_view", "autodiff_context", "forward",
            "model_outputs"]
 
 logger = logging.getLogger(__name__)
+
+# Output cotangents pulled back at once by BoundModel._pullback_jacobians (its groups of records hold this many
+# outputs): the vectorised backward pass costs this many backward passes over the group.
+_PULLBACK_COTANGENTS = 32
 
 
 @dataclass(frozen=True)
@@ -41,7 +53,12 @@ class ParameterLayout:
     shapes : tuple of torch.Size
     numels : tuple of int
     dtype, device
-        Those of the parameters (all trainable parameters must share them).
+        The flat vector's dtype (that of the parameters; with mixed precisions, the widest, e.g. float32 for
+        peft's float32 LoRA matrices beside a bfloat16 ``modules_to_save`` head) and their device (all trainable
+        parameters must share one).
+    param_dtypes : tuple of torch.dtype or None
+        Each parameter's own dtype when they differ (None when all are ``dtype``): :meth:`unflatten` casts each
+        part back to it, :meth:`flatten` casts to ``dtype``.
     """
 
     names: tuple
@@ -49,11 +66,14 @@ class ParameterLayout:
     numels: tuple
     dtype: torch.dtype
     device: torch.device
+    param_dtypes: tuple | None = None
 
     @classmethod
     def from_model(cls, model: nn.Module) -> "ParameterLayout":
+        """The layout of ``model``'s trainable parameters (of the model it wraps, for a ModelAdapter)."""
         if not isinstance(model, nn.Module):
             raise TypeError(f"Expected a torch.nn.Module, got {type(model).__name__}.")
+        model = unwrap_model(model)
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError(
@@ -62,20 +82,21 @@ class ParameterLayout:
             )
         dtypes = {p.dtype for _, p in named}
         devices = {p.device for _, p in named}
-        if len(dtypes) > 1 or len(devices) > 1:
+        if len(devices) > 1:
             raise TypeError(
-                "All trainable parameters must share one dtype and one device; found dtypes "
-                f"{sorted(map(str, dtypes))} and devices {sorted(map(str, devices))}. "
-                "Move the model with model.to(device, dtype) first."
+                f"All trainable parameters must live on one device; found {sorted(map(str, devices))}. "
+                "Move the model with model.to(device) first."
             )
-        if not named[0][1].dtype.is_floating_point:
-            raise TypeError(f"Trainable parameters must be floating point, got {named[0][1].dtype}.")
+        if not all(dt.is_floating_point for dt in dtypes):
+            raise TypeError(f"Trainable parameters must be floating point, got {sorted(map(str, dtypes))}.")
+        dtype = functools.reduce(torch.promote_types, sorted(dtypes, key=str))
         return cls(
             names=tuple(n for n, _ in named),
             shapes=tuple(p.shape for _, p in named),
             numels=tuple(p.numel() for _, p in named),
-            dtype=named[0][1].dtype,
+            dtype=dtype,
             device=named[0][1].device,
+            param_dtypes=None if len(dtypes) == 1 else tuple(p.dtype for _, p in named),
         )
 
     @property
@@ -83,27 +104,34 @@ class ParameterLayout:
         """D, the total number of trainable weights."""
         return int(sum(self.numels))
 
+    def _own_dtypes(self, parts: dict) -> dict:
+        if self.param_dtypes is None:
+            return parts
+        return {n: t.to(dt) for (n, t), dt in zip(parts.items(), self.param_dtypes, strict=True)}
+
     def flatten(self, tensors) -> torch.Tensor:
-        """Concatenate a dict (by name) or sequence (in order) of parameter-shaped tensors."""
+        """Concatenate a dict (by name) or sequence (in order) of parameter-shaped tensors (in ``dtype``)."""
         if isinstance(tensors, dict):
             tensors = [tensors[n] for n in self.names]
-        return torch.cat([t.reshape(-1) for t in tensors])
+        return torch.cat([t.reshape(-1).to(self.dtype) for t in tensors])
 
     def unflatten(self, vector: torch.Tensor) -> dict:
-        """Split a flat vector of length D into a dict of parameter-shaped views."""
+        """Split a flat vector of length D into a dict of parameter-shaped views (copies in their own dtype for
+        parameters of a narrower one)."""
         parts = torch.split(vector, self.numels)
-        return {n: part.view(shape) for n, part, shape in zip(self.names, parts, self.shapes, strict=True)}
+        return self._own_dtypes({n: part.view(shape)
+                                 for n, part, shape in zip(self.names, parts, self.shapes, strict=True)})
 
     def unflatten_rows(self, rows: torch.Tensor) -> dict:
         """Split a (c, D) block of flat weight vectors into a dict of ``(c, *shape)`` tensors (for ``vmap``)."""
         parts = torch.split(rows, self.numels, dim=1)
-        return {n: part.reshape(rows.shape[0], *shape)
-                for n, part, shape in zip(self.names, parts, self.shapes, strict=True)}
+        return self._own_dtypes({n: part.reshape(rows.shape[0], *shape)
+                                 for n, part, shape in zip(self.names, parts, self.shapes, strict=True)})
 
     def parameters_of(self, model: nn.Module) -> torch.Tensor:
-        """θ0: a detached copy of the model's trainable weights as one flat vector."""
-        params = dict(model.named_parameters())
-        return torch.cat([params[n].detach().reshape(-1) for n in self.names]).clone()
+        """θ0: a detached copy of the model's trainable weights as one flat vector (in ``dtype``)."""
+        params = dict(unwrap_model(model).named_parameters())
+        return torch.cat([params[n].detach().reshape(-1).to(self.dtype) for n in self.names]).clone()
 
 
 def eval_view(model: nn.Module) -> nn.Module:
@@ -141,51 +169,63 @@ def _onednn_disabled() -> Iterator[None]:
 
 @contextlib.contextmanager
 def autodiff_context(model: nn.Module, device: torch.device) -> Iterator[None]:
-    """Gradients on, and oneDNN off for recurrent layers on CPU (forward-mode AD through
-    ``nn.LSTM`` fails with oneDNN); both settings are restored on exit."""
+    """Gradients on; ``scaled_dot_product_attention`` on its math kernel (the fused flash / memory-efficient
+    kernels, which transformers' attention layers call, have neither forward-mode AD nor a double backward);
+    and oneDNN off for recurrent layers on CPU (forward-mode AD through ``nn.LSTM`` fails with oneDNN). All
+    settings are restored on exit."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.enable_grad())
+        if sdpa_kernel is not None:
+            stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
         if device.type == "cpu" and _has_rnn(model):
             stack.enter_context(_onednn_disabled())
         yield
 
 
 def forward(model: nn.Module, params: dict, inputs) -> torch.Tensor:
-    """Evaluate ``model`` at the weights ``params`` (a name → tensor dict) on ``inputs``."""
+    """Evaluate ``model`` at the weights ``params`` (a name → tensor dict) on ``inputs`` (positionally)."""
     args = inputs if isinstance(inputs, tuple) else (inputs,)
     return functional_call(model, params, args)
 
 
 def model_outputs(model: nn.Module, X: torch.Tensor, batch_size: int | None = None) -> torch.Tensor:
-    """The model's outputs on every row of ``X`` at its own weights: evaluated through an eval-mode view,
-    without building a graph, ``batch_size`` rows at a time (all at once when None)."""
-    view = eval_view(model)
-    params = {n: p.detach() for n, p in model.named_parameters()}
+    """The model's predictions on every row of ``X`` at its own weights: called through its
+    :class:`~glas_sklearn.adapters.ModelAdapter` on an eval-mode view, without building a graph,
+    ``batch_size`` rows at a time (all at once when None)."""
+    adapter = as_adapter(model)
+    view = eval_view(adapter.model)
+    params = {n: p.detach() for n, p in view.named_parameters()}
     size = batch_size or X.shape[0]
     with torch.no_grad(), autodiff_context(view, X.device):
-        return torch.cat([forward(view, params, X[i:i + size]) for i in range(0, X.shape[0], size)])
+        return torch.cat([adapter.call(view, params, X[i:i + size]) for i in range(0, X.shape[0], size)])
 
 
 class FunctionalModel:
     """A trained model as a pure function of its weights: f(x; θ), with θ0 its trained weights.
 
     The one binding of a model that the GGN operator and the posterior share. It records the layout of the
-    trainable weights in the flat vector, a detached copy θ0 of them, and an eval-mode view of the model
-    (:func:`eval_view`); the model is only ever called through ``torch.func.functional_call`` and is never
-    written into.
+    trainable weights in the flat vector, a detached copy θ0 of them, an eval-mode view of the model
+    (:func:`eval_view`) and the :class:`~glas_sklearn.adapters.ModelAdapter` that calls it; the model is only
+    ever called through ``torch.func.functional_call`` and is never written into. Only the trainable weights
+    are substituted in a call: frozen ones (a transformer's base under LoRA) and buffers are the model's own
+    tensors, read in place and never copied.
 
     Parameters
     ----------
-    model : torch.nn.Module
-        The trained network. Its trainable parameters (``requires_grad=True``, in ``named_parameters()``
-        order) are the D weights; they must share one floating dtype and one device.
+    model : torch.nn.Module or ModelAdapter
+        The trained network, or an adapter naming how to call it. Its trainable parameters
+        (``requires_grad=True``, in ``named_parameters()`` order, under the wrapped model's names for an
+        adapter) are the D weights; they must share one floating dtype and one device.
 
     Attributes
     ----------
     layout : ParameterLayout
         Names, shapes and offsets of the weights in the flat vector.
     module : torch.nn.Module
-        The eval-mode view of the model (the model itself when it is already in eval mode).
+        The eval-mode view of the model (the model itself when it is already in eval mode; the wrapped model
+        for an adapter).
+    adapter : ModelAdapter
+        How the model is called (its input keywords, attention mask and output), wrapping ``module``.
     theta0 : torch.Tensor of shape (D,)
         The trained weights, a detached copy taken at construction (later changes to the model do not move it).
     params0 : dict
@@ -204,9 +244,11 @@ class FunctionalModel:
     """
 
     def __init__(self, model: nn.Module) -> None:
-        self.layout = ParameterLayout.from_model(model)
-        self.module = eval_view(model)
-        self.theta0 = self.layout.parameters_of(model)
+        given = as_adapter(model)
+        self.layout = ParameterLayout.from_model(given.model)
+        self.module = eval_view(given.model)
+        self.adapter = ModelAdapter(self.module, output=given.output, padding_idx=given.padding_idx)
+        self.theta0 = self.layout.parameters_of(given.model)
         self.params0 = self.layout.unflatten(self.theta0)
 
     @property
@@ -230,7 +272,10 @@ class FunctionalModel:
 
     def __call__(self, inputs, params: dict | None = None) -> torch.Tensor:
         """f(inputs; params): the model evaluated at ``params`` (a name → tensor dict; θ0 when None)."""
-        return forward(self.module, self.params0 if params is None else params, inputs)
+        out = self.adapter.call(self.module, self.params0 if params is None else params, inputs)
+        if self.layout.param_dtypes is not None and out.is_floating_point() and out.dtype != self.dtype:
+            out = out.to(self.dtype)  # mixed precisions: outputs in the weights' (widest) dtype
+        return out
 
     def autodiff(self) -> contextlib.AbstractContextManager:
         """:func:`autodiff_context` for this model: gradients on, oneDNN off for recurrent layers on CPU."""
@@ -316,7 +361,9 @@ class BoundModel:
         """∂f(x_i)/∂θ at θ0 for every record of Xb, flattened over the weights: shape ``(c, *out, D)``.
 
         Reverse mode, vectorised over the records with ``torch.func.vmap`` where the model allows it (remembered
-        in ``_vmap_jac_ok``), a loop over records and outputs otherwise.
+        in ``_vmap_jac_ok``); else (models whose forward branches on the data, as transformers' mask handling)
+        one forward pass per group of records and its pullback vectorised over the group's outputs
+        (:meth:`_pullback_jacobians`, checked once against the loop); a loop over records and outputs otherwise.
         """
         fm = self.functional_model
         layout = fm.layout
@@ -333,24 +380,72 @@ class BoundModel:
                     jac = vmap(jacrev(single), in_dims=(None, 0))(fm.params0, Xb)
                     self._vmap_jac_ok = True
                     out_ndim = next(iter(jac.values())).ndim - len(layout.shapes[0]) - 1
-                    return flat(jac, 1 + out_ndim).detach()
-                except Exception as err:  # noqa: BLE001 - any failure of the vectorised path falls back to a loop
+                    return flat(jac, 1 + out_ndim).detach().to(layout.dtype)
+                except Exception as err:  # noqa: BLE001 - any failure of the vectorised path falls back
                     if getattr(self, "_vmap_jac_ok", None):
                         raise
-                    logger.debug("vmap over per-record Jacobians failed (%s); computing them one by one", err)
+                    logger.debug("vmap over per-record Jacobians failed (%s); pulling back per group", err)
                     self._vmap_jac_ok = False
+            if getattr(self, "_pullback_jac_ok", None) is not False:
+                try:
+                    jac = self._pullback_jacobians(Xb)
+                except Exception as err:  # noqa: BLE001 - a model the vectorised pullback cannot handle: the loop
+                    if getattr(self, "_pullback_jac_ok", None):
+                        raise
+                    logger.debug("vectorised pullbacks failed (%s); computing Jacobians one by one", err)
+                    self._pullback_jac_ok = False
+                else:
+                    if getattr(self, "_pullback_jac_ok", None) is None and Xb.shape[0] > 1:
+                        # once: a record's output, computed beside another, must be its output alone
+                        ref = self._loop_jacobians(Xb[:1])[0]
+                        tol = 100 * torch.finfo(layout.dtype).eps * float(ref.abs().max().clamp_min(1e-30))
+                        self._pullback_jac_ok = bool((jac[0] - ref).abs().max() <= tol)
+                        if not self._pullback_jac_ok:
+                            logger.debug("a record's output depends on other records; Jacobians one by one")
+                    if getattr(self, "_pullback_jac_ok", None) is not False:
+                        return jac
+            return self._loop_jacobians(Xb)
+
+    def _pullback_jacobians(self, Xb: torch.Tensor) -> torch.Tensor:
+        """Per-record Jacobians from one forward pass per group of records and its pullback ``torch.func.vmap``-ed
+        over the group's output basis (at most ``_PULLBACK_COTANGENTS`` at a time): exact when each record's
+        output depends on its own input only (any network in eval mode that does not mix its rows)."""
+        fm = self.functional_model
+        layout = fm.layout
+
+        def group_jacobians(xb: torch.Tensor) -> torch.Tensor:
+            out, pull = vjp(lambda p: fm(xb, p), fm.params0)
+            n = out.numel()
+            basis = torch.eye(n, dtype=out.dtype, device=out.device).reshape(n, *out.shape)
             rows = []
-            params = {n: p.detach().requires_grad_(True) for n, p in fm.params0.items()}
-            for i in range(Xb.shape[0]):
-                out = fm(Xb[i:i + 1], params)[0]
-                flat_out = out.reshape(-1)
-                grads = []
-                for k in range(flat_out.shape[0]):
-                    g = torch.autograd.grad(flat_out[k], list(params.values()), retain_graph=True, allow_unused=True)
-                    grads.append(torch.cat([torch.zeros(p.numel(), dtype=p.dtype, device=p.device) if gi is None
-                                            else gi.reshape(-1) for gi, p in zip(g, params.values(), strict=True)]))
-                rows.append(torch.stack(grads).reshape(*out.shape, -1))
-            return torch.stack(rows).detach()
+            for j in range(0, n, _PULLBACK_COTANGENTS):
+                (grads,) = vmap(pull)(basis[j:j + _PULLBACK_COTANGENTS])
+                rows.append(torch.cat([grads[name].reshape(grads[name].shape[0], -1).to(layout.dtype)
+                                       for name in layout.names], 1))
+            return torch.cat(rows).reshape(*out.shape, -1).detach()
+
+        first = min(2, Xb.shape[0])  # two records first: their number of outputs sizes the groups
+        parts = [group_jacobians(Xb[:first])]
+        group = max(1, _PULLBACK_COTANGENTS // math.prod(parts[0].shape[1:-1]))
+        parts += [group_jacobians(Xb[i:i + group]) for i in range(first, Xb.shape[0], group)]
+        return torch.cat(parts)
+
+    def _loop_jacobians(self, Xb: torch.Tensor) -> torch.Tensor:
+        """Per-record Jacobians by a loop over records and outputs (one backward pass each)."""
+        fm = self.functional_model
+        rows = []
+        params = {n: p.detach().requires_grad_(True) for n, p in fm.params0.items()}
+        for i in range(Xb.shape[0]):
+            out = fm(Xb[i:i + 1], params)[0]
+            flat_out = out.reshape(-1)
+            grads = []
+            for k in range(flat_out.shape[0]):
+                g = torch.autograd.grad(flat_out[k], list(params.values()), retain_graph=True, allow_unused=True)
+                grads.append(torch.cat([torch.zeros(p.numel(), dtype=fm.dtype, device=p.device) if gi is None
+                                        else gi.reshape(-1).to(fm.dtype)
+                                        for gi, p in zip(g, params.values(), strict=True)]))
+            rows.append(torch.stack(grads).reshape(*out.shape, -1))
+        return torch.stack(rows).detach()
 
     def record_jacobian_chunks(self, X: torch.Tensor, max_bytes: int,
                                batch_size: int | None = None) -> Iterator[tuple[slice, torch.Tensor]]:

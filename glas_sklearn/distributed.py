@@ -75,6 +75,8 @@ class DistributedGGNOperator(CurvatureOperator):
         ``loss`` resolved to its object (the same on every process).
     n_records : int
         N over all processes.
+    total_weight : float
+        ``n_records`` as a float (records are unweighted here), G's normalisation.
     n_local_records : int
         N_r on this process.
     n_products : int
@@ -129,6 +131,7 @@ class DistributedGGNOperator(CurvatureOperator):
         dist.all_reduce(n, group=group)
         self.n_local_records = 0 if self.local is None else int(self.local.n_records)
         self.n_records = int(n.item())
+        self.total_weight = float(self.n_records)  # G's normalisation: every record counts once
         if self.n_records == 0:
             raise ValueError("No process holds a record: the distributed data set is empty.")
         self._share = self.n_local_records / self.n_records

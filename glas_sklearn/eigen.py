@@ -155,13 +155,33 @@ def _ritz(T: np.ndarray, beta: float) -> tuple[np.ndarray, np.ndarray, np.ndarra
     return theta, y, np.abs(beta * y[-1, :])
 
 
+# Bytes of basis columns rotated at once in a restart (the rotation's only temporary).
+_ROTATE_BYTES = 64 << 20
+
+
+def _column_blocks(D: int, rows: int, element: int) -> list[slice]:
+    """Slices of the D columns of a (rows, D) basis, each holding at most ``_ROTATE_BYTES``."""
+    width = max(1, _ROTATE_BYTES // max(1, rows * element))
+    return [slice(i, min(i + width, D)) for i in range(0, D, width)]
+
+
+def _rotate_in_place(B: torch.Tensor, Y: torch.Tensor, size: int) -> None:
+    """B[:n] = Yᵀ B[:size] for the (size, n) Ritz coefficients Y, a block of columns at a time, so that the
+    restart needs no second basis: the temporary is one block of n × width entries."""
+    n = Y.shape[1]
+    for cols in _column_blocks(B.shape[1], size, B.element_size()):
+        B[:n, cols] = Y.T @ B[:size, cols]
+
+
 def _lanczos(matvec, D: int, k: int, dtype, device, *, tol: float, max_matvecs: int, ncv: int,
              generator: torch.Generator, v0: torch.Tensor | None, bar=None) -> EigenResult:
     """Thick-restart Lanczos for the k largest eigenpairs of a symmetric PSD operator.
 
     The basis lives on the operator's device; the small projected matrix T lives on the host in float64,
     so each step moves only the j + 1 new entries of T and β there (the stopping test needs them), and the
-    vectors never leave the device."""
+    vectors never leave the device. Memory: the basis, ncv + 1 vectors of length D in the operator's dtype,
+    rotated in place at a restart (in column blocks of at most 64 MiB); at the end the k eigenvectors are
+    formed beside it, so the peak is (ncv + 1 + k) D entries plus the product's own few D-vectors."""
     m = min(ncv, D)
     B = torch.zeros(m + 1, D, dtype=dtype, device=device)  # basis vectors as rows, plus the residual direction
     T = np.zeros((m, m))  # projected matrix VᵀAV (host, float64)
@@ -214,7 +234,7 @@ def _lanczos(matvec, D: int, k: int, dtype, device, *, tol: float, max_matvecs: 
         # Thick restart: keep the leading Ritz vectors, continue from the residual direction.
         n_kept = min(size - 1, max(k + (m - k) // 2, k + 1))
         Y = torch.as_tensor(y[:, :n_kept], dtype=dtype, device=device)
-        B[:n_kept] = Y.T @ B[:size]
+        _rotate_in_place(B, Y, size)
         B[n_kept] = B[size]
         T[:] = 0.0
         T[:n_kept, :n_kept] = np.diag(theta[:n_kept])
@@ -222,7 +242,10 @@ def _lanczos(matvec, D: int, k: int, dtype, device, *, tol: float, max_matvecs: 
         j = n_kept
     kk = min(k, size)
     Y = torch.as_tensor(y[:, :kk], dtype=dtype, device=device)
-    vecs = (Y.T @ B[:size]).T  # (D, k), each eigenvector contiguous in memory
+    vecs = torch.empty(kk, D, dtype=dtype, device=device)
+    for cols in _column_blocks(D, size, B.element_size()):
+        vecs[:, cols] = Y.T @ B[:size, cols]
+    vecs = vecs.T  # (D, k), each eigenvector contiguous in memory
     return EigenResult(
         eigenvalues=torch.as_tensor(theta[:kk].copy(), dtype=torch.float64, device=device),
         eigenvectors=vecs,
@@ -302,7 +325,10 @@ def top_eigenpairs(op, k: int, *, method: str = "lanczos", tol: float = 1e-5,
         Budget of products (default: max(20 k, 200)).
     ncv : int, optional
         Largest basis size between restarts (default: max(2k + 10, k + 20) for Lanczos, ARPACK's
-        max(2k + 1, 20) for eigsh; capped at D).
+        max(2k + 1, 20) for eigsh; capped at D). It bounds the solver's memory: Lanczos holds at most
+        (ncv + 1 + k) vectors of length D in the operator's dtype (the parameters' dtype for a GGN: float32 for
+        LoRA adapters), max(3k + 11, 2k + 21) of them by default; the projected problem is solved in float64 on the
+        host. eigsh keeps its own float64 basis of ncv vectors on the host.
     random_state : int, Generator or None
         Seeds the start vector.
     v0 : torch.Tensor, optional

@@ -4,6 +4,8 @@ G = (1/N) Σ_n J_nᵀ H_n J_n (paper eqs. 28, 30), with J_n the Jacobian of the 
 respect to the trainable weights and H_n the Hessian of the loss with respect to that output:
 the identity for the ½-squared loss and diag(p) − p pᵀ for softmax cross-entropy (analytic, p = softmax(f)),
 in general whatever the :class:`~glas_sklearn.likelihoods.Likelihood`'s ``output_hessian_product`` gives.
+With record weights w_n (``sample_weight``) G = Σ_n w_n J_nᵀ H_n J_n / Σ_n w_n: frequency weights, so an integer
+weight is the same as repeating the record and a zero weight the same as dropping it.
 G is never formed: G v is one Jacobian-vector product, a multiply by H at the output and one
 vector-Jacobian product per mini-batch, summed over the N records. A block G V of k vectors is computed in
 one pass per mini-batch: one forward pass, the k JVPs and VJPs vectorised with ``torch.func.vmap`` (in
@@ -25,7 +27,7 @@ from scipy.sparse.linalg import LinearOperator
 from torch import nn
 from torch.func import jvp, vjp, vmap
 
-from ._checks import check_positive_int, check_vector, numpy_rng
+from ._checks import check_positive_int, check_sample_weight, check_vector, numpy_rng
 from ._functional import BoundModel, FunctionalModel
 from .likelihoods import Likelihood, resolve_likelihood
 
@@ -194,6 +196,10 @@ class GGNOperator(BoundModel, CurvatureOperator):
         of width ≲ 150, respectively ≲ 400, on 10³ rows), since larger products are compute-bound there and
         the single products are as fast (benchmarks/results/bench_ggn.md). Models that ``vmap`` cannot
         handle fall back to columns.
+    sample_weight : torch.Tensor or array-like of shape (n,), optional
+        Non-negative weight w_i of each row (frequency weights): G = Σ_n w_n J_nᵀ H_n J_n / Σ_n w_n, so an
+        integer weight equals repeating the row and a zero weight equals dropping it. A row's weight applies
+        to each of its unmasked records (positions, for sequence outputs). Finite, not all zero.
 
     Attributes
     ----------
@@ -202,7 +208,10 @@ class GGNOperator(BoundModel, CurvatureOperator):
     likelihood : Likelihood
         ``loss`` resolved to its object.
     n_records : int
-        N, the number of records G averages over (unmasked tokens for sequence data).
+        The number of records G averages over (unmasked tokens for sequence data; with ``sample_weight`` those
+        of positive weight).
+    total_weight : float
+        N in G's normalisation: Σ_n w_n, the total record weight (``n_records`` without ``sample_weight``).
     n_products : int
         Number of single-vector products computed so far (a D×k block counts k).
     functional_model : FunctionalModel
@@ -240,7 +249,8 @@ class GGNOperator(BoundModel, CurvatureOperator):
     def __init__(self, model: nn.Module, X: torch.Tensor, y: torch.Tensor | None = None, *,
                  loss: str | Likelihood = "mse", batch_size: int | None = None, mask: torch.Tensor | None = None,
                  subsample: int | None = None, random_state=None, trim_padding: bool = False,
-                 reuse_linearization: bool | str = "auto", vectorize_blocks: bool | str = "auto") -> None:
+                 reuse_linearization: bool | str = "auto", vectorize_blocks: bool | str = "auto",
+                 sample_weight: torch.Tensor | np.ndarray | None = None) -> None:
         self.likelihood = resolve_likelihood(loss, "loss")
         self.functional_model = fm = FunctionalModel(model)
 
@@ -258,6 +268,7 @@ class GGNOperator(BoundModel, CurvatureOperator):
                 raise ValueError(f"mask is on {mask.device}, but the model lives on {self.device}.")
             if mask.shape[0] != n_rows:
                 raise ValueError(f"mask has {mask.shape[0]} rows but X has {n_rows}; they must match.")
+        weight = check_sample_weight(sample_weight, n_rows, self.device)
         if not isinstance(trim_padding, (bool, np.bool_)):
             raise ValueError(f"trim_padding must be True or False, got {trim_padding!r}.")
         if trim_padding and (mask is None or X.ndim < 2 or tuple(X.shape[:2]) != tuple(mask.shape)):
@@ -274,6 +285,7 @@ class GGNOperator(BoundModel, CurvatureOperator):
             idx_t = torch.as_tensor(idx, device=X.device)
             X = X[idx_t]
             mask = None if mask is None else mask[idx_t]
+            weight = None if weight is None else weight[idx_t]
             self.indices_ = idx
         else:
             self.indices_ = None
@@ -287,14 +299,21 @@ class GGNOperator(BoundModel, CurvatureOperator):
                 f"(n, {', '.join(map(str, self.output_shape))}); the mask must be (n, "
                 f"{', '.join(map(str, self.output_shape[:-1]))})."
             )
-        if mask is None:
+        records = mask  # per record (n, *output_shape[:-1]): the mask, times the row's weight
+        if weight is not None:
+            rows = weight.reshape(-1, *([1] * (len(self.output_shape) - 1)))
+            records = rows.expand(-1, *self.output_shape[:-1]) if mask is None else rows * mask
+        if records is None:
             self.n_records = int(X.shape[0] * math.prod(self.output_shape[:-1]))
+            self.total_weight = float(self.n_records)
         else:
-            self.n_records = int(mask.sum())
+            self.n_records = int(torch.count_nonzero(records))
+            self.total_weight = float(records.sum(dtype=torch.float64))
         if self.n_records == 0:
-            raise ValueError("The mask leaves no record: every position is padding.")
+            raise ValueError("The mask leaves no record: every position is padding." if weight is None else
+                             "sample_weight is zero at every unmasked record; at least one needs a positive weight.")
 
-        self._batches = self._make_batches(X, mask)
+        self._batches = self._make_batches(X, mask, records)
         if reuse_linearization not in (True, False, "auto"):
             raise ValueError(f"reuse_linearization must be True, False or 'auto', got {reuse_linearization!r}.")
         self.reuse_linearization = reuse_linearization
@@ -307,13 +326,14 @@ class GGNOperator(BoundModel, CurvatureOperator):
         self._column_bytes: int | None = None
         self.n_products = 0
 
-    def _make_batches(self, X: torch.Tensor, mask: torch.Tensor | None) -> list:
-        """(inputs, mask) per mini-batch: views of consecutive rows, or with ``trim_padding`` length-sorted
+    def _make_batches(self, X: torch.Tensor, mask: torch.Tensor | None, records: torch.Tensor | None) -> list:
+        """(inputs, record weights) per mini-batch (the weights: the mask, the rows' weights or their product;
+        None when every record counts once): views of consecutive rows, or with ``trim_padding`` length-sorted
         rows cut after the batch's last real position (batches of padding only are dropped)."""
         n = X.shape[0]
         size = self.batch_size or n
         if not self.trim_padding:
-            return [(X[i:i + size], None if mask is None else mask[i:i + size]) for i in range(0, n, size)]
+            return [(X[i:i + size], None if records is None else records[i:i + size]) for i in range(0, n, size)]
         positions = torch.arange(1, mask.shape[1] + 1, device=mask.device)
         needed = (mask * positions).amax(dim=1)  # columns up to the last real position of each row
         order = torch.argsort(needed.cpu(), stable=True).to(mask.device)
@@ -322,7 +342,7 @@ class GGNOperator(BoundModel, CurvatureOperator):
             rows = order[i:i + size]
             t = int(needed[rows].max())
             if t > 0:
-                batches.append((X[rows][:, :t], mask[rows][:, :t]))
+                batches.append((X[rows][:, :t], records[rows][:, :t]))
         return batches
 
     # ------------------------------------------------------------- properties
@@ -331,11 +351,12 @@ class GGNOperator(BoundModel, CurvatureOperator):
                 f"batches={len(self._batches)}, dtype={self.dtype}, device={self.device})")
 
     # --------------------------------------------------------------- per batch
-    def _record_weight(self, mask: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
-        """1/N at every record of the batch (0 at padding), broadcastable against ``out``."""
-        if mask is None:
-            return torch.full((1,) * out.ndim, 1.0 / self.n_records, dtype=out.dtype, device=out.device)
-        return (mask.to(out.dtype) / self.n_records).unsqueeze(-1)
+    def _record_weight(self, records: torch.Tensor | None, out: torch.Tensor) -> torch.Tensor:
+        """w_n / Σ w at every record of the batch (1/N without weights, 0 at padding), broadcastable against
+        ``out``."""
+        if records is None:
+            return torch.full((1,) * out.ndim, 1.0 / self.total_weight, dtype=out.dtype, device=out.device)
+        return (records.to(out.dtype) / self.total_weight).unsqueeze(-1)
 
     def _cells(self, x: torch.Tensor) -> int:
         """Input cells of a mini-batch: rows, times positions with ``trim_padding`` (whose batches differ in length)."""
@@ -512,7 +533,8 @@ class GGNOperator(BoundModel, CurvatureOperator):
 
     # ------------------------------------------------------------- public API
     def diagonal(self) -> torch.Tensor:
-        """The exact diagonal of G, (1/N) Σ_n diag(J_nᵀ H_n J_n), from per-record Jacobians; shape (D,), float64.
+        """The exact diagonal of G, (1/N) Σ_n diag(J_nᵀ H_n J_n), from per-record Jacobians; shape (D,), float64
+        (with ``sample_weight``: Σ_n w_n diag(J_nᵀ H_n J_n) / Σ_n w_n).
 
         Per record and weight k the likelihood's ``output_hessian_diagonal_terms`` (Σ_m J_mk² for the ½-squared
         loss, Σ_c p_c J_ck² − (Σ_c p_c J_ck)² for softmax cross-entropy, H = diag(p) − p pᵀ), summed over the
@@ -530,7 +552,7 @@ class GGNOperator(BoundModel, CurvatureOperator):
                 if mb is not None:
                     per_record = per_record * mb[rows].to(torch.float64).unsqueeze(-1)
                 total += per_record.reshape(-1, self.layout.size).sum(0)
-        return (total / self.n_records).clamp_min(0.0)
+        return (total / self.total_weight).clamp_min(0.0)
 
     def release(self) -> None:
         """Drop the cached linearisation (it is rebuilt on the next product)."""

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ._checks import check_positive_int
+from ._checks import check_positive_int, check_sample_weight
 from ._functional import model_outputs
 from .eigen import EigenResult, top_eigenpairs
 from .ggn import GGNOperator
@@ -39,11 +39,15 @@ class LaplaceSubspace:
     beta : float
         The posterior scaling used.
     n_records : int
-        N, the number of records G averages over (tokens for masked sequence data).
+        N, the number of records G averages over (tokens for masked sequence data; with ``sample_weight``
+        those of positive weight).
     noise_var : float or None
         σ² used for β (regression), given or estimated from the residuals.
     timings : dict
         Wall seconds of each stage ("ggn_setup", "eigen").
+    total_weight : float or None
+        Σ w, the total record weight that G is normalised by and that N is in β for ``scaling="standard"``
+        (``n_records`` without ``sample_weight``).
     """
 
     posterior: ActiveSubspacePosterior
@@ -52,17 +56,28 @@ class LaplaceSubspace:
     n_records: int
     noise_var: float | None
     timings: dict = field(default_factory=dict)
+    total_weight: float | None = None
 
 
 def residual_noise_variance(model: nn.Module, X: torch.Tensor, y: torch.Tensor,
-                            batch_size: int | None = None, per_output: bool = False) -> float | np.ndarray:
+                            batch_size: int | None = None, per_output: bool = False,
+                            sample_weight: torch.Tensor | np.ndarray | None = None) -> float | np.ndarray:
     """σ² = mean squared residual of the model (in eval mode, at its own weights) on ``(X, y)``.
 
     Over all N·M entries (a float), or with ``per_output=True`` one mean per output column of an (N, M)
-    prediction (a float64 array of shape (M,); its mean is the pooled value).
+    prediction (a float64 array of shape (M,); its mean is the pooled value). With ``sample_weight`` (one
+    non-negative weight per row) the means are weighted over the rows: Σ_i w_i r_im² / Σ_i w_i per output,
+    so integer weights equal repeated rows.
     """
+    weight = check_sample_weight(sample_weight, X.shape[0])
     preds = model_outputs(model, X, batch_size)
     residuals = y.reshape(preds.shape) - preds
+    if weight is not None:
+        squares = residuals.detach().to("cpu", torch.float64).reshape(residuals.shape[0], -1) ** 2
+        if not bool(torch.isfinite(squares).all()):
+            raise ValueError("residuals contains NaN or infinite values; clean the predictions or targets first.")
+        per_column = (weight[:, None] * squares).sum(0) / weight.sum()
+        return per_column.numpy() if per_output else float(per_column.mean())
     if not per_output:
         return estimate_noise_variance(residuals)
     res = residuals.reshape(residuals.shape[0], -1)
@@ -76,7 +91,8 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
                          eigen_method: str = "lanczos", tol: float = 1e-5, random_state=None,
                          reuse_linearization="auto", trim_padding: bool = False, max_matvecs: int | None = None,
                          ncv: int | None = None, distributed: bool = False, process_group=None,
-                         verbose: int = 0, posterior: str | type = "subspace") -> LaplaceSubspace:
+                         verbose: int = 0, posterior: str | type = "subspace",
+                         sample_weight: torch.Tensor | np.ndarray | None = None) -> LaplaceSubspace:
     """Build the generalized Laplace active-subspace posterior of a trained model.
 
     Parameters
@@ -130,6 +146,11 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         :meth:`~glas_sklearn.ggn.GGNOperator.diagonal`, timed as "ggn_diagonal"), as for every kind with
         ``needs_ggn_diagonal``. A class is built as ``kind(model, eigenvalues, eigenvectors, beta=..., sigma0=...,
         ggn_diagonal=...)``.
+    sample_weight : torch.Tensor or array-like of shape (n,), optional
+        Non-negative frequency weights of the rows of ``X``: the GGN becomes Σ_n w_n J_nᵀ H_n J_n / Σ_n w_n, σ²
+        the weighted mean squared residual, and N in β for ``scaling="standard"`` the total weight Σ w; so
+        integer weights give the posterior of the repeated rows, and zero weights that of the rows dropped.
+        Not available with ``distributed=True``.
 
     Returns
     -------
@@ -142,6 +163,9 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
     if distributed:
         if subsample is not None:
             raise ValueError("subsample is not available with distributed=True; subsample each shard yourself.")
+        if sample_weight is not None:
+            raise ValueError("sample_weight is not available with distributed=True; repeat or drop rows in the "
+                             "shards instead, or fit without distributed.")
         from .distributed import DistributedGGNOperator, shared_seed
 
         random_state = shared_seed(random_state, process_group)  # the eigen-solvers must start alike
@@ -152,7 +176,7 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
     else:
         op = GGNOperator(model, X, y, loss=likelihood, batch_size=batch_size, mask=mask, subsample=subsample,
                          random_state=random_state, trim_padding=trim_padding,
-                         reuse_linearization=reuse_linearization)
+                         reuse_linearization=reuse_linearization, sample_weight=sample_weight)
     if likelihood.needs_noise_variance and not isinstance(scaling, (int, float)):
         if noise_var is None:
             if y is None:
@@ -162,11 +186,13 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
 
                 noise_var = distributed_noise_variance(model, X, y, batch_size=batch_size, group=process_group)
             else:
-                noise_var = residual_noise_variance(model, X, y, batch_size)
+                noise_var = residual_noise_variance(model, X, y, batch_size, sample_weight=sample_weight)
         if not noise_var > 0:
             raise ValueError(f"The noise variance must be positive, got {noise_var!r} (a perfect fit to the "
                              "training data leaves β undefined); pass noise_var explicitly.")
     beta = likelihood.beta(scaling, op.n_records, noise_var)
+    if scaling == "standard" and op.total_weight != op.n_records:  # N/σ² with N = Σ w, the total record weight
+        beta *= op.total_weight / op.n_records
     t1 = time.perf_counter()
     eig = top_eigenpairs(op, n_components, method=eigen_method, tol=tol, random_state=random_state,
                          max_matvecs=max_matvecs, ncv=ncv, verbose=verbose)
@@ -179,4 +205,4 @@ def fit_laplace_subspace(model: nn.Module, X: torch.Tensor, y: torch.Tensor | No
         timings["ggn_diagonal"] = time.perf_counter() - t2
     post = kind(model, eig.eigenvalues, eig.eigenvectors, beta=beta, sigma0=sigma0, ggn_diagonal=diagonal)
     return LaplaceSubspace(posterior=post, eigen=eig, beta=beta, n_records=op.n_records,
-                           noise_var=noise_var, timings=timings)
+                           noise_var=noise_var, timings=timings, total_weight=op.total_weight)

@@ -68,6 +68,7 @@ import torch
 from torch import nn
 
 from ._functional import ParameterLayout
+from .adapters import unwrap_model
 from .posterior import ActiveSubspacePosterior
 
 __all__ = ["sample_parameters", "perturbed_copy"]
@@ -145,7 +146,8 @@ def _check_same_layout(model: nn.Module, posterior: ActiveSubspacePosterior) -> 
 
 
 @contextlib.contextmanager
-def perturbed_copy(model: nn.Module, posterior: ActiveSubspacePosterior, z: torch.Tensor) -> Iterator[nn.Module]:
+def perturbed_copy(model: nn.Module, posterior: ActiveSubspacePosterior, z: torch.Tensor, *,
+                   share_frozen: bool = True) -> Iterator[nn.Module]:
     """Context manager yielding a copy of ``model`` with weights θ0 + P_d z.
 
     Use it for code that calls ``model(...)`` directly (generation loops with state, third-party
@@ -155,19 +157,24 @@ def perturbed_copy(model: nn.Module, posterior: ActiveSubspacePosterior, z: torc
     Parameters
     ----------
     model : torch.nn.Module
-        The trained model the posterior was built from. It is only read. The copy gets new parameter
-        tensors, and its buffers are deep copies, so nothing done to the copy or inside the block can
-        reach the model. That holds when the block raises too.
+        The trained model the posterior was built from (or the :class:`~glas_sklearn.adapters.ModelAdapter`
+        around it). It is only read. The copy gets new tensors for the D trainable parameters, and its buffers
+        are deep copies.
     posterior : ActiveSubspacePosterior
     z : torch.Tensor of shape (d,)
         Subspace coordinates, e.g. a row of ``posterior.sample(n, d, random_state)``. d ≤ K.
+    share_frozen : bool, default=True
+        The frozen parameters (``requires_grad=False``: a transformer's base under LoRA adapters) are the
+        model's own tensors in the copy, so a sample costs D new weights, not a copy of the base. Writing into
+        one inside the block would reach the model: such a write is detected when the block ends (a
+        RuntimeError). False copies them too, so that nothing done to the copy can reach the model.
 
     Yields
     ------
     torch.nn.Module
-        A deep copy of ``model`` in evaluation mode. Its trainable parameters equal θ0 + P_d z
-        exactly (same ``requires_grad`` flags, no gradients). Its other state (buffers, frozen
-        parameters) is copied from the model.
+        A copy of ``model`` in evaluation mode. Its trainable parameters equal θ0 + P_d z
+        exactly (same ``requires_grad`` flags, no gradients). Its other state (buffers, and frozen
+        parameters unless shared) is copied from the model.
 
     Examples
     --------
@@ -193,14 +200,23 @@ def perturbed_copy(model: nn.Module, posterior: ActiveSubspacePosterior, z: torc
                          "take one row of posterior.sample(n, d).")
     params = posterior.parameters(z)
     # New parameters are substituted through the deepcopy memo: the model's own weights are never
-    # cloned and then overwritten, and tied parameters stay tied in the copy.
-    memo = {}
-    for name, p in model.named_parameters():
+    # cloned and then overwritten, and tied parameters stay tied in the copy. Shared frozen ones enter
+    # the memo as themselves.
+    memo, shared = {}, {}
+    for name, p in unwrap_model(model).named_parameters():
         if name in params:
             memo[id(p)] = nn.Parameter(params[name].detach().clone(), requires_grad=p.requires_grad)
+        elif share_frozen and not p.requires_grad:
+            memo[id(p)] = p
+            shared[name] = (p, p._version)
     sampled = copy.deepcopy(model, memo)
     sampled.eval()
     try:
         yield sampled
     finally:
         del sampled, memo, params
+        written = [name for name, (p, version) in shared.items() if p._version != version]
+        if written:
+            raise RuntimeError(f"The block wrote into frozen parameters shared with the model ({written[:3]}"
+                               f"{' …' if len(written) > 3 else ''}), so the model changed; use "
+                               "perturbed_copy(..., share_frozen=False) for code that writes into the weights.")

@@ -95,7 +95,7 @@ def test_output_shape_and_wrong_row_shape():
         def forward(self, x):
             return self.lin(x), x
 
-    with pytest.raises(ValueError, match="must return a torch.Tensor, got tuple"):
+    with pytest.raises(ValueError, match=r"Pair returns a tuple of 2 items .*output=0"):
         FunctionalModel(Pair().double()).output_shape(_randn(2, 3, seed=7))
 
 
@@ -107,10 +107,31 @@ def test_bad_models():
         p.requires_grad_(False)
     with pytest.raises(ValueError, match="no trainable parameters"):
         FunctionalModel(frozen)
-    mixed = mlp()
-    mixed[0].float()
-    with pytest.raises(TypeError, match="one dtype"):
-        FunctionalModel(mixed)
+    with pytest.raises(TypeError, match="floating point"):
+        FunctionalModel(nn.Embedding(3, 2).to(torch.int64))
+
+
+def test_mixed_precisions_bind_in_the_widest_dtype():
+    """Trainable parameters of two dtypes: θ in the widest, each part cast back to its own in the call."""
+    class Mixed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.low = nn.Linear(3, 4).float()
+            self.high = nn.Linear(4, 2).double()
+
+        def forward(self, x):
+            return self.high(torch.tanh(self.low(x.float())).double())
+
+    torch.manual_seed(0)
+    mixed = Mixed()
+    f = FunctionalModel(mixed)
+    assert f.dtype == torch.float64 and f.theta0.dtype == torch.float64
+    assert f.layout.param_dtypes == tuple(p.dtype for p in mixed.parameters())
+    assert [f.params0[n].dtype for n, _ in mixed.named_parameters()] == [p.dtype for p in mixed.parameters()]
+    x = _randn(5, 3, seed=9)
+    with torch.no_grad():
+        assert torch.equal(f(x), mixed(x).double())
+    assert torch.equal(f.layout.flatten(f.params0), f.theta0)
 
 
 def test_pickling_keeps_the_binding_and_follows_the_tensors_device():
@@ -126,3 +147,52 @@ def test_pickling_keeps_the_binding_and_follows_the_tensors_device():
     h.__setstate__(state)
     assert h.device == torch.device("cpu") and h.layout.device == torch.device("cpu")
     torch.testing.assert_close(h(X), f(X), rtol=0, atol=0)
+
+
+class _Branching(nn.Module):
+    """A forward that branches on the data (vmap over records cannot trace it); ``mix`` couples the rows."""
+
+    def __init__(self, mix: bool):
+        super().__init__()
+        self.mix = mix
+        self.lin = nn.Linear(3, 2)
+
+    def forward(self, x):
+        h = torch.tanh(self.lin(x))
+        if bool((x[:, 0] > 100).any()):
+            h = 2 * h
+        return h + h.mean(0, keepdim=True) if self.mix else h
+
+
+@pytest.mark.parametrize("mix", [False, True])
+def test_record_jacobians_when_vmap_over_records_fails(mix):
+    """Per-record Jacobians of a forward vmap cannot trace: by vectorised pullbacks over groups of records when
+    rows do not interact (checked once against the loop), by the loop when they do; both equal the Jacobian of
+    the model on the record alone (of the whole batch, for the row-mixing model), from torch.autograd."""
+    from glas_sklearn._functional import BoundModel
+
+    torch.manual_seed(0)
+    net = _Branching(mix).double()
+    X = _randn(40, 3, seed=8)
+
+    class Bound(BoundModel):
+        def __init__(self):
+            self.functional_model = FunctionalModel(net)
+
+    bound = Bound()
+    got = bound.record_jacobians(X)  # (n, 2, D)
+    names = [n for n, _ in net.named_parameters()]
+    theta = flat_params(net)
+    sizes = [p.numel() for p in net.parameters()]
+
+    def outputs(flat, rows):
+        parts = {n: t.view(p.shape) for n, t, p in zip(names, flat.split(sizes), net.parameters(), strict=True)}
+        return torch.func.functional_call(net, parts, (rows,))
+
+    if mix:  # a record's output in a batch depends on the other rows: each record's Jacobian alone
+        expected = torch.stack([torch.autograd.functional.jacobian(lambda f, i=i: outputs(f, X[i:i + 1])[0], theta)
+                                for i in range(len(X))])
+    else:
+        expected = torch.autograd.functional.jacobian(lambda f: outputs(f, X), theta)  # (n, 2, D), rows apart
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+    assert bound._vmap_jac_ok is False and bound._pullback_jac_ok is (not mix)

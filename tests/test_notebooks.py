@@ -29,7 +29,7 @@ manager = pytest.importorskip("jupyter_client.manager")
 ROOT = Path(__file__).resolve().parents[1]
 NOTEBOOK_DIR = ROOT / "notebooks"
 NOTEBOOKS = ["01_sine_1d.ipynb", "02_concrete.ipynb", "03_sklearn_workflows.ipynb", "04_digits_cnn.ipynb",
-             "05_smiles_tokens.ipynb"]
+             "05_smiles_tokens.ipynb", "06_transformers_lora.ipynb"]
 SOURCES = sorted(p.name for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.py"))
 KERNEL_NAME = "glas-sklearn-test"
 CELL_TIMEOUT = 600  # seconds per cell; a quick run takes well under a minute per notebook

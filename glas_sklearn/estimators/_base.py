@@ -18,7 +18,7 @@ import pandas as pd
 import torch
 from sklearn.base import BaseEstimator
 from sklearn.model_selection import train_test_split
-from sklearn.utils.validation import check_is_fitted
+from sklearn.utils.validation import _check_sample_weight, check_is_fitted
 from torch import nn
 
 from .._checks import check_confidence_levels, numpy_rng
@@ -34,7 +34,7 @@ from ..laplace import fit_laplace_subspace
 from ..likelihoods import Likelihood
 from ..posterior import POSTERIOR_KINDS, ActiveSubspacePosterior, resolve_posterior
 from ._inputs import InputsMixin
-from ._network import NetworkMixin
+from ._network import NetworkMixin, trainable_dtype
 from ._prefit import REGISTRY, PrefitLeakageWarning, module_fingerprint, row_digests, user_stacklevel
 from ._training import OPTIMIZERS, train_module
 from ._validation import (
@@ -179,23 +179,27 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         self.verbose = verbose
 
     # -------------------------------------------------------------------- fit
-    def _fit(self, X, y, X_cal, y_cal):
+    def _fit(self, X, y, X_cal, y_cal, sample_weight=None):
         """``fit`` of both estimators, one step per line in the order the data flows."""
         t_start = time.perf_counter()
         self._check_settings()
         X, y, X_cal, y_cal = self._validate_fit_data(X, y, X_cal, y_cal)
+        sample_weight, kept = self._check_sample_weight(sample_weight, X)
         device, dtype, seed = self._resolve_device(), self._resolve_dtype(), self._seed()
         self._prefit_fingerprint = None
         if self.prefit:
             self._declare_prefit_training_rows(self._prefit_module(device, dtype), X, X_cal)
+        if kept is not None:  # rows of zero weight are dropped
+            X, y = X[kept], y[kept]
         if X_cal is None:
-            X, X_cal, y, y_cal = self._split_off_calibration_rows(X, y, seed)
+            X, X_cal, y, y_cal, sample_weight = self._split_off_calibration_rows(X, y, seed, sample_weight, kept)
         else:
             self.train_indices_ = self.calibration_indices_ = None
-        Xt, yt, Xc, yc = self._fit_tensors(X, y, X_cal, y_cal, device, dtype)
+        Xt, yt, Xc, yc = self._fit_tensors(X, y, X_cal, y_cal, device, dtype, sample_weight)
+        wt = None if sample_weight is None else torch.as_tensor(sample_weight, dtype=torch.float64).to(device)
         self.timings_ = {}
-        self.module_ = self._theta0_module(Xt, yt, self._n_outputs(y), seed, dtype)
-        self._fit_posterior(Xt, yt, Xc, yc, seed)
+        self.module_ = self._theta0_module(Xt, yt, self._n_outputs(y), seed, dtype, wt)
+        self._fit_posterior(Xt, yt, Xc, yc, seed, wt)
         self._choose_dimension(Xc, yc, seed)
         self.timings_["total"] = time.perf_counter() - t_start
         return self
@@ -206,10 +210,10 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         self.likelihood_ = self._resolve_likelihood()
         self._check_sigma0_setting()
 
-    def _fit_tensors(self, X, y, X_cal, y_cal, device, dtype):
-        """The input standardisation fitted on the training rows; training and calibration rows as tensors in the
-        internal units: ``Xt, yt, Xc, yc``."""
-        self._fit_scalers(X, y)
+    def _fit_tensors(self, X, y, X_cal, y_cal, device, dtype, sample_weight=None):
+        """The input standardisation fitted on the training rows (weighted by ``sample_weight``); training and
+        calibration rows as tensors in the internal units: ``Xt, yt, Xc, yc``."""
+        self._fit_scalers(X, y, sample_weight)
         Xt = self._to_tensor(self._transform_X(X), device, dtype)
         yt = self._target_tensor(y, device, dtype)
         Xc = self._to_tensor(self._transform_X(X_cal), device, dtype)
@@ -226,6 +230,21 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
             raise ValueError(f"{type(self).__name__}.fit: pass both X_cal and y_cal, or neither.")
         X_cal, y_cal = self._validate_calibration(X_cal, y_cal)
         return X, y, X_cal, y_cal
+
+    def _check_sample_weight(self, sample_weight, X) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """``sample_weight`` checked (one finite, non-negative weight per row, not all zero): the weights of the
+        rows of positive weight (None when not given or all ones) and those rows' positions in ``X`` (None when
+        there is no zero weight)."""
+        if sample_weight is None:
+            return None, None
+        weight = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
+        if np.all(weight == 1.0):
+            return None, None
+        kept = np.flatnonzero(weight > 0)
+        if len(kept) < 3:
+            raise ValueError(f"{type(self).__name__} needs at least 3 rows of positive sample_weight (training and "
+                             f"calibration rows), got {len(kept)}.")
+        return weight[kept], None if len(kept) == len(weight) else kept
 
     def _resolve_device(self) -> torch.device:
         if self.device == "auto":
@@ -248,27 +267,31 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         if self.dtype != "auto":
             return _DTYPES[self.dtype]
         user = self._user_module() if self.prefit else None
-        p = None if user is None else next((p for p in user.parameters() if p.requires_grad), None)
-        if p is None:
+        weights_dtype = None if user is None else trainable_dtype(user)
+        if weights_dtype is None:
             return torch.float32
-        if p.dtype not in _DTYPES.values():
-            raise ValueError(f"{type(self).__name__}: the prefit module's parameters are {p.dtype}; the posterior "
-                             "needs float32 or float64 weights (cast a copy of the module, e.g. net.float()).")
-        return p.dtype
+        if weights_dtype not in _DTYPES.values():
+            raise ValueError(f"{type(self).__name__}: the prefit module's parameters are {weights_dtype}; the "
+                             "posterior needs float32 or float64 weights (cast a copy of the module, e.g. "
+                             "net.float()).")
+        return weights_dtype
 
     def _seed(self) -> int:
         """One integer seed for everything random in fit (fresh entropy when random_state is None; drawn from
         it when it is a RandomState)."""
         return int(numpy_rng(self.random_state).integers(0, 2**31 - 1))
 
-    def _split_off_calibration_rows(self, X, y, seed):
-        """``X, X_cal, y, y_cal``: ``calibration_size`` rows held out of training (stratified for classes when
-        possible); their positions in ``X`` are kept as ``train_indices_`` and ``calibration_indices_``."""
+    def _split_off_calibration_rows(self, X, y, seed, sample_weight=None, positions=None):
+        """``X, X_cal, y, y_cal, weights``: ``calibration_size`` rows held out of training (stratified for classes
+        when possible); the training rows keep their weights (None stays None), the calibration rows are
+        unweighted. Their positions in the user's ``X`` (``positions`` of these rows there, when rows of zero
+        weight were dropped) are kept as ``train_indices_`` and ``calibration_indices_``."""
         n_cal = self._n_calibration_rows(X.shape[0])
         stratify = y if self.likelihood_.is_classification and self._can_stratify(y, n_cal) else None
         train, cal = train_test_split(np.arange(X.shape[0]), test_size=n_cal, random_state=seed, stratify=stratify)
-        self.train_indices_, self.calibration_indices_ = train, cal
-        return X[train], X[cal], y[train], y[cal]
+        at = np.arange(X.shape[0]) if positions is None else positions
+        self.train_indices_, self.calibration_indices_ = at[train], at[cal]
+        return X[train], X[cal], y[train], y[cal], None if sample_weight is None else sample_weight[train]
 
     def _declare_prefit_training_rows(self, module: nn.Module, X: np.ndarray, X_cal: np.ndarray | None) -> None:
         """Prefit: the rows of X are the network's training rows, so calibration needs unseen ``X_cal`` (refused
@@ -304,32 +327,39 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
                 PrefitLeakageWarning, stacklevel=user_stacklevel())
 
     def _theta0_module(self, Xt: torch.Tensor, yt: torch.Tensor, n_outputs: int, seed: int,
-                       dtype: torch.dtype) -> nn.Module:
-        """θ0: the prefit module as it is, or our own network (new or copied) trained on the training rows."""
+                       dtype: torch.dtype, sample_weight: torch.Tensor | None = None) -> nn.Module:
+        """θ0: the prefit module as it is, or our own network (new or copied) trained on the training rows
+        (on the weighted mean loss with ``sample_weight``)."""
         if self.prefit:
-            module = self._prefit_module(Xt.device, dtype)
+            module = self._called_as_network(self._prefit_module(Xt.device, dtype), Xt[:1])
             self.training_loss_ = []
         else:
             module = self._build_module(Xt.shape[1], n_outputs, seed).to(device=Xt.device, dtype=dtype)
+            module = self._called_as_network(module, Xt[:1])
             t0 = time.perf_counter()
             self.training_loss_ = train_module(
                 module, Xt, yt, self.likelihood_.loss, optimizer=self.optimizer, lr=self.lr,
                 weight_decay=self.weight_decay, batch_size=self.batch_size, max_epochs=self.max_epochs, seed=seed,
-                verbose=self.verbose, owner=type(self).__name__)
+                verbose=self.verbose, owner=type(self).__name__, sample_weight=sample_weight)
             self.timings_["training"] = time.perf_counter() - t0
         self._check_output_shape(module, Xt[:1], n_outputs)
         return module
 
-    def _fit_posterior(self, Xt, yt, Xc, yc, seed: int) -> None:
-        """The curvature's top eigenpairs at θ0 and the posterior on them (β from σ² for regression)."""
+    def _fit_posterior(self, Xt, yt, Xc, yc, seed: int, sample_weight: torch.Tensor | None = None) -> None:
+        """The curvature's top eigenpairs at θ0 and the posterior on them (β from σ² for regression), with the
+        training rows' weights in G, σ² and β."""
         t0 = time.perf_counter()
         fitted = fit_laplace_subspace(
             self.module_, Xt, yt, loss=self.likelihood_,
-            scaling=self._resolved_scaling(), noise_var=self._noise_var(self.module_, Xt, yt, Xc, yc),
+            scaling=self._resolved_scaling(), noise_var=self._noise_var(self.module_, Xt, yt, Xc, yc, sample_weight),
             n_components=self._n_eigenpairs(self.module_), sigma0=self._resolved_sigma0(), subsample=self.subsample,
-            eigen_method=self.eigen_method, random_state=seed, verbose=self.verbose, posterior=self.posterior)
+            eigen_method=self.eigen_method, random_state=seed, verbose=self.verbose, posterior=self.posterior,
+            sample_weight=sample_weight)
         self.timings_["curvature"] = time.perf_counter() - t0
         self.posterior_ = fitted.posterior
+        self.trainable_parameters_ = {name: tuple(shape) for name, shape in
+                                      zip(fitted.posterior.layout.names, fitted.posterior.layout.shapes, strict=True)}
+        self.n_weights_ = int(fitted.posterior.n_weights)
         self.beta_ = float(fitted.beta)
         self.n_records_ = int(fitted.n_records)
         self.eigenvalues_ = fitted.eigen.eigenvalues.detach().cpu().numpy()

@@ -1,7 +1,7 @@
 """numpydoc fragments shared by both estimators' docstrings: each parameter and attribute is documented once
 (the estimators' ``__doc__`` are f-strings around them)."""
 
-__all__ = ["ATTRIBUTES_DOC", "NOTES_DOC", "PARAMETERS_DOC"]
+__all__ = ["ATTRIBUTES_DOC", "NOTES_DOC", "PARAMETERS_DOC", "SAMPLE_WEIGHT_DOC"]
 
 PARAMETERS_DOC = """\
     module : None, torch.nn.Module, skorch net or callable, default=None
@@ -13,7 +13,13 @@ PARAMETERS_DOC = """\
         (n, n_classes) for classification: one prediction per row. ``X`` may have any rank (images
         (n, C, H, W), token ids (n, T)); with a module given, integer ``X`` reaches it as ``torch.long``
         (token ids for ``nn.Embedding``), floating ``X`` in ``dtype``. With the default MLP an integer
-        table is a table of numbers.
+        table is a table of numbers. A module that takes keyword inputs or returns a ``ModelOutput``, dict or
+        tuple (a Hugging Face ``transformers`` model, with or without ``peft`` adapters) is taken as it comes:
+        the rows go in as ``input_ids`` with an ``attention_mask`` from ``padding_idx`` (or the config's
+        ``pad_token_id``), and the ``logits`` are read (:class:`~glas_sklearn.adapters.ModelAdapter`; wrap the
+        module in one to name another output). The posterior covers the trainable parameters only
+        (``requires_grad=True``: LoRA adapters and a ``modules_to_save`` head under ``peft``); frozen weights
+        are read in place, never copied or written (``trainable_parameters_``).
     module_kwargs : dict, optional
         Keyword arguments of the default MLP or of the callable ``module``.
     prefit : bool, default=False
@@ -104,9 +110,10 @@ PARAMETERS_DOC = """\
     padding_idx : int, optional
         The token id that pads integer sequences ``X`` of shape (n, T) on the right. The rows are the
         records (one prediction per sequence), so padding matters only as the model's input (e.g.
-        ``nn.Embedding(padding_idx=...)`` and masked pooling). At predict time (and for ``X_cal``), sequences
-        padded to another length are brought to the fitted length T: shorter ones are padded with
-        ``padding_idx``, longer ones cut where only padding follows. Per-position outputs (n, T, M), whose
+        ``nn.Embedding(padding_idx=...)`` and masked pooling; a module whose forward takes an ``attention_mask``
+        gets ``X != padding_idx``, by default the config's ``pad_token_id``). At predict time (and for
+        ``X_cal``), sequences padded to another length are brought to the fitted length T: shorter ones are
+        padded with ``padding_idx``, longer ones cut where only padding follows. Per-position outputs (n, T, M), whose
         padded positions must not count as records, are for the lower-level
         :func:`~glas_sklearn.laplace.fit_laplace_subspace` with ``mask=X != padding_idx``.
     subsample : int, optional
@@ -117,7 +124,8 @@ PARAMETERS_DOC = """\
         "auto": where a prefit module lives, else CUDA when available, else CPU.
     dtype : {"auto", "float32", "float64"}, default="auto"
         The floating dtype of the network, the curvature and the posterior. "auto": the dtype of a prefit
-        module's parameters (it is never cast), float32 for a network the estimator builds.
+        module's trainable parameters (it is never cast; with mixed precisions, as peft's float32 adapters beside
+        a bfloat16 head, the widest), float32 for a network the estimator builds.
     random_state : int, RandomState or None, default=None
         Seeds weight initialisation, training order, the calibration split, Lanczos and posterior samples.
     verbose : int, default=0
@@ -125,7 +133,13 @@ PARAMETERS_DOC = """\
 
 ATTRIBUTES_DOC = """\
     module_ : torch.nn.Module
-        The trained network (θ0).
+        The trained network (θ0); a module taking keyword inputs or returning a ``ModelOutput`` comes wrapped in
+        a :class:`~glas_sklearn.adapters.ModelAdapter` (``module_.model`` is the module itself).
+    trainable_parameters_ : dict
+        Name → shape of the parameters the posterior covers: the module's trainable ones
+        (``requires_grad=True``), in ``named_parameters()`` order; frozen ones stay at their values.
+    n_weights_ : int
+        D, their total number of entries (the posterior's dimension).
     n_components_ : int
         The subspace dimension d used.
     predictive_ : {"sampled", "linearized"}
@@ -164,11 +178,13 @@ ATTRIBUTES_DOC = """\
     training_loss_ : list of float
         Mean training loss per epoch (empty when prefit).
     n_records_ : int
-        N, the training rows the curvature averages over.
+        N, the training rows the curvature averages over (with ``sample_weight``: those of positive weight; the
+        curvature is normalised by their total weight).
     train_indices_, calibration_indices_ : ndarray of int or None
         Positions in ``X`` of the rows the network was trained on (and the curvature built on) and of the rows
-        held out for calibration, in the order they were used; disjoint, together all of ``X``. None when
-        ``X_cal`` was passed (then every row of ``X`` is a training row).
+        held out for calibration, in the order they were used; disjoint, together all of ``X`` (less the rows
+        of zero ``sample_weight``, which are in neither). None when ``X_cal`` was passed (then every row of ``X``
+        of positive weight is a training row).
     n_calibration_rows_ : int
         Rows used to choose d (``X_cal`` or the held-out part of ``X``), or with ``calibration="conformal"``
         those the conformal scores come from (less the σ0 tuning rows with "nll").
@@ -189,6 +205,20 @@ ATTRIBUTES_DOC = """\
         The number of values in one row, ``prod(input_shape_)`` (the number of columns for a table).
     feature_names_in_ : ndarray of str
         Only when ``X`` has string column names (a pandas DataFrame)."""
+
+# The sample_weight parameter of both estimators' fit.
+SAMPLE_WEIGHT_DOC = """\
+        sample_weight : array-like of shape (n_samples,), optional
+            Non-negative weights of the rows of ``X``, as frequency weights: an integer weight counts the row
+            that many times, a zero weight drops it. Rows of zero weight are removed first; the calibration rows
+            are then held out of the others, and the weights apply to the training rows: the training loss is the
+            weighted mean Σ w_i ℓ_i / Σ w_i, the curvature G = Σ_n w_n J_nᵀ H_n J_n / Σ_n w_n, σ² from the
+            training residuals (regression) their weighted mean square, the input and target standardisation is
+            weighted, and N in β for ``scaling="standard"`` is the total weight Σ w. The calibration rows (held
+            out of ``X``, or ``X_cal``) are unweighted: split conformal's guarantee is for exchangeable,
+            unweighted rows. Finite, not all zero; all ones is the same as None. In a Pipeline pass
+            ``step__sample_weight=w``; with metadata routing enabled, request it with
+            ``set_fit_request(sample_weight=True)``."""
 
 NOTES_DOC = """\
     Posterior samples are drawn in weight space from a generator seeded by ``random_state`` and shared by

@@ -113,10 +113,11 @@ class InputsMixin:
         return (self.standardize is not False and not self.prefit and len(self.input_shape_) == 1
                 and not self._integer_input)
 
-    def _fit_scalers(self, X, y) -> None:
+    def _fit_scalers(self, X, y, sample_weight=None) -> None:
+        """The inputs' (weighted) mean and standard deviation, when they are standardised."""
         if self._standardizes_inputs():
-            mean = X.mean(axis=0)
-            scale = X.std(axis=0)
+            mean = np.average(X, axis=0, weights=sample_weight)
+            scale = np.sqrt(np.average((X - mean) ** 2, axis=0, weights=sample_weight))
             scale[~(scale > 1e-12 * np.maximum(1.0, np.abs(mean)))] = 1.0
             self.x_mean_, self.x_scale_ = mean, scale
         else:

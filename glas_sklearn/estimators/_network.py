@@ -4,14 +4,23 @@ default MLP, or a prefit module used as it is; and the check that it returns one
 from __future__ import annotations
 
 import copy
+import functools
 
 import torch
 from torch import nn
 
 from .._functional import eval_view
+from ..adapters import as_adapter
 from ._training import default_mlp, seeded_torch
 
-__all__ = ["NetworkMixin"]
+__all__ = ["NetworkMixin", "trainable_dtype"]
+
+
+def trainable_dtype(module: nn.Module) -> torch.dtype | None:
+    """The dtype of a module's trainable weights: with mixed precisions (peft's float32 LoRA matrices beside a
+    bfloat16 head) the widest, as the posterior holds them; None without trainable parameters."""
+    dtypes = sorted({p.dtype for p in module.parameters() if p.requires_grad}, key=str)
+    return functools.reduce(torch.promote_types, dtypes) if dtypes else None
 
 
 class NetworkMixin:
@@ -53,11 +62,26 @@ class NetworkMixin:
             raise ValueError(f"{type(self).__name__}: prefit=True needs module to be a trained torch.nn.Module "
                              f"(or a fitted skorch net), got {type(self.module).__name__}.")
         p = next((p for p in user.parameters() if p.requires_grad), None)
-        if p is not None and (p.device != device or p.dtype != dtype):
-            raise ValueError(f"{type(self).__name__}: the prefit module lives on {p.device} with dtype {p.dtype}, "
+        if p is not None and (p.device != device or trainable_dtype(user) != dtype):
+            raise ValueError(f"{type(self).__name__}: the prefit module lives on {p.device} with dtype "
+                             f"{trainable_dtype(user)}, "
                              f"but the estimator was asked for device={str(device)!r}, dtype={self.dtype!r}; set "
                              "device/dtype to match the module (it is never moved or copied).")
         return user
+
+    def _called_as_network(self, module: nn.Module, x1: torch.Tensor) -> nn.Module:
+        """The module as it is when ``module(X)`` returns the predictions tensor; else (keyword inputs such as
+        ``input_ids`` / ``attention_mask``, a ``ModelOutput``, dict or tuple) a
+        :class:`~glas_sklearn.adapters.ModelAdapter` around it (the mask from ``padding_idx``), never a copy."""
+        adapter = as_adapter(module, padding_idx=self.padding_idx)
+        if adapter is module or not adapter.is_trivial:
+            return adapter
+        try:
+            with torch.no_grad():
+                raw = eval_view(module)(x1)
+        except Exception:  # noqa: BLE001 - _check_output_shape reports a module that cannot be evaluated
+            return module
+        return module if isinstance(raw, torch.Tensor) else adapter
 
     def _check_output_shape(self, module, x1, n_outputs) -> None:
         name = type(self).__name__

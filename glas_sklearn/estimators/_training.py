@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 from torch import nn
+from torch.func import vmap
 
 from .._progress import progress
 
@@ -58,10 +59,20 @@ def seeded_torch(seed: int, device: torch.device):
         yield
 
 
+def _per_row_losses(loss: Callable, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """ℓ_i of every row, (n,): the mean loss evaluated on each row as a batch of one (vectorised with vmap)."""
+    return vmap(lambda out, target: loss(out.unsqueeze(0), target.unsqueeze(0)))(outputs, targets)
+
+
 def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Callable, *, optimizer, lr: float,
                  weight_decay: float, batch_size: int | None, max_epochs: int, seed: int, verbose: int = 0,
-                 owner: str = "train_module") -> list[float]:
+                 owner: str = "train_module", sample_weight: torch.Tensor | None = None) -> list[float]:
     """Mini-batch training of ``module`` in place on the mean loss; returns the mean loss of each epoch.
+
+    With ``sample_weight`` the objective is the weighted mean Σ_i w_i ℓ_i / Σ_i w_i: a step minimises the mean
+    of (w_i / w̄) ℓ_i over its rows (w̄ the mean weight of all rows), an unbiased estimate of it whose scale
+    does not depend on the weights' scale; with all rows in one batch it is the objective itself, so integer
+    weights equal repeated rows.
 
     Parameters
     ----------
@@ -84,10 +95,14 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
         ≥ 1 shows a progress bar over epochs.
     owner : str
         Named in the error raised when the loss diverges.
+    sample_weight : torch.Tensor of shape (n,), optional
+        Non-negative row weights on X's device (checked by the caller); each row's loss ℓ_i is computed
+        by evaluating ``loss`` on that row alone.
 
     Returns
     -------
     list of float
+        The (weighted) mean loss over all rows, per epoch.
     """
     with seeded_torch(seed + 1, X.device):  # dropout & co. draw from the seeded global RNG
         module.train()
@@ -96,6 +111,8 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
         gen = torch.Generator().manual_seed(seed)
         n = X.shape[0]
         size = min(batch_size or n, n)
+        # per-row factors w_i / w̄ (mean 1 over the rows): a batch's loss is the mean of (w_i / w̄) ℓ_i
+        factors = None if sample_weight is None else sample_weight / sample_weight.mean()
         losses = []
         bar = progress(range(max_epochs), desc="training", verbose=verbose, leave=False)
         for _ in bar:
@@ -104,7 +121,11 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
             for i in range(0, n, size):
                 idx = perm[i:i + size]
                 opt.zero_grad(set_to_none=True)
-                batch_loss = loss(module(X[idx]), y[idx])
+                if factors is None:
+                    batch_loss = loss(module(X[idx]), y[idx])
+                else:
+                    per_row = _per_row_losses(loss, module(X[idx]), y[idx])
+                    batch_loss = (factors[idx].to(per_row.dtype) * per_row).mean()
                 batch_loss.backward()
                 opt.step()
                 total += float(batch_loss.detach()) * len(idx)

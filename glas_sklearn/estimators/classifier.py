@@ -11,7 +11,7 @@ from sklearn.utils.validation import check_is_fitted
 from ..likelihoods import Categorical
 from ..predictive import class_probabilities
 from ._base import LaplaceActiveSubspaceBase
-from ._docs import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC
+from ._docs import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, SAMPLE_WEIGHT_DOC
 
 __all__ = ["LaplaceActiveSubspaceClassifier"]
 
@@ -111,21 +111,22 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
 
     _calibration_targets = _target_tensor
 
-    def _noise_var(self, module, Xt, yt, Xc, yc):
+    def _noise_var(self, module, Xt, yt, Xc, yc, sample_weight=None):
         return None
 
     def _set_noise(self) -> None:
         pass
 
     # ------------------------------------------------------------------- API
-    def fit(self, X, y, *, X_cal=None, y_cal=None) -> "LaplaceActiveSubspaceClassifier":
+    def fit(self, X, y, sample_weight=None, *, X_cal=None, y_cal=None) -> "LaplaceActiveSubspaceClassifier":
         """Train the network (unless prefit), build the posterior and choose d.
 
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         y : array-like of shape (n_samples,)
-            Class labels.
+            Class labels (``classes_`` are those of all rows, zero-weight rows included).
+        sample_weight
         X_cal, y_cal : array-like, optional
             Calibration rows, never used for training: the conformal scores, or the rows d is chosen on. When
             absent, ``calibration_size`` of ``X`` is held out of training
@@ -139,7 +140,9 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         -------
         self
         """
-        return self._fit(X, y, X_cal, y_cal)
+        return self._fit(X, y, X_cal, y_cal, sample_weight)
+
+    fit.__doc__ = fit.__doc__.replace("        sample_weight\n", SAMPLE_WEIGHT_DOC + "\n")
 
     def _proba_chunk(self, Xt: torch.Tensor) -> torch.Tensor:
         # sampled: the calibration's weight samples; linearised: probit (the logit variances only)

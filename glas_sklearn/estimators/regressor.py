@@ -27,7 +27,7 @@ from ..laplace import residual_noise_variance
 from ..likelihoods import HeteroscedasticGaussian, Likelihood, NaturalParameterHead, resolve_likelihood
 from ..predictive import conformal_interval, linearized_interval
 from ._base import LaplaceActiveSubspaceBase
-from ._docs import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC
+from ._docs import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, SAMPLE_WEIGHT_DOC
 from ._heteroscedastic import heteroscedastic_moments, tune_sigma0_heteroscedastic
 from ._validation import BOOLEAN, InstanceOf, Interval, Options
 
@@ -222,12 +222,12 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
                                  f"{n_outputs} are needed here.")
         super()._check_output_shape(module, x1, n_outputs)
 
-    def _fit_scalers(self, X, y) -> None:
-        super()._fit_scalers(X, y)
+    def _fit_scalers(self, X, y, sample_weight=None) -> None:
+        super()._fit_scalers(X, y, sample_weight)
         Y = y.reshape(len(y), -1)
         if self.standardize is not False and not self.prefit:
-            self.y_mean_ = Y.mean(axis=0)
-            scale = Y.std(axis=0)
+            self.y_mean_ = np.average(Y, axis=0, weights=sample_weight)
+            scale = np.sqrt(np.average((Y - self.y_mean_) ** 2, axis=0, weights=sample_weight))
             scale[~(scale > 0)] = 1.0
             self.y_scale_ = scale
         else:
@@ -245,9 +245,10 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             table = table.assign(mean_width=table["mean_width"] * float(self.y_scale_[0]))
         return table
 
-    def _noise_var(self, module, Xt, yt, Xc, yc):
-        """σ² for β (pooled over outputs, internal units); the per-output values are kept for intervals.
-        Heteroscedastic: no σ² enters β; the mean of σ²(x) over the training rows is kept for ``noise_std_``."""
+    def _noise_var(self, module, Xt, yt, Xc, yc, sample_weight=None):
+        """σ² for β (pooled over outputs, internal units; training residuals weighted by ``sample_weight``,
+        calibration residuals unweighted); the per-output values are kept for intervals. Heteroscedastic: no σ²
+        enters β; the mean of σ²(x) over the training rows is kept for ``noise_std_``."""
         if self._lik is not None:
             out = model_outputs(module, Xt)
             self._lik.check_output(out, "the module")
@@ -266,7 +267,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
                           "given σ for the exact guarantee.", UserWarning, stacklevel=4)
         self.noise_source_ = source if isinstance(source, str) else "given"
         if source == "training":
-            per_output = residual_noise_variance(module, Xt, yt, per_output=True)
+            per_output = residual_noise_variance(module, Xt, yt, per_output=True, sample_weight=sample_weight)
         elif source == "calibration":
             if len(Xc) < 2:
                 raise ValueError(f"noise_std='calibration' needs at least 2 calibration rows, got {len(Xc)}.")
@@ -385,13 +386,14 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             self.std_scale_ = np.ones(self._n_out)
 
     # ------------------------------------------------------------------- API
-    def fit(self, X, y, *, X_cal=None, y_cal=None) -> "LaplaceActiveSubspaceRegressor":
+    def fit(self, X, y, sample_weight=None, *, X_cal=None, y_cal=None) -> "LaplaceActiveSubspaceRegressor":
         """Train the network (unless prefit), build the posterior and choose d.
 
         Parameters
         ----------
         X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         y : array-like of shape (n_samples,) or (n_samples, n_outputs)
+        sample_weight
         X_cal, y_cal : array-like, optional
             Calibration rows, never used for training: the conformal scores, or the rows d is chosen on. When
             absent, ``calibration_size`` of ``X`` is held out of training.
@@ -404,7 +406,9 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         -------
         self
         """
-        return self._fit(X, y, X_cal, y_cal)
+        return self._fit(X, y, X_cal, y_cal, sample_weight)
+
+    fit.__doc__ = fit.__doc__.replace("        sample_weight\n", SAMPLE_WEIGHT_DOC + "\n")
 
     def _predictive(self, Xt: torch.Tensor, levels=None):
         """For one chunk of rows, in internal units: the predictive mean and standard deviation (of f, or

@@ -10,6 +10,7 @@ written into.
 from __future__ import annotations
 
 import logging
+import math
 import numbers
 
 import numpy as np
@@ -79,10 +80,12 @@ class PosteriorEvaluation(BoundModel):
         size = batch_size or n
         return [slice(i, min(i + size, n)) for i in range(0, n, size)]
 
-    def _chunk(self, rows: int, total: int) -> int:
-        """How many weight vectors to evaluate together on ``rows`` inputs (memory-bounded)."""
+    def _chunk(self, rows: int, total: int, X: torch.Tensor | None = None) -> int:
+        """How many weight vectors to evaluate together on ``rows`` inputs (memory-bounded; a row of token ids
+        counts as its T positions, whose activations a sequence model holds)."""
         by_weights = _WEIGHT_CHUNK_BYTES // (self.n_weights * self.theta0.element_size())
-        by_rows = _MAX_BATCHED_ROWS // max(rows, 1)
+        positions = math.prod(X.shape[1:]) if X is not None and not X.is_floating_point() else 1
+        by_rows = _MAX_BATCHED_ROWS // max(rows * positions, 1)
         return int(max(1, min(total, by_weights, by_rows)))
 
     # ------------------------------------------------------------------ forwards
@@ -182,7 +185,7 @@ class PosteriorEvaluation(BoundModel):
         have = 0 if cache["JP"] is None else cache["JP"].shape[-1]
         if have < d:
             rows = self._row_batches(X.shape[0], batch_size)
-            chunk = self._chunk(rows[0].stop - rows[0].start, d - have)
+            chunk = self._chunk(rows[0].stop - rows[0].start, d - have, X)
             new = []
             for k in range(have, d, chunk):
                 tangents = self.eigenvectors[:, k:min(k + chunk, d)].T

@@ -143,7 +143,7 @@ class PosteriorSampling(PosteriorEvaluation):
         batch_size = check_positive_int("batch_size", batch_size, allow_none=True)
         z, seeds = self._draws(n_samples, d, random_state)
         rows = self._row_batches(X.shape[0], batch_size)
-        chunk = self._chunk(rows[0].stop - rows[0].start, n_samples)
+        chunk = self._chunk(rows[0].stop - rows[0].start, n_samples, X)
         # θ0 + δ for a chunk of samples, written into one buffer reused by every chunk
         # (a fresh (chunk, D) tensor per chunk costs page faults comparable to the product itself)
         weights = torch.empty(chunk, self.n_weights, dtype=self.dtype, device=self.device)
@@ -171,7 +171,7 @@ class PosteriorSampling(PosteriorEvaluation):
         z, seeds = self._draws(n_samples, d, random_state)
         mean = self.predict_mean(X, batch_size=batch_size)
         rows = self._row_batches(X.shape[0], batch_size)
-        chunk = self._chunk(rows[0].stop - rows[0].start, n_samples)
+        chunk = self._chunk(rows[0].stop - rows[0].start, n_samples, X)
         out = []
         for s in range(0, n_samples, chunk):
             delta = self._perturbation_block(z, seeds, s, min(s + chunk, n_samples))
