@@ -123,7 +123,8 @@ pd.DataFrame({"scaling": cv["param_glas__scaling"],
 # The refitted best pipeline on the test part. A `Pipeline` passes `predict(X, return_std=True)` through to our
 # regressor but has no `predict_interval`; `glas_sklearn.predict_interval(pipeline, X)` runs the transforms and
 # calls the last step (the scorers above use the same function; `glas_sklearn.predict_set` does the same for
-# classifiers). The fitted regressor keeps the feature names the `ColumnTransformer` produced.
+# classifiers). The fitted regressor keeps the feature names the `ColumnTransformer` produced. Under conformal
+# calibration `return_std=True` gives the calibrated std of y (σ̂ times the fitted `std_scale_`).
 
 # %%
 best = search.best_estimator_
@@ -133,7 +134,7 @@ print("features seen by the regressor:", list(glas.feature_names_in_))
 print(f"d = {glas.n_components_}, test coverage {coverage_score(y_test, y_pis)[0]:.3f}, "
       f"mean width {mean_width_score(y_pis)[0]:.1f} MPa, interval score {interval_score(y_test, y_pis)[0]:.1f}")
 mean, std = best.predict(X_test.head(3), return_std=True)
-pd.DataFrame({"predicted (MPa)": mean, "std of f (MPa)": std, "observed": y_test.head(3).to_numpy()}).round(2)
+pd.DataFrame({"predicted (MPa)": mean, "calibrated std of y (MPa)": std, "observed": y_test.head(3).to_numpy()}).round(2)
 
 # %% [markdown]
 # ## 3. MAPIE: conformalised Laplace intervals

@@ -99,7 +99,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         σ in the units of y (per output for multi-output y); heteroscedastic: the root mean σ²(x) over the
         training rows.
     std_scale_ : ndarray of shape (n_outputs,)
-        With ``calibration="conformal"``: the root mean square of the calibration scores |y − ŷ|/σ̂, the
+        With ``calibration="conformal"``: the root mean square of the calibration scores ``|y − ŷ|/σ̂``, the
         Gaussian maximum-likelihood scale by which ``predict(return_std=True)`` multiplies σ̂ (ones otherwise).
     y_mean_, y_scale_ : ndarray
         The internal standardisation of the targets (zeros and ones when off or prefit).
@@ -451,7 +451,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             Also return the predictive standard deviation of y. With ``calibration="conformal"`` it is calibrated:
             the conformal normalisation σ̂(x) (heteroscedastic: sqrt(σ_ale²(x) + σ_epi²(x)); homoscedastic: σ_f,
             or σ_f ⊕ σ with ``include_noise``) times ``std_scale_``, the root mean square of the calibration
-            scores |y − ŷ|/σ̂, so that N(ŷ, std²) has the maximum-likelihood scale on the calibration rows.
+            scores ``|y − ŷ|/σ̂``, so that N(ŷ, std²) has the maximum-likelihood scale on the calibration rows.
             With ``calibration="coverage"`` (the paper) it is the posterior's own: of f, or of y (``noise_std_``
             added in quadrature) with ``include_noise=True``, or heteroscedastic sqrt(σ_ale² + σ_epi²).
 
@@ -503,7 +503,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
         Parameters
         ----------
-        X : array-like of shape (n_samples, n_features) or (n_samples, *input_shape_)
+        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
 
         Returns
         -------

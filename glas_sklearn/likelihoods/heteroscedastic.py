@@ -173,8 +173,8 @@ class HeteroscedasticGaussian(Likelihood):
         return torch.cat([h_aa * ua + h_ab * ub, h_ab * ua + h_bb * ub], dim=-1)
 
     def output_hessian_diagonal_terms(self, output: torch.Tensor, jac: torch.Tensor) -> torch.Tensor:
-        """Σ_{m,m'} J_mw H_mm' J_m'w per record and weight w, for per-record Jacobians ``jac`` (c, *out, D)
-        (the GGN's exact diagonal): shape (c, *out[:-1], D)."""
+        """``Σ_{m,m'} J_mw H_mm' J_m'w`` per record and weight w, for per-record Jacobians ``jac``
+        ``(c, *out, D)`` (the GGN's exact diagonal): shape ``(c, *out[:-1], D)``."""
         h_aa, h_ab, h_bb = (h.unsqueeze(-1).to(jac.dtype) for h in self._blocks(output.detach()))
         k = jac.shape[-2] // 2
         ja, jb = jac[..., :k, :], jac[..., k:, :]
