@@ -134,7 +134,7 @@ print("features seen by the regressor:", list(glas.feature_names_in_))
 print(f"d = {glas.n_components_}, test coverage {coverage_score(y_test, y_pis)[0]:.3f}, "
       f"mean width {mean_width_score(y_pis)[0]:.1f} MPa, interval score {interval_score(y_test, y_pis)[0]:.1f}")
 mean, std = best.predict(X_test.head(3), return_std=True)
-pd.DataFrame({"predicted (MPa)": mean, "calibrated std of y (MPa)": std, "observed": y_test.head(3).to_numpy()}).round(2)
+pd.DataFrame({"predicted (MPa)": mean, "std of y (MPa)": std, "observed": y_test.head(3).to_numpy()}).round(2)
 
 # %% [markdown]
 # ## 3. MAPIE: conformalised Laplace intervals
