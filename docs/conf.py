@@ -183,7 +183,7 @@ _IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 
 
 def _copy_benchmark_reports() -> None:
-    """benchmarks/generated/: every benchmarks/results/*.md and the images it refers to."""
+    """benchmarks/generated/: every benchmarks/results/*.md, the images it refers to and every results/*.png."""
     results = ROOT / "benchmarks" / "results"
     out = DOCS / "benchmarks" / "generated"
     shutil.rmtree(out, ignore_errors=True)
@@ -196,6 +196,9 @@ def _copy_benchmark_reports() -> None:
             if image.is_file():
                 (out / target).parent.mkdir(parents=True, exist_ok=True)
                 shutil.copy2(image, out / target)
+    for image in sorted(results.glob("*.png")):  # figures the user guide shows, beside those the reports link
+        if not (out / image.name).exists():
+            shutil.copy2(image, out / image.name)
 
 
 _write_api_reference()
