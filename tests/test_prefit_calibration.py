@@ -319,3 +319,28 @@ def test_registry_is_bounded_and_keeps_a_uniform_sample():
     assert not reg.declared(b"unknown", digests).any()
     reg.clear()
     assert len(reg) == 0
+
+
+def test_repeated_rows_in_the_data_are_not_taken_for_reuse():
+    # A data set in which 10 % of the rows occur twice (as UCI concrete holds repeated rows): unseen rows drawn
+    # from it equal training rows about that often, which is no leakage; the network's own rows still are.
+    rng = np.random.default_rng(0)
+    base = rng.normal(size=(400, 3))
+    data = np.concatenate([base, base[:40]])[rng.permutation(440)]
+    digests = row_digests(data)
+    train, unseen = digests[:340], digests[340:]
+    reg = PrefitRowRegistry()
+    reg.declare(b"net", train)
+    shared = int(reg.declared(b"net", unseen).sum())
+    assert shared > 0  # some genuinely unseen rows equal training rows
+    assert reg.reused(b"net", unseen) == 0
+    assert reg.reused(b"net", train[:100]) == 100  # the network's own rows
+    leak = np.concatenate([unseen[:70], train[:30]])  # 30 % of the rows were training rows
+    assert reg.reused(b"net", leak) >= 30
+    # without repeats in the data, two reused rows are enough
+    clean = PrefitRowRegistry()
+    clean.declare(b"net", row_digests(base[:300]))
+    fresh = row_digests(base[300:])
+    assert clean.reused(b"net", fresh) == 0
+    assert clean.reused(b"net", np.concatenate([fresh[:98], row_digests(base[:2])])) == 2
+    assert clean.reused(b"net", np.concatenate([fresh[:99], row_digests(base[:1])])) == 0

@@ -301,9 +301,9 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
             raise ValueError(_prefit_needs_calibration_rows(type(self).__name__, self.likelihood_.is_classification))
         self._prefit_fingerprint = module_fingerprint(module)
         REGISTRY.declare(self._prefit_fingerprint, row_digests(X))
-        seen = REGISTRY.declared(self._prefit_fingerprint, row_digests(X_cal))
-        if seen.any():
-            warnings.warn(f"{type(self).__name__}.fit: {int(seen.sum())} of the {len(X_cal)} X_cal rows are rows "
+        seen = REGISTRY.reused(self._prefit_fingerprint, row_digests(X_cal))
+        if seen:
+            warnings.warn(f"{type(self).__name__}.fit: {seen} of the {len(X_cal)} X_cal rows are rows "
                           "declared as training rows of this prefit network (rows of X in this or an earlier fit "
                           "with the same weights). Their residuals are training residuals, so the calibrated "
                           "intervals or sets will under-cover new rows; pass as X_cal only rows the network was not "
@@ -315,10 +315,10 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         fingerprint = getattr(self, "_prefit_fingerprint", None)
         if fingerprint is None:
             return
-        seen = REGISTRY.declared(fingerprint, row_digests(X))
-        if seen.any():
+        seen = REGISTRY.reused(fingerprint, row_digests(X))
+        if seen:
             warnings.warn(
-                f"{type(self).__name__}.{method}: {int(seen.sum())} of the {len(X)} rows were declared as training "
+                f"{type(self).__name__}.{method}: {seen} of the {len(X)} rows were declared as training "
                 "rows of this prefit network (rows of X in a fit with prefit=True and the same weights). The network "
                 "was trained on them, so its errors there are smaller than on new rows, and coverage or scores "
                 "measured on them overstate what new rows get. This happens when a prefit network is "

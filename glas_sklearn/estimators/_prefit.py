@@ -135,16 +135,22 @@ class PrefitRowRegistry:
         self.max_networks = max_networks
         self.max_rows = max_rows
         self._rows: OrderedDict[bytes, np.ndarray] = OrderedDict()
+        self._duplicate_share: dict[bytes, float] = {}
         self._lock = threading.Lock()
 
     def declare(self, fingerprint: bytes, digests: np.ndarray) -> None:
         """Record ``digests`` as training rows of the network ``fingerprint``."""
+        digests = np.asarray(digests, dtype=np.uint64)
+        _, counts = np.unique(digests, return_counts=True)
+        share = float(counts[counts > 1].sum()) / max(digests.size, 1)  # rows that repeat another row of the data
         with self._lock:
             known = self._rows.pop(fingerprint, np.zeros(0, dtype=np.uint64))
-            merged = np.union1d(known, np.asarray(digests, dtype=np.uint64))  # sorted, unique
+            merged = np.union1d(known, digests)  # sorted, unique
             self._rows[fingerprint] = merged[:self.max_rows]
+            self._duplicate_share[fingerprint] = max(self._duplicate_share.get(fingerprint, 0.0), share)
             while len(self._rows) > self.max_networks:
-                self._rows.popitem(last=False)
+                forgotten, _ = self._rows.popitem(last=False)
+                self._duplicate_share.pop(forgotten, None)
 
     def declared(self, fingerprint: bytes, digests: np.ndarray) -> np.ndarray:
         """Boolean mask: which of ``digests`` were declared as training rows of the network ``fingerprint``."""
@@ -158,10 +164,26 @@ class PrefitRowRegistry:
         pos = np.minimum(np.searchsorted(known, digests), known.size - 1)
         return known[pos] == digests
 
+    def reused(self, fingerprint: bytes, digests: np.ndarray) -> int:
+        """How many of ``digests`` are declared training rows of ``fingerprint``, or 0 when no more of them are
+        than repeated values in the data explain.
+
+        Data sets often hold identical rows (UCI concrete: about 4 % of its rows), so a few genuinely unseen rows
+        can equal training rows. The share r of the declared rows that repeat another declared row estimates how
+        often an unseen row does; the count is returned only when it exceeds n r + 3 sqrt(n r (1 − r)) + 1, the
+        upper end of its binomial spread (without repeats: from two rows on).
+        """
+        seen = int(self.declared(fingerprint, digests).sum())
+        with self._lock:
+            r = self._duplicate_share.get(fingerprint, 0.0)
+        n = int(np.asarray(digests).size)
+        return seen if seen > n * r + 3.0 * math.sqrt(n * r * (1.0 - r)) + 1.0 else 0
+
     def clear(self) -> None:
         """Forget every network."""
         with self._lock:
             self._rows.clear()
+            self._duplicate_share.clear()
 
     def __len__(self) -> int:
         return len(self._rows)
