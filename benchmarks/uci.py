@@ -138,9 +138,10 @@ def _version(name: str) -> str | None:
 
 # ----------------------------------------------------------------------------------------------------- networks
 class BatchedMLP(nn.Module):
-    """E independent one-hidden-layer tanh MLPs evaluated together; member e sees its own inputs x[e]."""
+    """E independent one-hidden-layer tanh MLPs with ``n_out`` outputs evaluated together; member e sees its own
+    inputs x[e]."""
 
-    def __init__(self, n_members: int, n_in: int, n_hidden: int, seed: int):
+    def __init__(self, n_members: int, n_in: int, n_hidden: int, seed: int, n_out: int = 1):
         super().__init__()
         g = torch.Generator().manual_seed(seed)
 
@@ -150,15 +151,15 @@ class BatchedMLP(nn.Module):
 
         self.W1 = uniform((n_members, n_in, n_hidden), n_in)
         self.b1 = uniform((n_members, 1, n_hidden), n_in)
-        self.W2 = uniform((n_members, n_hidden, 1), n_hidden)
-        self.b2 = uniform((n_members, 1, 1), n_hidden)
+        self.W2 = uniform((n_members, n_hidden, n_out), n_hidden)
+        self.b2 = uniform((n_members, 1, n_out), n_hidden)
 
-    def forward(self, x):  # x: (E, n, p) -> (E, n, 1)
+    def forward(self, x):  # x: (E, n, p) -> (E, n, n_out)
         return torch.baddbmm(self.b2, torch.tanh(torch.baddbmm(self.b1, x, self.W1)), self.W2)
 
     def member(self, e: int) -> nn.Sequential:
         n_in, n_hidden = self.W1.shape[1:]
-        net = _common.mlp(n_in, (n_hidden,))
+        net = _common.mlp(n_in, (n_hidden,), self.W2.shape[2])
         with torch.no_grad():
             net[0].weight.copy_(self.W1[e].T)
             net[0].bias.copy_(self.b1[e, 0])

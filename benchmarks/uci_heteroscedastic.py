@@ -74,41 +74,9 @@ PUBLISHED = {
 
 
 # ------------------------------------------------------------------------------------------------- networks
-class BatchedNet(nn.Module):
-    """E independent one-hidden-layer tanh MLPs with ``n_out`` outputs, evaluated together ((E, n, p) → (E, n, k))."""
-
-    def __init__(self, n_members: int, n_in: int, n_hidden: int, n_out: int, seed: int):
-        super().__init__()
-        g = torch.Generator().manual_seed(seed)
-
-        def uniform(shape, fan_in):  # torch.nn.Linear's default initialisation
-            bound = 1.0 / math.sqrt(fan_in)
-            return nn.Parameter((torch.rand(shape, generator=g) * 2 - 1) * bound)
-
-        self.W1 = uniform((n_members, n_in, n_hidden), n_in)
-        self.b1 = uniform((n_members, 1, n_hidden), n_in)
-        self.W2 = uniform((n_members, n_hidden, n_out), n_hidden)
-        self.b2 = uniform((n_members, 1, n_out), n_hidden)
-
-    def forward(self, x):
-        return torch.baddbmm(self.b2, torch.tanh(torch.baddbmm(self.b1, x, self.W1)), self.W2)
-
-    def member(self, e: int) -> nn.Sequential:
-        n_in, n_hidden = self.W1.shape[1:]
-        net = nn.Sequential(nn.Linear(n_in, n_hidden), nn.Tanh(), nn.Linear(n_hidden, self.W2.shape[2]))
-        with torch.no_grad():
-            net[0].weight.copy_(self.W1[e].T)
-            net[0].bias.copy_(self.b1[e, 0])
-            net[2].weight.copy_(self.W2[e].T)
-            net[2].bias.copy_(self.b2[e, 0])
-        for p in net.parameters():
-            p.requires_grad_(True)
-        return net.eval()
-
-
 def _train(X, y, n_members, n_out, loss, cfg, seed):
     t0 = time.perf_counter()
-    model = BatchedNet(n_members, X.shape[1], cfg.hidden, n_out, seed)
+    model = uci.BatchedMLP(n_members, X.shape[1], cfg.hidden, seed, n_out=n_out)
     Xt = torch.as_tensor(X, dtype=torch.float32)
     yt = torch.as_tensor(y, dtype=torch.float32)[:, None]
     _common.train_adam(model, Xt, yt, lr=cfg.lr, epochs=cfg.epochs, batch_size=cfg.batch_size, members=n_members,
