@@ -302,6 +302,9 @@ def test_regressor_refuses_classification_and_unknown_likelihoods():
         LaplaceActiveSubspaceRegressor(likelihood=Categorical(), **SMALL).fit(X, y)
     with pytest.raises(ValueError, match="likelihood"):
         LaplaceActiveSubspaceRegressor(likelihood="poisson", **SMALL).fit(X, y)
+    # a user's regression likelihood the regressor's predictive does not know is refused, not fitted as Gaussian
+    with pytest.raises(ValueError, match=r"likelihood Poisson\(\) is not supported"):
+        LaplaceActiveSubspaceRegressor(likelihood=Poisson(), **SMALL).fit(X, np.abs(y))
 
 
 def test_clone_and_get_params_with_a_likelihood_instance():

@@ -374,10 +374,6 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         """``scaling`` with "auto" resolved: "mean" (each estimator may override it per likelihood)."""
         return "mean" if self.scaling == "auto" else self.scaling
 
-    def _curvature_loss(self):
-        """The loss whose GGN is the curvature: "mse", "cross_entropy" or a likelihood object."""
-        return "mse" if self._task == "regression" else "cross_entropy"
-
     def _n_eigenpairs(self, module: nn.Module) -> int:
         """K: the given n_components, or for "auto" max_components capped at D − 1 (fit_laplace_subspace
         refuses K ≥ D, naming D)."""

@@ -24,7 +24,7 @@ from ..calibration import (
     conformal_quantile,
 )
 from ..laplace import residual_noise_variance
-from ..likelihoods import HeteroscedasticGaussian, Likelihood, NaturalParameterHead, resolve_likelihood
+from ..likelihoods import Gaussian, HeteroscedasticGaussian, Likelihood, NaturalParameterHead, resolve_likelihood
 from ..predictive import conformal_interval, linearized_interval
 from ._base import LaplaceActiveSubspaceBase
 from ._docs import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, SAMPLE_WEIGHT_DOC
@@ -153,7 +153,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood={self.likelihood!r} is a likelihood of class "
                              "labels; use LaplaceActiveSubspaceClassifier for classification, or a regression "
                              "likelihood here (e.g. 'gaussian' or 'heteroscedastic').")
-        if likelihood.name not in ("gaussian", "heteroscedastic"):
+        if not isinstance(likelihood, (Gaussian, HeteroscedasticGaussian)):
             raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood {likelihood!r} is not supported; use "
                              "'gaussian', 'heteroscedastic' or a HeteroscedasticGaussian instance.")
         return likelihood
