@@ -233,6 +233,21 @@ def train_or_load(net: nn.Module, X: torch.Tensor, y: torch.Tensor, *, steps: in
 
 
 # -------------------------------------------------------------------------------------------- command line
+def ece(probs: np.ndarray, labels: np.ndarray, bins: int = 15) -> float:
+    """Expected calibration error over equal-width bins ``(lo, hi]`` of the top probability (class scores).
+
+    Shared by the classification benchmarks (digits_ood, hf_lora).
+    """
+    conf, pred = probs.max(1), probs.argmax(1)
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    total = 0.0
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        m = (conf > lo) & (conf <= hi)
+        if m.any():
+            total += m.mean() * abs((pred[m] == labels[m]).mean() - conf[m].mean())
+    return float(total)
+
+
 def add_common_arguments(parser: argparse.ArgumentParser, *, threads: int | None = 1,
                          quick: str = "a small smoke run") -> argparse.ArgumentParser:
     """``--threads``, ``--quick``, ``--out-dir`` and ``--report-only``, the options every script has."""

@@ -68,21 +68,9 @@ def marker_task(n: int, length: int, vocab: int, seed: int, flip: float = 0.1):
     return X, np.where(rng.random(n) < flip, 1 - y, y)
 
 
-def ece(probs: np.ndarray, labels: np.ndarray, bins: int = 15) -> float:
-    """Expected calibration error over equal-width bins of the top probability."""
-    conf, pred = probs.max(1), probs.argmax(1)
-    edges = np.linspace(0.0, 1.0, bins + 1)
-    total = 0.0
-    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
-        m = (conf > lo) & (conf <= hi)
-        if m.any():
-            total += m.mean() * abs((pred[m] == labels[m]).mean() - conf[m].mean())
-    return float(total)
-
-
 def scores(probs: np.ndarray, labels: np.ndarray, sets: np.ndarray) -> dict:
     p_true = np.clip(probs[np.arange(len(labels)), labels], 1e-12, None)
-    return {"nll": float(-np.mean(np.log(p_true))), "ece": ece(probs, labels),
+    return {"nll": float(-np.mean(np.log(p_true))), "ece": _common.ece(probs, labels),
             "accuracy": float((probs.argmax(1) == labels).mean()),
             "set_coverage": float(set_coverage(labels, sets)[0]), "set_size": float(mean_set_size(sets)[0])}
 
