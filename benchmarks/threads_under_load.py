@@ -45,11 +45,6 @@ from sklearn.model_selection import train_test_split
 from glas_sklearn import LaplaceActiveSubspaceRegressor, coverage_score, load_concrete
 setting, max_epochs = json.loads(sys.argv[1]), int(sys.argv[2])
 default_threads = torch.get_num_threads()
-seen = []
-class Probe(torch.nn.Module):  # records torch's thread count while fit trains the network
-    def forward(self, x):
-        seen.append(torch.get_num_threads())
-        return x
 t0 = time.perf_counter()
 X, y = load_concrete(as_frame=True)
 X_train, X_test, y_train, y_test = train_test_split(X, y, random_state=0)
@@ -59,8 +54,9 @@ t_fit = time.perf_counter() - t0
 y_pred, y_pis = reg.predict_interval(X_test, confidence_level=[0.5, 0.9])
 total = time.perf_counter() - t0
 cov = coverage_score(y_test, y_pis)
+threads_in_fit = default_threads if reg.n_threads_ is None else reg.n_threads_
 print(json.dumps({"seconds": total, "fit_seconds": t_fit, "torch_default_threads": default_threads,
-                  "threads_in_fit": reg.n_threads_, "threads_after": torch.get_num_threads(),
+                  "threads_in_fit": threads_in_fit, "threads_after": torch.get_num_threads(),
                   "coverage": [float(c) for c in cov], "timings": reg.timings_}))
 """
 SETTINGS = {
@@ -159,7 +155,7 @@ def run(args) -> dict:
     return results
 
 
-def report(results: dict) -> str:
+def render(results: dict) -> str:
     lines = ["# Threads on a busy machine: the README example and the rule of n_threads=\"auto\"", "",
              f"{_common.machine_line(results['machine'])} (the parent; the README runs are fresh processes with "
              f"torch's default count). Command: `{results['command']}`.", "",
@@ -198,10 +194,10 @@ def main(argv=None) -> None:
     json_path = _common.RESULTS / f"threads_under_load{suffix}.json"
     md_path = _common.RESULTS / f"threads_under_load{suffix}.md"
     if args.report_only:
-        _common.report_from_results(json_path, md_path, report)
+        _common.report_from_results(json_path, md_path, render)
         return
     results = run(args)
-    _common.write_results_and_report(json_path, md_path, results, report,
+    _common.write_results_and_report(json_path, md_path, results, render,
                                      command=_common.command_line(__file__, argv))
 
 

@@ -27,23 +27,26 @@ def _is_terminal(stream) -> bool:
 
 
 class _LogBar(tqdm):
-    """A bar for a file or pipe: nothing at its start or end (the caller reports the finished stage with
-    :func:`stage`), and while it runs one plain line, ending in a newline, per timed update (at most one per
-    ``mininterval``); a new postfix or description is shown with the next such line."""
+    """A bar for a file or pipe: nothing at its start; while it runs one plain line, ending in a newline, per
+    timed update (at most one per ``mininterval``), a new postfix or description shown with the next such line;
+    at its end its final state as one more line with ``leave=True`` (tqdm's default), nothing with
+    ``leave=False`` (whose caller reports the finished stage with :func:`stage`)."""
 
     def __init__(self, *args, **kwargs):
-        kwargs["leave"] = False  # closing clears nothing: there is nothing to clear
+        self._final_line = kwargs.get("leave", True) is not False
+        kwargs["leave"] = False  # tqdm's close then only asks to clear the line: see display
         known = kwargs.get("total") is not None or hasattr(args[0] if args else kwargs.get("iterable"), "__len__")
         kwargs.setdefault("bar_format", "{desc}: {n_fmt}/{total_fmt} {unit} [{elapsed}<{remaining}{postfix}]"
                           if known else "{desc}: {n_fmt} {unit} [{elapsed}{postfix}]")
         super().__init__(*args, **kwargs)
 
     def display(self, msg=None, pos=None):
-        if msg is not None or self.n == 0:  # the opening state, or the clearing at close: not written
-            return False
+        closing = msg == ""
+        if self.n == 0 or (closing and not self._final_line) or (msg and not closing):
+            return False  # the opening state, or a bar closing without a final line
         self.fp.write(self.__str__() + "\n")
         self.fp.flush()
-        return True
+        return not closing  # True at close would make tqdm write a carriage return
 
     def set_postfix(self, ordered_dict=None, refresh=False, **kwargs):
         super().set_postfix(ordered_dict, refresh=False, **kwargs)
@@ -52,7 +55,7 @@ class _LogBar(tqdm):
         super().set_postfix_str(s, refresh=False)
 
     def set_description(self, desc=None, refresh=False):
-        super().set_description(desc, refresh=False)
+        super().set_description_str(desc, refresh=False)  # the line format adds the colon
 
     def set_description_str(self, desc=None, refresh=False):
         super().set_description_str(desc, refresh=False)
@@ -62,9 +65,10 @@ def progress(iterable=None, *, verbose: int | bool = 1, **kwargs: Any) -> tqdm:
     """A tqdm bar that stays readable in non-interactive logs.
 
     In a terminal the bar updates live (tqdm's defaults). When the stream (standard error unless ``file=`` is
-    given) is a file or a pipe, nothing is written at the bar's start or end and no carriage return ever:
-    while it runs, one plain line per ``LOG_INTERVAL`` seconds (``set_postfix`` / ``set_description`` show with
-    the next one); the caller reports the finished stage with :func:`stage`. ``verbose=0`` (or False) silences it.
+    given) is a file or a pipe, no carriage return is ever written and nothing at the bar's start: while it
+    runs, one plain line per ``LOG_INTERVAL`` seconds (``set_postfix`` / ``set_description`` show with the next
+    one), and at its end one line with its final state, unless ``leave=False``, whose caller reports the
+    finished stage with :func:`stage`. ``verbose=0`` (or False) silences it.
 
     Parameters
     ----------
