@@ -16,7 +16,7 @@ Two parts, each run with and without a load of our own (two busy-loop worker pro
 Usage::
 
     python benchmarks/threads_under_load.py                     # both parts, with and without load
-    python benchmarks/threads_under_load.py --torch-default     # also time n_threads=None under load (slow)
+    python benchmarks/threads_under_load.py --torch-default     # also n_threads=None under our load (slow)
     python benchmarks/threads_under_load.py --quick             # smoke run: 30 epochs, 3 widths
     python benchmarks/threads_under_load.py --report-only
 
@@ -132,8 +132,8 @@ def run(args) -> dict:
     max_epochs = 30 if args.quick else 500
     results = {"level": 0.9, "max_epochs": max_epochs, "load_workers": LOAD_WORKERS, "cpus": os.cpu_count(),
                "readme": [], "sweep": []}
-    names = list(SETTINGS)[:2] + ([list(SETTINGS)[2]] if args.torch_default else [])
     for loaded in (False, True):
+        names = list(SETTINGS)[:2] + ([list(SETTINGS)[2]] if args.torch_default and loaded else [])
         for name in names:
             before = loadavg()
             with busy_load(loaded, seconds=args.timeout) as pids:
