@@ -22,6 +22,7 @@ from sklearn.utils.validation import _check_sample_weight, check_is_fitted
 from torch import nn
 
 from .._checks import check_confidence_levels, numpy_rng
+from .._functional import model_outputs
 from .._progress import stage
 from .._threads import adjust_threads, auto_threads, scoped_threads
 from ..calibration import (
@@ -37,7 +38,16 @@ from ..likelihoods import Likelihood
 from ..posterior import POSTERIOR_KINDS, ActiveSubspacePosterior, resolve_posterior
 from ._inputs import InputsMixin
 from ._network import NetworkMixin, trainable_dtype
-from ._prefit import REGISTRY, PrefitLeakageWarning, module_fingerprint, row_digests, user_stacklevel
+from ._prefit import (
+    REGISTRY,
+    PrefitLeakageWarning,
+    PrefitUnderfitWarning,
+    check_rows,
+    module_fingerprint,
+    no_better_than_a_constant,
+    row_digests,
+    user_stacklevel,
+)
 from ._report import calibration_line, fit_line, posterior_line, sigma0_line, training_line
 from ._training import OPTIMIZERS, train_module
 from ._validation import (
@@ -357,7 +367,22 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
             self.timings_["training"] = time.perf_counter() - t0
             self._report(training_line(self, Xt.shape[0], self.timings_["training"]))
         self._check_output_shape(module, Xt[:1], n_outputs)
+        if self.prefit:
+            self._warn_if_prefit_underfits(module, Xt, yt)
         return module
+
+    def _warn_if_prefit_underfits(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor) -> None:
+        """A :class:`PrefitUnderfitWarning` when the prefit network predicts its training rows (those of X, at
+        most 2048 of them evenly spaced) no better than a constant."""
+        rows = check_rows(Xt.shape[0]).to(Xt.device)
+        finding = no_better_than_a_constant(self.likelihood_, model_outputs(module, Xt[rows], batch_size=256),
+                                            yt[rows])
+        if finding:
+            warnings.warn(f"{type(self).__name__}.fit: the prefit network predicts its training rows (the rows of X) "
+                          f"no better than a constant: {finding}. prefit=True uses the network as it is; check that it "
+                          "was trained and its trained weights loaded, on these targets in these units (y is not "
+                          "standardised for a prefit network), and that X holds the rows it was trained on.",
+                          PrefitUnderfitWarning, stacklevel=user_stacklevel())
 
     def _thread_count(self) -> int | None:
         """torch's intra-op threads for the current call (see ``n_threads``): the given count, None (torch's
