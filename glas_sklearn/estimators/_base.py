@@ -712,6 +712,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
 
     def __setstate__(self, state: dict) -> None:
         state = dict(state)
+        state.setdefault("n_threads", "auto")  # pickled before n_threads
         if "posterior_" in state or "_torch_state" in state:  # fitted before the low-rank / conformal options
             state.setdefault("posterior", "subspace")
             state.setdefault("calibration", "coverage")
