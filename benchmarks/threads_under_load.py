@@ -190,9 +190,9 @@ def render(results: dict) -> str:
             for r in results["sweep"]]
     lines += _common.markdown_table(["width", "weights", "work", "busy load", "1 thread", "2 threads",
                                      "speed-up of 2"], rows)
-    lines += ["", "On this shared machine a second thread paid at no size. The rule keeps one thread up to 2²⁶ of "
-              "work per thread (about a million weights at 64 rows per batch, between the widths 800 and 1600 "
-              "above), beyond which a step is long enough to split on a machine with idle cores (not "
+    lines += ["", "On this shared machine a second thread paid at no size. The rule keeps one thread below twice 2²⁶ "
+              "of work (about two million weights at 64 rows per batch: width 800 above gets one thread, width "
+              "1600 two), beyond which a step is long enough to split on a machine with idle cores (not "
               "measured here: no idle machine was available); `n_threads=` sets the count either way."]
     return "\n".join(lines) + "\n"
 

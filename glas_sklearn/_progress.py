@@ -36,8 +36,9 @@ class _LogBar(tqdm):
         self._final_line = kwargs.get("leave", True) is not False
         kwargs["leave"] = False  # tqdm's close then only asks to clear the line: see display
         known = kwargs.get("total") is not None or hasattr(args[0] if args else kwargs.get("iterable"), "__len__")
-        kwargs.setdefault("bar_format", "{desc}: {n_fmt}/{total_fmt} {unit} [{elapsed}<{remaining}{postfix}]"
-                          if known else "{desc}: {n_fmt} {unit} [{elapsed}{postfix}]")
+        kwargs["unit"] = " " + str(kwargs.get("unit", "it")).strip()  # "3/5 it", "97 products"
+        kwargs.setdefault("bar_format", "{desc}: {n_fmt}/{total_fmt}{unit} [{elapsed}<{remaining}{postfix}]"
+                          if known else "{desc}: {n_fmt}{unit} [{elapsed}{postfix}]")
         super().__init__(*args, **kwargs)
 
     def display(self, msg=None, pos=None):

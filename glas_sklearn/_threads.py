@@ -40,8 +40,9 @@ _local = threading.local()
 
 
 def auto_threads(n_weights: int, rows_per_batch: int, available: int | None = None) -> int:
-    """The intra-op thread count for ``n_threads="auto"``: one per ``AUTO_WORK_PER_THREAD`` of weights × rows
-    per batch, at least 1 and at most ``available``.
+    """The intra-op thread count for ``n_threads="auto"``: one per whole ``AUTO_WORK_PER_THREAD`` (2²⁶) of
+    weights × rows per batch, at least 1 and at most ``available`` (one thread below 2²⁷: about two million
+    weights at 64 rows per batch).
 
     Parameters
     ----------
@@ -61,7 +62,9 @@ def auto_threads(n_weights: int, rows_per_batch: int, available: int | None = No
     --------
     >>> auto_threads(3_000, 64, available=8)       # the default MLP on a table: one thread
     1
-    >>> auto_threads(1_000_000, 64, available=8)   # a million weights: every thread available
+    >>> auto_threads(3_000_000, 64, available=8)   # three million weights: two threads
+    2
+    >>> auto_threads(10**8, 64, available=8)       # a hundred million: every thread available
     8
     """
     available = available_threads() if available is None else available

@@ -384,7 +384,7 @@ def top_eigenpairs(op, k: int, *, method: str = "lanczos", tol: float = 1e-5,
     solver = _lanczos if method == "lanczos" else _eigsh
     target = op.matvec if method == "lanczos" else op
     t0 = time.perf_counter()
-    with progress(desc=f"{method}: top-{k} eigenpairs", unit="products", verbose=verbose, leave=False) as bar:
+    with progress(desc=f"{method}: top-{k} eigenpairs", unit=" products", verbose=verbose, leave=False) as bar:
         result = solver(target, D, k, dtype, device, tol=tol, max_matvecs=max_matvecs, ncv=ncv,
                         generator=gen, v0=v0, bar=bar)
     stage(_finished_line(result, k, D, time.perf_counter() - t0), verbose=verbose, logger=logger)

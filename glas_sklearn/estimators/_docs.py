@@ -137,13 +137,14 @@ PARAMETERS_DOC = """\
     n_threads : "auto", int or None, default="auto"
         torch's intra-op thread count while the estimator's own methods run (``fit``, ``predict``,
         ``predict_interval``, ``predict_proba``, ``predict_set``, ``sample_y``, ``score``, ``coverage_curve`` …),
-        restored afterwards. "auto": one thread per 2²⁶ of the trainable weights × the rows of a training batch
-        (``batch_size``), so one thread up to about a million weights at ``batch_size=64``, and never more than
-        torch's count outside the call (``torch.get_num_threads()``, e.g. as set by ``OMP_NUM_THREADS``). A small
-        network gains nothing from threads and loses up to 10× when the cores are shared with other work
-        (benchmarks/results/threads_under_load.md). An int sets the count; None leaves torch's setting alone.
-        The setting is process-wide: calls running at once (threads serving one estimator, nested calls) share
-        the count of the first to start, and the last to finish restores the previous one."""
+        restored afterwards. "auto": one thread per whole 2²⁶ of the trainable weights × the rows of a training
+        batch (``batch_size``), so one thread up to about two million weights at ``batch_size=64``, and never
+        more than torch's count outside the call (``torch.get_num_threads()``, e.g. as set by ``OMP_NUM_THREADS``).
+        A small network gains nothing from threads and loses up to 10× when the cores are shared with other work
+        (the README example: 8.5× on two busy cores, benchmarks/results/threads_under_load.md). An int sets the
+        count; None leaves torch's setting alone. The setting is process-wide: calls running at once (threads
+        serving one estimator, nested calls) share the count of the first to start, and the last to finish
+        restores the previous one."""
 
 ATTRIBUTES_DOC = """\
     module_ : torch.nn.Module
