@@ -12,17 +12,21 @@ from sklearn.utils.validation import check_array, check_X_y, validate_data
 __all__ = ["InputsMixin"]
 
 
-def _is_number(value) -> bool:
+def _is_text(value) -> bool:
+    """A string (or bytes) that is not a number, such as a category's name ('high')."""
+    if not isinstance(value, (str, bytes)):
+        return False
     try:
         float(value)
-    except (TypeError, ValueError):
-        return False
-    return True
+    except ValueError:
+        return True
+    return False
 
 
 def _non_numeric_columns(X) -> list[tuple[object, object]]:
-    """(name, or position for an array, and a value that is not a number) of each column of a 2-D ``X`` whose
-    values do not convert to floats; empty for other inputs."""
+    """(name, or position for an array, and the first text value) of each column of a 2-D ``X`` holding text
+    that is not a number (a categorical column); empty for other inputs (other failures are scikit-learn's to
+    report)."""
     if hasattr(X, "columns") and hasattr(X, "iloc"):  # a DataFrame
         columns = [(name, X.iloc[:, j]) for j, name in enumerate(X.columns)]
     else:
@@ -37,14 +41,14 @@ def _non_numeric_columns(X) -> list[tuple[object, object]]:
         columns = [(j, A[:, j]) for j in range(A.shape[1])]
     found = []
     for name, values in columns:
-        bad = next((v for v in values if not _is_number(v)), None)
+        bad = next((v for v in values if _is_text(v)), None)
         if bad is not None:
             found.append((name, bad))
     return found
 
 
 def _non_numeric_message(owner: str, columns: list[tuple[object, object]]) -> str:
-    """The refusal of non-numeric columns: which, an example value, and how to encode them."""
+    """The refusal of text columns: which, an example value, and how to encode them."""
     named = ", ".join(f"{name!r} (e.g. {bad!r})" if not isinstance(name, (int, np.integer))
                       else f"{name} (0-based; e.g. {bad!r})" for name, bad in columns[:5])
     more = f" and {len(columns) - 5} more" if len(columns) > 5 else ""
