@@ -2,7 +2,12 @@
 
 from .compose import predict_interval, predict_set
 from .datasets import load_concrete
-from .estimators import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor, PrefitLeakageWarning
+from .estimators import (
+    LaplaceActiveSubspaceClassifier,
+    LaplaceActiveSubspaceRegressor,
+    PrefitLeakageWarning,
+    PrefitUnderfitWarning,
+)
 from .metrics import coverage_score, interval_score, make_interval_scorer, mean_width_score
 
 __version__ = "0.1.0.dev0"
@@ -11,6 +16,7 @@ __all__ = [
     "LaplaceActiveSubspaceRegressor",
     "LaplaceActiveSubspaceClassifier",
     "PrefitLeakageWarning",
+    "PrefitUnderfitWarning",
     "coverage_score",
     "interval_score",
     "make_interval_scorer",

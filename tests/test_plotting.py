@@ -204,13 +204,28 @@ def test_plot_intervals_parity(plt, reg_2d, data_2d):
     assert ax.get_xlabel() == "predicted mean" and ax.get_ylabel() == "observed y"
     assert "50 % intervals" in ax.get_title()
     assert "50 % interval for f" in [t.get_text() for t in ax.get_legend().get_texts()]
-    # the same estimator asked for intervals of y says so
+    # the label follows the fitted intervals, not a parameter changed since the fit
     reg_2d.set_params(include_noise=True)
     try:
         ax = plot_intervals(reg_2d, X, y, confidence_level=0.5)
-        assert "50 % interval for y" in [t.get_text() for t in ax.get_legend().get_texts()]
+        assert "50 % interval for f" in [t.get_text() for t in ax.get_legend().get_texts()]
     finally:
         reg_2d.set_params(include_noise=False)
+
+
+@pytest.mark.parametrize("settings, label", [
+    (dict(calibration="coverage", posterior="subspace", include_noise=True), "90 % interval for y"),
+    (dict(calibration="coverage", posterior="subspace"), "90 % interval for f"),
+    (dict(), "90 % conformal interval for y"),  # the defaults: split-conformal intervals for y
+    (dict(likelihood="heteroscedastic"), "90 % conformal interval for y"),
+    (dict(likelihood="heteroscedastic", calibration="coverage"), "90 % interval for y"),
+])
+def test_plot_intervals_label_follows_the_fitted_intervals(plt, data_2d, settings, label):
+    X, y = data_2d
+    tiny = {**TINY, "calibration": "conformal", "posterior": "low_rank", **settings}
+    reg = _fit_quietly(LaplaceActiveSubspaceRegressor(**tiny), X, y)
+    ax = plot_intervals(reg, X, y)
+    assert label in [t.get_text() for t in ax.get_legend().get_texts()]
 
 
 def test_plot_intervals_rejects(plt, clf, reg_2d, data_2d):

@@ -1,6 +1,11 @@
 import io
+import logging
 
-from glas_sklearn._progress import LOG_INTERVAL, progress
+import numpy as np
+import pytest
+
+from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
+from glas_sklearn._progress import LOG_INTERVAL, progress, stage
 
 
 class _Terminal(io.StringIO):
@@ -8,14 +13,31 @@ class _Terminal(io.StringIO):
         return True
 
 
-def test_log_file_gets_few_updates():
+def test_log_file_gets_no_redraws():
     log = io.StringIO()
     for _ in progress(range(500), desc="work", file=log):
         pass
-    # Opening and closing state only (the loop is far shorter than LOG_INTERVAL), not one write per step.
-    writes = log.getvalue().count("\r")
-    assert 1 <= writes <= 3, log.getvalue()
-    assert "500/500" in log.getvalue()
+    # The loop is far shorter than LOG_INTERVAL: its final state only, as one plain line.
+    assert log.getvalue().startswith("work: 500/500 it [") and log.getvalue().count("\n") == 1
+    assert "\r" not in log.getvalue()
+    log = io.StringIO()
+    for _ in progress(range(500), desc="work", file=log, leave=False):
+        pass
+    assert log.getvalue() == ""  # leave=False: the caller reports the finished stage
+
+
+def test_log_file_gets_plain_lines_while_running():
+    log = io.StringIO()
+    bar = progress(desc="lanczos: top-5 eigenpairs", unit="products", file=log, mininterval=0, miniters=1,
+                   leave=False)
+    for _ in range(3):
+        bar.update(1)
+    bar.close()
+    text = log.getvalue()
+    assert "\r" not in text
+    lines = text.splitlines()
+    assert len(lines) == 3 and text.endswith("\n")
+    assert lines[-1].startswith("lanczos: top-5 eigenpairs: 3 products ["), lines
 
 
 def test_terminal_gets_live_bar_with_tqdm_defaults():
@@ -43,14 +65,59 @@ def _trained_like_loop(file, steps=400, **kwargs):
 
 
 def test_set_postfix_does_not_redraw_in_a_log():
+    # Shorter than LOG_INTERVAL: nothing per step, no redraw; the final state (with the last postfix) at close.
     text = _trained_like_loop(io.StringIO())
-    # Each redraw starts with a carriage return: the opening state, the closing state, nothing per step.
-    assert 1 <= text.count("\r") <= 3, f"{text.count(chr(13))} redraws: {text[:300]!r}"
-    assert "400/400" in text and "loss=0.0025" in text  # the last postfix is shown at close
-    assert len(text) < 400  # one step would already cost a ~60-character line
+    assert "\r" not in text and text.count("\n") == 1 and "400/400" in text and "loss=0.0025" in text
+    # With every update timed, one plain line each, the latest postfix in it.
+    text = _trained_like_loop(io.StringIO(), steps=5, mininterval=0, miniters=1, leave=False)
+    assert "\r" not in text and len(text.splitlines()) == 5
+    assert text.splitlines()[-1].startswith("training 4: 5/5 it [") and "loss=0.2]" in text
+
+
+def test_stage_line_is_written_when_verbose_and_logged(caplog):
+    log = io.StringIO()
+    with caplog.at_level(logging.INFO, logger="glas_sklearn.test"):
+        logger = logging.getLogger("glas_sklearn.test")
+        stage("lanczos: 5 eigenpairs in 40 products", verbose=1, file=log, logger=logger)
+        stage("silent", verbose=0, file=log, logger=logger)
+    assert log.getvalue() == "lanczos: 5 eigenpairs in 40 products\n"
+    assert [r.getMessage() for r in caplog.records] == ["lanczos: 5 eigenpairs in 40 products", "silent"]
 
 
 def test_set_postfix_redraws_live_in_a_terminal():
     # The same loop in a terminal (with the minimum interval off) redraws on every postfix: the live bar is kept.
     text = _trained_like_loop(_Terminal(), mininterval=0)
     assert text.count("\r") >= 400
+
+
+def _blobs_or_wave(classifier):
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-1, 1, size=(120, 2))
+    y = (X[:, 0] > 0).astype(int) if classifier else np.sin(3 * X[:, 0]) + 0.1 * rng.standard_normal(120)
+    return X, y
+
+
+@pytest.mark.parametrize("cls", [LaplaceActiveSubspaceRegressor, LaplaceActiveSubspaceClassifier])
+def test_fit_log_in_a_pipe_is_one_line_per_stage(cls, capsys):
+    """verbose=1 with standard error captured (not a terminal): no carriage return, one line per finished stage
+    with its time, the eigen-solver's line counting products, and a closing line saying what the fit did."""
+    X, y = _blobs_or_wave(cls is LaplaceActiveSubspaceClassifier)
+    est = cls(max_epochs=5, max_components=4, n_samples=20, random_state=0, verbose=1).fit(X, y)
+    err = capsys.readouterr().err
+    assert "\r" not in err
+    lines = err.splitlines()
+    stages = [line.split(":")[0] for line in lines]
+    expected = ["training", "lanczos", "posterior"]
+    expected += ["sigma0"] if est.n_sigma0_rows_ else []
+    assert stages == expected + ["calibration", cls.__name__], lines
+    assert f"in {est.eigen_info_['n_matvecs']} products" in lines[1] and "converged" in lines[1]
+    assert lines[0].startswith(f"training: 5 epochs on {len(est.train_indices_)} rows")
+    assert f"at d = {est.n_components_} on {est.n_calibration_rows_} rows" in lines[-2]
+    assert lines[-1].startswith(f"{cls.__name__}: fitted in ") and "1 torch thread" in lines[-1]
+    assert all(" s" in line for line in lines)  # each with its time
+
+
+def test_fit_is_silent_with_verbose_zero(capsys):
+    X, y = _blobs_or_wave(False)
+    LaplaceActiveSubspaceRegressor(max_epochs=5, max_components=4, n_samples=20, random_state=0).fit(X, y)
+    assert capsys.readouterr().err == ""

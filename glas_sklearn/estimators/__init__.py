@@ -1,7 +1,8 @@
 """The scikit-learn estimators."""
 
-from ._prefit import PrefitLeakageWarning
+from ._prefit import PrefitLeakageWarning, PrefitUnderfitWarning
 from .classifier import LaplaceActiveSubspaceClassifier
 from .regressor import LaplaceActiveSubspaceRegressor
 
-__all__ = ["LaplaceActiveSubspaceRegressor", "LaplaceActiveSubspaceClassifier", "PrefitLeakageWarning"]
+__all__ = ["LaplaceActiveSubspaceRegressor", "LaplaceActiveSubspaceClassifier", "PrefitLeakageWarning",
+           "PrefitUnderfitWarning"]

@@ -22,6 +22,9 @@ from sklearn.utils.validation import _check_sample_weight, check_is_fitted
 from torch import nn
 
 from .._checks import check_confidence_levels, numpy_rng
+from .._functional import model_outputs
+from .._progress import stage
+from .._threads import adjust_threads, auto_threads, scoped_threads
 from ..calibration import (
     CALIBRATIONS,
     CalibrationWarning,
@@ -35,7 +38,17 @@ from ..likelihoods import Likelihood
 from ..posterior import POSTERIOR_KINDS, ActiveSubspacePosterior, resolve_posterior
 from ._inputs import InputsMixin
 from ._network import NetworkMixin, trainable_dtype
-from ._prefit import REGISTRY, PrefitLeakageWarning, module_fingerprint, row_digests, user_stacklevel
+from ._prefit import (
+    REGISTRY,
+    PrefitLeakageWarning,
+    PrefitUnderfitWarning,
+    check_rows,
+    module_fingerprint,
+    no_better_than_a_constant,
+    row_digests,
+    user_stacklevel,
+)
+from ._report import calibration_line, fit_line, posterior_line, sigma0_line, training_line
 from ._training import OPTIMIZERS, train_module
 from ._validation import (
     BOOLEAN,
@@ -143,6 +156,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         "random_state": [None, Interval(numbers.Integral, 0, 2**32, closed="left"),
                          InstanceOf(np.random.RandomState, "a numpy.random.RandomState")],
         "verbose": [Interval(numbers.Integral, 0, None), BOOLEAN],
+        "n_threads": [Options("auto"), None, Interval(numbers.Integral, 1, None)],
     }
 
     def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="auto", n_components="auto",
@@ -150,7 +164,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
                  predictive="auto", n_samples=1000, confidence_level=0.9,
                  calibration_size=0.1, max_epochs=500, lr=1e-3, batch_size=64, weight_decay=0.0,
                  optimizer="adam", standardize="auto", padding_idx=None, subsample=None, eigen_method="lanczos",
-                 device="auto", dtype="auto", random_state=None, verbose=0):
+                 device="auto", dtype="auto", random_state=None, verbose=0, n_threads="auto"):
         self.module = module
         self.module_kwargs = module_kwargs
         self.prefit = prefit
@@ -177,8 +191,10 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         self.dtype = dtype
         self.random_state = random_state
         self.verbose = verbose
+        self.n_threads = n_threads
 
     # -------------------------------------------------------------------- fit
+    @scoped_threads
     def _fit(self, X, y, X_cal, y_cal, sample_weight=None):
         """``fit`` of both estimators, one step per line in the order the data flows."""
         t_start = time.perf_counter()
@@ -202,7 +218,12 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         self._fit_posterior(Xt, yt, Xc, yc, seed, wt)
         self._choose_dimension(Xc, yc, seed)
         self.timings_["total"] = time.perf_counter() - t_start
+        self._report(fit_line(self))
         return self
+
+    def _report(self, line: str) -> None:
+        """A finished stage's line: to standard error with ``verbose ≥ 1``, and logged at INFO level."""
+        stage(line, verbose=self.verbose, logger=logger)
 
     def _check_settings(self) -> None:
         """The hyperparameters checked (alone and together), and the likelihood resolved (``likelihood_``)."""
@@ -332,18 +353,56 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         (on the weighted mean loss with ``sample_weight``)."""
         if self.prefit:
             module = self._called_as_network(self._prefit_module(Xt.device, dtype), Xt[:1])
+            self._choose_threads(module, Xt.shape[0])
             self.training_loss_ = []
         else:
             module = self._build_module(Xt.shape[1], n_outputs, seed).to(device=Xt.device, dtype=dtype)
             module = self._called_as_network(module, Xt[:1])
+            self._choose_threads(module, Xt.shape[0])
             t0 = time.perf_counter()
             self.training_loss_ = train_module(
                 module, Xt, yt, self.likelihood_.loss, optimizer=self.optimizer, lr=self.lr,
                 weight_decay=self.weight_decay, batch_size=self.batch_size, max_epochs=self.max_epochs, seed=seed,
                 verbose=self.verbose, owner=type(self).__name__, sample_weight=sample_weight)
             self.timings_["training"] = time.perf_counter() - t0
+            self._report(training_line(self, Xt.shape[0], self.timings_["training"]))
         self._check_output_shape(module, Xt[:1], n_outputs)
+        if self.prefit:
+            self._warn_if_prefit_underfits(module, Xt, yt)
         return module
+
+    def _warn_if_prefit_underfits(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor) -> None:
+        """A :class:`PrefitUnderfitWarning` when the prefit network predicts its training rows (those of X, at
+        most 2048 of them evenly spaced) no better than a constant."""
+        rows = check_rows(Xt.shape[0]).to(Xt.device)
+        finding = no_better_than_a_constant(self.likelihood_, model_outputs(module, Xt[rows], batch_size=256),
+                                            yt[rows])
+        if finding:
+            warnings.warn(f"{type(self).__name__}.fit: the prefit network predicts its training rows (the rows of X) "
+                          f"no better than a constant: {finding}. prefit=True uses the network as it is; check that it "
+                          "was trained and its trained weights loaded, on these targets in these units (y is not "
+                          "standardised for a prefit network), and that X holds the rows it was trained on.",
+                          PrefitUnderfitWarning, stacklevel=user_stacklevel())
+
+    def _thread_count(self) -> int | None:
+        """torch's intra-op threads for the current call (see ``n_threads``): the given count, None (torch's
+        setting left alone), or for "auto" the count the last fit chose (``n_threads_``), one before fit has seen
+        the network."""
+        n = getattr(self, "n_threads", "auto")  # estimators pickled before n_threads: "auto"
+        if n is None or (isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 1):
+            return n
+        return getattr(self, "n_threads_", None) or 1
+
+    def _choose_threads(self, module: nn.Module, n_rows: int) -> None:
+        """``n_threads_`` for the network about to be trained (or used, prefit), and the running fit's count set to
+        it: "auto" by :func:`~glas_sklearn._threads.auto_threads` of the trainable weights × rows per batch."""
+        if self.n_threads == "auto":
+            n_weights = sum(p.numel() for p in module.parameters() if p.requires_grad)
+            self.n_threads_ = auto_threads(n_weights, min(self.batch_size or n_rows, n_rows))
+        else:
+            self.n_threads_ = self.n_threads
+        if self.n_threads_ is not None:
+            adjust_threads(self.n_threads_)
 
     def _fit_posterior(self, Xt, yt, Xc, yc, seed: int, sample_weight: torch.Tensor | None = None) -> None:
         """The curvature's top eigenpairs at θ0 and the posterior on them (β from σ² for regression), with the
@@ -369,6 +428,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
             "relative_residuals": fitted.eigen.relative_residuals.detach().cpu().numpy(),
         }
         self._set_noise()
+        self._report(posterior_line(self, self.timings_["curvature"]))
 
     def _resolved_scaling(self):
         """``scaling`` with "auto" resolved: "mean" (each estimator may override it per likelihood)."""
@@ -422,6 +482,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         self.sigma0_ = float(self.posterior_.fit_sigma0(self.n_components_))
         self.n_calibration_rows_ = int(len(Xc))
         self.n_sigma0_rows_ = int(len(self.sigma0_rows_))
+        self._report(calibration_line(self, self.timings_["calibration"]))
 
     def _tune_sigma0(self, Xc, yc, d: int, seed: int):
         """sigma0="nll": split the calibration rows into a tuning part that chooses σ0 by its mean predictive NLL
@@ -439,9 +500,11 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
             return Xc, yc
         tune, conf = self._sigma0_split(yc, n, n_need, seed)
         index = torch.as_tensor(tune, device=Xc.device)
+        t0 = time.perf_counter()
         search = self._sigma0_search(Xc[index], yc[index], d, seed)
         self.posterior_.set_sigma0(search.sigma0)
         self.sigma0_search_, self.sigma0_rows_ = search, tune
+        self._report(sigma0_line(self, len(tune), time.perf_counter() - t0))
         index = torch.as_tensor(conf, device=Xc.device)
         return Xc[index], yc[index]
 
@@ -540,6 +603,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         """Observation-noise variance added to intervals (internal units); 0 for parameter uncertainty only."""
         return 0.0
 
+    @scoped_threads
     def coverage_curve(self, X, y, *, d_max: int | None = None, confidence_level: float | None = None) -> pd.DataFrame:
         """Coverage on ``(X, y)`` of the (1 − γ) intervals (or prediction sets) for every d = 1 … d_max.
 
@@ -648,6 +712,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
 
     def __setstate__(self, state: dict) -> None:
         state = dict(state)
+        state.setdefault("n_threads", "auto")  # pickled before n_threads
         if "posterior_" in state or "_torch_state" in state:  # fitted before the low-rank / conformal options
             state.setdefault("posterior", "subspace")
             state.setdefault("calibration", "coverage")

@@ -129,7 +129,22 @@ PARAMETERS_DOC = """\
     random_state : int, RandomState or None, default=None
         Seeds weight initialisation, training order, the calibration split, Lanczos and posterior samples.
     verbose : int, default=0
-        0 silent; ≥ 1 progress bars."""
+        0 silent; ≥ 1 writes progress to standard error: live bars in a terminal; in a file or pipe no carriage
+        returns, a line every 30 s for a long stage. Either way one line per finished stage (training, the
+        eigen-solver, the posterior, σ0 with "nll", calibration) with its time and key figures, and a closing
+        line saying what the fit did; the same lines are logged at INFO level (logger ``glas_sklearn``) whatever
+        ``verbose``.
+    n_threads : "auto", int or None, default="auto"
+        torch's intra-op thread count while the estimator's own methods run (``fit``, ``predict``,
+        ``predict_interval``, ``predict_proba``, ``predict_set``, ``sample_y``, ``score``, ``coverage_curve`` …),
+        restored afterwards. "auto": one thread per whole 2²⁶ of the trainable weights × the rows of a training
+        batch (``batch_size``), so one thread up to about two million weights at ``batch_size=64``, and never
+        more than torch's count outside the call (``torch.get_num_threads()``, e.g. as set by ``OMP_NUM_THREADS``).
+        A small network gains nothing from threads and loses up to 10× when the cores are shared with other work
+        (the README example: 8.5× on two busy cores, benchmarks/results/threads_under_load.md). An int sets the
+        count; None leaves torch's setting alone. The setting is process-wide: calls running at once (threads
+        serving one estimator, nested calls) share the count of the first to start, and the last to finish
+        restores the previous one."""
 
 ATTRIBUTES_DOC = """\
     module_ : torch.nn.Module
@@ -175,6 +190,9 @@ ATTRIBUTES_DOC = """\
     posterior_ : ActiveSubspacePosterior
     timings_ : dict
         Wall seconds of training, curvature, calibration.
+    n_threads_ : int or None
+        torch's intra-op thread count the estimator's methods run with (``n_threads`` resolved at fit; None:
+        torch's setting left alone).
     training_loss_ : list of float
         Mean training loss per epoch (empty when prefit).
     n_records_ : int

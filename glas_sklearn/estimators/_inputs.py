@@ -12,6 +12,54 @@ from sklearn.utils.validation import check_array, check_X_y, validate_data
 __all__ = ["InputsMixin"]
 
 
+def _is_text(value) -> bool:
+    """A string (or bytes) that is not a number, such as a category's name ('high')."""
+    if not isinstance(value, (str, bytes)):
+        return False
+    try:
+        float(value)
+    except ValueError:
+        return True
+    return False
+
+
+def _non_numeric_columns(X) -> list[tuple[object, object]]:
+    """(name, or position for an array, and the first text value) of each column of a 2-D ``X`` holding text
+    that is not a number (a categorical column); empty for other inputs (other failures are scikit-learn's to
+    report)."""
+    if hasattr(X, "columns") and hasattr(X, "iloc"):  # a DataFrame
+        columns = [(name, X.iloc[:, j]) for j, name in enumerate(X.columns)]
+    else:
+        if sp.issparse(X):
+            return []
+        try:
+            A = np.asarray(X, dtype=object)
+        except (TypeError, ValueError):
+            return []
+        if A.ndim != 2:
+            return []
+        columns = [(j, A[:, j]) for j in range(A.shape[1])]
+    found = []
+    for name, values in columns:
+        bad = next((v for v in values if _is_text(v)), None)
+        if bad is not None:
+            found.append((name, bad))
+    return found
+
+
+def _non_numeric_message(owner: str, columns: list[tuple[object, object]]) -> str:
+    """The refusal of text columns: which, an example value, and how to encode them."""
+    named = ", ".join(f"{name!r} (e.g. {bad!r})" if not isinstance(name, (int, np.integer))
+                      else f"{name} (0-based; e.g. {bad!r})" for name, bad in columns[:5])
+    more = f" and {len(columns) - 5} more" if len(columns) > 5 else ""
+    first = columns[0][0]
+    example = (f"make_column_transformer((OneHotEncoder(), [{first!r}]), remainder='passthrough')"
+               if not isinstance(first, (int, np.integer)) else "a ColumnTransformer with a OneHotEncoder")
+    return (f"X has non-numeric values in column{'s' if len(columns) > 1 else ''} {named}{more}; {owner} takes "
+            f"numbers. Encode such columns before it, e.g. make_pipeline({example}, {owner}(...)) "
+            "(sklearn.compose, sklearn.preprocessing.OneHotEncoder or OrdinalEncoder), or drop them.")
+
+
 class InputsMixin:
     """What the estimators do with their inputs: validation, the input kind (table, n-d rows, token ids),
     padding to the fitted length, standardisation of float tables and the tensors the network takes.
@@ -40,15 +88,21 @@ class InputsMixin:
         with ``padding_idx``)."""
         check = dict(dtype="numeric", accept_sparse=("csr", "csc", "coo"), allow_nd=True, ensure_all_finite=True)
         no_y = isinstance(y, str) and y == "no_validation"
-        if not reset and (len(self.input_shape_) != 1 or self._integer_input):
-            # validate_data would count features on the second axis only; rows of n-d inputs and token
-            # sequences (which have no feature names) are checked whole by _check_rows
-            if no_y:
-                out = check_array(X, estimator=self, input_name="X", **check)
+        try:
+            if not reset and (len(self.input_shape_) != 1 or self._integer_input):
+                # validate_data would count features on the second axis only; rows of n-d inputs and token
+                # sequences (which have no feature names) are checked whole by _check_rows
+                if no_y:
+                    out = check_array(X, estimator=self, input_name="X", **check)
+                else:
+                    out = check_X_y(X, y, estimator=self, **check, **kwargs)
             else:
-                out = check_X_y(X, y, estimator=self, **check, **kwargs)
-        else:
-            out = validate_data(self, X, y, reset=reset, **check, **kwargs)
+                out = validate_data(self, X, y, reset=reset, **check, **kwargs)
+        except (TypeError, ValueError) as err:
+            columns = _non_numeric_columns(X)
+            if not columns:
+                raise
+            raise ValueError(_non_numeric_message(type(self).__name__, columns)) from err
         X, rest = (out[0], tuple(out[1:])) if isinstance(out, tuple) else (out, ())
         X = self._dense(X)
         if reset:

@@ -23,6 +23,20 @@ def trainable_dtype(module: nn.Module) -> torch.dtype | None:
     return functools.reduce(torch.promote_types, dtypes) if dtypes else None
 
 
+def _one_dimensional_output(name: str, out: torch.Tensor, n_rows: int, n_outputs: int, task: str) -> str:
+    """The refusal of a module whose output has no output axis: what it returns, what is needed, how to fix it."""
+    got = f"shape {tuple(out.shape)} for {n_rows} row{'s' if n_rows != 1 else ''}"
+    if n_outputs == 1 and out.ndim == 1:
+        return (f"{name}: the module returns one value per row as a 1-D tensor ({got}), but the estimator needs a "
+                f"2-D output of shape (n, 1), one column per output. Keep the output axis: end forward with "
+                f"out.unsqueeze(-1) or out.reshape(-1, 1), or drop a final squeeze() / [:, 0] (nn.Linear(..., 1) "
+                f"already returns (n, 1)).")
+    return (f"{name}: the module returns a {out.ndim}-D tensor ({got}), but this {task} problem needs {n_outputs} "
+            f"outputs per row, a "
+            f"2-D tensor of shape (n, {n_outputs}); return out.reshape(len(x), {n_outputs}) with one row per input "
+            f"row.")
+
+
 class NetworkMixin:
     """How an estimator gets its network from ``module``, ``module_kwargs`` and ``prefit``: built (and seeded)
     for training, or the user's prefit module on the estimator's device and dtype; never the user's instance
@@ -95,6 +109,8 @@ class NetworkMixin:
                         "features pass X.astype(float).")
             raise ValueError(f"{name}: the module cannot be evaluated on rows of shape {tuple(x1.shape[1:])} and "
                              f"dtype {x1.dtype}: {err}.{hint}") from err
+        if isinstance(out, torch.Tensor) and out.ndim <= 1:
+            raise ValueError(_one_dimensional_output(name, out, x1.shape[0], n_outputs, self._task))
         if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[1] != n_outputs:
             shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             hint = ""

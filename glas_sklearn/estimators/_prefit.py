@@ -22,8 +22,8 @@ import numpy as np
 import torch
 from torch import nn
 
-__all__ = ["PrefitLeakageWarning", "PrefitRowRegistry", "REGISTRY", "module_fingerprint", "row_digests",
-           "user_stacklevel"]
+__all__ = ["PrefitLeakageWarning", "PrefitRowRegistry", "PrefitUnderfitWarning", "REGISTRY", "check_rows",
+           "module_fingerprint", "no_better_than_a_constant", "row_digests", "user_stacklevel"]
 
 # Weight values hashed for a fingerprint: all of them up to this many, a strided sample of this many beyond.
 _FINGERPRINT_ELEMENTS = 2**24
@@ -41,6 +41,69 @@ class PrefitLeakageWarning(UserWarning):
     rows: coverage and scores measured on them overstate what new rows get. The usual cause is cross-validating
     a prefit network (``GridSearchCV``, ``cross_validate``), whose every test fold the network was trained on.
     """
+
+
+class PrefitUnderfitWarning(UserWarning):
+    """A prefit network predicts its own training rows no better than a constant.
+
+    Raised by ``fit`` with ``prefit=True`` when, on the rows of ``X`` (taken to be the network's training rows), a
+    regression network's mean squared error is at least 95 % of the variance of ``y`` (it explains less than 5 %
+    of it; the constant mean would do as well), or a classifier's accuracy is no better than always predicting
+    the most frequent class. The usual causes: the network was not trained (or its trained weights were not
+    loaded), it was trained on other targets or units (e.g. a standardised y while ``y`` is raw), or the rows
+    are not what it was trained on. The estimator still wraps it (uncertainty around a network that learned
+    nothing is wide and uninformative).
+    """
+
+
+# Below this share of the variance of y explained on its training rows, a prefit regression network is warned about.
+_MIN_EXPLAINED = 0.05
+# Rows of X a prefit network is evaluated on for that check (evenly spaced through X when there are more).
+_CHECK_ROWS = 2048
+
+
+def no_better_than_a_constant(likelihood, outputs: torch.Tensor, y: torch.Tensor) -> str | None:
+    """What a prefit network's outputs on its training rows say about its fit, when no better than a constant.
+
+    Parameters
+    ----------
+    likelihood : Likelihood
+        The estimator's fitted likelihood: classification compares the accuracy of the argmax of ``outputs``
+        with the majority class's share; regression the mean squared error of ``likelihood.mean_output(outputs)``
+        with the variance of ``y``, per target.
+    outputs : torch.Tensor of shape (n, M)
+    y : torch.Tensor
+        Class indices (n,) or targets (n, k), in the network's units.
+
+    Returns
+    -------
+    str or None
+        The finding, for a warning; None when the network does better than a constant.
+    """
+    if likelihood.is_classification:
+        labels = y.reshape(-1).to(torch.long)
+        accuracy = float((outputs.argmax(dim=1) == labels).to(torch.float64).mean())
+        majority = float(torch.bincount(labels).max()) / len(labels)
+        if accuracy <= majority:
+            return (f"its accuracy on them is {accuracy:.3f}, no better than always predicting the most frequent "
+                    f"class ({majority:.3f} of the rows)")
+        return None
+    mean = likelihood.mean_output(outputs).to(torch.float64)
+    target = y.reshape(len(y), -1).to(torch.float64)
+    var = target.var(dim=0, unbiased=False)
+    mse = ((mean - target) ** 2).mean(dim=0)
+    for j in range(target.shape[1]):
+        if var[j] > 0 and mse[j] >= (1.0 - _MIN_EXPLAINED) * var[j]:
+            which = "" if target.shape[1] == 1 else f" for target {j}"
+            return (f"its mean squared error on them{which} is {float(mse[j]):.4g}, {float(mse[j] / var[j]):.2f} times "
+                    f"the variance of y ({float(var[j]):.4g}; R² = {float(1 - mse[j] / var[j]):.3f}): predicting "
+                    "the mean of y would do as well")
+    return None
+
+
+def check_rows(n: int) -> torch.Tensor:
+    """Positions of at most ``_CHECK_ROWS`` rows evenly spaced through n rows."""
+    return torch.linspace(0, n - 1, min(n, _CHECK_ROWS)).round().to(torch.long).unique()
 
 
 def user_stacklevel() -> int:

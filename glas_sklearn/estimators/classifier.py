@@ -8,6 +8,7 @@ from sklearn.base import ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
+from .._threads import scoped_threads
 from ..likelihoods import Categorical
 from ..predictive import class_probabilities
 from ._base import LaplaceActiveSubspaceBase
@@ -155,6 +156,7 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         Xt = self._check_fitted_X(X, method)
         return torch.cat([self._proba_chunk(Xt[sl]) for sl in self._row_chunks(Xt.shape[0], len(self.classes_))])
 
+    @scoped_threads
     def predict_proba(self, X) -> np.ndarray:
         """Class probabilities under the GLAS predictive, columns in ``classes_`` order.
 
@@ -176,6 +178,7 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         probs = self._proba_tensor(X, method).detach().cpu().double().numpy()
         return probs / probs.sum(axis=1, keepdims=True)
 
+    @scoped_threads
     def predict(self, X) -> np.ndarray:
         """The most probable class label under the GLAS predictive.
 
@@ -191,6 +194,7 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         proba = self._proba_array(X)
         return self.classes_[np.argmax(proba, axis=1)]
 
+    @scoped_threads
     def predict_set(self, X, confidence_level=None) -> tuple[np.ndarray, np.ndarray]:
         """Prediction sets: with ``calibration="conformal"`` the split-conformal LAC sets {c : 1 − p_c ≤ q}
         (coverage ≥ the level for exchangeable data; a set may be empty), otherwise for each row the smallest
@@ -216,6 +220,7 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         labels = self.classes_[probs.argmax(dim=1).cpu().numpy()]
         return labels, sets
 
+    @scoped_threads
     def score(self, X, y, sample_weight=None) -> float:
         """Accuracy of :meth:`predict` (scikit-learn's ``ClassifierMixin.score``); rows that were training rows of
         a prefit network raise a :class:`~glas_sklearn.PrefitLeakageWarning`.

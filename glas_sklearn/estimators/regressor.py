@@ -16,6 +16,7 @@ from torch import nn
 
 from .._checks import make_generator, numpy_rng
 from .._functional import eval_view, model_outputs
+from .._threads import scoped_threads
 from ..calibration import (
     CalibrationWarning,
     ConformalCalibrator,
@@ -133,7 +134,8 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
                  predictive="auto", n_samples=1000, confidence_level=0.9, calibration_size=0.1,
                  likelihood="gaussian", noise_std="auto", include_noise=False, max_epochs=500, lr=1e-3, batch_size=64,
                  weight_decay=0.0, optimizer="adam", standardize="auto", padding_idx=None, subsample=None,
-                 eigen_method="lanczos", device="auto", dtype="auto", random_state=None, verbose=0):
+                 eigen_method="lanczos", device="auto", dtype="auto", random_state=None, verbose=0,
+                 n_threads="auto"):
         super().__init__(
             module, module_kwargs=module_kwargs, prefit=prefit, scaling=scaling, n_components=n_components,
             max_components=max_components, sigma0=sigma0, posterior=posterior, calibration=calibration,
@@ -141,7 +143,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             confidence_level=confidence_level, calibration_size=calibration_size, max_epochs=max_epochs, lr=lr,
             batch_size=batch_size, weight_decay=weight_decay, optimizer=optimizer, standardize=standardize,
             padding_idx=padding_idx, subsample=subsample, eigen_method=eigen_method, device=device, dtype=dtype,
-            random_state=random_state, verbose=verbose)
+            random_state=random_state, verbose=verbose, n_threads=n_threads)
         self.likelihood = likelihood
         self.noise_std = noise_std
         self.include_noise = include_noise
@@ -441,6 +443,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             out = out + self.y_mean_.reshape((-1,) + (1,) * (t.ndim - 2))
         return out
 
+    @scoped_threads
     def predict(self, X, return_std: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Predictive mean (sampled: the mean over posterior samples; linearised: f(x; θ0)).
 
@@ -467,6 +470,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             y_pred, y_std = y_pred[:, 0], y_std[:, 0]
         return (y_pred, y_std) if return_std else y_pred
 
+    @scoped_threads
     def predict_interval(self, X, confidence_level=None) -> tuple[np.ndarray, np.ndarray]:
         """Central (1 − γ) intervals: split-conformal ŷ ± q σ̂ for y (``calibration="conformal"``), or those of
         the GLAS predictive (for f, or for y with ``include_noise=True``; ``calibration="coverage"``).
@@ -496,6 +500,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             return y_pred[:, 0], b[:, 0]
         return y_pred, b
 
+    @scoped_threads
     def predict_noise_std(self, X) -> np.ndarray:
         """The noise level σ_ale(x) per row, in the units of y: the network's own σ(x; θ0) with
         ``likelihood="heteroscedastic"``, the constant ``noise_std_`` otherwise (the aleatoric part; the
@@ -517,6 +522,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             std = self._to_user_units(self._lik.noise_variance(out).sqrt(), shift=False)
         return std[:, 0] if self._y_1d else std
 
+    @scoped_threads
     def sample_y(self, X, n_samples: int = 1, random_state=0) -> np.ndarray:
         """Draws of f(x; θ) for θ from the posterior, pushed through the network (plus N(0, σ²) noise
         with ``include_noise=True``: draws of y). With ``likelihood="heteroscedastic"``, draws of y: for each θ,
@@ -555,6 +561,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         out = self._to_user_units(s.permute(1, 2, 0))
         return out[:, 0, :] if self._y_1d else out
 
+    @scoped_threads
     def score(self, X, y, sample_weight=None) -> float:
         """R² of :meth:`predict` (scikit-learn's ``RegressorMixin.score``); rows that were training rows of a
         prefit network raise a :class:`~glas_sklearn.PrefitLeakageWarning`.

@@ -8,6 +8,7 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
+from ..likelihoods import HeteroscedasticGaussian
 from ._axes import check_matplotlib, grid_and_legend, pct, plot_axes, single_level
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -42,6 +43,9 @@ class IntervalDisplay:
         The subspace dimension d, named in the title.
     interval_of : {"f", "y"}, default="f"
         What the interval describes: the network output f, or y = f + noise.
+    method : str, optional
+        How the intervals were calibrated, named in the legend (e.g. "conformal": "90 % conformal interval for
+        y"); :meth:`from_estimator` fills both in from the fitted estimator.
 
     Attributes
     ----------
@@ -68,7 +72,7 @@ class IntervalDisplay:
     """
 
     def __init__(self, *, y_true, y_pred, y_lower, y_upper, confidence_level: float, x=None, x_label: str = "x",
-                 n_components: int | None = None, interval_of: str = "f") -> None:
+                 n_components: int | None = None, interval_of: str = "f", method: str | None = None) -> None:
         self.y_true = np.asarray(y_true, dtype=float)
         self.y_pred = np.asarray(y_pred, dtype=float)
         self.y_lower = np.asarray(y_lower, dtype=float)
@@ -78,6 +82,7 @@ class IntervalDisplay:
         self.x_label = x_label
         self.n_components = n_components
         self.interval_of = interval_of
+        self.method = method
         self.coverage = float(np.mean((self.y_true >= self.y_lower) & (self.y_true <= self.y_upper)))
 
     def plot(self, ax: Axes | None = None) -> IntervalDisplay:
@@ -96,7 +101,8 @@ class IntervalDisplay:
         check_matplotlib(f"{type(self).__name__}.plot")
         level = float(self.confidence_level)
         y, pred, lo, hi = self.y_true, self.y_pred, self.y_lower, self.y_upper
-        name = f"{pct(level)} interval for {self.interval_of}"
+        method = f"{self.method} " if self.method else ""
+        name = f"{pct(level)} {method}interval for {self.interval_of}"
         ax = plot_axes(self, ax)
         self.mean_line_ = self.diagonal_ = None
         if self.x is not None:
@@ -166,10 +172,25 @@ class IntervalDisplay:
             x = Xa[:, 0].astype(float)
             names = getattr(estimator, "feature_names_in_", None)
             x_label = str(names[0]) if names is not None else "x"
+        interval_of, method = _what_the_intervals_are(estimator)
         disp = cls(y_true=y, y_pred=pred, y_lower=pis[:, 0, 0], y_upper=pis[:, 1, 0], confidence_level=level, x=x,
-                   x_label=x_label, n_components=estimator.n_components_,
-                   interval_of="y" if getattr(estimator, "include_noise", False) else "f")
+                   x_label=x_label, n_components=estimator.n_components_, interval_of=interval_of, method=method)
         return disp.plot(ax)
+
+
+def _what_the_intervals_are(estimator) -> tuple[str, str | None]:
+    """What a fitted regressor's intervals are for, and how they were calibrated, from its fitted state (not its
+    parameters, which may have been changed since): split-conformal intervals are for y (``conformity_scores_``
+    held); the heteroscedastic likelihood's always include σ(x), so they are for y; the posterior's own intervals
+    (``calibration="coverage"``) are for y when the calibrator added the noise variance (``include_noise=True``
+    at fit), else for the network output f."""
+    if getattr(estimator, "conformity_scores_", None) is not None:
+        return "y", "conformal"
+    if isinstance(getattr(estimator, "likelihood_", None), HeteroscedasticGaussian):
+        return "y", None
+    calibrator = getattr(estimator, "calibrator_", None)
+    noise = getattr(calibrator, "noise_var_", 0.0)
+    return ("y" if np.any(np.asarray(noise, dtype=float) > 0) else "f"), None
 
 
 def plot_intervals(est, X, y, ax: Axes | None = None, confidence_level: float | None = None) -> Axes:

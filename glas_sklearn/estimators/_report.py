@@ -1,0 +1,87 @@
+"""The lines an estimator's ``fit`` reports: one per finished stage with its time and key figures, and a closing
+line saying what the fit did (written with ``verbose ≥ 1``, logged at INFO level always; see
+:func:`glas_sklearn._progress.stage`). Each function reads the fitted attributes of the estimator it is given."""
+
+from __future__ import annotations
+
+import numbers
+
+__all__ = ["calibration_line", "fit_line", "posterior_line", "sigma0_line", "training_line"]
+
+
+def _pct(level: float) -> str:
+    return f"{100 * float(level):g} %"
+
+
+def _threads(est) -> str:
+    n = getattr(est, "n_threads_", None)
+    if n is None:
+        return "torch's own thread count"
+    how = "auto" if est.n_threads == "auto" else "n_threads"
+    return f"{n} torch thread{'s' if n != 1 else ''} ({how})"
+
+
+def _calibration_name(est) -> str:
+    return est.calibration if isinstance(est.calibration, str) else type(est.calibration).__name__
+
+
+def training_line(est, n_rows: int, seconds: float) -> str:
+    """E.g. "training: 500 epochs on 696 rows (batches of 64), 12.3 s, loss 0.0123 (first epoch 0.912);
+    1 torch thread (auto)"."""
+    losses = est.training_loss_
+    batch = est.batch_size or n_rows
+    text = f"training: {len(losses)} epochs on {n_rows:,} rows (batches of {min(batch, n_rows)}), {seconds:.1f} s"
+    if losses:
+        text += f", loss {losses[-1]:.4g} (first epoch {losses[0]:.4g})"
+    return f"{text}; {_threads(est)}"
+
+
+def posterior_line(est, seconds: float) -> str:
+    """E.g. "posterior: low_rank on the top 50 eigendirections of 2,951 weights, sigma0 = 0.412 (eb_subspace),
+    beta = 12.3, 1.6 s (curvature and eigenpairs)"."""
+    kind = est.posterior if isinstance(est.posterior, str) else est.posterior.__name__
+    setting, K = est._resolved_sigma0(), len(est.eigenvalues_)
+    how = "given" if isinstance(setting, numbers.Real) else setting
+    return (f"posterior: {kind} on the top {K} eigendirections of {est.n_weights_:,} weights, sigma0 = "
+            f"{float(est.posterior_.fit_sigma0(K)):.4g} at d = {K} ({how}), beta = {est.beta_:.4g}, {seconds:.1f} s "
+            "(curvature and eigenpairs)")
+
+
+def sigma0_line(est, n_rows: int, seconds: float) -> str:
+    """E.g. "sigma0: 0.0123 chosen by the NLL of 45 calibration rows (full-space EB 0.41), 0.3 s"."""
+    search = est.sigma0_search_
+    return (f"sigma0: {search.sigma0:.4g} chosen by the predictive NLL of {n_rows} calibration rows "
+            f"(full-space empirical Bayes {search.sigma0_upper:.4g}), {seconds:.1f} s")
+
+
+def calibration_line(est, seconds: float) -> str:
+    """E.g. "calibration: conformal at d = 50 on 78 rows, 0.4 s: quantile 1.64 at 90 %" or "calibration:
+    coverage chose d = 12 on 78 rows, 0.9 s: coverage 0.91 at 90 % (reached)"."""
+    table, d, n = est.calibration_, est.n_components_, est.n_calibration_rows_
+    text = f"calibration: {_calibration_name(est)} at d = {d} on {n} rows, {seconds:.1f} s"
+    if "quantile" in table and "level" in table:
+        text += ": " + ", ".join(f"quantile {row.quantile:.3g} at {_pct(row.level)}" for row in table.itertuples())
+    elif "coverage" in table and len(table):
+        level = est._levels(None)[0]
+        row = table[table["d"] == d].iloc[-1] if (table["d"] == d).any() else table.iloc[-1]
+        reached = {True: " (reached)", False: " (not reached)", None: ""}[est.calibration_reached_]
+        text += f": coverage {row['coverage']:.3f} of the {_pct(level)} target{reached}"
+    return text
+
+
+def fit_line(est) -> str:
+    """The closing line, e.g. "LaplaceActiveSubspaceRegressor: fitted in 15.2 s: trained an MLP of 2,951 weights for
+    500 epochs on 696 rows; posterior low_rank, d = 50; conformal intervals at 90 % from 78 calibration rows;
+    1 torch thread (auto)"."""
+    name = type(est).__name__
+    what = "prediction sets" if est.likelihood_.is_classification else "intervals"
+    if est.prefit:
+        network = f"used the prefit network ({est.n_weights_:,} trainable weights) as it is"
+    else:
+        network = (f"trained the network ({est.n_weights_:,} weights) for {len(est.training_loss_)} epochs on "
+                   f"{est.n_records_:,} rows")
+    kind = est.posterior if isinstance(est.posterior, str) else est.posterior.__name__
+    levels = ", ".join(_pct(v) for v in est._levels(None))
+    return (f"{name}: fitted in {est.timings_['total']:.1f} s: {network}; posterior {kind}, d = {est.n_components_}; "
+            f"{_calibration_name(est)} {what} at {levels} from {est.n_calibration_rows_} calibration rows; "
+            f"{_threads(est)}")
