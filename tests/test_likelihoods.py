@@ -18,7 +18,6 @@ from glas_sklearn.calibration import CalibrationWarning
 from glas_sklearn.ggn import GGNOperator
 from glas_sklearn.laplace import fit_laplace_subspace
 from glas_sklearn.likelihoods import Categorical, Gaussian, Likelihood, resolve_likelihood
-from glas_sklearn.posterior import beta_for
 
 from .reference import dense_jacobian, mlp
 
@@ -138,9 +137,6 @@ def test_beta_per_scaling(scaling, factor):
     assert Categorical().beta(scaling, 40) == factor
     assert Categorical().beta(scaling, 40, noise_var=0.25) == factor  # σ² plays no part in classification
     assert Poisson().beta(scaling, 40) == factor  # the base class's default: the record factor
-    # beta_for, the posterior module's spelling with a task name, delegates to the same objects
-    assert beta_for(scaling, 40, 0.25, "regression") == Gaussian().beta(scaling, 40, 0.25)
-    assert beta_for(scaling, 40, task="classification") == Categorical().beta(scaling, 40)
 
 
 def test_beta_float_scaling_and_errors():
@@ -170,8 +166,8 @@ def test_resolve_likelihood_names_and_instances():
 
 
 def test_default_conformity_scores_are_the_calibration_defaults_of_their_task():
-    from glas_sklearn.calibration import LAC, StdNormalizedResidual
     from glas_sklearn.calibration.conformal import resolve_conformity_score
+    from glas_sklearn.conformity_scores import LAC, StdNormalizedResidual
 
     assert type(Gaussian().default_conformity_score()) is StdNormalizedResidual
     assert type(Categorical().default_conformity_score()) is LAC

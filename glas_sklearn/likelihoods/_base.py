@@ -16,6 +16,7 @@ import numbers
 import torch
 
 from .._checks import check_positive_float, check_positive_int
+from ..conformity_scores import ConformityScore
 
 __all__ = ["SCALINGS", "Likelihood"]
 
@@ -123,8 +124,8 @@ class Likelihood(abc.ABC):
         """The part of the output whose posterior uncertainty the predictive reports (all of it by default)."""
         return output
 
-    def default_conformity_score(self):
-        """The conformity score (:mod:`glas_sklearn.calibration`) that split-conformal calibration uses for this
+    def default_conformity_score(self) -> ConformityScore:
+        """The conformity score (:mod:`glas_sklearn.conformity_scores`) that split-conformal calibration uses for this
         likelihood by default; a subclass without one raises NotImplementedError."""
         raise NotImplementedError(f"{type(self).__name__} names no default conformity score; pass one to "
                                   "ConformalCalibrator(conformity_score=...).")
