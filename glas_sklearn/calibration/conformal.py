@@ -46,10 +46,11 @@ class ConformalWarning(UserWarning):
 
 def resolve_conformity_score(conformity_score, task: str) -> ConformityScore:
     """The score to use: the given one (checked against the task), or for None the task's default
-    (:class:`StdNormalizedResidual` for regression, :class:`LAC` for classification)."""
+    (:class:`StdNormalizedResidual` for regression, ``LAC(never_empty=True)`` for classification: the smallest
+    sets without an empty one of the scores measured in benchmarks/results/classifier_sets.md)."""
     classification = check_choice("task", task, ("regression", "classification")) == "classification"
     if conformity_score is None:
-        return LAC() if classification else StdNormalizedResidual()
+        return LAC(never_empty=True) if classification else StdNormalizedResidual()
     if not isinstance(conformity_score, ConformityScore):
         raise TypeError(f"conformity_score must be None or a ConformityScore (a RegressionScore or "
                         f"ClassificationScore subclass instance, e.g. StdNormalizedResidual()), got "
@@ -145,7 +146,8 @@ class ConformalResult:
         :func:`~glas_sklearn.predictive.regression_moments` / :func:`~glas_sklearn.predictive.class_probabilities`
         reproduces them): new rows must be predicted with it for the scores to be exchangeable with theirs.
     conformity_score : ConformityScore or None
-        The score the ``scores`` are of (:class:`StdNormalizedResidual` or :class:`LAC` unless one was given);
+        The score the ``scores`` are of (:class:`StdNormalizedResidual` or ``LAC(never_empty=True)`` unless one was
+        given);
         its ``region`` turns ``quantiles`` into intervals or sets.
     """
 
@@ -201,7 +203,7 @@ def conformal_calibrate(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor,
     linearized_method : {"probit", "mc"}, default="probit"
     batch_size : int, optional
     conformity_score : ConformityScore, optional
-        None: :class:`StdNormalizedResidual` (regression) or :class:`LAC` (classification).
+        None: :class:`StdNormalizedResidual` (regression) or ``LAC(never_empty=True)`` (classification).
 
     Returns
     -------
@@ -262,7 +264,7 @@ class ConformalCalibrator(Calibrator):
     Parameters
     ----------
     conformity_score : ConformityScore, optional
-        None: :class:`StdNormalizedResidual` for regression, :class:`LAC` for classification.
+        None: :class:`StdNormalizedResidual` for regression, ``LAC(never_empty=True)`` for classification.
 
     Attributes
     ----------

@@ -49,5 +49,6 @@ class Categorical(Likelihood):
         return (p * jacobian**2).sum(-2) - (p * jacobian).sum(-2) ** 2
 
     def default_conformity_score(self):
-        """The least-ambiguous-class score 1 − p_y (:class:`~glas_sklearn.conformity_scores.LAC`)."""
-        return LAC()
+        """The least-ambiguous-class score 1 − p_y with the most probable class added to a set that would be empty
+        (:class:`~glas_sklearn.conformity_scores.LAC` ``(never_empty=True)``)."""
+        return LAC(never_empty=True)
