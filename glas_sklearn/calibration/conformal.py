@@ -20,9 +20,10 @@ import torch
 
 from .._checks import check_choice, check_confidence_levels, numpy_rng
 from ..conformity_scores import LAC, ClassificationScore, ConformityScore, RegressionScore, StdNormalizedResidual
+from ..likelihoods import Likelihood
 from ..posterior import ActiveSubspacePosterior
-from ..predictive import class_probabilities, regression_moments
-from ._base import Calibrator, check_targets, match_regression
+from ..predictive import class_probabilities
+from ._base import Calibrator, check_targets, match_regression, regression_likelihood
 
 # The score names are re-exported from glas_sklearn.conformity_scores, where they are defined.
 __all__ = [
@@ -168,8 +169,8 @@ class ConformalResult:
 def conformal_calibrate(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_cal, *, d: int,
                         task: str = "regression", confidence_level=0.9, predictive: str = "linearized",
                         n_samples: int = 1000, noise_var=0.0, random_state=None, linearized_method: str = "probit",
-                        batch_size: int | None = None, conformity_score: ConformityScore | None = None
-                        ) -> ConformalResult:
+                        batch_size: int | None = None, conformity_score: ConformityScore | None = None,
+                        likelihood: Likelihood | None = None) -> ConformalResult:
     """Split-conformal calibration of the posterior's predictive at a given d.
 
     The scores s_i = ``conformity_score.score(y_i, prediction_i)``, by default: regression
@@ -204,6 +205,10 @@ def conformal_calibrate(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor,
     batch_size : int, optional
     conformity_score : ConformityScore, optional
         None: :class:`StdNormalizedResidual` (regression) or ``LAC(never_empty=True)`` (classification).
+    likelihood : Likelihood, optional
+        Regression: the likelihood whose predictive moments of y the scores take
+        (:meth:`~glas_sklearn.likelihoods.Likelihood.predictive_moments`); None: the Gaussian's, those of f with
+        ``noise_var`` added.
 
     Returns
     -------
@@ -233,8 +238,9 @@ def conformal_calibrate(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor,
             raise ValueError(f"y_cal must hold class indices between 0 and {probs.shape[1] - 1}.")
         prediction, size_col = probs.to(torch.float64), "mean_set_size"
     else:
-        prediction = regression_moments(posterior, X_cal, d, predictive=predictive, n_samples=n_samples,
-                                        noise_var=noise_var, random_state=seed, batch_size=batch_size)
+        prediction = regression_likelihood(likelihood).predictive_moments(
+            posterior, X_cal, d, predictive=predictive, n_samples=n_samples, noise_var=noise_var, random_state=seed,
+            batch_size=batch_size)
         target = match_regression(y, tuple(prediction.mean.shape)).to(prediction.mean.dtype)
         size_col = "mean_width"
     raw = _score_array(score_fn.score(target, prediction), n, score_fn)
@@ -296,12 +302,14 @@ class ConformalCalibrator(Calibrator):
 
     def fit(self, posterior, X_cal, y_cal, *, n_components="auto", task="regression", confidence_levels=0.9,
             predictive="linearized", n_samples=1000, noise_var=0.0, random_state=None,
-            verbose=0) -> ConformalCalibrator:
+            verbose=0, likelihood=None) -> ConformalCalibrator:
         d = posterior.max_components if isinstance(n_components, str) and n_components == "auto" else n_components
         result = conformal_calibrate(posterior, X_cal, y_cal, d=d, task=task, confidence_level=confidence_levels,
                                      predictive=predictive, n_samples=n_samples, noise_var=noise_var,
-                                     random_state=random_state, conformity_score=self.conformity_score)
+                                     random_state=random_state, conformity_score=self.conformity_score,
+                                     likelihood=likelihood)
         self.conformity_score_, self.scores_ = result.conformity_score, result.scores
+        self.likelihood_ = regression_likelihood(likelihood)
         self._store(result, n_components=result.n_components, sigma0=result.sigma0, table=result.table,
                     sample_seed=result.sample_seed, reached=None, predictive=predictive, n_samples=n_samples,
                     noise_var=noise_var)
@@ -313,9 +321,9 @@ class ConformalCalibrator(Calibrator):
 
     def predict_interval(self, posterior, X, confidence_levels=None, *, batch_size=None):
         # the moments the calibration scores were computed from, on the calibration's samples
-        moments = regression_moments(posterior, X, self.n_components_, predictive=self.predictive_,
-                                     n_samples=self.n_samples_, noise_var=self.noise_var_,
-                                     random_state=self.sample_seed_, batch_size=batch_size)
+        moments = self.likelihood_.predictive_moments(posterior, X, self.n_components_, predictive=self.predictive_,
+                                                      n_samples=self.n_samples_, noise_var=self.noise_var_,
+                                                      random_state=self.sample_seed_, batch_size=batch_size)
         bounds = None
         if confidence_levels is not None:
             bounds = self.conformity_score_.region(moments, self.quantile(confidence_levels))
