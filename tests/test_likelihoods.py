@@ -415,7 +415,7 @@ def test_student_t_loss_beta_and_checks():
     assert repr(lik) == "StudentT(df=4.0)" and lik != Gaussian() and lik == StudentT(4.0)
 
 
-def test_student_t_predictive_interval_against_closed_forms_and_simulation():
+def test_student_t_quantile_interval_against_closed_forms_and_simulation():
     from scipy import stats
 
     from glas_sklearn.likelihoods import StudentT
@@ -423,17 +423,17 @@ def test_student_t_predictive_interval_against_closed_forms_and_simulation():
     lik = StudentT(df=3.0)
     mean, levels = np.array([[1.0, -2.0], [0.5, 0.0]]), [0.5, 0.9]
     # σ_f = 0: ŷ ± s t_ν quantile, exactly
-    b = lik.predictive_interval(mean, np.zeros((2, 2)), [0.4, 2.0], levels)
+    b = lik.quantile_interval(mean, np.zeros((2, 2)), [0.4, 2.0], levels)
     half = np.array([0.4, 2.0])[:, None] * stats.t.ppf(0.5 + np.array(levels) / 2, 3.0)  # (M, k)
     np.testing.assert_allclose(b[:, :, 1, :] - mean[..., None], np.broadcast_to(half, (2, 2, 2)), rtol=1e-10)
     np.testing.assert_allclose(b[:, :, 0, :] + b[:, :, 1, :], 2 * np.repeat(mean[..., None], 2, -1), atol=1e-12)
     # large ν: the Gaussian of variance σ_f² + s²
     sf = np.array([[0.3, 1.0], [2.0, 0.1]])
-    g = StudentT(df=1e7).predictive_interval(mean, sf, 0.5, levels)
+    g = StudentT(df=1e7).quantile_interval(mean, sf, 0.5, levels)
     z = stats.norm.ppf(0.5 + np.array(levels) / 2)
     np.testing.assert_allclose(g[:, :, 1, :] - mean[..., None], np.sqrt(sf**2 + 0.25)[..., None] * z, rtol=1e-6)
     # the general case against 2·10⁶ draws of f + s t_ν: coverage within 5 standard errors
-    got = lik.predictive_interval(mean, sf, 0.5, levels)
+    got = lik.quantile_interval(mean, sf, 0.5, levels)
     rng = np.random.default_rng(0)
     n = 2_000_000
     for i, j in [(0, 0), (0, 1), (1, 0), (1, 1)]:
@@ -464,3 +464,35 @@ def test_regressor_takes_the_student_t_likelihood():
     assert est.beta_ == pytest.approx(1 / (noise_var * (3.0 - 2) / 3.0), rel=1e-10)
     _, pis = est.predict_interval(X[:5])
     assert pis.shape == (5, 2, 1) and np.all(pis[:, 1] > pis[:, 0])
+
+
+def test_student_t_intervals_of_y_under_coverage_calibration_are_its_quantiles():
+    """calibration="coverage" with include_noise=True judges and predicts the likelihood's own intervals of y: the
+    quantiles of f + s t_ν with f ~ N(f(x; θ0), σ_f²) (linearised) and s² = σ² (ν − 2)/ν, by hand from the network,
+    the posterior's J Σ Jᵀ and quantile_interval; the table's coverage is theirs on the calibration rows."""
+    from glas_sklearn.likelihoods import StudentT
+
+    lik = StudentT(df=3.0)
+    X, y = _data(n=60)
+    X_cal, y_cal = _data(n=30, seed=5)
+    est = LaplaceActiveSubspaceRegressor(likelihood=lik, calibration="coverage", include_noise=True, n_components=2,
+                                         predictive="linearized", standardize=False, **SMALL)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)
+        est.fit(X, y, X_cal=X_cal, y_cal=y_cal)
+
+    def by_hand(A):
+        At = torch.as_tensor(A)
+        with torch.no_grad():
+            mean = est.module_(At)[:, :1].numpy()
+        sd_f = est.posterior_.linearized_variance(At, 2)[:, :1].sqrt().numpy()
+        s = np.sqrt(est.noise_std_**2 * (3.0 - 2.0) / 3.0)
+        return mean[:, 0], lik.quantile_interval(mean, sd_f, s, 0.9)[:, 0]
+
+    mean, expected = by_hand(X_cal[:8])
+    y_pred, pis = est.predict_interval(X_cal[:8])
+    np.testing.assert_allclose(y_pred, mean, rtol=1e-12)
+    np.testing.assert_allclose(pis, expected, rtol=1e-9)
+    _, b = by_hand(X_cal)
+    inside = (y_cal >= b[:, 0, 0]) & (y_cal <= b[:, 1, 0])
+    assert est.calibration_["coverage"].iloc[0] == pytest.approx(inside.mean(), abs=1e-12)

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 from scipy import stats
 
+from ..predictive import regression_moments
 from .gaussian import Gaussian
 
 __all__ = ["StudentT"]
@@ -55,8 +56,11 @@ class StudentT(Gaussian):
     - **Output Hessian** (the Fisher information, the GGN's): (ν + 1)/(ν + 3) · I; β = factor / s² for a named
       scaling (:meth:`beta`), with s² from the noise variance σ² the regressor estimates as s² = σ² (ν − 2)/ν, the
       variance of s · t_ν being s² ν/(ν − 2) (ν > 2; for ν ≤ 2, where it is infinite, s² = σ²).
-    - **Predictive quantiles** of y = f + s · t_ν with f ~ N(ŷ, σ_f²): :meth:`predictive_interval` (Gauss–Hermite
-      quadrature of the CDF, solved by bisection).
+    - **Predictive quantiles** of y = f + s · t_ν with f ~ N(ŷ, σ_f²): :meth:`quantile_interval` (quadrature of
+      the CDF, solved by bisection). The posterior's own intervals of y (:meth:`predictive_interval`, what
+      ``calibration="coverage"`` judges with ``include_noise=True``) are these, with ŷ, σ_f the posterior moments
+      of f (a Gaussian for f also under the sampled predictive) and s² from σ²; without noise (intervals for f)
+      they are the Gaussian's.
 
     Parameters
     ----------
@@ -130,7 +134,26 @@ class StudentT(Gaussian):
                                            else self.scale_squared(noise_var))
 
     # ------------------------------------------------------------ predictive
-    def predictive_interval(self, mean, epistemic_std, scale, confidence_levels) -> np.ndarray:
+    def predictive_interval(self, posterior, X: torch.Tensor, d: int, confidence_levels=None, *,
+                            predictive: str = "linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
+                            batch_size: int | None = None):
+        """``(mean, std, bounds)`` of y at d: ŷ and σ̂ = sqrt(σ_f² + σ²) as the Gaussian's; with a noise variance σ²
+        the bounds are the quantiles of f + s t_ν (:meth:`quantile_interval`, s² = :meth:`scale_squared` of σ², per
+        output), without one the Gaussian intervals of f."""
+        noise = np.asarray(noise_var, dtype=np.float64)
+        if confidence_levels is None or not np.any(noise > 0):
+            return super().predictive_interval(posterior, X, d, confidence_levels, predictive=predictive,
+                                               n_samples=n_samples, noise_var=noise_var, random_state=random_state,
+                                               batch_size=batch_size)
+        mean, sd_f = regression_moments(posterior, X, d, predictive=predictive, n_samples=n_samples,
+                                        random_state=random_state, batch_size=batch_size)
+        scale = np.sqrt(self.scale_squared(np.broadcast_to(noise, mean.shape[-1:])))
+        bounds = torch.as_tensor(self.quantile_interval(mean, sd_f, scale, confidence_levels), dtype=mean.dtype,
+                                 device=mean.device)
+        var = sd_f**2 + torch.as_tensor(noise, dtype=mean.dtype, device=mean.device)
+        return mean, var.sqrt(), bounds
+
+    def quantile_interval(self, mean, epistemic_std, scale, confidence_levels) -> np.ndarray:
         """Central intervals of y = f + s · t_ν with f ~ N(ŷ, σ_f²), per row, target and level.
 
         The half-width h solves P(|y − ŷ| ≤ h) = level by bisection, with P(|y − ŷ| ≤ h) = E_z[F_ν((h − σ_f z)/s) −
@@ -154,7 +177,7 @@ class StudentT(Gaussian):
         s = np.broadcast_to(np.asarray(scale, dtype=np.float64), mu.shape)
         levels = np.atleast_1d(np.asarray(confidence_levels, dtype=np.float64))
         if np.any(s <= 0) or np.any(sf < 0) or np.any((levels <= 0) | (levels >= 1)):
-            raise ValueError("StudentT.predictive_interval needs scale > 0, epistemic_std >= 0 and levels in (0, 1).")
+            raise ValueError("StudentT.quantile_interval needs scale > 0, epistemic_std >= 0 and levels in (0, 1).")
         out = np.empty(mu.shape + (2, len(levels)))
         z = _Z_NODES
         t, t_weights = _t_nodes(self.df)
