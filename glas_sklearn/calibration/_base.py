@@ -48,6 +48,8 @@ class Calibrator(BaseEstimator, ABC):
         The sorted calibration scores of a conformal calibration; None otherwise.
     predictive_, n_samples_, noise_var_ :
         The predictive settings calibrated with (and predicted with).
+    likelihood_ : Likelihood
+        The likelihood whose predictive of y was calibrated (regression; the Gaussian's when none was given).
     """
 
     chooses_dimension: bool = False
