@@ -1,7 +1,7 @@
 """The Student-t likelihood y ~ f + s · t_ν: regression with heavy-tailed noise (robust to outlying rows).
 
 Per record and target the negative log-likelihood is (ν + 1)/2 · log(1 + r²/(ν s²)) + log s + const, r = y − f. Its
-influence on f is bounded (it falls off as 1/r for |r| ≫ s), so a few outlying rows do not drag the fitted function
+influence on f is bounded (it falls off as 1/r for ``|r|`` ≫ s), so a few outlying rows do not drag the fitted function
 toward them as they do under the squared loss. The expected Hessian in f (the Fisher information, which the GGN
 takes as the output Hessian) is (ν + 1) / ((ν + 3) s²), the same on every row: the curvature of the Gaussian
 likelihood times (ν + 1)/(ν + 3) with s in the place of σ.
@@ -30,7 +30,7 @@ _Z_WEIGHTS = stats.norm.pdf(_Z_NODES) / stats.norm.pdf(_Z_NODES).sum()
 
 def _t_nodes(df: float) -> tuple[np.ndarray, np.ndarray]:
     """Trapezoid nodes and weights for t ~ t_ν in w with t = √ν sinh w (the density decays exponentially in w),
-    over |t| ≤ the 1e-16 tail quantile, step ≤ 0.05 in t near 0."""
+    over ``|t|`` ≤ the 1e-16 tail quantile, step ≤ 0.05 in t near 0."""
     root = math.sqrt(df)
     w_max = math.asinh(stats.t.isf(1e-16, df) / root)
     step = min(0.05, 0.05 / root)
@@ -47,11 +47,11 @@ class StudentT(Gaussian):
     it), which is why it derives from :class:`Gaussian`; what differs is the training loss, the curvature and the
     predictive quantiles of y:
 
-    - **Loss**: s² · (ν + 1)/2 · log(1 + r²/(ν s²)) per target (the NLL times s², so that for |r| ≪ s it is
+    - **Loss**: s² · (ν + 1)/2 · log(1 + r²/(ν s²)) per target (the NLL times s², so that for ``|r|`` ≪ s it is
       (ν + 1)/ν · ½ r², the Gaussian's loss up to that factor, and learning rates carry over), summed over the
       targets and averaged over the rows. The scale s is re-estimated on every batch, not differentiated: the
-      median absolute residual of the batch divided by the t_ν median of |t| (iteratively reweighted robust
-      regression). On a batch of one row (the per-row losses of ``sample_weight``) s is that row's |r| over the
+      median absolute residual of the batch divided by the t_ν median of ``|t|`` (iteratively reweighted robust
+      regression). On a batch of one row (the per-row losses of ``sample_weight``) s is that row's ``|r|`` over the
       t_ν median, and the loss is then a fixed multiple of r² (no robustness: weighted fits lose it).
     - **Output Hessian** (the Fisher information, the GGN's): (ν + 1)/(ν + 3) · I; β = factor / s² for a named
       scaling (:meth:`beta`), with s² from the noise variance σ² the regressor estimates as s² = σ² (ν − 2)/ν, the
@@ -90,7 +90,7 @@ class StudentT(Gaussian):
 
     # ------------------------------------------------------------------ loss
     def batch_scale(self, residuals: torch.Tensor) -> torch.Tensor:
-        """s of a batch of residuals (any shape), not differentiated: median |r| / median |t_ν|."""
+        """s of a batch of residuals (any shape), not differentiated: median ``|r|`` / median ``|t_ν|``."""
         v = residuals.detach().abs().reshape(-1).sort().values
         med = 0.5 * (v[(v.numel() - 1) // 2] + v[v.numel() // 2])  # the median (the mean of the middle two)
         tiny = torch.finfo(residuals.dtype).eps
@@ -156,9 +156,10 @@ class StudentT(Gaussian):
     def quantile_interval(self, mean, epistemic_std, scale, confidence_levels) -> np.ndarray:
         """Central intervals of y = f + s · t_ν with f ~ N(ŷ, σ_f²), per row, target and level.
 
-        The half-width h solves P(|y − ŷ| ≤ h) = level by bisection, with P(|y − ŷ| ≤ h) = E_z[F_ν((h − σ_f z)/s) −
-        F_ν((−h − σ_f z)/s)], z ~ N(0, 1), where σ_f ≤ s, and E_t[Φ((h − s t)/σ_f) − Φ((−h − s t)/σ_f)], t ~ t_ν,
-        where σ_f > s, each by the trapezoid rule on a fine uniform grid. σ_f = 0 gives ŷ ± s t_ν quantiles.
+        The half-width h solves P(``|y − ŷ|`` ≤ h) = level by bisection, with P(``|y − ŷ|`` ≤ h) =
+        E_z[F_ν((h − σ_f z)/s) − F_ν((−h − σ_f z)/s)], z ~ N(0, 1), where σ_f ≤ s, and
+        E_t[Φ((h − s t)/σ_f) − Φ((−h − s t)/σ_f)], t ~ t_ν, where σ_f > s, each by the trapezoid rule on a fine uniform
+        grid. σ_f = 0 gives ŷ ± s t_ν quantiles.
 
         Parameters
         ----------
