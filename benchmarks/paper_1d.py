@@ -45,7 +45,8 @@ from torch.func import functional_call, jacrev, vmap
 
 from glas_sklearn.calibration import CalibrationWarning, choose_dimension
 from glas_sklearn.laplace import fit_laplace_subspace
-from glas_sklearn.posterior import ActiveSubspacePosterior, beta_for
+from glas_sklearn.likelihoods import Gaussian
+from glas_sklearn.posterior import ActiveSubspacePosterior
 from glas_sklearn.predictive import linearized_interval, sampled_interval
 
 NOISE_STD = 0.1
@@ -229,7 +230,7 @@ def run_model(seed: int, N: int, args, log) -> dict:
     noises = [("residual", noise_res)] + ([("known", NOISE_STD**2)] if args.known_noise else [])
     for noise_name, noise_var in noises:
         for scaling in ("mean", "standard"):
-            beta = beta_for(scaling, N, noise_var)
+            beta = Gaussian().beta(scaling, N, noise_var)
             post = ActiveSubspacePosterior(net, eig.eigenvalues, eig.eigenvectors, beta=beta)
             for kind in ("sampled", "linearized"):
                 full = kind == "linearized" or seed < args.full_curve_seeds
@@ -281,7 +282,7 @@ def sweep(seed: int, N: int, args, log) -> dict:
         for noise_name, noise_var in (("residual", lap.noise_var), ("known", NOISE_STD**2)):
             for scaling in ("mean", "standard"):
                 post = ActiveSubspacePosterior(net, lap.eigen.eigenvalues, lap.eigen.eigenvectors,
-                                               beta=beta_for(scaling, N, noise_var))
+                                               beta=Gaussian().beta(scaling, N, noise_var))
                 for kind in ("sampled", "linearized"):
                     with warnings.catch_warnings():
                         warnings.simplefilter("ignore", CalibrationWarning)

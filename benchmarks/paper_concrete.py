@@ -43,8 +43,9 @@ import torch
 from glas_sklearn import LaplaceActiveSubspaceRegressor, coverage_score
 from glas_sklearn.calibration import CalibrationResult, CalibrationWarning, choose_dimension
 from glas_sklearn.datasets import load_concrete
+from glas_sklearn.likelihoods import Gaussian
 from glas_sklearn.plotting import plot_activity, plot_calibration, plot_spectrum
-from glas_sklearn.posterior import ActiveSubspacePosterior, beta_for, estimate_noise_variance
+from glas_sklearn.posterior import ActiveSubspacePosterior, estimate_noise_variance
 from glas_sklearn.predictive import sampled_interval
 
 SAMPLED_LEVEL = 0.9
@@ -368,7 +369,7 @@ def compute(args, argv, out: Path, prefix: str) -> dict:
     fit_seed = est.calibration_seed_
 
     def posterior(scaling: str, noise_var: float) -> ActiveSubspacePosterior:
-        return ActiveSubspacePosterior(net, lam, P, beta=beta_for(scaling, N, noise_var))
+        return ActiveSubspacePosterior(net, lam, P, beta=Gaussian().beta(scaling, N, noise_var))
 
     # -- measure one sampled d, reduce the sample count if the full curves would not fit the budget
     probe = posterior("standard", noise["training residuals"]["var"])

@@ -50,7 +50,8 @@ from smiles_lstm import CORPUS, MODEL_PATH, VOCAB_PATH, generate, load_model, sp
 from glas_sklearn.contrib.smiles import encode_batch, load_smiles
 from glas_sklearn.diagnostics import subsample_alignment
 from glas_sklearn.ggn import GGNOperator
-from glas_sklearn.posterior import ActiveSubspacePosterior, beta_for
+from glas_sklearn.likelihoods import Categorical
+from glas_sklearn.posterior import ActiveSubspacePosterior
 from glas_sklearn.sampling import sample_parameters
 
 logger = logging.getLogger("paper_smiles")
@@ -174,7 +175,7 @@ def subsampling_study(model, X, mask, args):
 def build_posteriors(model, eig, n_records, d_max):
     posts = {}
     for scaling in ("standard", "mean"):
-        beta = beta_for(scaling, n_records, task="classification")
+        beta = Categorical().beta(scaling, n_records)
         posts[scaling] = ActiveSubspacePosterior(model, eig.eigenvalues, eig.eigenvectors, beta=beta)
     rows = []
     for scaling, post in posts.items():

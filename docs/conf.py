@@ -54,6 +54,8 @@ API_SECTIONS = [
     ("glas_sklearn.compose", "Pipelines", "Intervals and prediction sets through Pipelines and target transforms."),
     ("glas_sklearn.predictive", "Predictive distributions",
      "Sampled and linearised intervals, class probabilities and prediction sets from a posterior."),
+    ("glas_sklearn.conformity_scores", "Conformity scores",
+     "How badly a target fits a prediction, and the intervals or sets that inverting a score gives."),
     ("glas_sklearn.calibration", "Calibration",
      "Choosing d by coverage (the paper), split-conformal calibration, σ0 by held-out NLL."),
     ("glas_sklearn.posterior", "Posterior", "The Laplace posterior in (or around) the active subspace."),

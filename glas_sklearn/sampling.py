@@ -14,7 +14,7 @@ Workflow for a sequence model
    (``loss="cross_entropy", mask=mask``). Each unmasked token is one record, so N counts tokens.
    ``subsample`` is counted in sequences. ``scaling="mean"`` gives β = 1 and ``"standard"`` gives
    β = N. To compare both scalings from one eigendecomposition, build ``ActiveSubspacePosterior``
-   twice from the same eigenpairs with ``beta_for``.
+   twice from the same eigenpairs with ``likelihood.beta(scaling, N)``.
 3. Draw weights θ = θ0 + P z. :func:`sample_parameters` returns parameter dicts for
    ``torch.func.functional_call``. :func:`perturbed_copy` yields a perturbed *copy* of the model for
    code that must call ``model(...)`` directly. The user's model is never modified, even when the

@@ -33,8 +33,9 @@ from torch import nn
 from glas_sklearn import LaplaceActiveSubspaceRegressor
 from glas_sklearn.calibration import CalibrationWarning, choose_dimension
 from glas_sklearn.laplace import fit_laplace_subspace
+from glas_sklearn.likelihoods import Gaussian
 from glas_sklearn.plotting import plot_calibration, plot_intervals, plot_spectrum
-from glas_sklearn.posterior import ActiveSubspacePosterior, beta_for
+from glas_sklearn.posterior import ActiveSubspacePosterior
 from glas_sklearn.predictive import sampled_interval
 
 # %matplotlib inline
@@ -134,7 +135,7 @@ print(f"Lanczos: {lap.eigen.n_matvecs} G·v products, converged: {lap.eigen.conv
 
 posteriors = {}
 for scaling in ("mean", "standard"):
-    beta = beta_for(scaling, N_SMALL, lap.noise_var)
+    beta = Gaussian().beta(scaling, N_SMALL, lap.noise_var)
     posteriors[scaling] = ActiveSubspacePosterior(net64, lap.eigen.eigenvalues, lap.eigen.eigenvectors, beta=beta)
     print(f"{scaling:>8} scaling: β = {beta:,.0f}")
 
@@ -277,7 +278,7 @@ with torch.no_grad():
 rows = []
 for scaling in ("mean", "standard"):
     post = ActiveSubspacePosterior(net_l64, lap_l.eigen.eigenvalues, lap_l.eigen.eigenvectors,
-                                   beta=beta_for(scaling, N_LARGE, lap_l.noise_var))
+                                   beta=Gaussian().beta(scaling, N_LARGE, lap_l.noise_var))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
         res = choose_dimension(post, X_cal, Y_cal, confidence_level=0.9, d_max=D_MAX, n_samples=N_SAMPLES,

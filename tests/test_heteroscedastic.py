@@ -262,26 +262,120 @@ def test_bad_layouts_and_settings_are_refused_clearly():
         LaplaceActiveSubspaceRegressor(likelihood="poisson", max_epochs=1).fit(X, y)
 
 
+def _sampled_coverage_by_hand(est, Xc, yc, d, level):
+    """Coverage of the Gaussian intervals of N(μ̂, σ_ale² + σ_epi²) from S posterior samples (law of total
+    variance), written out from the samples, in internal units."""
+    from scipy import stats
+
+    s = est.posterior_.predict_samples(Xc, d, n_samples=est.n_samples, random_state=est.calibrator_.sample_seed_)
+    mu, var = s[..., 0], s[..., 1].clamp(-30, 30).exp()
+    mean, total = mu.mean(0), var.mean(0) + mu.var(0, unbiased=False)
+    half = stats.norm.ppf(0.5 + level / 2) * total.sqrt()
+    return float(((yc - mean).abs() <= half).double().mean())
+
+
 def test_the_papers_method_is_one_argument_away_with_the_heteroscedastic_likelihood():
-    """calibration="coverage", posterior="subspace": d is the smallest whose Gaussian intervals on the predictive
-    N(ŷ, σ_ale² + σ_epi²) (sampled) cover the level of the calibration rows; the table records each d tried."""
+    """calibration="coverage", posterior="subspace": the coverage calibrator (as for the Gaussian) searches d on the
+    likelihood's own intervals, here the Gaussian intervals of N(ŷ, σ_ale² + σ_epi²) from posterior samples; every d
+    in the table has the coverage of those intervals by hand, and the chosen d reaches the level where the one
+    below it, if evaluated, does not."""
+    from glas_sklearn.calibration import CoverageCalibrator
+
     X, y, _ = _hetero_data(300, 7)
+    X_cal, y_cal, _ = _hetero_data(60, 8)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         est = LaplaceActiveSubspaceRegressor(likelihood="heteroscedastic", calibration="coverage",
                                              posterior="subspace", n_samples=64, max_epochs=60, max_components=4,
-                                             lr=3e-3, dtype="float64", random_state=0).fit(X, y)
+                                             lr=3e-3, dtype="float64", random_state=0).fit(X, y, X_cal=X_cal,
+                                                                                            y_cal=y_cal)
     assert est.predictive_ == "sampled" and est.posterior_.posterior == "subspace"
+    assert isinstance(est.calibrator_, CoverageCalibrator) and est.calibrator_.likelihood_ is est.likelihood_
+    Xc = torch.as_tensor((X_cal - est.x_mean_) / est.x_scale_)
+    yc = torch.as_tensor((y_cal - est.y_mean_[0]) / est.y_scale_[0])
     table = est.calibration_
-    assert list(table["d"]) == list(range(1, len(table) + 1))
-    assert (table["coverage"].iloc[:-1] < 0.9).all()  # the search stops at the first d that reaches the level
+    for d, cov in zip(table["d"], table["coverage"], strict=True):
+        assert cov == pytest.approx(_sampled_coverage_by_hand(est, Xc, yc, int(d), 0.9), abs=1e-12)
+    chosen = table.set_index("d")["coverage"]
     if est.calibration_reached_:
-        assert table["coverage"].iloc[-1] >= 0.9 and est.n_components_ == table["d"].iloc[-1]
-    else:  # never reached: every d tried, the best one kept
-        assert len(table) == 4 and est.n_components_ == table["d"].iloc[int(np.argmax(table["coverage"]))]
+        assert chosen[est.n_components_] >= 0.9
+        assert est.n_components_ - 1 not in chosen.index or chosen[est.n_components_ - 1] < 0.9
     np.testing.assert_allclose(est.std_scale_, 1.0)  # the posterior's own std under "coverage"
     _, pis = est.predict_interval(X[:4])
     assert pis.shape == (4, 2, 1)
+    # the whole curve, d = 1 … 4, from the same samples
+    curve = est.coverage_curve(X_cal, y_cal)
+    assert list(curve["d"]) == [1, 2, 3, 4]
+    for d, cov in zip(curve["d"], curve["coverage"], strict=True):
+        assert cov == pytest.approx(_sampled_coverage_by_hand(est, Xc, yc, int(d), 0.9), abs=1e-12)
+
+
+def test_user_conformity_score_coverage_curve_and_display_under_the_heteroscedastic_likelihood(fitted_pair):
+    """A user's ConformityScore instance is calibrated on the likelihood's predictive (ŷ = μ(x; θ0)) by split
+    conformal as by hand; the calibrator is never None; coverage_curve gives the linearised Gaussian intervals of
+    N(μ̂, σ² + σ_epi²) at every d by hand; the coverage Display draws from the estimator."""
+    from scipy import stats
+
+    from glas_sklearn.calibration import ConformalCalibrator, RegressionScore
+
+    class AbsoluteResidual(RegressionScore):
+        def score(self, y, prediction):
+            return (y - prediction.mean).abs().to(torch.float64)
+
+        def region(self, prediction, quantiles):
+            q = torch.as_tensor(np.asarray(quantiles), dtype=prediction.mean.dtype)
+            q = q.T if q.ndim == 2 else q
+            mu = prediction.mean.unsqueeze(-1)
+            return torch.stack([mu - q, mu + q], -2)
+
+    het, _ = fitted_pair
+    assert isinstance(het.calibrator_, ConformalCalibrator)  # the default, not None
+    X, y, _ = _hetero_data(800, 0)
+    X_cal, y_cal, _ = _hetero_data(50, 11)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = LaplaceActiveSubspaceRegressor(module=het.module_, prefit=True, likelihood="heteroscedastic",
+                                             standardize=False, sigma0="eb_full", max_components=5,
+                                             dtype="float64", random_state=0,
+                                             calibration=ConformalCalibrator(AbsoluteResidual()))
+        est.fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    X_new, _, _ = _hetero_data(7, 12)
+    with torch.no_grad():
+        mu_cal = het.module_(torch.as_tensor(X_cal))[:, 0].numpy()
+        mu_new = het.module_(torch.as_tensor(X_new))[:, 0].numpy()
+    scores = np.sort(np.abs(y_cal - mu_cal))
+    np.testing.assert_allclose(est.conformity_scores_[:, 0], scores, rtol=1e-12, atol=1e-12)
+    q = scores[math.ceil(51 * 0.9 - 1e-9) - 1]
+    y_pred, pis = est.predict_interval(X_new)
+    np.testing.assert_allclose(y_pred, mu_new, rtol=1e-12)
+    np.testing.assert_allclose(pis[:, 1, 0] - mu_new, q, rtol=1e-12)
+    np.testing.assert_allclose(mu_new - pis[:, 0, 0], q, rtol=1e-12)
+    # coverage_curve: the posterior's own linearised intervals μ̂ ± z sqrt(σ² + σ_epi²) at every d
+    curve = est.coverage_curve(X_cal, y_cal, d_max=5)
+    Xc = torch.as_tensor(X_cal)
+    with torch.no_grad():
+        out = het.module_(Xc)
+    z = stats.norm.ppf(0.95)
+    for d, cov, width in zip(curve["d"], curve["coverage"], curve["mean_width"], strict=True):
+        epi = est.posterior_.linearized_variance(Xc, int(d))[:, 0]  # σ0 refitted at d by EB, as the curve does
+        half = z * np.sqrt(out[:, 1].exp().numpy() + epi.numpy())
+        assert cov == pytest.approx(np.mean(np.abs(y_cal - out[:, 0].numpy()) <= half), abs=1e-12)
+        assert width == pytest.approx(2 * half.mean(), rel=1e-10)
+    # the coverage Display of an estimator calibrated by coverage, under this likelihood
+    pytest.importorskip("matplotlib")
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from glas_sklearn.plotting import CoverageDisplay
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        by_cov = LaplaceActiveSubspaceRegressor(module=het.module_, prefit=True, likelihood="heteroscedastic",
+                                                standardize=False, calibration="coverage", max_components=5,
+                                                dtype="float64", random_state=0).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    disp = CoverageDisplay.from_estimator(by_cov)
+    np.testing.assert_array_equal(disp.line_.get_xdata(), by_cov.calibration_["d"])
+    np.testing.assert_allclose(disp.line_.get_ydata(), by_cov.calibration_["coverage"])
 
 
 def test_sigma0_by_held_out_nll_under_the_heteroscedastic_likelihood(fitted_pair):

@@ -18,7 +18,6 @@ from glas_sklearn.calibration import CalibrationWarning
 from glas_sklearn.ggn import GGNOperator
 from glas_sklearn.laplace import fit_laplace_subspace
 from glas_sklearn.likelihoods import Categorical, Gaussian, Likelihood, resolve_likelihood
-from glas_sklearn.posterior import beta_for
 
 from .reference import dense_jacobian, mlp
 
@@ -138,9 +137,6 @@ def test_beta_per_scaling(scaling, factor):
     assert Categorical().beta(scaling, 40) == factor
     assert Categorical().beta(scaling, 40, noise_var=0.25) == factor  # σ² plays no part in classification
     assert Poisson().beta(scaling, 40) == factor  # the base class's default: the record factor
-    # beta_for, the posterior module's spelling with a task name, delegates to the same objects
-    assert beta_for(scaling, 40, 0.25, "regression") == Gaussian().beta(scaling, 40, 0.25)
-    assert beta_for(scaling, 40, task="classification") == Categorical().beta(scaling, 40)
 
 
 def test_beta_float_scaling_and_errors():
@@ -170,8 +166,8 @@ def test_resolve_likelihood_names_and_instances():
 
 
 def test_default_conformity_scores_are_the_calibration_defaults_of_their_task():
-    from glas_sklearn.calibration import LAC, StdNormalizedResidual
     from glas_sklearn.calibration.conformal import resolve_conformity_score
+    from glas_sklearn.conformity_scores import LAC, StdNormalizedResidual
 
     assert type(Gaussian().default_conformity_score()) is StdNormalizedResidual
     assert type(Categorical().default_conformity_score()) is LAC
@@ -335,3 +331,168 @@ def test_pickles_from_before_likelihood_objects_load(cls):
     np.testing.assert_array_equal(old.predict(X[:5]), est.predict(X[:5]))
     table = old.coverage_curve(X, y, d_max=2)  # asks the likelihood (classification or not)
     assert list(table["d"]) == [1, 2]
+
+
+# --------------------------------------------------------------------------------- Student-t
+
+
+def _t_nll_derivatives(lik, scale: float, n: int = 200_001):
+    """E_y[∂²ℓ/∂f²] and E_y[(∂ℓ/∂f)²] of the per-record NLL ℓ(f, y) at f = 0, y ~ s·t_ν, by autograd at the
+    quantiles y_i = s F⁻¹((i + ½)/n) (the midpoint rule in probability: error O(1/n²) for these smooth, bounded
+    integrands)."""
+    from scipy import stats
+    from torch.func import grad, vmap
+
+    u = (np.arange(n) + 0.5) / n
+    y = torch.as_tensor(scale * stats.t.ppf(u, lik.df), dtype=torch.float64)
+
+    def nll(f, yi):
+        return lik.nll_terms(f.reshape(1, 1), yi.reshape(1, 1), scale).sum()
+
+    f0 = torch.zeros((), dtype=torch.float64)
+    g = vmap(grad(nll), in_dims=(None, 0))(f0, y)
+    h = vmap(grad(grad(nll)), in_dims=(None, 0))(f0, y)
+    return float(h.mean()), float((g**2).mean())
+
+
+@pytest.mark.parametrize("df", [1.0, 4.0, 30.0])
+def test_student_t_fisher_output_hessian_matches_the_expected_autograd_hessian(df):
+    from glas_sklearn.likelihoods import StudentT
+
+    lik, s = StudentT(df=df), 0.7
+    expected_hessian, expected_score_square = _t_nll_derivatives(lik, s)
+    # in units of 1/s² (β carries 1/s²); both forms of the Fisher information agree
+    H = lik.output_hessian_product(_randn(1, 1, seed=0), torch.ones(1, 1, dtype=torch.float64)).item()
+    assert H * s**-2 == pytest.approx(expected_hessian, rel=1e-4)
+    assert H * s**-2 == pytest.approx(expected_score_square, rel=1e-4)
+    f, J = _randn(5, 3, seed=1), _randn(5, 3, 6, seed=2)
+    generic = Likelihood.output_hessian_diagonal_terms(lik, f, J)
+    assert _rel(lik.output_hessian_diagonal_terms(f, J), generic) < _tol(3)
+    assert _rel(generic, H * (J**2).sum(-2)) < _tol(3)
+
+
+def test_student_t_ggn_matches_the_dense_fisher_ggn():
+    from glas_sklearn.likelihoods import StudentT
+
+    lik = StudentT(df=3.0)
+    net, X = mlp(n_out=2), _randn(13, 3, seed=20)
+    J = dense_jacobian(net, X)
+    G = (lik.df + 1) / (lik.df + 3) * torch.einsum("nmd,nme->de", J, J) / X.shape[0]
+    op = GGNOperator(net, X, loss=lik, batch_size=5)
+    V = _randn(G.shape[0], 3, seed=21)
+    tol = _tol(X.shape[0] * 2 * G.shape[0])
+    assert _rel(op @ V, G @ V) < tol and _rel(op.diagonal(), G.diagonal()) < tol
+    assert type(resolve_likelihood("student_t")) is StudentT
+
+
+def test_student_t_loss_beta_and_checks():
+    from scipy import stats
+
+    from glas_sklearn.likelihoods import StudentT
+
+    lik = StudentT(df=4.0)
+    f, y = _randn(9, 2, seed=22), _randn(9, 2, seed=23)
+    r = (y - f).numpy()
+    s = np.median(np.abs(r)) / stats.t.ppf(0.75, 4.0)
+    expected = np.mean(np.sum(s**2 * 2.5 * np.log1p(r**2 / (4 * s**2)), axis=1))
+    assert float(lik.loss(f, y)) == pytest.approx(expected, rel=_tol(18))
+    # the loss is s² times the NLL (up to its constant) at the batch's scale: the NLL's gradient times s²
+    nll = lambda out: lik.nll_terms(out, y, float(s)).sum(-1).mean()  # noqa: E731
+    g_loss = torch.func.grad(lambda out: lik.loss(out, y))(f)
+    assert _rel(g_loss, s**2 * torch.func.grad(nll)(f)) < 1e3 * EPS64
+    # outliers barely move the loss's gradient; under the squared loss they dominate it
+    y_out = y.clone()
+    y_out[0, 0] += 1e3
+    assert torch.func.grad(lambda out: lik.loss(out, y_out))(f)[0, 0].abs() < 1.0
+    # β = factor / s², s² = σ² (ν − 2)/ν
+    assert lik.beta("standard", 10, noise_var=3.0) == pytest.approx(10 / (3.0 * 2 / 4))
+    assert StudentT(df=1.5).beta("mean", 10, noise_var=3.0) == pytest.approx(1 / 3.0)
+    with pytest.raises(ValueError, match="noise_var"):
+        lik.beta("mean", 10)
+    for bad in (0.0, -1.0, float("inf"), "4", True):
+        with pytest.raises(ValueError, match="df must be a finite number > 0"):
+            StudentT(df=bad)
+    assert repr(lik) == "StudentT(df=4.0)" and lik != Gaussian() and lik == StudentT(4.0)
+
+
+def test_student_t_quantile_interval_against_closed_forms_and_simulation():
+    from scipy import stats
+
+    from glas_sklearn.likelihoods import StudentT
+
+    lik = StudentT(df=3.0)
+    mean, levels = np.array([[1.0, -2.0], [0.5, 0.0]]), [0.5, 0.9]
+    # σ_f = 0: ŷ ± s t_ν quantile, exactly
+    b = lik.quantile_interval(mean, np.zeros((2, 2)), [0.4, 2.0], levels)
+    half = np.array([0.4, 2.0])[:, None] * stats.t.ppf(0.5 + np.array(levels) / 2, 3.0)  # (M, k)
+    np.testing.assert_allclose(b[:, :, 1, :] - mean[..., None], np.broadcast_to(half, (2, 2, 2)), rtol=1e-10)
+    np.testing.assert_allclose(b[:, :, 0, :] + b[:, :, 1, :], 2 * np.repeat(mean[..., None], 2, -1), atol=1e-12)
+    # large ν: the Gaussian of variance σ_f² + s²
+    sf = np.array([[0.3, 1.0], [2.0, 0.1]])
+    g = StudentT(df=1e7).quantile_interval(mean, sf, 0.5, levels)
+    z = stats.norm.ppf(0.5 + np.array(levels) / 2)
+    np.testing.assert_allclose(g[:, :, 1, :] - mean[..., None], np.sqrt(sf**2 + 0.25)[..., None] * z, rtol=1e-6)
+    # the general case against 2·10⁶ draws of f + s t_ν: coverage within 5 standard errors
+    got = lik.quantile_interval(mean, sf, 0.5, levels)
+    rng = np.random.default_rng(0)
+    n = 2_000_000
+    for i, j in [(0, 0), (0, 1), (1, 0), (1, 1)]:
+        draws = mean[i, j] + sf[i, j] * rng.standard_normal(n) + 0.5 * rng.standard_t(3.0, n)
+        for k, level in enumerate(levels):
+            cov = np.mean((draws >= got[i, j, 0, k]) & (draws <= got[i, j, 1, k]))
+            assert abs(cov - level) < 5 * np.sqrt(level * (1 - level) / n)
+
+
+def test_student_t_df_fitted_to_residuals():
+    from glas_sklearn.likelihoods import StudentT
+
+    r = 0.3 * np.random.default_rng(1).standard_t(3.0, 20_000)
+    assert StudentT.from_residuals(r).df == pytest.approx(3.0, rel=0.1)
+    with pytest.raises(ValueError, match="at least 3 finite residuals"):
+        StudentT.from_residuals([0.1, np.nan, 0.2])
+
+
+def test_regressor_takes_the_student_t_likelihood():
+    """Added without an edit in estimators/: the regressor fits it as a location model (ŷ = f, β = 1/s²), its GGN
+    scaled by (ν + 1)/(ν + 3), and the default conformal intervals are split conformal on its predictive."""
+    from glas_sklearn.likelihoods import StudentT
+
+    X, y = _data(n=60)
+    est = LaplaceActiveSubspaceRegressor(likelihood=StudentT(df=3.0), **SMALL).fit(X, y)
+    assert type(est.likelihood_) is StudentT and est.likelihood_ == StudentT(df=3.0)
+    noise_var = (est.noise_std_ / est.y_scale_[0]) ** 2  # the mean squared residual, internal units
+    assert est.beta_ == pytest.approx(1 / (noise_var * (3.0 - 2) / 3.0), rel=1e-10)
+    _, pis = est.predict_interval(X[:5])
+    assert pis.shape == (5, 2, 1) and np.all(pis[:, 1] > pis[:, 0])
+
+
+def test_student_t_intervals_of_y_under_coverage_calibration_are_its_quantiles():
+    """calibration="coverage" with include_noise=True judges and predicts the likelihood's own intervals of y: the
+    quantiles of f + s t_ν with f ~ N(f(x; θ0), σ_f²) (linearised) and s² = σ² (ν − 2)/ν, by hand from the network,
+    the posterior's J Σ Jᵀ and quantile_interval; the table's coverage is theirs on the calibration rows."""
+    from glas_sklearn.likelihoods import StudentT
+
+    lik = StudentT(df=3.0)
+    X, y = _data(n=60)
+    X_cal, y_cal = _data(n=30, seed=5)
+    est = LaplaceActiveSubspaceRegressor(likelihood=lik, calibration="coverage", include_noise=True, n_components=2,
+                                         predictive="linearized", standardize=False, **SMALL)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", CalibrationWarning)
+        est.fit(X, y, X_cal=X_cal, y_cal=y_cal)
+
+    def by_hand(A):
+        At = torch.as_tensor(A)
+        with torch.no_grad():
+            mean = est.module_(At)[:, :1].numpy()
+        sd_f = est.posterior_.linearized_variance(At, 2)[:, :1].sqrt().numpy()
+        s = np.sqrt(est.noise_std_**2 * (3.0 - 2.0) / 3.0)
+        return mean[:, 0], lik.quantile_interval(mean, sd_f, s, 0.9)[:, 0]
+
+    mean, expected = by_hand(X_cal[:8])
+    y_pred, pis = est.predict_interval(X_cal[:8])
+    np.testing.assert_allclose(y_pred, mean, rtol=1e-12)
+    np.testing.assert_allclose(pis, expected, rtol=1e-9)
+    _, b = by_hand(X_cal)
+    inside = (y_cal >= b[:, 0, 0]) & (y_cal <= b[:, 1, 0])
+    assert est.calibration_["coverage"].iloc[0] == pytest.approx(inside.mean(), abs=1e-12)

@@ -8,7 +8,8 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn.utils import vector_to_parameters
 
-from glas_sklearn.posterior import ActiveSubspacePosterior, beta_for, estimate_noise_variance
+from glas_sklearn.likelihoods import Categorical, Gaussian
+from glas_sklearn.posterior import ActiveSubspacePosterior, estimate_noise_variance
 
 from .reference import TinyLSTM, assert_unchanged, dense_ggn, dense_jacobian, flat_params, mlp, snapshot
 
@@ -50,13 +51,13 @@ def _evidence(log_alpha, w_sq, blam):
 # ----------------------------------------------------------------------------- beta
 
 
-def test_beta_for_table():
-    assert beta_for("mean", 50, noise_var=0.01) == pytest.approx(100.0)
-    assert beta_for("standard", 50, noise_var=0.01) == pytest.approx(5000.0)
-    assert beta_for("mean", 50, task="classification") == 1.0
-    assert beta_for("standard", 50, task="classification") == 50.0
-    assert beta_for(3.5, 50) == 3.5
-    assert beta_for(np.float32(2.0), 10, task="classification") == 2.0
+def test_beta_table():
+    assert Gaussian().beta("mean", 50, noise_var=0.01) == pytest.approx(100.0)
+    assert Gaussian().beta("standard", 50, noise_var=0.01) == pytest.approx(5000.0)
+    assert Categorical().beta("mean", 50) == 1.0
+    assert Categorical().beta("standard", 50) == 50.0
+    assert Gaussian().beta(3.5, 50) == 3.5
+    assert Categorical().beta(np.float32(2.0), 10) == 2.0
 
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -66,11 +67,10 @@ def test_beta_for_table():
     (dict(scaling=-1.0, n_records=10), "scaling"),
     (dict(scaling=True, n_records=10), "scaling"),
     (dict(scaling="mean", n_records=0, noise_var=1.0), "n_records"),
-    (dict(scaling="mean", n_records=10, noise_var=1.0, task="ranking"), "task"),
 ])
-def test_beta_for_errors(kwargs, match):
+def test_beta_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
-        beta_for(**kwargs)
+        Gaussian().beta(**kwargs)
 
 
 def test_estimate_noise_variance():

@@ -9,7 +9,8 @@ of a built-in one (:func:`resolve_calibration`, the one place where the names be
   split-conformal quantiles of conformity scores at a d fixed beforehand, with coverage ≥ 1 − γ for
   exchangeable data at any number of rows. The scores are objects too: :class:`StdNormalizedResidual`
   ``|y − ŷ|`` / σ̂ (regression), :class:`LAC` 1 − p_y (classification), or a subclass of :class:`RegressionScore`
-  / :class:`ClassificationScore`.
+  / :class:`ClassificationScore`. They are defined in :mod:`glas_sklearn.conformity_scores` (below the likelihoods
+  and the calibrators) and re-exported here, so ``from glas_sklearn.calibration import LAC`` keeps working.
 
 The prior scale by held-out likelihood: :func:`tune_sigma0`, :func:`predictive_nll`. The predictive moments
 that calibration and prediction share live in :mod:`glas_sklearn.predictive` (``regression_moments`` and

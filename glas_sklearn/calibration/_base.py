@@ -8,7 +8,9 @@ import numpy as np
 import torch
 from sklearn.base import BaseEstimator
 
-__all__ = ["Calibrator", "check_targets", "match_regression"]
+from ..likelihoods import Gaussian, Likelihood
+
+__all__ = ["Calibrator", "check_targets", "match_regression", "regression_likelihood"]
 
 
 class Calibrator(BaseEstimator, ABC):
@@ -46,6 +48,8 @@ class Calibrator(BaseEstimator, ABC):
         The sorted calibration scores of a conformal calibration; None otherwise.
     predictive_, n_samples_, noise_var_ :
         The predictive settings calibrated with (and predicted with).
+    likelihood_ : Likelihood
+        The likelihood whose predictive of y was calibrated (regression; the Gaussian's when none was given).
     """
 
     chooses_dimension: bool = False
@@ -59,12 +63,14 @@ class Calibrator(BaseEstimator, ABC):
     @abstractmethod
     def fit(self, posterior, X_cal: torch.Tensor, y_cal, *, n_components="auto", task: str = "regression",
             confidence_levels=0.9, predictive: str = "sampled", n_samples: int = 1000, noise_var=0.0,
-            random_state=None, verbose: int = 0) -> Calibrator:
+            random_state=None, verbose: int = 0, likelihood: Likelihood | None = None) -> Calibrator:
         """Calibrate ``posterior`` on ``(X_cal, y_cal)`` (internal units, on the posterior's device).
 
         ``n_components`` is "auto" (the method's choice of d) or a given d; ``confidence_levels`` lists the
         levels, the first being the target; the rest are the predictive's settings (as in
-        :func:`~glas_sklearn.calibration.choose_dimension`), kept for prediction. Returns ``self``.
+        :func:`~glas_sklearn.calibration.choose_dimension`), kept for prediction. ``likelihood`` (regression) is the
+        likelihood whose predictive of y is calibrated (its ``predictive_moments`` / ``predictive_interval``;
+        None: the Gaussian's, :func:`regression_likelihood`), kept for prediction too. Returns ``self``.
         """
 
     @abstractmethod
@@ -112,3 +118,14 @@ def match_regression(y: torch.Tensor, out_shape: tuple) -> torch.Tensor:
         return y.unsqueeze(-1)
     raise ValueError(f"y_cal has shape {tuple(y.shape)}, but the model's outputs on X_cal have shape {out_shape}; "
                      "they must match (a 1-D y_cal is accepted for a single output).")
+
+
+def regression_likelihood(likelihood: Likelihood | None) -> Likelihood:
+    """The likelihood whose predictive a regression calibration asks: the given one, or for None the Gaussian's
+    (the posterior moments of f, with the noise variance added)."""
+    if likelihood is None:
+        return Gaussian()
+    if not isinstance(likelihood, Likelihood):
+        raise TypeError(f"likelihood must be None or a glas_sklearn.likelihoods.Likelihood, got "
+                        f"{type(likelihood).__name__}.")
+    return likelihood

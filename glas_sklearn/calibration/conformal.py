@@ -4,19 +4,14 @@ Beyond the paper (see the user guide): at a d fixed before looking at the calibr
 of the calibration rows' conformity scores gives intervals or sets with coverage ≥ 1 − γ for exchangeable
 data at any number of rows (:func:`conformal_calibrate`, :class:`ConformalCalibrator`).
 
-A conformity score (in the spirit of MAPIE's ``conformity_scores``) is a small object with
-``score(y, prediction)`` (large: y fits the prediction badly) and ``region(prediction, quantiles)``, its
-inverse: the intervals or sets {y : score(y, prediction) ≤ q}. Regression scores (:class:`RegressionScore`)
-take the predictive moments (:class:`~glas_sklearn.predictive.RegressionMoments`) and give bounds; classification
-scores (:class:`ClassificationScore`) take class probabilities and give sets. Built in:
-:class:`StdNormalizedResidual` ``|y − ŷ|`` / σ̂ per output, and :class:`LAC` 1 − p_y. Subclass one of the two
-bases for another score.
+The conformity scores themselves (``score(y, prediction)`` and its inverse ``region``) live one floor below, in
+:mod:`glas_sklearn.conformity_scores`; their names stay importable from here and from
+:mod:`glas_sklearn.calibration`.
 """
 
 from __future__ import annotations
 
 import warnings
-from abc import ABC, abstractmethod
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,17 +19,13 @@ import pandas as pd
 import torch
 
 from .._checks import check_choice, check_confidence_levels, numpy_rng
+from ..conformity_scores import LAC, ClassificationScore, ConformityScore, RegressionScore, StdNormalizedResidual
+from ..likelihoods import Likelihood
 from ..posterior import ActiveSubspacePosterior
-from ..predictive import (
-    class_probabilities,
-    conformal_interval,
-    conformal_sets,
-    mean_interval_width,
-    mean_set_size,
-    regression_moments,
-)
-from ._base import Calibrator, check_targets, match_regression
+from ..predictive import class_probabilities
+from ._base import Calibrator, check_targets, match_regression, regression_likelihood
 
+# The score names are re-exported from glas_sklearn.conformity_scores, where they are defined.
 __all__ = [
     "LAC",
     "ClassificationScore",
@@ -54,109 +45,13 @@ class ConformalWarning(UserWarning):
     """Too few calibration rows for a finite conformal quantile at the requested level."""
 
 
-# ------------------------------------------------------------------------------------ conformity scores
-
-
-class ConformityScore(ABC):
-    """A conformity score and its inverse; subclass :class:`RegressionScore` or :class:`ClassificationScore`.
-
-    ``score(y, prediction)`` gives one score per calibration row (regression: per row and output), larger
-    where y fits the prediction worse; ``region(prediction, quantiles)`` gives, for each quantile q_k,
-    {y : score(y, prediction) ≤ q_k}. Scores hold no fitted state (hyperparameters only).
-    """
-
-    #: Takes class probabilities and gives prediction sets (True), or takes regression moments and gives
-    #: intervals (False).
-    classification: bool = False
-
-    @abstractmethod
-    def score(self, y: torch.Tensor, prediction):
-        """Scores of shape (n,) or (n, M) (tensor or array; computed in float64 by the built-in ones)."""
-
-    @abstractmethod
-    def region(self, prediction, quantiles):
-        """Bounds (n, M, 2, k) (regression) or bool sets (n, C, k) (classification) for quantiles of shape
-        (k,) or (k, M); an infinite quantile gives an infinite interval or every class."""
-
-    def mean_size(self, prediction, quantiles) -> np.ndarray:
-        """Mean width (regression) or set size (classification) of the regions, one per quantile: shape (k,)."""
-        region = self.region(prediction, quantiles)
-        return mean_set_size(region) if self.classification else mean_interval_width(region)
-
-    def __repr__(self) -> str:  # the hyperparameters a subclass stores, if any
-        return f"{type(self).__name__}({', '.join(f'{k}={v!r}' for k, v in vars(self).items())})"
-
-
-class RegressionScore(ConformityScore):
-    """Base of regression scores: ``prediction`` is a :class:`~glas_sklearn.predictive.RegressionMoments`
-    (``mean``, ``std``, tensors (n, M)); ``y`` has the mean's shape and dtype; ``region`` returns bounds
-    (n, M, 2, k) with [..., 0, :] the lower and [..., 1, :] the upper bound."""
-
-    classification = False
-
-
-class ClassificationScore(ConformityScore):
-    """Base of classification scores: ``prediction`` holds class probabilities (n, C) (float64 at calibration,
-    the model's dtype at prediction); ``y`` the class indices (n,) as int64; ``region`` returns bool sets
-    (n, C, k)."""
-
-    classification = True
-
-
-class StdNormalizedResidual(RegressionScore):
-    """``|y − ŷ|`` / σ̂ per output: conformal intervals ŷ ± q σ̂ (:func:`~glas_sklearn.predictive.conformal_interval`).
-
-    Examples
-    --------
-    >>> import torch
-    >>> from glas_sklearn.predictive import RegressionMoments
-    >>> m = RegressionMoments(torch.zeros(2, 1, dtype=torch.float64), torch.full((2, 1), 2.0, dtype=torch.float64))
-    >>> StdNormalizedResidual().score(torch.tensor([[1.0], [-3.0]], dtype=torch.float64), m).ravel().tolist()
-    [0.5, 1.5]
-    """
-
-    def score(self, y, prediction):
-        n = y.shape[0]
-        sd = prediction.std.to(torch.float64).reshape(n, -1)
-        res = (y - prediction.mean).abs().to(torch.float64).reshape(n, -1)
-        if bool((sd <= 0).any()):
-            raise ValueError("The predictive standard deviation is 0 on some calibration rows, so the normalised "
-                             "scores |y − ŷ| / σ̂ are undefined; use include_noise / a positive noise_var.")
-        return res / sd
-
-    def region(self, prediction, quantiles):
-        return conformal_interval(prediction.mean, prediction.std, quantiles)
-
-    def mean_size(self, prediction, quantiles) -> np.ndarray:
-        # width 2 q σ̂ in closed form (infinite q: infinite width)
-        sd = prediction.std.to(torch.float64).reshape(prediction.std.shape[0], -1).cpu().numpy()
-        return np.array([np.mean(2 * q * sd) for q in np.asarray(quantiles, dtype=np.float64)])
-
-
-class LAC(ClassificationScore):
-    """The least-ambiguous-class score 1 − p_y: sets {c : 1 − p_c ≤ q}
-    (:func:`~glas_sklearn.predictive.conformal_sets`; a set may be empty).
-
-    Examples
-    --------
-    >>> import torch
-    >>> LAC().score(torch.tensor([1, 0]), torch.tensor([[0.25, 0.75], [0.5, 0.5]], dtype=torch.float64)).tolist()
-    [0.25, 0.5]
-    """
-
-    def score(self, y, prediction):
-        return 1.0 - prediction.gather(1, y[:, None])[:, 0].to(torch.float64)
-
-    def region(self, prediction, quantiles):
-        return conformal_sets(prediction, quantiles)
-
-
 def resolve_conformity_score(conformity_score, task: str) -> ConformityScore:
     """The score to use: the given one (checked against the task), or for None the task's default
-    (:class:`StdNormalizedResidual` for regression, :class:`LAC` for classification)."""
+    (:class:`StdNormalizedResidual` for regression, ``LAC(never_empty=True)`` for classification: the smallest
+    sets without an empty one of the scores measured in benchmarks/results/classifier_sets.md)."""
     classification = check_choice("task", task, ("regression", "classification")) == "classification"
     if conformity_score is None:
-        return LAC() if classification else StdNormalizedResidual()
+        return LAC(never_empty=True) if classification else StdNormalizedResidual()
     if not isinstance(conformity_score, ConformityScore):
         raise TypeError(f"conformity_score must be None or a ConformityScore (a RegressionScore or "
                         f"ClassificationScore subclass instance, e.g. StdNormalizedResidual()), got "
@@ -252,7 +147,8 @@ class ConformalResult:
         :func:`~glas_sklearn.predictive.regression_moments` / :func:`~glas_sklearn.predictive.class_probabilities`
         reproduces them): new rows must be predicted with it for the scores to be exchangeable with theirs.
     conformity_score : ConformityScore or None
-        The score the ``scores`` are of (:class:`StdNormalizedResidual` or :class:`LAC` unless one was given);
+        The score the ``scores`` are of (:class:`StdNormalizedResidual` or ``LAC(never_empty=True)`` unless one was
+        given);
         its ``region`` turns ``quantiles`` into intervals or sets.
     """
 
@@ -273,8 +169,8 @@ class ConformalResult:
 def conformal_calibrate(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_cal, *, d: int,
                         task: str = "regression", confidence_level=0.9, predictive: str = "linearized",
                         n_samples: int = 1000, noise_var=0.0, random_state=None, linearized_method: str = "probit",
-                        batch_size: int | None = None, conformity_score: ConformityScore | None = None
-                        ) -> ConformalResult:
+                        batch_size: int | None = None, conformity_score: ConformityScore | None = None,
+                        likelihood: Likelihood | None = None) -> ConformalResult:
     """Split-conformal calibration of the posterior's predictive at a given d.
 
     The scores s_i = ``conformity_score.score(y_i, prediction_i)``, by default: regression
@@ -308,7 +204,11 @@ def conformal_calibrate(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor,
     linearized_method : {"probit", "mc"}, default="probit"
     batch_size : int, optional
     conformity_score : ConformityScore, optional
-        None: :class:`StdNormalizedResidual` (regression) or :class:`LAC` (classification).
+        None: :class:`StdNormalizedResidual` (regression) or ``LAC(never_empty=True)`` (classification).
+    likelihood : Likelihood, optional
+        Regression: the likelihood whose predictive moments of y the scores take
+        (:meth:`~glas_sklearn.likelihoods.Likelihood.predictive_moments`); None: the Gaussian's, those of f with
+        ``noise_var`` added.
 
     Returns
     -------
@@ -338,8 +238,9 @@ def conformal_calibrate(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor,
             raise ValueError(f"y_cal must hold class indices between 0 and {probs.shape[1] - 1}.")
         prediction, size_col = probs.to(torch.float64), "mean_set_size"
     else:
-        prediction = regression_moments(posterior, X_cal, d, predictive=predictive, n_samples=n_samples,
-                                        noise_var=noise_var, random_state=seed, batch_size=batch_size)
+        prediction = regression_likelihood(likelihood).predictive_moments(
+            posterior, X_cal, d, predictive=predictive, n_samples=n_samples, noise_var=noise_var, random_state=seed,
+            batch_size=batch_size)
         target = match_regression(y, tuple(prediction.mean.shape)).to(prediction.mean.dtype)
         size_col = "mean_width"
     raw = _score_array(score_fn.score(target, prediction), n, score_fn)
@@ -369,7 +270,7 @@ class ConformalCalibrator(Calibrator):
     Parameters
     ----------
     conformity_score : ConformityScore, optional
-        None: :class:`StdNormalizedResidual` for regression, :class:`LAC` for classification.
+        None: :class:`StdNormalizedResidual` for regression, ``LAC(never_empty=True)`` for classification.
 
     Attributes
     ----------
@@ -401,12 +302,14 @@ class ConformalCalibrator(Calibrator):
 
     def fit(self, posterior, X_cal, y_cal, *, n_components="auto", task="regression", confidence_levels=0.9,
             predictive="linearized", n_samples=1000, noise_var=0.0, random_state=None,
-            verbose=0) -> ConformalCalibrator:
+            verbose=0, likelihood=None) -> ConformalCalibrator:
         d = posterior.max_components if isinstance(n_components, str) and n_components == "auto" else n_components
         result = conformal_calibrate(posterior, X_cal, y_cal, d=d, task=task, confidence_level=confidence_levels,
                                      predictive=predictive, n_samples=n_samples, noise_var=noise_var,
-                                     random_state=random_state, conformity_score=self.conformity_score)
+                                     random_state=random_state, conformity_score=self.conformity_score,
+                                     likelihood=likelihood)
         self.conformity_score_, self.scores_ = result.conformity_score, result.scores
+        self.likelihood_ = regression_likelihood(likelihood)
         self._store(result, n_components=result.n_components, sigma0=result.sigma0, table=result.table,
                     sample_seed=result.sample_seed, reached=None, predictive=predictive, n_samples=n_samples,
                     noise_var=noise_var)
@@ -418,9 +321,9 @@ class ConformalCalibrator(Calibrator):
 
     def predict_interval(self, posterior, X, confidence_levels=None, *, batch_size=None):
         # the moments the calibration scores were computed from, on the calibration's samples
-        moments = regression_moments(posterior, X, self.n_components_, predictive=self.predictive_,
-                                     n_samples=self.n_samples_, noise_var=self.noise_var_,
-                                     random_state=self.sample_seed_, batch_size=batch_size)
+        moments = self.likelihood_.predictive_moments(posterior, X, self.n_components_, predictive=self.predictive_,
+                                                      n_samples=self.n_samples_, noise_var=self.noise_var_,
+                                                      random_state=self.sample_seed_, batch_size=batch_size)
         bounds = None
         if confidence_levels is not None:
             bounds = self.conformity_score_.region(moments, self.quantile(confidence_levels))

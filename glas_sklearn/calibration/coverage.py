@@ -29,17 +29,14 @@ from .._progress import progress
 from ..posterior import ActiveSubspacePosterior
 from ..predictive import (
     interval_coverage,
-    linearized_interval,
     linearized_probabilities,
     mean_interval_width,
     mean_set_size,
     prediction_sets,
-    predictive_interval,
-    sampled_interval,
     sampled_probabilities,
     set_coverage,
 )
-from ._base import Calibrator, check_targets, match_regression
+from ._base import Calibrator, check_targets, match_regression, regression_likelihood
 
 __all__ = ["CalibrationResult", "CalibrationWarning", "CoverageCalibrator", "choose_dimension"]
 
@@ -98,7 +95,8 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
                      task: str = "regression", confidence_level: float = 0.9, d_max: int = 50,
                      predictive: str = "sampled", n_samples: int = 1000, noise_var=0.0,
                      random_state=None, full_curve: bool = False, linearized_method: str = "probit",
-                     batch_size: int | None = None, verbose: int = 0, d_min: int = 1) -> CalibrationResult:
+                     batch_size: int | None = None, verbose: int = 0, d_min: int = 1,
+                     likelihood=None) -> CalibrationResult:
     """Smallest subspace dimension d whose (1 − γ) intervals or sets cover the calibration data (eq. 42).
 
     Parameters
@@ -136,6 +134,10 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
         0 is silent; ≥ 1 shows a progress bar over the evaluations.
     d_min : int, default=1
         Smallest d tried (``d_min = d_max`` evaluates a single, given d).
+    likelihood : Likelihood, optional
+        Regression: the likelihood whose own intervals of y are judged
+        (:meth:`~glas_sklearn.likelihoods.Likelihood.predictive_interval`); None: the Gaussian's, the posterior's
+        intervals of f with ``noise_var`` added.
 
     Returns
     -------
@@ -176,6 +178,7 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
         raise ValueError("noise_var applies to regression intervals only; leave it at 0 for classification.")
     verbose = check_positive_int("verbose", int(verbose) if isinstance(verbose, bool) else verbose, minimum=0)
 
+    likelihood = regression_likelihood(likelihood)
     X_cal = posterior.functional_model.check_inputs(X_cal)
     n = X_cal.shape[0]
     y = check_targets(y_cal, task, n, posterior.device)
@@ -191,19 +194,15 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
 
     def coverage_and_size(d: int, pred: str, method: str) -> tuple[float, float]:
         """Coverage and mean width / set size of the (1 − γ) intervals or sets at d."""
-        if pred == "sampled":
-            samples = posterior.predict_samples(X_cal, d, n_samples=n_samples, random_state=seed,
-                                                batch_size=batch_size)
-        if task == "regression":
-            target = match_regression(y, tuple(mean.shape))
-            if pred == "sampled":
-                _, bounds = sampled_interval(samples, level, noise_var=noise_var)
-            else:
-                var = posterior.linearized_variance(X_cal, d, batch_size=batch_size)
-                bounds = linearized_interval(mean, var, level, noise_var=noise_var)
+        if task == "regression":  # the likelihood's own intervals of y
+            y_mean, _, bounds = likelihood.predictive_interval(posterior, X_cal, d, level, predictive=pred,
+                                                               n_samples=n_samples, noise_var=noise_var,
+                                                               random_state=seed, batch_size=batch_size)
+            target = match_regression(y, tuple(y_mean.shape))
             return float(interval_coverage(target, bounds)[0]), float(mean_interval_width(bounds)[0])
         if pred == "sampled":
-            probs = sampled_probabilities(samples)
+            probs = sampled_probabilities(posterior.predict_samples(X_cal, d, n_samples=n_samples,
+                                                                    random_state=seed, batch_size=batch_size))
         else:
             logit_cov = posterior.linearized_variance(X_cal, d, full_cov=method == "mc", batch_size=batch_size)
             probs = linearized_probabilities(mean, logit_cov, method=method, n_samples=n_samples,
@@ -231,7 +230,8 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
         # the linearised curve says whether a short scan from d_min pays; only its first d are needed
         # (one JVP per d: 2 · _SCAN_STEPS of them rather than K)
         window = range(d_min, min(d_top, d_min + 2 * _SCAN_STEPS - 1) + 1)
-        guess = _linearized_curve(posterior, X_cal, y, mean, task, level, noise_var, window, batch_size)
+        guess = _linearized_curve(posterior, X_cal, y, mean, task, level, noise_var, window, batch_size,
+                                  likelihood)
         with progress(desc="calibrating d (search)", unit="evaluation", verbose=verbose) as bar:
             def probe(d: int) -> float:
                 cov = evaluate(d)
@@ -260,21 +260,23 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
 
 
 def _linearized_curve(posterior: ActiveSubspacePosterior, X: torch.Tensor, y: torch.Tensor, mean: torch.Tensor,
-                      task: str, level: float, noise_var, ds, batch_size: int | None) -> dict[int, float]:
-    """Coverage of the linearised (1 − γ) intervals (regression) or probit prediction sets (classification)
-    at every d in ``ds``, all d at once (the J P columns are computed once)."""
+                      task: str, level: float, noise_var, ds, batch_size: int | None, likelihood) -> dict[int, float]:
+    """Coverage of the likelihood's linearised (1 − γ) intervals (regression) or probit prediction sets
+    (classification) at every d in ``ds`` (classification: all d at once)."""
     ds = list(ds)
-    var = torch.stack([posterior.linearized_variance(X, d, batch_size=batch_size) for d in ds])  # (m, n, *out)
     if task == "regression":
-        bounds = linearized_interval(mean.expand_as(var), var, level, noise_var=noise_var)[..., 0]
-        target = match_regression(y, tuple(mean.shape)).to(bounds.dtype)
-        inside = (bounds[..., 0] <= target) & (target <= bounds[..., 1])
-    else:
-        probs = linearized_probabilities(mean.expand_as(var), var, method="probit")
-        sets = prediction_sets(probs, level)[..., 0]  # (m, *lead, C)
-        set_coverage(y, sets[0, ..., None])  # checks the labels (a clear error rather than a failed gather)
-        labels = y.to(device=sets.device, dtype=torch.long).expand(sets.shape[:-1])
-        inside = torch.gather(sets, -1, labels.unsqueeze(-1))
+        cov = []
+        for d in ds:
+            y_mean, _, bounds = likelihood.predictive_interval(posterior, X, d, level, predictive="linearized",
+                                                               noise_var=noise_var, batch_size=batch_size)
+            cov.append(float(interval_coverage(match_regression(y, tuple(y_mean.shape)), bounds)[0]))
+        return dict(zip(ds, cov, strict=True))
+    var = torch.stack([posterior.linearized_variance(X, d, batch_size=batch_size) for d in ds])  # (m, n, *out)
+    probs = linearized_probabilities(mean.expand_as(var), var, method="probit")
+    sets = prediction_sets(probs, level)[..., 0]  # (m, *lead, C)
+    set_coverage(y, sets[0, ..., None])  # checks the labels (a clear error rather than a failed gather)
+    labels = y.to(device=sets.device, dtype=torch.long).expand(sets.shape[:-1])
+    inside = torch.gather(sets, -1, labels.unsqueeze(-1))
     cov = inside.reshape(len(ds), -1).to(torch.float64).mean(1).cpu().tolist()
     return dict(zip(ds, cov, strict=True))
 
@@ -373,10 +375,11 @@ class CoverageCalibrator(Calibrator):
 
     def fit(self, posterior, X_cal, y_cal, *, n_components="auto", task="regression", confidence_levels=0.9,
             predictive="sampled", n_samples=1000, noise_var=0.0, random_state=None,
-            verbose=0) -> CoverageCalibrator:
+            verbose=0, likelihood=None) -> CoverageCalibrator:
+        self.likelihood_ = regression_likelihood(likelihood)
         common = dict(task=task, confidence_level=float(check_confidence_levels(confidence_levels)[0]),
                       predictive=predictive, n_samples=n_samples, noise_var=noise_var, random_state=random_state,
-                      verbose=verbose)
+                      verbose=verbose, likelihood=self.likelihood_)
         if isinstance(n_components, str) and n_components == "auto":
             result = choose_dimension(posterior, X_cal, y_cal, d_max=posterior.max_components, full_curve=False,
                                       **common)
@@ -393,9 +396,10 @@ class CoverageCalibrator(Calibrator):
         return self
 
     def predict_interval(self, posterior, X, confidence_levels=None, *, batch_size=None):
-        return predictive_interval(posterior, X, self.n_components_, confidence_levels, predictive=self.predictive_,
-                                   n_samples=self.n_samples_, noise_var=self.noise_var_,
-                                   random_state=self.sample_seed_, batch_size=batch_size)
+        return self.likelihood_.predictive_interval(posterior, X, self.n_components_, confidence_levels,
+                                                    predictive=self.predictive_, n_samples=self.n_samples_,
+                                                    noise_var=self.noise_var_, random_state=self.sample_seed_,
+                                                    batch_size=batch_size)
 
     def predict_set(self, probs, confidence_levels):
         return prediction_sets(probs, confidence_levels)

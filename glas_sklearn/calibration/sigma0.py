@@ -17,8 +17,8 @@ from scipy.optimize import minimize_scalar
 
 from .._checks import check_choice, numpy_rng
 from ..posterior import ActiveSubspacePosterior
-from ..predictive import class_probabilities, regression_moments
-from ._base import check_targets, match_regression
+from ..predictive import class_probabilities
+from ._base import check_targets, match_regression, regression_likelihood
 
 __all__ = ["Sigma0Result", "predictive_nll", "tune_sigma0"]
 
@@ -31,14 +31,15 @@ _SIGMA0_XTOL = 1e-3
 
 def predictive_nll(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, d: int, *, task: str = "classification",
                    predictive: str = "linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
-                   linearized_method: str = "probit", batch_size: int | None = None) -> float:
+                   linearized_method: str = "probit", batch_size: int | None = None, likelihood=None) -> float:
     """Mean negative log predictive density of the rows ``(X, y)`` under the posterior at d (at its current σ0).
 
     Classification: −log p̂_y with p̂ from :func:`~glas_sklearn.predictive.class_probabilities`. Regression:
-    −log N(y; ŷ, σ̂²) with ŷ, σ̂ from :func:`~glas_sklearn.predictive.regression_moments` (σ̂² = σ_f² +
-    ``noise_var``), averaged over rows and outputs; +inf where σ̂ = 0 (a zero-variance Gaussian has no density
-    off its mean). The sampled predictive draws its samples
-    from ``random_state``: a fixed int gives the same draws at every σ0 (common random numbers).
+    −log N(y; ŷ, σ̂²) with ŷ, σ̂ the ``likelihood``'s predictive moments of y
+    (:meth:`~glas_sklearn.likelihoods.Likelihood.predictive_moments`; None: the Gaussian's,
+    :func:`~glas_sklearn.predictive.regression_moments` with σ̂² = σ_f² + ``noise_var``), averaged over rows and
+    outputs; +inf where σ̂ = 0 (a zero-variance Gaussian has no density off its mean). The sampled predictive
+    draws its samples from ``random_state``: a fixed int gives the same draws at every σ0 (common random numbers).
 
     Returns
     -------
@@ -57,8 +58,9 @@ def predictive_nll(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, d: in
                              f"{tuple(probs.shape)}; got labels of shape {tuple(t.shape)}.")
         p_true = probs.gather(1, lab[:, None])[:, 0]
         return float(-torch.log(p_true.clamp_min(torch.finfo(torch.float64).tiny)).mean())
-    mean, std = regression_moments(posterior, X, d, predictive=predictive, n_samples=n_samples,
-                                   noise_var=noise_var, random_state=random_state, batch_size=batch_size)
+    mean, std = regression_likelihood(likelihood).predictive_moments(
+        posterior, X, d, predictive=predictive, n_samples=n_samples, noise_var=noise_var, random_state=random_state,
+        batch_size=batch_size)
     var = std.to(torch.float64) ** 2
     if bool((var <= 0).any()):
         return math.inf
@@ -102,7 +104,7 @@ class Sigma0Result:
 def tune_sigma0(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, *, d: int, task: str = "classification",
                 predictive: str = "linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
                 linearized_method: str = "probit", batch_size: int | None = None,
-                xtol: float = _SIGMA0_XTOL) -> Sigma0Result:
+                xtol: float = _SIGMA0_XTOL, likelihood=None) -> Sigma0Result:
     """The prior scale σ0 ∈ [0, σ0_EB] minimising the mean predictive NLL (:func:`predictive_nll`) of ``(X, y)``.
 
     σ0_EB is the posterior's σ0 at d when called (its empirical Bayes value; the estimators use the full-space
@@ -139,6 +141,8 @@ def tune_sigma0(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, *, d: in
     batch_size : int, optional
     xtol : float, default=1e-3
         Tolerance of the search in log σ0.
+    likelihood : Likelihood, optional
+        Regression: whose predictive moments of y the NLL takes (:func:`predictive_nll`); None: the Gaussian's.
 
     Returns
     -------
@@ -157,7 +161,7 @@ def tune_sigma0(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, *, d: in
         posterior.set_sigma0(sigma0)
         value = predictive_nll(posterior, X, y, d, task=task, predictive=predictive, n_samples=n_samples,
                                noise_var=noise_var, random_state=seed, linearized_method=linearized_method,
-                               batch_size=batch_size)
+                               batch_size=batch_size, likelihood=likelihood)
         value = math.inf if math.isnan(value) else value
         evals.append((float(sigma0), value))
         return value

@@ -463,7 +463,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         self.calibrator_ = calibrator.fit(
             self.posterior_, Xc, yc, n_components=d, task=self._task, confidence_levels=self._levels(None),
             predictive=self.predictive_, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
-            random_state=seed, verbose=self.verbose)
+            random_state=seed, verbose=self.verbose, likelihood=self.likelihood_)
         self.conformity_scores_ = self.calibrator_.scores_
         self.calibration_reached_ = self.calibrator_.reached_
         self._store_calibration(self.calibrator_, Xc, seed, t0)
@@ -511,7 +511,8 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
     def _sigma0_search(self, Xt, yt, d: int, seed: int):
         """σ0 by the mean predictive NLL of the tuning rows (a Sigma0Result)."""
         return tune_sigma0(self.posterior_, Xt, yt, d=d, task=self._task, predictive=self.predictive_,
-                           n_samples=self.n_samples, noise_var=self._interval_noise_var(), random_state=seed)
+                           n_samples=self.n_samples, noise_var=self._interval_noise_var(), random_state=seed,
+                           likelihood=self.likelihood_)
 
     def _sigma0_split(self, yc, n: int, n_need: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
         """Sorted indices of the tuning and conformal rows among the n calibration rows: half each, the conformal
@@ -644,7 +645,8 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
             result = choose_dimension(p, Xt, yt, task=self._task, confidence_level=level, d_max=d_max,
                                       predictive=self.predictive_, n_samples=self.n_samples,
                                       noise_var=self._interval_noise_var(),
-                                      random_state=self.calibration_seed_, full_curve=True, verbose=self.verbose)
+                                      random_state=self.calibration_seed_, full_curve=True, verbose=self.verbose,
+                                      likelihood=self.likelihood_)
         return self._table_in_user_units(result.table.reset_index(drop=True))
 
     def _row_chunks(self, n_rows: int, n_outputs: int) -> list[slice]:

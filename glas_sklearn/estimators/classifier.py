@@ -26,7 +26,10 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
     approximation (``predictive="linearized"``, the default with the low-rank posterior). By default
     (``calibration="conformal"``) half of the calibration rows choose the prior scale σ0 by their predictive NLL
     (``sigma0="nll"``, between the full-space empirical Bayes value and 0, the MAP probabilities) and the
-    prediction sets are split-conformal on the other half's labels with the LAC score 1 − p_y; with
+    prediction sets are split-conformal on the other half's labels with the LAC score 1 − p_y, the most probable
+    class added to a set that would be empty (``LAC(never_empty=True)``, chosen by measured set size at 90 % on
+    digits: benchmarks/results/classifier_sets.md; other scores: ``calibration=ConformalCalibrator(APS())`` etc.,
+    :mod:`glas_sklearn.conformity_scores`); with
     ``calibration="coverage"`` (the paper) d is chosen so that the (1 − γ) prediction
     sets cover the calibration labels.
 
@@ -196,8 +199,9 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
 
     @scoped_threads
     def predict_set(self, X, confidence_level=None) -> tuple[np.ndarray, np.ndarray]:
-        """Prediction sets: with ``calibration="conformal"`` the split-conformal LAC sets {c : 1 − p_c ≤ q}
-        (coverage ≥ the level for exchangeable data; a set may be empty), otherwise for each row the smallest
+        """Prediction sets: with ``calibration="conformal"`` the split-conformal sets of the conformity score, by
+        default LAC {c : 1 − p_c ≤ q} with the most probable class added to a set that would be empty (coverage
+        ≥ the level for exchangeable data; never empty), otherwise for each row the smallest
         set of classes whose probability reaches the level.
 
         Parameters

@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 import numbers
-import time
 import warnings
-from types import SimpleNamespace
 
 import numpy as np
-import pandas as pd
 import torch
 from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
@@ -17,19 +14,10 @@ from torch import nn
 from .._checks import make_generator, numpy_rng
 from .._functional import eval_view, model_outputs
 from .._threads import scoped_threads
-from ..calibration import (
-    CalibrationWarning,
-    ConformalCalibrator,
-    CoverageCalibrator,
-    Sigma0Result,
-    conformal_quantile,
-)
 from ..laplace import residual_noise_variance
 from ..likelihoods import Gaussian, HeteroscedasticGaussian, Likelihood, NaturalParameterHead, resolve_likelihood
-from ..predictive import conformal_interval, linearized_interval
 from ._base import LaplaceActiveSubspaceBase
 from ._docs import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, SAMPLE_WEIGHT_DOC
-from ._heteroscedastic import heteroscedastic_moments, tune_sigma0_heteroscedastic
 from ._validation import BOOLEAN, InstanceOf, Interval, Options
 
 __all__ = ["LaplaceActiveSubspaceRegressor"]
@@ -288,94 +276,9 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     def _interval_noise_var(self):
         return self._noise_var_out if self.include_noise else 0.0
 
-    # ------------------------------------------------------ heteroscedastic
-    def _het_moments(self, Xt: torch.Tensor, d: int, seed) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """μ̂, σ_ale², σ_epi² (internal units) of the heteroscedastic predictive at d."""
-        return heteroscedastic_moments(self.posterior_, self._lik, Xt, d, predictive=self.predictive_,
-                                       n_samples=self.n_samples, random_state=seed)
-
-    def _sigma0_search(self, Xt, yt, d: int, seed: int):
-        if self._lik is None:
-            return super()._sigma0_search(Xt, yt, d, seed)
-        upper = float(self.posterior_.fit_sigma0(d))
-        sigma0, table = tune_sigma0_heteroscedastic(self.posterior_, self._lik, Xt, yt, d=d,
-                                                    predictive=self.predictive_, n_samples=self.n_samples,
-                                                    random_state=seed)
-        nll = dict(zip(table["sigma0"], table["nll"], strict=True))
-        return Sigma0Result(sigma0=sigma0, sigma0_upper=upper, nll=nll[sigma0], nll_at_zero=nll[0.0],
-                            nll_at_upper=nll[upper], table=table, xtol=1e-3, n_rows=int(Xt.shape[0]))
-
     def _choose_dimension(self, Xc, yc, seed: int) -> None:
-        if self._lik is None:
-            super()._choose_dimension(Xc, yc, seed)
-        else:
-            self._choose_dimension_heteroscedastic(Xc, yc, seed)
+        super()._choose_dimension(Xc, yc, seed)
         self._set_std_scale()
-
-    def _choose_dimension_heteroscedastic(self, Xc, yc, seed: int) -> None:
-        """Conformal: scores |y − μ̂| / σ̂ with σ̂² = σ_ale² + σ_epi² at d = max_components (σ0 by the NLL of
-        half the calibration rows unless given). Coverage (the paper's search on this predictive): the smallest d
-        whose Gaussian intervals μ̂ ± z σ̂ cover the first level of the calibration rows."""
-        t0 = time.perf_counter()
-        self.predictive_ = self._resolved_predictive()
-        self.conformity_scores_ = None
-        self.sigma0_search_, self.sigma0_rows_ = None, np.zeros(0, dtype=np.int64)
-        levels = self._levels(None)
-        calibrator = self._calibrator()
-        if not isinstance(calibrator, (ConformalCalibrator, CoverageCalibrator)):
-            raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood='heteroscedastic' supports "
-                             f"calibration='conformal' or 'coverage', got {self.calibration!r}.")
-        self.calibrator_ = None  # the heteroscedastic predictive is calibrated here (scores or the d search)
-        p = self.posterior_
-        sample_seed = int(numpy_rng(seed).integers(0, 2**62))
-        y = yc.reshape(len(yc), -1).to(torch.float64)
-        if calibrator.requires_fixed_predictor:  # conformal: d fixed, scores |y − μ̂| / σ̂
-            d = p.max_components if self.n_components == "auto" else self.n_components
-            if self._sigma0_choice() == "nll":
-                Xc, yc = self._tune_sigma0(Xc, yc, d, seed)
-                y = yc.reshape(len(yc), -1).to(torch.float64)
-            mu, ale, epi = self._het_moments(Xc, d, sample_seed)
-            sd = (ale + epi).to(torch.float64).sqrt()
-            raw = ((y - mu.to(torch.float64)).abs() / sd).cpu().numpy()
-            scores = np.sort(raw, axis=0)
-            q = conformal_quantile(scores, levels)
-            sigma0 = float(p.fit_sigma0(d))
-            rows = [{"level": lev, "d": d, "quantile": float(q[i, 0]), "coverage": float(np.mean(raw <= q[i])),
-                     "mean_width": float(np.mean(2 * q[i] * sd.cpu().numpy())), "sigma0": sigma0}
-                    for i, lev in enumerate(levels)]
-            self.conformity_scores_ = scores
-            self.calibration_reached_ = None
-            table = pd.DataFrame(rows, columns=["level", "d", "quantile", "coverage", "mean_width", "sigma0"])
-            self._store_calibration(SimpleNamespace(n_components_=d, table_=table, sample_seed_=sample_seed),
-                                    Xc, seed, t0)
-            return
-        level = levels[0]
-        z = float(torch.distributions.Normal(0.0, 1.0).icdf(torch.tensor(0.5 + level / 2, dtype=torch.float64)))
-        ds = (range(1, p.max_components + 1) if self.n_components == "auto"
-              else [int(self.n_components)])
-        rows, chosen = [], None
-        for d in ds:
-            mu, ale, epi = self._het_moments(Xc, d, sample_seed)
-            sd = (ale + epi).to(torch.float64).sqrt()
-            inside = (y - mu.to(torch.float64)).abs() <= z * sd
-            cov = float(inside.to(torch.float64).mean())
-            rows.append({"d": d, "coverage": cov, "mean_width": float((2 * z * sd).mean()),
-                         "sigma0": float(p.fit_sigma0(d))})
-            if cov >= level:
-                chosen = d
-                break
-        reached = chosen is not None
-        if chosen is None:
-            chosen = rows[-1]["d"] if self.n_components != "auto" else max(rows, key=lambda r: r["coverage"])["d"]
-            if self.n_components == "auto":
-                warnings.warn(f"LaplaceActiveSubspaceRegressor: no d up to {p.max_components} reaches coverage "
-                              f"{level} on the {len(Xc)} calibration rows (best {max(r['coverage'] for r in rows):.3f}"
-                              f" at d = {chosen}); using that d. Use calibration='conformal' for a guarantee.",
-                              CalibrationWarning, stacklevel=4)
-        self.calibration_reached_ = reached if self.n_components == "auto" else None
-        table = pd.DataFrame(rows, columns=["d", "coverage", "mean_width", "sigma0"])
-        self._store_calibration(SimpleNamespace(n_components_=chosen, table_=table, sample_seed_=sample_seed),
-                                Xc, seed, t0)
 
     def _set_std_scale(self) -> None:
         """``std_scale_``: with conformal calibration the root mean square of the calibration scores per output, the
@@ -416,15 +319,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         """For one chunk of rows, in internal units: the predictive mean and standard deviation (of f, or
         of y with ``include_noise``), (n, M) each, and the interval bounds (n, M, 2, k) when ``levels``, as
         the fitted calibrator makes them ("conformal": ŷ ± q σ̂; "coverage": the posterior's own intervals).
-        Heteroscedastic: N(μ̂, σ_ale² + σ_epi²), conformal ŷ ± q σ̂ or its Gaussian intervals."""
-        if self._lik is not None:
-            mean, ale, epi = self._het_moments(Xt, self.n_components_, self._sample_seed_)
-            var = ale + epi
-            bounds = None
-            if levels is not None:
-                bounds = (conformal_interval(mean, var.sqrt(), conformal_quantile(self.conformity_scores_, levels))
-                          if self.conformity_scores_ is not None else linearized_interval(mean, var, levels))
-            return mean, var.sqrt(), bounds
+        The likelihood supplies the predictive of y (heteroscedastic: N(μ̂, σ_ale² + σ_epi²))."""
         return self.calibrator_.predict_interval(self.posterior_, Xt, levels)
 
     def _predict_rows(self, X, levels=None, method=None):

@@ -1,7 +1,8 @@
 """Likelihoods p(y | f) of a network's output: the training loss, the output Hessian H_n of the GGN and β.
 
 :class:`Gaussian` (homoscedastic regression, the ½-squared loss), :class:`HeteroscedasticGaussian` (a mean and a
-variance per target) and :class:`Categorical` (softmax cross-entropy) are built in; a subclass of
+variance per target), :class:`StudentT` (heavy-tailed noise) and :class:`Categorical` (softmax cross-entropy) are
+built in; a subclass of
 :class:`Likelihood` plugs in anywhere a likelihood is taken (:class:`~glas_sklearn.ggn.GGNOperator`,
 :func:`~glas_sklearn.laplace.fit_laplace_subspace`, the regressor's ``likelihood=``).
 :func:`resolve_likelihood` is the one place where their names become objects.
@@ -13,13 +14,14 @@ from ._base import Likelihood
 from .categorical import Categorical
 from .gaussian import Gaussian
 from .heteroscedastic import HeteroscedasticGaussian, NaturalParameterHead
+from .student_t import StudentT
 
 __all__ = ["Categorical", "Gaussian", "HeteroscedasticGaussian", "Likelihood", "NaturalParameterHead",
-           "resolve_likelihood"]
+           "StudentT", "resolve_likelihood"]
 
 # Names → classes. "mse" and "cross_entropy" are the loss names GGNOperator(loss=...) has always taken.
 _NAMES = {"gaussian": Gaussian, "mse": Gaussian, "categorical": Categorical, "cross_entropy": Categorical,
-          "heteroscedastic": HeteroscedasticGaussian}
+          "heteroscedastic": HeteroscedasticGaussian, "student_t": StudentT}
 
 
 def resolve_likelihood(likelihood: str | Likelihood, name: str = "likelihood") -> Likelihood:

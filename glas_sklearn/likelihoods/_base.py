@@ -16,6 +16,8 @@ import numbers
 import torch
 
 from .._checks import check_positive_float, check_positive_int
+from ..conformity_scores import ConformityScore
+from ..predictive import RegressionMoments, predictive_interval, regression_moments
 
 __all__ = ["SCALINGS", "Likelihood"]
 
@@ -123,8 +125,40 @@ class Likelihood(abc.ABC):
         """The part of the output whose posterior uncertainty the predictive reports (all of it by default)."""
         return output
 
-    def default_conformity_score(self):
-        """The conformity score (:mod:`glas_sklearn.calibration`) that split-conformal calibration uses for this
+    def predictive_moments(self, posterior, X: torch.Tensor, d: int, *, predictive: str = "linearized",
+                           n_samples: int = 1000, noise_var=0.0, random_state=None,
+                           batch_size: int | None = None) -> RegressionMoments:
+        """The predictive mean ŷ and standard deviation σ̂ of y (regression) under ``posterior`` at dimension d:
+        what the calibrators, σ0 tuning and the regressor's predictions ask of a likelihood.
+
+        The default, for a likelihood whose network output is the mean of y: the posterior moments of f
+        (:func:`~glas_sklearn.predictive.regression_moments`, linearised or sampled) with ``noise_var`` σ² added to
+        the variance. A likelihood whose outputs are not the mean of y (a variance head, ...) overrides it.
+        ``posterior`` is an :class:`~glas_sklearn.posterior.ActiveSubspacePosterior` (asked for ``predict_mean``,
+        ``linearized_variance`` and ``predict_samples`` only).
+
+        Returns
+        -------
+        RegressionMoments
+            ``(mean, std)``, tensors of shape (n, M).
+        """
+        return regression_moments(posterior, X, d, predictive=predictive, n_samples=n_samples, noise_var=noise_var,
+                                  random_state=random_state, batch_size=batch_size)
+
+    def predictive_interval(self, posterior, X: torch.Tensor, d: int, confidence_levels=None, *,
+                            predictive: str = "linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
+                            batch_size: int | None = None):
+        """The posterior's own central intervals of y at d (the coverage calibration's, uncalibrated):
+        ``(mean, std, bounds)`` of shapes (n, M), (n, M) and (n, M, 2, k), bounds None without levels.
+
+        The default: :func:`~glas_sklearn.predictive.predictive_interval` (sampled quantiles, or the Gaussian
+        intervals of the linearised moments), with ``noise_var`` σ² added.
+        """
+        return predictive_interval(posterior, X, d, confidence_levels, predictive=predictive, n_samples=n_samples,
+                                   noise_var=noise_var, random_state=random_state, batch_size=batch_size)
+
+    def default_conformity_score(self) -> ConformityScore:
+        """The conformity score (:mod:`glas_sklearn.conformity_scores`) that split-conformal calibration uses for this
         likelihood by default; a subclass without one raises NotImplementedError."""
         raise NotImplementedError(f"{type(self).__name__} names no default conformity score; pass one to "
                                   "ConformalCalibrator(conformity_score=...).")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
+from ..conformity_scores import LAC
 from ._base import Likelihood
 
 __all__ = ["Categorical"]
@@ -48,7 +49,6 @@ class Categorical(Likelihood):
         return (p * jacobian**2).sum(-2) - (p * jacobian).sum(-2) ** 2
 
     def default_conformity_score(self):
-        """The least-ambiguous-class score 1 − p_y (:class:`~glas_sklearn.calibration.LAC`)."""
-        from ..calibration import LAC  # the calibration package sits above the likelihoods
-
-        return LAC()
+        """The least-ambiguous-class score 1 − p_y with the most probable class added to a set that would be empty
+        (:class:`~glas_sklearn.conformity_scores.LAC` ``(never_empty=True)``)."""
+        return LAC(never_empty=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from .._checks import check_positive_float
+from ..conformity_scores import StdNormalizedResidual
 from ._base import Likelihood
 
 __all__ = ["Gaussian"]
@@ -43,9 +44,8 @@ class Gaussian(Likelihood):
         return (jacobian**2).sum(-2)
 
     def default_conformity_score(self):
-        """The std-normalised residual ``|y − ŷ| / σ̂`` (:class:`~glas_sklearn.calibration.StdNormalizedResidual`)."""
-        from ..calibration import StdNormalizedResidual  # the calibration package sits above the likelihoods
-
+        """The std-normalised residual ``|y − ŷ| / σ̂``
+        (:class:`~glas_sklearn.conformity_scores.StdNormalizedResidual`)."""
         return StdNormalizedResidual()
 
     def _named_scaling_beta(self, factor: float, scaling: str, noise_var: float | None) -> float:

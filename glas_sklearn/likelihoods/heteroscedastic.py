@@ -19,9 +19,11 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
 import torch
 from torch import nn
 
+from ..predictive import RegressionMoments, linearized_interval
 from ._base import Likelihood
 
 __all__ = ["HeteroscedasticGaussian", "NaturalParameterHead"]
@@ -179,6 +181,62 @@ class HeteroscedasticGaussian(Likelihood):
         k = jac.shape[-2] // 2
         ja, jb = jac[..., :k, :], jac[..., k:, :]
         return (h_aa * ja**2 + 2 * h_ab * ja * jb + h_bb * jb**2).sum(-2)
+
+    # ------------------------------------------------------------ predictive
+    def predictive_parts(self, posterior, X: torch.Tensor, d: int, *, predictive: str = "linearized",
+                         n_samples: int = 1000, random_state=None,
+                         batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """μ̂, σ_ale² and σ_epi² of each row and target, (n, k) each, in the network's units.
+
+        The predictive for y is N(μ̂, σ_ale² + σ_epi²), with
+
+        - linearised: μ̂ = μ(x; θ0), σ_epi² = Var[μ] = J_μ Σ J_μᵀ (for natural parameters by the delta method on the
+          linearised (η1, η2) covariance), σ_ale² = σ²(x; θ0) (the variance head's own posterior uncertainty is not
+          propagated: under β = N it is negligible in distribution);
+        - sampled: the law of total variance over posterior samples: μ̂ = E[μ], σ_epi² = Var[μ], σ_ale² = E[σ²].
+        """
+        if predictive == "sampled":
+            s = posterior.predict_samples(X, d, n_samples=n_samples, random_state=random_state,
+                                          batch_size=batch_size)  # (S, n, 2k)
+            mu, var = self.mean_and_variance(s)
+            return mu.mean(0), var.mean(0), mu.var(0, unbiased=False)
+        out = posterior.predict_mean(X, batch_size=batch_size)
+        mu, ale = self.mean_and_variance(out)
+        k = mu.shape[-1]
+        if self.output == "mean_logvar":
+            epi = posterior.linearized_variance(X, d, batch_size=batch_size).clamp_min(0)[..., :k]
+        else:  # natural parameters: Var[μ] ≈ gᵀ C g with g = ∂μ/∂(η1, η2) and C the 2×2 block of each target
+            cov = posterior.linearized_variance(X, d, full_cov=True, batch_size=batch_size)  # (n, 2k, 2k)
+            g = self.mean_gradient(out)  # (n, k, 2)
+            idx = torch.arange(k, device=cov.device)
+            c11, c12, c22 = cov[:, idx, idx], cov[:, idx, idx + k], cov[:, idx + k, idx + k]
+            epi = (g[..., 0] ** 2 * c11 + 2 * g[..., 0] * g[..., 1] * c12 + g[..., 1] ** 2 * c22).clamp_min(0)
+        return mu, ale, epi
+
+    def predictive_moments(self, posterior, X: torch.Tensor, d: int, *, predictive: str = "linearized",
+                           n_samples: int = 1000, noise_var=0.0, random_state=None,
+                           batch_size: int | None = None) -> RegressionMoments:
+        """ŷ = μ̂ and σ̂ = sqrt(σ_ale² + σ_epi²) (:meth:`predictive_parts`): the network's σ(x) is the noise, so
+        ``noise_var`` must be 0."""
+        if np.any(np.asarray(noise_var) != 0):
+            raise ValueError("The heteroscedastic likelihood's predictive carries its own noise σ²(x); noise_var "
+                             "must be 0 (include_noise=False).")
+        mu, ale, epi = self.predictive_parts(posterior, X, d, predictive=predictive, n_samples=n_samples,
+                                             random_state=random_state, batch_size=batch_size)
+        return RegressionMoments(mu, (ale + epi).sqrt())
+
+    def predictive_interval(self, posterior, X: torch.Tensor, d: int, confidence_levels=None, *,
+                            predictive: str = "linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
+                            batch_size: int | None = None):
+        """The Gaussian intervals μ̂ ± z σ̂ of N(μ̂, σ_ale² + σ_epi²) (sampled or linearised moments)."""
+        if np.any(np.asarray(noise_var) != 0):
+            raise ValueError("The heteroscedastic likelihood's predictive carries its own noise σ²(x); noise_var "
+                             "must be 0 (include_noise=False).")
+        mean, ale, epi = self.predictive_parts(posterior, X, d, predictive=predictive, n_samples=n_samples,
+                                               random_state=random_state, batch_size=batch_size)
+        var = ale + epi
+        bounds = None if confidence_levels is None else linearized_interval(mean, var, confidence_levels)
+        return mean, var.sqrt(), bounds
 
     def gaussian_nll(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The full per-record Gaussian NLL (with ½ log 2π), shape (..., k)."""

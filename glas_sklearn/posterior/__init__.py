@@ -52,14 +52,14 @@ from __future__ import annotations
 import inspect
 
 from ._base import ActiveSubspacePosterior
-from ._noise import beta_for, estimate_noise_variance
+from ._noise import estimate_noise_variance
 from ._prior import LogAlphaCondition, low_rank_condition, subspace_condition, trace_condition
 from .low_rank import LowRankPosterior
 from .low_rank_diag import LowRankDiagPosterior
 from .subspace import SubspacePosterior
 
 __all__ = ["POSTERIOR_KINDS", "ActiveSubspacePosterior", "LogAlphaCondition", "LowRankDiagPosterior",
-           "LowRankPosterior", "SubspacePosterior", "beta_for", "estimate_noise_variance", "low_rank_condition",
+           "LowRankPosterior", "SubspacePosterior", "estimate_noise_variance", "low_rank_condition",
            "resolve_posterior", "subspace_condition", "trace_condition"]
 
 #: The built-in kinds by name: the names ``posterior=`` accepts as strings.

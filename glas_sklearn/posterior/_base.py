@@ -99,7 +99,7 @@ class ActiveSubspacePosterior(PosteriorSampling, abc.ABC):
     eigenvectors : torch.Tensor of shape (D, K)
         Orthonormal eigenvectors p_j as columns. Both tensors are moved to the model's device and dtype.
     beta : float
-        The posterior scaling β (see :func:`~glas_sklearn.posterior.beta_for`).
+        The posterior scaling β (see :meth:`~glas_sklearn.likelihoods.Likelihood.beta`).
     sigma0 : {"auto", "eb_subspace", "eb_full"} or float, default="auto"
         The prior standard deviation σ0, fitted separately for every subspace dimension d (:meth:`fit_sigma0`):
         "eb_subspace" by the paper's empirical Bayes in the subspace (eq. 39–41), "eb_full" by the full-space

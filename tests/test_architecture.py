@@ -1,0 +1,168 @@
+"""The package's import structure (../shared/DESIGN.md, "Floors"): no import cycle between its parts, and a part
+imports only from its own floor or the floors below it.
+
+The imports are read from the source with ``ast`` (module-level and function-level ones alike; imports under
+``if TYPE_CHECKING:`` are for type hints only and are skipped), so the test sees a lazy import inside a function
+too, which is how the one cycle of the past (likelihoods → calibration → posterior → likelihoods) was hidden.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PACKAGE = "glas_sklearn"
+ROOT = Path(__file__).resolve().parents[1] / PACKAGE
+
+#: A part of the package (a top-level module or subpackage) → its floor; a part imports only from floors ≤ its own.
+FLOORS = {
+    # floor 0: checks, progress, the one model binding, adapters
+    "_checks": 0, "_progress": 0, "_functional": 0, "adapters": 0, "_threads": 0,
+    # floor 1: tensor math of the predictive, the conformity scores
+    "predictive": 1, "conformity_scores": 1,
+    # floor 2: likelihoods and the curvature operators
+    "likelihoods": 2, "ggn": 2, "distributed": 2, "eigen": 2,
+    # floor 3
+    "posterior": 3,
+    # floor 4
+    "calibration": 4, "laplace": 4, "sampling": 4, "diagnostics": 4,
+    # floor 5: the estimators and what builds on them (metrics' scorers call compose.predict_interval)
+    "estimators": 5, "compose": 5, "metrics": 5, "plotting": 5, "datasets": 5, "contrib": 5,
+    # floor 6: the command line and the package's namespace
+    "cli": 6, "__main__": 6, "__init__": 6,
+}
+
+
+def _part(module: str) -> str:
+    """``glas_sklearn.calibration.conformal`` → ``calibration``; the package itself → ``__init__``."""
+    names = module.split(".")
+    return names[1] if len(names) > 1 else "__init__"
+
+
+def _module_name(path: Path, root: Path) -> tuple[str, bool]:
+    rel = path.relative_to(root.parent).with_suffix("")
+    names = list(rel.parts)
+    is_package = names[-1] == "__init__"
+    if is_package:
+        names = names[:-1]
+    return ".".join(names), is_package
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING")
+
+
+def _imports(tree: ast.AST):
+    """Import nodes anywhere in the tree, except under ``if TYPE_CHECKING:``."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.If) and _is_type_checking(node):
+            stack.extend(node.orelse)
+            continue
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def import_graph(root: Path = ROOT) -> dict[str, dict[str, list[str]]]:
+    """part → {imported part → [the modules importing it, as 'module:line']} for every in-package import."""
+    graph: dict[str, dict[str, list[str]]] = {}
+    for path in sorted(root.rglob("*.py")):
+        module, is_package = _module_name(path, root)
+        src = _part(module)
+        graph.setdefault(src, {})
+        for node in _imports(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif node.level == 0:
+                targets = [node.module or ""]
+            else:  # relative: resolve against the importing module's package
+                base = module.split(".") if is_package else module.split(".")[:-1]
+                base = base[: len(base) - (node.level - 1)]
+                stem = ".".join(base + ([node.module] if node.module else []))
+                # "from . import x" in the package root names submodules; otherwise the module is the target
+                targets = [f"{stem}.{a.name}" for a in node.names] if node.module is None else [stem]
+            for target in targets:
+                if target != PACKAGE and not target.startswith(PACKAGE + "."):
+                    continue
+                dst = _part(target)
+                if target.count(".") == 1 and not ((root / f"{dst}.py").exists() or (root / dst).is_dir()):
+                    dst = "__init__"  # "from glas_sklearn import name": a name of the package's namespace
+                if dst != src:
+                    graph[src].setdefault(dst, []).append(f"{module}:{node.lineno}")
+    return graph
+
+
+def find_cycles(graph: dict[str, dict[str, list[str]]]) -> list[list[str]]:
+    """The strongly connected components with more than one part (Tarjan), each sorted."""
+    index, low, on_stack, stack, out = {}, {}, set(), [], []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, {}):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_graph()
+
+
+def test_every_part_has_a_floor(graph):
+    missing = sorted(set(graph) - set(FLOORS))
+    assert not missing, f"parts without a floor in tests/test_architecture.py FLOORS (add them): {missing}"
+
+
+def test_no_import_cycles(graph):
+    assert find_cycles(graph) == []
+
+
+def test_lower_floors_never_import_higher_ones(graph):
+    upward = [f"{src} (floor {FLOORS[src]}) imports {dst} (floor {FLOORS[dst]}) at {', '.join(where)}"
+              for src, deps in graph.items() for dst, where in deps.items()
+              if src in FLOORS and dst in FLOORS and FLOORS[dst] > FLOORS[src]]
+    assert not upward, "\n".join(upward)
+
+
+def test_the_checks_see_lazy_imports_and_cycles(tmp_path):
+    """The checker itself on a made-up package: a cycle closed by an import inside a function is found; an import
+    under ``if TYPE_CHECKING:`` is not an edge."""
+    pkg = tmp_path / PACKAGE
+    (pkg / "low").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "low" / "__init__.py").write_text("from .a import f\n")
+    (pkg / "low" / "a.py").write_text("def f():\n    from ..high import g\n    return g\n")
+    (pkg / "high.py").write_text("from typing import TYPE_CHECKING\nfrom .low import f\n"
+                                 "if TYPE_CHECKING:\n    from .typed import T\n")
+    (pkg / "typed.py").write_text("T = int\n")
+    g = import_graph(pkg)
+    assert g["low"] == {"high": [f"{PACKAGE}.low.a:2"]} and set(g["high"]) == {"low"}
+    assert find_cycles(g) == [["high", "low"]]
