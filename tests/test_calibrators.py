@@ -81,7 +81,7 @@ def test_user_defined_regression_score_matches_split_conformal_by_hand():
     est = LaplaceActiveSubspaceRegressor(**SMALL, standardize=False, confidence_level=[0.9, 0.5],
                                          calibration=ConformalCalibrator(AbsoluteResidual()))
     est.fit(X, y, X_cal=X_cal, y_cal=y_cal)
-    assert est.predictive_ == "linearized"  # the low-rank default: ŷ = f(x; θ0), the trained network itself
+    assert est.predictive_.name == "linearized"  # the low-rank default: ŷ = f(x; θ0), the trained network itself
     with torch.no_grad():
         f_cal = est.module_(torch.as_tensor(X_cal))[:, 0].numpy()
         f_test = est.module_(torch.as_tensor(X_test))[:, 0].numpy()

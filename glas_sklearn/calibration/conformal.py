@@ -22,7 +22,7 @@ from .._checks import check_choice, check_confidence_levels, numpy_rng
 from ..conformity_scores import LAC, ClassificationScore, ConformityScore, RegressionScore, StdNormalizedResidual
 from ..likelihoods import Likelihood
 from ..posterior import ActiveSubspacePosterior
-from ..predictive import class_probabilities
+from ..predictive import class_probabilities, resolve_predictive
 from ._base import Calibrator, check_targets, match_regression, regression_likelihood
 
 # The score names are re-exported from glas_sklearn.conformity_scores, where they are defined.
@@ -305,13 +305,15 @@ class ConformalCalibrator(Calibrator):
             verbose=0, likelihood=None) -> ConformalCalibrator:
         d = posterior.max_components if isinstance(n_components, str) and n_components == "auto" else n_components
         result = conformal_calibrate(posterior, X_cal, y_cal, d=d, task=task, confidence_level=confidence_levels,
-                                     predictive=predictive, n_samples=n_samples, noise_var=noise_var,
-                                     random_state=random_state, conformity_score=self.conformity_score,
+                                     predictive=resolve_predictive(predictive), n_samples=n_samples,
+                                     noise_var=noise_var, random_state=random_state,
+                                     conformity_score=self.conformity_score,
                                      likelihood=likelihood)
         self.conformity_score_, self.scores_ = result.conformity_score, result.scores
         self.likelihood_ = regression_likelihood(likelihood)
         self._store(result, n_components=result.n_components, sigma0=result.sigma0, table=result.table,
-                    sample_seed=result.sample_seed, reached=None, predictive=predictive, n_samples=n_samples,
+                    sample_seed=result.sample_seed, reached=None, predictive=resolve_predictive(predictive),
+                    n_samples=n_samples,
                     noise_var=noise_var)
         return self
 

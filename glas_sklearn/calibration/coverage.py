@@ -28,12 +28,13 @@ from .._checks import (
 from .._progress import progress
 from ..posterior import ActiveSubspacePosterior
 from ..predictive import (
+    Linearized,
     interval_coverage,
     linearized_probabilities,
     mean_interval_width,
     mean_set_size,
     prediction_sets,
-    sampled_probabilities,
+    resolve_predictive,
     set_coverage,
 )
 from ._base import Calibrator, check_targets, match_regression, regression_likelihood
@@ -163,7 +164,7 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
     if not isinstance(posterior, ActiveSubspacePosterior):
         raise TypeError(f"posterior must be an ActiveSubspacePosterior, got {type(posterior).__name__}.")
     task = check_choice("task", task, ("regression", "classification"))
-    predictive = check_choice("predictive", predictive, ("sampled", "linearized"))
+    predictive = resolve_predictive(predictive)
     linearized_method = check_choice("linearized_method", linearized_method, ("probit", "mc"))
     if np.ndim(confidence_level) != 0:
         raise ValueError(f"confidence_level must be a single number in (0, 1), got {confidence_level!r}.")
@@ -192,7 +193,7 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
     rows: dict[int, dict] = {}
     order: list[int] = []
 
-    def coverage_and_size(d: int, pred: str, method: str) -> tuple[float, float]:
+    def coverage_and_size(d: int, pred, method: str) -> tuple[float, float]:
         """Coverage and mean width / set size of the (1 − γ) intervals or sets at d."""
         if task == "regression":  # the likelihood's own intervals of y
             y_mean, _, bounds = likelihood.predictive_interval(posterior, X_cal, d, level, predictive=pred,
@@ -200,13 +201,8 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
                                                                random_state=seed, batch_size=batch_size)
             target = match_regression(y, tuple(y_mean.shape))
             return float(interval_coverage(target, bounds)[0]), float(mean_interval_width(bounds)[0])
-        if pred == "sampled":
-            probs = sampled_probabilities(posterior.predict_samples(X_cal, d, n_samples=n_samples,
-                                                                    random_state=seed, batch_size=batch_size))
-        else:
-            logit_cov = posterior.linearized_variance(X_cal, d, full_cov=method == "mc", batch_size=batch_size)
-            probs = linearized_probabilities(mean, logit_cov, method=method, n_samples=n_samples,
-                                             generator=seed + 1)
+        probs = pred.probabilities(posterior, X_cal, d, n_samples=n_samples, random_state=seed,
+                                   linearized_method=method, generator=seed + 1, batch_size=batch_size, mean=mean)
         sets = prediction_sets(probs, level)
         return float(set_coverage(y, sets)[0]), float(mean_set_size(sets)[0])
 
@@ -218,7 +214,7 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
         logger.debug("d=%d: coverage=%.4f, %s=%.4g, sigma0=%.4g", d, cov, size_col, size, sigma0)
         return cov
 
-    if full_curve or predictive == "linearized" or d_min == d_top:
+    if full_curve or predictive.scans_every_dimension or d_min == d_top:
         # every d in turn (linearised evaluations cost K JVPs in total, so the scan is cheap)
         chosen = None
         for d in progress(range(d_min, d_top + 1), desc="calibrating d", verbose=verbose):
@@ -267,7 +263,7 @@ def _linearized_curve(posterior: ActiveSubspacePosterior, X: torch.Tensor, y: to
     if task == "regression":
         cov = []
         for d in ds:
-            y_mean, _, bounds = likelihood.predictive_interval(posterior, X, d, level, predictive="linearized",
+            y_mean, _, bounds = likelihood.predictive_interval(posterior, X, d, level, predictive=Linearized(),
                                                                noise_var=noise_var, batch_size=batch_size)
             cov.append(float(interval_coverage(match_regression(y, tuple(y_mean.shape)), bounds)[0]))
         return dict(zip(ds, cov, strict=True))
@@ -391,7 +387,8 @@ class CoverageCalibrator(Calibrator):
                                           **common)
             reached = None
         self._store(result, n_components=result.n_components, sigma0=result.sigma0, table=result.table,
-                    sample_seed=result.sample_seed, reached=reached, predictive=predictive, n_samples=n_samples,
+                    sample_seed=result.sample_seed, reached=reached, predictive=resolve_predictive(predictive),
+                    n_samples=n_samples,
                     noise_var=noise_var)
         return self
 

@@ -36,6 +36,7 @@ from ..calibration import (
 from ..laplace import fit_laplace_subspace
 from ..likelihoods import Likelihood
 from ..posterior import POSTERIOR_KINDS, ActiveSubspacePosterior, resolve_posterior
+from ..predictive import PredictiveMode, resolve_predictive
 from ._inputs import InputsMixin
 from ._network import NetworkMixin, trainable_dtype
 from ._prefit import (
@@ -557,12 +558,12 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         choice = self._sigma0_choice()
         return "eb_full" if choice == "nll" else choice
 
-    def _resolved_predictive(self) -> str:
+    def _resolved_predictive(self) -> PredictiveMode:
         """``predictive`` with "auto" resolved: the kind's ``default_predictive`` (linearised for the low-rank
         posteriors, sampled for the subspace)."""
         if self.predictive != "auto":
-            return self.predictive
-        return self._posterior_kind().default_predictive
+            return resolve_predictive(self.predictive)
+        return resolve_predictive(self._posterior_kind().default_predictive)
 
 
     # --------------------------------------------------------------- helpers
@@ -651,7 +652,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
 
     def _row_chunks(self, n_rows: int, n_outputs: int) -> list[slice]:
         """Row slices for prediction, sized so that samples × rows × outputs stays within the budget."""
-        per_row = (self.n_samples if self.predictive_ == "sampled" else 1) * max(1, n_outputs)
+        per_row = self.predictive_.draws_per_row(self.n_samples) * max(1, n_outputs)
         size = max(1, _PREDICT_BUDGET // per_row)
         return [slice(i, min(i + size, n_rows)) for i in range(0, n_rows, size)]
 

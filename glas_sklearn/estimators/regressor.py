@@ -439,10 +439,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         """
         Xt = self._check_fitted_X(X)
         p = self.posterior_
-        if p.off_subspace and self.predictive_ == "linearized":
-            s = p.linearized_samples(Xt, self.n_components_, n_samples, random_state=random_state)
-        else:
-            s = p.predict_samples(Xt, self.n_components_, n_samples, random_state=random_state)
+        s = self.predictive_.draw_outputs(p, Xt, self.n_components_, n_samples, random_state=random_state)
         if self._lik is not None:
             mu, var = self._lik.mean_and_variance(s)
             gen = make_generator(None if random_state is None else numpy_rng(random_state).integers(2**62) + 1,

@@ -125,7 +125,20 @@ class Likelihood(abc.ABC):
         """The part of the output whose posterior uncertainty the predictive reports (all of it by default)."""
         return output
 
-    def predictive_moments(self, posterior, X: torch.Tensor, d: int, *, predictive: str = "linearized",
+    def sampled_parts(self, samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(mean, aleatoric variance, epistemic variance) of y from output samples ``(S, n, M)`` (the sampled
+        predictive mode asks this). The default, for outputs that are the mean of y: the samples' mean, no
+        aleatoric part (the noise variance is the caller's), their variance."""
+        return samples.mean(0), torch.zeros_like(samples[0]), samples.var(0, unbiased=False)
+
+    def linearized_parts(self, posterior, X: torch.Tensor, d: int, *,
+                         batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(mean, aleatoric variance, epistemic variance) of y under the linearised posterior (the linearised
+        predictive mode asks this). The default: f(x; θ0), no aleatoric part, J Σ Jᵀ's diagonal."""
+        mean = posterior.predict_mean(X, batch_size=batch_size)
+        return mean, torch.zeros_like(mean), posterior.linearized_variance(X, d, batch_size=batch_size).clamp_min(0)
+
+    def predictive_moments(self, posterior, X: torch.Tensor, d: int, *, predictive="linearized",
                            n_samples: int = 1000, noise_var=0.0, random_state=None,
                            batch_size: int | None = None) -> RegressionMoments:
         """The predictive mean ŷ and standard deviation σ̂ of y (regression) under ``posterior`` at dimension d:
@@ -146,7 +159,7 @@ class Likelihood(abc.ABC):
                                   random_state=random_state, batch_size=batch_size)
 
     def predictive_interval(self, posterior, X: torch.Tensor, d: int, confidence_levels=None, *,
-                            predictive: str = "linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
+                            predictive="linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
                             batch_size: int | None = None):
         """The posterior's own central intervals of y at d (the coverage calibration's, uncalibrated):
         ``(mean, std, bounds)`` of shapes (n, M), (n, M) and (n, M, 2, k), bounds None without levels.

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..predictive import RegressionMoments, linearized_interval
+from ..predictive import RegressionMoments, linearized_interval, resolve_predictive
 from ._base import Likelihood
 
 __all__ = ["HeteroscedasticGaussian", "NaturalParameterHead"]
@@ -183,23 +183,28 @@ class HeteroscedasticGaussian(Likelihood):
         return (h_aa * ja**2 + 2 * h_ab * ja * jb + h_bb * jb**2).sum(-2)
 
     # ------------------------------------------------------------ predictive
-    def predictive_parts(self, posterior, X: torch.Tensor, d: int, *, predictive: str = "linearized",
+    def predictive_parts(self, posterior, X: torch.Tensor, d: int, *, predictive="linearized",
                          n_samples: int = 1000, random_state=None,
                          batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """μ̂, σ_ale² and σ_epi² of each row and target, (n, k) each, in the network's units.
 
-        The predictive for y is N(μ̂, σ_ale² + σ_epi²), with
-
-        - linearised: μ̂ = μ(x; θ0), σ_epi² = Var[μ] = J_μ Σ J_μᵀ (for natural parameters by the delta method on the
-          linearised (η1, η2) covariance), σ_ale² = σ²(x; θ0) (the variance head's own posterior uncertainty is not
-          propagated: under β = N it is negligible in distribution);
-        - sampled: the law of total variance over posterior samples: μ̂ = E[μ], σ_epi² = Var[μ], σ_ale² = E[σ²].
+        The predictive for y is N(μ̂, σ_ale² + σ_epi²); the predictive mode (a name or a
+        :class:`~glas_sklearn.predictive.PredictiveMode`) asks :meth:`linearized_parts` or :meth:`sampled_parts`.
         """
-        if predictive == "sampled":
-            s = posterior.predict_samples(X, d, n_samples=n_samples, random_state=random_state,
-                                          batch_size=batch_size)  # (S, n, 2k)
-            mu, var = self.mean_and_variance(s)
-            return mu.mean(0), var.mean(0), mu.var(0, unbiased=False)
+        return resolve_predictive(predictive).likelihood_parts(self, posterior, X, d, n_samples=n_samples,
+                                                               random_state=random_state, batch_size=batch_size)
+
+    def sampled_parts(self, samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The law of total variance over posterior samples ``(S, n, 2k)``: μ̂ = E[μ], σ_ale² = E[σ²],
+        σ_epi² = Var[μ]."""
+        mu, var = self.mean_and_variance(samples)
+        return mu.mean(0), var.mean(0), mu.var(0, unbiased=False)
+
+    def linearized_parts(self, posterior, X: torch.Tensor, d: int, *,
+                         batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """μ̂ = μ(x; θ0), σ_epi² = Var[μ] = J_μ Σ J_μᵀ (for natural parameters by the delta method on the
+        linearised (η1, η2) covariance), σ_ale² = σ²(x; θ0) (the variance head's own posterior uncertainty is not
+        propagated: under β = N it is negligible in distribution)."""
         out = posterior.predict_mean(X, batch_size=batch_size)
         mu, ale = self.mean_and_variance(out)
         k = mu.shape[-1]
@@ -213,7 +218,7 @@ class HeteroscedasticGaussian(Likelihood):
             epi = (g[..., 0] ** 2 * c11 + 2 * g[..., 0] * g[..., 1] * c12 + g[..., 1] ** 2 * c22).clamp_min(0)
         return mu, ale, epi
 
-    def predictive_moments(self, posterior, X: torch.Tensor, d: int, *, predictive: str = "linearized",
+    def predictive_moments(self, posterior, X: torch.Tensor, d: int, *, predictive="linearized",
                            n_samples: int = 1000, noise_var=0.0, random_state=None,
                            batch_size: int | None = None) -> RegressionMoments:
         """ŷ = μ̂ and σ̂ = sqrt(σ_ale² + σ_epi²) (:meth:`predictive_parts`): the network's σ(x) is the noise, so
@@ -226,7 +231,7 @@ class HeteroscedasticGaussian(Likelihood):
         return RegressionMoments(mu, (ale + epi).sqrt())
 
     def predictive_interval(self, posterior, X: torch.Tensor, d: int, confidence_levels=None, *,
-                            predictive: str = "linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
+                            predictive="linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
                             batch_size: int | None = None):
         """The Gaussian intervals μ̂ ± z σ̂ of N(μ̂, σ_ale² + σ_epi²) (sampled or linearised moments)."""
         if np.any(np.asarray(noise_var) != 0):
