@@ -6,7 +6,6 @@ network θ0 in _network.py."""
 from __future__ import annotations
 
 import abc
-import inspect
 import io
 import logging
 import numbers
@@ -25,6 +24,7 @@ from .._checks import check_confidence_levels, numpy_rng
 from .._functional import model_outputs
 from .._progress import stage
 from .._threads import adjust_threads, auto_threads, scoped_threads
+from .._version import __version__
 from ..calibration import (
     CALIBRATIONS,
     CalibrationWarning,
@@ -72,6 +72,8 @@ _TORCH_STATE = ("module", "module_", "posterior_")
 # (posterior samples × rows × outputs) at once; weight samples are shared by all rows, so chunking
 # does not change the results.
 _PREDICT_BUDGET = 2**24
+#: The layout of the pickled state (``__getstate__``); a pickle of another format is refused, not migrated.
+_PICKLE_FORMAT = 1
 # Offset of the seed of the sigma0="nll" tuning / conformal split from the calibration split's seed.
 _SIGMA0_SPLIT = 7919
 # Test coverage of 90 % intervals of an overfitting prefit network calibrated on rows held out of its training
@@ -462,7 +464,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         if self._sigma0_choice() == "nll":
             Xc, yc = self._tune_sigma0(Xc, yc, d, seed)
         self.calibrator_ = calibrator.fit(
-            self.posterior_, Xc, yc, n_components=d, task=self._task, confidence_levels=self._levels(None),
+            self.posterior_, Xc, yc, n_components=d, confidence_levels=self._levels(None),
             predictive=self.predictive_, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
             random_state=seed, verbose=self.verbose, likelihood=self.likelihood_)
         self.conformity_scores_ = self.calibrator_.scores_
@@ -511,7 +513,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
 
     def _sigma0_search(self, Xt, yt, d: int, seed: int):
         """σ0 by the mean predictive NLL of the tuning rows (a Sigma0Result)."""
-        return tune_sigma0(self.posterior_, Xt, yt, d=d, task=self._task, predictive=self.predictive_,
+        return tune_sigma0(self.posterior_, Xt, yt, d=d, predictive=self.predictive_,
                            n_samples=self.n_samples, noise_var=self._interval_noise_var(), random_state=seed,
                            likelihood=self.likelihood_)
 
@@ -643,7 +645,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         d_max = p.max_components if d_max is None else d_max
         with warnings.catch_warnings():  # the whole curve is asked for, reaching the level or not
             warnings.simplefilter("ignore", CalibrationWarning)
-            result = choose_dimension(p, Xt, yt, task=self._task, confidence_level=level, d_max=d_max,
+            result = choose_dimension(p, Xt, yt, confidence_level=level, d_max=d_max,
                                       predictive=self.predictive_, n_samples=self.n_samples,
                                       noise_var=self._interval_noise_var(),
                                       random_state=self.calibration_seed_, full_curve=True, verbose=self.verbose,
@@ -660,11 +662,6 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         return _check_level_list(self.confidence_level if confidence_level is None else confidence_level)
 
     # ------------------------------------------------- hooks of the subclasses
-    @property
-    def _task(self) -> str:
-        """The task name the calibration functions take, "classification" or "regression", from ``likelihood_``."""
-        return "classification" if self.likelihood_.is_classification else "regression"
-
     @abc.abstractmethod
     def _resolve_likelihood(self) -> Likelihood:
         """The likelihood of this fit (the estimator's setting resolved to an object, checked)."""
@@ -700,8 +697,11 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
     # ------------------------------------------------------------ pickling
     def __getstate__(self) -> dict:
         """Torch objects (the module, the posterior) are stored through ``torch.save`` so that ``__setstate__``
-        can map their tensors to the CPU when the pickle is loaded on a machine without CUDA."""
+        can map their tensors to the CPU when the pickle is loaded on a machine without CUDA. The state carries
+        the package version and the pickle format; ``__setstate__`` refuses other formats (states made before
+        this version included) with a message naming the version, rather than migrating them."""
         state = dict(super().__getstate__())
+        state["_glas_pickle"] = (__version__, _PICKLE_FORMAT)
         torch_part = {k: state.pop(k) for k in _TORCH_STATE if k in state}
         if any(v is not None for v in torch_part.values()):
             buffer = io.BytesIO()
@@ -715,21 +715,14 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
 
     def __setstate__(self, state: dict) -> None:
         state = dict(state)
-        state.setdefault("n_threads", "auto")  # pickled before n_threads
-        if "posterior_" in state or "_torch_state" in state:  # fitted before the low-rank / conformal options
-            state.setdefault("posterior", "subspace")
-            state.setdefault("calibration", "coverage")
-            state.setdefault("predictive_", state.get("predictive", "sampled"))
-            state.setdefault("conformity_scores_", None)
-            state.setdefault("sigma0_search_", None)
-            state.setdefault("sigma0_rows_", np.zeros(0, dtype=np.int64))
-            state.setdefault("n_sigma0_rows_", 0)
-            state.setdefault("train_indices_", None)
-            state.setdefault("calibration_indices_", None)
-            if "calibrator_" not in state:
-                warnings.warn(f"This {type(self).__name__} was fitted by an earlier glas-sklearn, before calibration "
-                              "methods were objects: it has no fitted calibrator_, so its intervals and sets cannot "
-                              "be predicted; refit it.", UserWarning, stacklevel=2)
+        stamp = state.pop("_glas_pickle", None)
+        if stamp is None or tuple(stamp)[1:] != (_PICKLE_FORMAT,):
+            made = ("an earlier development build of glas-sklearn" if stamp is None
+                    else f"glas-sklearn {stamp[0]} (pickle format {stamp[1]})")
+            raise ValueError(f"This {type(self).__name__} was pickled by {made}; glas-sklearn {__version__} loads only "
+                             f"pickles of its own format ({_PICKLE_FORMAT}): states made before this version are not "
+                             f"migrated. Refit the estimator with glas-sklearn {__version__} and pickle it again (or "
+                             "load it with the version that saved it).")
         blob = state.pop("_torch_state", None)
         saved_device = state.pop("_torch_device", None)
         if blob is not None:
@@ -739,11 +732,6 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
                             type(self).__name__, saved_device)
             state.update(torch.load(io.BytesIO(blob), map_location=map_location, weights_only=False))
         super().__setstate__(state)
-        if hasattr(self, "posterior_") and not hasattr(self, "likelihood_"):  # fitted before likelihood objects
-            init = inspect.signature(type(self).__init__).parameters
-            if "likelihood" in init and not hasattr(self, "likelihood"):
-                self.likelihood = init["likelihood"].default
-            self.likelihood_ = self._resolve_likelihood()
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from ..conformity_scores import StdNormalizedResidual
 from ..predictive import RegressionMoments, linearized_interval, resolve_predictive
 from ._base import Likelihood
 
@@ -69,6 +70,8 @@ class HeteroscedasticGaussian(Likelihood):
     name = "heteroscedastic"
     is_classification = False
     needs_noise_variance = False  # β = 1 ("mean") or N ("standard"): the likelihood carries σ(x)
+    default_scaling = "standard"
+    noise_in_outputs = True
 
     def __init__(self, output: str = "mean_logvar", beta_nll: float = 0.5) -> None:
         if output not in _LAYOUTS:
@@ -120,6 +123,28 @@ class HeteroscedasticGaussian(Likelihood):
     def noise_variance(self, output: torch.Tensor) -> torch.Tensor:
         """σ²(x), the aleatoric variance the network predicts."""
         return self.mean_and_variance(output)[1]
+
+    def default_conformity_score(self):
+        """The std-normalised residual ``|y − μ̂| / σ̂`` with σ̂² = σ_ale² + σ_epi²
+        (:class:`~glas_sklearn.conformity_scores.StdNormalizedResidual`)."""
+        return StdNormalizedResidual()
+
+    def wrap_module(self, module: nn.Module) -> nn.Module:
+        """For ``output="natural"`` the estimators' MLP ends in :class:`NaturalParameterHead` ((a, r) ↦ (a, −½ eʳ))."""
+        return nn.Sequential(module, NaturalParameterHead()) if self.output == "natural" else module
+
+    def check_module_output(self, output: torch.Tensor, n_outputs: int) -> None:
+        """A user's module must return an even number (2k) of outputs per row."""
+        if output.ndim == 2 and output.shape[1] % 2:
+            raise ValueError(f"likelihood='heteroscedastic' needs 2k outputs per row for k targets (k means, then k "
+                             f"variance parameters, layout {self.output!r}), but the module returns "
+                             f"{output.shape[1]} (an odd number); {n_outputs} are needed here.")
+
+    def draw_y(self, samples: torch.Tensor, noise_var, generator: torch.Generator) -> torch.Tensor:
+        """Draws of y = μ(x; θ) + σ(x; θ) ε, ε ~ N(0, 1), from output samples (S, n, 2k); ``noise_var`` is unused
+        (the network's σ(x) is the noise)."""
+        mu, var = self.mean_and_variance(samples)
+        return mu + var.sqrt() * torch.randn(mu.shape, generator=generator, dtype=mu.dtype, device=mu.device)
 
     def mean_gradient(self, output: torch.Tensor) -> torch.Tensor:
         """∂μ/∂(outputs of its target), shape (..., k, 2): (1, 0) for "mean_logvar"; (σ², 2 μ σ²) for "natural"
