@@ -44,6 +44,11 @@ $(VENV)/.docs-installed: $(VENV)/.installed pyproject.toml
 docs: $(VENV)/.docs-installed
 	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
 
+# The built site opened in headless Chromium with no network: every formula must be typeset by the MathJax the
+# site serves itself (screenshots in docs/_build/math-check/ to look at). Needs chromium (apt-get install chromium).
+docs-check: docs
+	$(PY) docs/check_math.py docs/_build/html
+
 # Peers for the benchmarks, never replacing the CPU torch (see benchmarks/README.md).
 bench: venv
 	$(PY) -m pip install -q -c benchmarks/constraints.txt -e ".[bench]"

@@ -242,7 +242,7 @@ def run(args, device) -> dict:
 
 def render(R: dict) -> str:
     """The markdown report, from the results JSON alone."""
-    lines = [f"# GGN products and eigenpairs ({_common.machine_line(R['machine'])})", "",
+    lines = [f"# Time of GGN-vector products and eigenpairs ({_common.machine_line(R['machine'])})", "",
              f"Command: `{R['command']}`.", "",
              f"## One G v product ÷ one forward+backward pass (median of {R['reps']})", ""]
     nan = float("nan")
