@@ -20,8 +20,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-# Pages with inline and display math, headings included.
-PAGES = ["user_guide/what_it_computes.html", "user_guide/classification.html", "user_guide/heteroscedastic.html"]
+# Pages with inline and display math, in headings too (the notebook: "Intervals for $y$").
+PAGES = ["user_guide/what_it_computes.html", "user_guide/classification.html", "user_guide/heteroscedastic.html",
+         "gallery/generated/02_concrete.html"]
 _NO_NETWORK = ["--proxy-server=127.0.0.1:9", "--host-resolver-rules=MAP * ~NOTFOUND"]
 _MATH_ELEMENT = re.compile(r'<(span|div) class="math[^"]*"[^>]*>(.*?)</\1>', re.S)
 
