@@ -200,7 +200,7 @@ def run_threads(threads: int, net, data, tensors, args) -> dict:
 
 
 def render(R: dict) -> str:
-    L = ["# Calibration of d and sampled prediction at the paper's scale (issue 13)\n",
+    L = ["# Time to choose d by coverage and to predict by sampling, on the paper's 10⁶-weight concrete network\n",
          f"Command: `{R['command']}` — {_common.machine_line(R['machine'])}. Network: {R['network']}. "
          "The machine is shared (2 cores for several sessions): the load average at the start of each fit is "
          "given; ratios are measured within one run.\n",

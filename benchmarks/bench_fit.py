@@ -202,8 +202,9 @@ def run(args, device) -> dict:
 
 def render(R: dict) -> str:
     """The markdown report, from the results JSON alone."""
-    lines = [f"# Post-hoc fit + predict: ours vs laplace-torch ({_common.machine_line(R['machine'])})", "",
-             f"Command: `{R['command']}`; every row below comes from this one run ({R['total_s']:.0f} s). UCI "
+    lines = ["# Time of a post-hoc fit and prediction, against laplace-torch", "",
+             f"Command: `{R['command']}` ({_common.machine_line(R['machine'])}); every row below comes from this "
+             f"one run ({R['total_s']:.0f} s). UCI "
              "concrete, 80/20 split (206 test rows), 10 % of the training part for calibration, standardized "
              f"units, networks trained {R['steps']} full-batch Adam steps and used prefit; ours with K = {R['K']} "
              f"eigenpairs and {R['n_samples']} samples for the sampled predictive. Fit = everything up to a usable "

@@ -242,8 +242,8 @@ def run(args, device) -> dict:
 
 def render(R: dict) -> str:
     """The markdown report, from the results JSON alone."""
-    lines = [f"# GGN products and eigenpairs ({_common.machine_line(R['machine'])})", "",
-             f"Command: `{R['command']}`.", "",
+    lines = ["# Time of GGN-vector products and eigenpairs", "",
+             f"Command: `{R['command']}` ({_common.machine_line(R['machine'])}).", "",
              f"## One G v product ÷ one forward+backward pass (median of {R['reps']})", ""]
     nan = float("nan")
     lines += _common.markdown_table(

@@ -123,7 +123,7 @@ def run(args) -> dict:
 def render(payload: dict) -> str:
     R = payload
     rows = R["rows"]
-    lines = ["# A prefit network calibrated on its own training rows (issue 22)", "",
+    lines = ["# Coverage of a prefit network calibrated on its own training rows, against unseen rows", "",
              f"Command: `{payload['command']}`  ", _common.machine_line(payload["machine"]), "",
              f"UCI concrete, random 80/20 splits (seeds {', '.join(map(str, R['seeds']))}), inputs and target "
              f"standardized with the training part; tanh MLP 8-{R['width']}-{R['width']}-1 trained by "

@@ -317,7 +317,9 @@ def render(results: dict) -> str:
     shift = results["config"]["protocol"] == "shift"
     ds = results["datasets"]
     summaries = {name: summarise(d["runs"]) for name, d in ds.items() if d["runs"]}
-    lines = [f"# UCI, heteroscedastic likelihood ({'covariate shift' if shift else 'random splits'})", "",
+    where = (f"covariate shift ({' and '.join(results['config']['shift_protocols'])})" if shift
+             else "random splits")
+    lines = [f"# UCI, heteroscedastic likelihood: {where}", "",
              f"`{results['command']}`", "", _common.machine_line(results["machine"]), "",
              f"Date {results['date']}. Level {LEVEL}. " + ", ".join(f"{n}: {len(d['runs'])} "
                                                                     f"{'runs' if shift else 'splits'}"

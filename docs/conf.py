@@ -2,11 +2,12 @@
 
 Three parts of the site are generated here, before Sphinx reads any page, so that they follow the repository:
 
-- ``api/index.rst``: the API reference, one section per public import path in ``API_SECTIONS`` below, listing that
-  module's ``__all__`` (autosummary then writes a stub page per name under ``api/generated/``);
+- ``api/``: the API reference, one page per topic of ``API_TOPICS`` below, each listing the ``__all__`` of its
+  import paths (autosummary then writes a stub page per name under ``api/generated/``), and an index of them all;
 - ``gallery/generated/``: the executed notebooks ``notebooks/*.ipynb`` (rendered with their saved outputs, not
   re-executed) and the gallery's list of them;
-- ``benchmarks/generated/``: every report ``benchmarks/results/*.md`` and the figures it shows.
+- ``benchmarks/generated/``: every report ``benchmarks/results/*.md`` and the figures it shows, and their list by
+  topic (``BENCHMARK_GROUPS``).
 
 All three are rebuilt on every run and ignored by git.
 """
@@ -14,6 +15,7 @@ All three are rebuilt on every run and ignored by git.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import re
 import shutil
@@ -36,43 +38,48 @@ extensions = [
     "sphinx.ext.autodoc",
     "sphinx.ext.autosummary",
     "sphinx.ext.mathjax",
+    "sphinx-mathjax-offline",  # MathJax served from the site's own _static/, so formulas render offline
     "numpydoc",
     "myst_nb",
 ]
 
 source_suffix = {".rst": "restructuredtext", ".md": "myst-nb", ".ipynb": "myst-nb"}
-exclude_patterns = ["_build", "**.ipynb_checkpoints", "Thumbs.db", ".DS_Store", "gallery/generated/list.md"]
+exclude_patterns = ["_build", "**.ipynb_checkpoints", "Thumbs.db", ".DS_Store", "gallery/generated/list.md",
+                    "benchmarks/generated/toc.md"]
 templates_path = ["_templates"]
 
 # ----------------------------------------------------------------------------------------------- the API reference
-# (import path, title, one line on what lives there). A name is documented under the first path that exports it;
-# the later ones link to it. To add a module, add a line; the names come from its __all__.
-API_SECTIONS = [
-    ("glas_sklearn", "Estimators, scorers and helpers",
-     "What most users need: the two estimators, the interval scorers, and prediction through Pipelines."),
-    ("glas_sklearn.metrics", "Interval metrics", "Coverage, width and the interval (Winkler) score."),
-    ("glas_sklearn.compose", "Pipelines", "Intervals and prediction sets through Pipelines and target transforms."),
-    ("glas_sklearn.predictive", "Predictive distributions",
-     "Sampled and linearised intervals, class probabilities and prediction sets from a posterior."),
-    ("glas_sklearn.conformity_scores", "Conformity scores",
-     "How badly a target fits a prediction, and the intervals or sets that inverting a score gives."),
-    ("glas_sklearn.calibration", "Calibration",
-     "Choosing d by coverage (the paper), split-conformal calibration, σ0 by held-out NLL."),
-    ("glas_sklearn.posterior", "Posterior", "The Laplace posterior in (or around) the active subspace."),
-    ("glas_sklearn.laplace", "From a model to a posterior",
-     "One call from a trained model and its data to the eigenpairs and the posterior."),
-    ("glas_sklearn.adapters", "Model adapters",
-     "How a model is called: transformers / peft keyword inputs and attention masks, ModelOutput → logits."),
-    ("glas_sklearn.likelihoods", "Likelihoods",
-     "The observation model: training loss, the output Hessian of the curvature, and β per scaling."),
-    ("glas_sklearn.ggn", "Curvature", "The generalized Gauss-Newton matrix as a matrix-free operator."),
-    ("glas_sklearn.eigen", "Eigen-solvers", "Top eigenpairs of a curvature operator (Lanczos or ARPACK)."),
-    ("glas_sklearn.sampling", "Weight samples", "Posterior samples as parameter dicts or perturbed model copies."),
-    ("glas_sklearn.diagnostics", "Diagnostics", "Eigenvector alignment across subsamples (paper §2.4)."),
-    ("glas_sklearn.distributed", "Distributed runs", "The curvature over a torch.distributed process group."),
-    ("glas_sklearn.plotting", "Plotting", "Display classes and plot_* shortcuts (needs matplotlib)."),
-    ("glas_sklearn.datasets", "Data sets", "The UCI concrete data, shipped in the package."),
-    ("glas_sklearn.contrib.smiles", "SMILES tokens", "A SMILES tokenizer and vocabulary for token models."),
+# Grouped by topic, as scikit-learn's is: (page, title, one line on what is there, the import paths it documents).
+# Each public name of a path's __all__ is documented once, under the listed path whose module defines it (the
+# longest matching prefix of its __module__; the top-level package only for what no other path defines); the
+# other paths that export it link to it. To add a module, add its import path to a topic (or a new topic); an
+# import path whose module does not exist (yet) is left out, and a public module listed nowhere is a warning.
+API_TOPICS = [
+    ("estimators", "Estimators and Pipelines",
+     "The regressor and the classifier, and intervals or prediction sets through Pipelines.",
+     ["glas_sklearn", "glas_sklearn.compose"]),
+    ("metrics", "Metrics", "Coverage, width and the interval (Winkler) score, and a scorer for model selection.",
+     ["glas_sklearn.metrics"]),
+    ("calibration", "Calibration",
+     "Choosing d by coverage (the paper), split-conformal calibration and its conformity scores, σ0 by held-out "
+     "NLL.",
+     ["glas_sklearn.calibration", "glas_sklearn.conformity_scores"]),
+    ("likelihoods", "Likelihoods",
+     "The observation model: training loss, the output Hessian of the curvature, and β per scaling.",
+     ["glas_sklearn.likelihoods"]),
+    ("posterior", "Posterior and predictive",
+     "From a trained model to the Laplace posterior in (or around) the active subspace, its weight samples, and "
+     "the intervals, probabilities and sets it predicts.",
+     ["glas_sklearn.laplace", "glas_sklearn.posterior", "glas_sklearn.predictive", "glas_sklearn.sampling"]),
+    ("operators", "Curvature operators and eigen-solvers",
+     "The generalized Gauss-Newton matrix as a matrix-free operator (on one process or a process group) and its "
+     "top eigenpairs.",
+     ["glas_sklearn.ggn", "glas_sklearn.eigen", "glas_sklearn.distributed"]),
+    ("plotting", "Plotting", "Display classes and plot_* shortcuts (needs matplotlib).", ["glas_sklearn.plotting"]),
+    ("utilities", "Utilities",
+     "Model adapters, eigenvector diagnostics, the shipped data set, SMILES tokens and chemistry helpers.",
+     ["glas_sklearn.adapters", "glas_sklearn.diagnostics", "glas_sklearn.datasets", "glas_sklearn.contrib.smiles",
+      "glas_sklearn.contrib.chem"]),
 ]
 
 
@@ -80,37 +87,105 @@ def _public_names(module) -> list[str]:
     return [name for name in getattr(module, "__all__", []) if not name.startswith("_")]
 
 
+def _existing(paths: list[str]) -> list[str]:
+    """The paths that import here (a module not written yet, or one whose optional dependency is missing, not)."""
+    found = []
+    for path in paths:
+        try:
+            importlib.import_module(path)
+        except ImportError:
+            continue
+        found.append(path)
+    return found
+
+
+def _homes(paths: list[str]) -> dict[int, str]:
+    """id(object) -> the import path it is documented under."""
+    homes: dict[int, tuple[int, str]] = {}
+    for path in paths:
+        module = importlib.import_module(path)
+        for name in _public_names(module):
+            obj = getattr(module, name)
+            if not callable(obj):
+                continue
+            defined = getattr(obj, "__module__", "") or ""
+            rank = len(path) if path != "glas_sklearn" and (defined == path or defined.startswith(path + ".")) else 0
+            if id(obj) not in homes or rank > homes[id(obj)][0]:
+                homes[id(obj)] = (rank, path)
+    return {key: path for key, (_, path) in homes.items()}
+
+
+def _unlisted_public_modules(listed: set[str]) -> list[str]:
+    import pkgutil
+
+    found = []
+    for info in pkgutil.walk_packages(glas_sklearn.__path__, "glas_sklearn."):
+        parts = info.name.split(".")
+        if any(part.startswith("_") for part in parts) or info.name in listed or parts[1] in {"cli", "estimators"}:
+            continue
+        if parts[1] == "contrib" and importlib.util.find_spec(info.name) is None:
+            continue
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # an optional dependency (rdkit for contrib.chem) is not installed
+            continue
+        if _public_names(module) and not any(info.name.startswith(p + ".") for p in listed if p != "glas_sklearn"):
+            found.append(info.name)
+    return found
+
+
 def _write_api_reference() -> None:
-    """api/index.rst from API_SECTIONS (the stub pages are autosummary's)."""
+    """api/index.rst and one page per topic of API_TOPICS (the stub pages under api/generated/ are autosummary's)."""
     out = DOCS / "api"
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir()
-    lines = ["API reference", "=============", "",
-             "Every public name, under the import path to use. The estimators follow scikit-learn's conventions",
-             "(``get_params`` / ``set_params``, ``score``, cloning, Pipelines), which are not repeated here.", ""]
-    documented: dict[int, str] = {}
-    for path, title, blurb in API_SECTIONS:
-        module = importlib.import_module(path)
-        own, elsewhere = [], []
-        for name in _public_names(module):
-            obj = getattr(module, name)
-            key = id(obj)
-            if callable(obj) and key in documented:
-                elsewhere.append((name, documented[key]))
-            else:
-                own.append(name)
-                if callable(obj):
-                    documented[key] = f"{path}.{name}"
-        lines += [f".. _api-{path}:", "", f"``{path}``: {title}", "-" * (len(path) + len(title) + 6), "",
-                  f".. automodule:: {path}", "", blurb, "",
-                  f".. currentmodule:: {path}", ""]
-        if own:
-            lines += [".. autosummary::", "   :toctree: generated/", "   :nosignatures:", ""]
-            lines += [f"   {name}" for name in own] + [""]
-        if elsewhere:
-            refs = ", ".join(f":obj:`{name} <{target}>`" for name, target in elsewhere)
-            lines += [f"Also importable from here: {refs}.", ""]
-    (out / "index.rst").write_text("\n".join(lines), encoding="utf-8")
+    topics = [(slug, title, blurb, _existing(paths)) for slug, title, blurb, paths in API_TOPICS]
+    all_paths = [path for *_, paths in topics for path in paths]
+    homes = _homes(all_paths)
+    index = ["API reference", "=============", "",
+             "Every public name, grouped by topic, under the import path to use. The estimators follow "
+             "scikit-learn's conventions",
+             "(``get_params`` / ``set_params``, ``score``, cloning, Pipelines), which are not repeated here.", "",
+             ".. toctree::", "   :hidden:", ""] + [f"   {slug}" for slug, *_ in topics] + [""]
+    for slug, title, blurb, paths in topics:
+        page = [title, "=" * len(title), "", blurb, ""]
+        index += [title, "-" * len(title), "", f"{blurb} On one page: :doc:`{slug}`.", ""]
+        for path in paths:
+            module = importlib.import_module(path)
+            own, elsewhere = [], []
+            for name in _public_names(module):
+                obj = getattr(module, name)
+                if callable(obj) and homes[id(obj)] != path:
+                    elsewhere.append((name, f"{homes[id(obj)]}.{name}"))
+                else:
+                    own.append(name)
+            heading = f"``{path}``"
+            page += [f".. _api-{path}:", "", heading, "-" * len(heading), "",
+                     f".. automodule:: {path}", "",
+                     f".. currentmodule:: {path}", ""]
+            if own:
+                page += [".. autosummary::", "   :toctree: generated/", "   :nosignatures:", ""]
+                page += [f"   {name}" for name in own] + [""]
+                index += [f".. currentmodule:: {path}", "", ".. autosummary::", "   :nosignatures:", ""]
+                index += [f"   {name}" for name in own] + [""]
+            if elsewhere:
+                refs = ", ".join(f":obj:`{name} <{target}>`" for name, target in elsewhere)
+                page += [f"Also importable from here: {refs}.", ""]
+        (out / f"{slug}.rst").write_text("\n".join(page), encoding="utf-8")
+    (out / "index.rst").write_text("\n".join(index), encoding="utf-8")
+    _UNLISTED[:] = _unlisted_public_modules(set(all_paths))
+
+
+_UNLISTED: list[str] = []  # warned about once the build starts (a warning, so an error under -W)
+
+
+def _warn_unlisted(app) -> None:
+    if _UNLISTED:
+        from sphinx.util import logging as sphinx_logging
+
+        sphinx_logging.getLogger(__name__).warning(
+            "public modules missing from the API reference (add them to API_TOPICS in docs/conf.py): %s",
+            ", ".join(_UNLISTED))
 
 
 # ----------------------------------------------------------------------------------------------- the gallery
@@ -182,6 +257,42 @@ def _write_gallery() -> None:
 
 # ----------------------------------------------------------------------------------------------- benchmark reports
 _IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
+# The benchmark pages by topic: (caption, report stems in order). A report listed nowhere goes under the last caption.
+BENCHMARK_GROUPS = [
+    ("Regression intervals", ["uci_intervals", "uci_shift", "uci", "uci_epochs500", "prefit_calibration",
+                              "calibrated_std"]),
+    ("Noise that varies with x", ["synthetic_heteroscedastic", "uci_heteroscedastic", "uci_heteroscedastic_shift",
+                                  "uci_heteroscedastic_shift_gap"]),
+    ("Classification", ["digits_ood", "digits_cnn", "digits_rotation", "hf_lora"]),
+    ("The paper's studies", ["paper_1d", "paper_concrete", "paper_smiles"]),
+    ("Speed", ["bench_ggn", "bench_fit", "bench_calibration", "default_fit"]),
+    ("Other measurements", []),
+]
+
+
+def _mark_tables(text: str) -> str:
+    """Each markdown table gets the class benchmark-table (custom.css: cells on one line, the table scrolls)."""
+    lines, out = text.split("\n"), []
+    for i, line in enumerate(lines):
+        starts = line.startswith("|") and i + 1 < len(lines) and re.match(r"^\|[\s:|-]+\|\s*$", lines[i + 1]) \
+            and not (i > 0 and lines[i - 1].startswith("|"))
+        if starts:
+            out += ["", "{.benchmark-table}"]
+        out.append(line)
+    return "\n".join(out)
+
+
+def _write_benchmark_toc(stems: list[str], out: Path) -> None:
+    """generated/toc.md, included by benchmarks/index.md: one toctree per group of BENCHMARK_GROUPS."""
+    listed = {stem for _, group in BENCHMARK_GROUPS for stem in group}
+    lines = []
+    for caption, group in BENCHMARK_GROUPS:
+        members = [s for s in group if s in stems] + ([s for s in stems if s not in listed]
+                                                      if caption == BENCHMARK_GROUPS[-1][0] else [])
+        if members:
+            lines += ["```{toctree}", ":maxdepth: 1", f":caption: {caption}", ""]
+            lines += [f"generated/{stem}" for stem in members] + ["```", ""]
+    (out / "toc.md").write_text("\n".join(lines), encoding="utf-8")
 
 
 def _copy_benchmark_reports() -> None:
@@ -192,7 +303,7 @@ def _copy_benchmark_reports() -> None:
     out.mkdir(parents=True)
     for report in sorted(results.glob("*.md")):
         text = report.read_text(encoding="utf-8")
-        (out / report.name).write_text(text, encoding="utf-8")
+        (out / report.name).write_text(_mark_tables(text), encoding="utf-8")
         for target in _IMAGE.findall(text):
             image = results / target
             if image.is_file():
@@ -201,6 +312,7 @@ def _copy_benchmark_reports() -> None:
     for image in sorted(results.glob("*.png")):  # figures the user guide shows, beside those the reports link
         if not (out / image.name).exists():
             shutil.copy2(image, out / image.name)
+    _write_benchmark_toc([report.stem for report in sorted(results.glob("*.md"))], out)
 
 
 _write_api_reference()
@@ -212,11 +324,12 @@ autosummary_generate = True
 autosummary_imported_members = True
 autodoc_typehints = "none"  # numpydoc's Parameters sections carry the types
 autodoc_member_order = "groupwise"
+toc_object_entries_show_parents = "hide"  # "fit", not "LaplaceActiveSubspaceRegressor.fit", in a page's toc
 numpydoc_show_class_members = False
 numpydoc_class_members_toctree = False
 numpydoc_xref_param_type = False
 
-myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
+myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist", "attrs_block"]
 myst_heading_anchors = 3
 nb_execution_mode = "off"  # the notebooks are executed and committed (make notebooks)
 nb_merge_streams = True
@@ -239,6 +352,7 @@ def _skip_foreign_members(app, what, name, obj, skip, options):
 
 def setup(app):
     app.connect("autodoc-skip-member", _skip_foreign_members)
+    app.connect("builder-inited", _warn_unlisted)
     app.add_css_file("custom.css")
 
 
