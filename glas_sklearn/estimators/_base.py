@@ -6,7 +6,6 @@ network θ0 in _network.py."""
 from __future__ import annotations
 
 import abc
-import io
 import logging
 import numbers
 import time
@@ -16,7 +15,6 @@ import numpy as np
 import pandas as pd
 import torch
 from sklearn.base import BaseEstimator
-from sklearn.model_selection import train_test_split
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted
 from torch import nn
 
@@ -24,21 +22,21 @@ from .._checks import check_confidence_levels, numpy_rng
 from .._functional import model_outputs
 from .._progress import stage
 from .._threads import adjust_threads, auto_threads, scoped_threads
-from .._version import __version__
 from ..calibration import (
     CALIBRATIONS,
     CalibrationWarning,
     Calibrator,
     choose_dimension,
     resolve_calibration,
-    tune_sigma0,
 )
 from ..laplace import fit_laplace_subspace
 from ..likelihoods import Likelihood
 from ..posterior import POSTERIOR_KINDS, ActiveSubspacePosterior, resolve_posterior
 from ..predictive import PredictiveMode, resolve_predictive
+from ._calibration_rows import CalibrationRowsMixin
 from ._inputs import InputsMixin
 from ._network import NetworkMixin, trainable_dtype
+from ._pickling import PicklingMixin
 from ._prefit import (
     REGISTRY,
     PrefitLeakageWarning,
@@ -49,7 +47,8 @@ from ._prefit import (
     row_digests,
     user_stacklevel,
 )
-from ._report import calibration_line, fit_line, posterior_line, sigma0_line, training_line
+from ._report import calibration_line, fit_line, posterior_line, training_line
+from ._sigma0 import Sigma0PolicyMixin
 from ._training import OPTIMIZERS, train_module
 from ._validation import (
     BOOLEAN,
@@ -66,16 +65,10 @@ __all__ = ["LaplaceActiveSubspaceBase"]
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
-# Fitted state that holds torch objects; pickled through torch.save so that tensors can be re-mapped on load.
-_TORCH_STATE = ("module", "module_", "posterior_")
 # Predictions are computed in chunks of rows holding at most this many network outputs
 # (posterior samples × rows × outputs) at once; weight samples are shared by all rows, so chunking
 # does not change the results.
 _PREDICT_BUDGET = 2**24
-#: The layout of the pickled state (``__getstate__``); a pickle of another format is refused, not migrated.
-_PICKLE_FORMAT = 1
-# Offset of the seed of the sigma0="nll" tuning / conformal split from the calibration split's seed.
-_SIGMA0_SPLIT = 7919
 # Test coverage of 90 % intervals of an overfitting prefit network calibrated on rows held out of its training
 # rows, and on unseen rows (benchmarks/results/prefit_calibration.md, default settings, mean (range) over
 # 5 seeds).
@@ -120,7 +113,8 @@ def _is_posterior_class(value) -> bool:
     return isinstance(value, type) and issubclass(value, ActiveSubspacePosterior)
 
 
-class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metaclass=abc.ABCMeta):
+class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRowsMixin, InputsMixin, NetworkMixin,
+                                BaseEstimator, metaclass=abc.ABCMeta):
     """Common machinery of :class:`LaplaceActiveSubspaceRegressor` and :class:`LaplaceActiveSubspaceClassifier`.
 
     Subclasses name their likelihood (:meth:`_resolve_likelihood`, fitted as ``likelihood_``), extend
@@ -305,18 +299,6 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         it when it is a RandomState)."""
         return int(numpy_rng(self.random_state).integers(0, 2**31 - 1))
 
-    def _split_off_calibration_rows(self, X, y, seed, sample_weight=None, positions=None):
-        """``X, X_cal, y, y_cal, weights``: ``calibration_size`` rows held out of training (stratified for classes
-        when possible); the training rows keep their weights (None stays None), the calibration rows are
-        unweighted. Their positions in the user's ``X`` (``positions`` of these rows there, when rows of zero
-        weight were dropped) are kept as ``train_indices_`` and ``calibration_indices_``."""
-        n_cal = self._n_calibration_rows(X.shape[0])
-        stratify = y if self.likelihood_.is_classification and self._can_stratify(y, n_cal) else None
-        train, cal = train_test_split(np.arange(X.shape[0]), test_size=n_cal, random_state=seed, stratify=stratify)
-        at = np.arange(X.shape[0]) if positions is None else positions
-        self.train_indices_, self.calibration_indices_ = at[train], at[cal]
-        return X[train], X[cal], y[train], y[cal], None if sample_weight is None else sample_weight[train]
-
     def _declare_prefit_training_rows(self, module: nn.Module, X: np.ndarray, X_cal: np.ndarray | None) -> None:
         """Prefit: the rows of X are the network's training rows, so calibration needs unseen ``X_cal`` (refused
         without it). The rows are recorded as the network's training rows (see ``_prefit.REGISTRY``); X_cal rows
@@ -487,78 +469,9 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         self.n_sigma0_rows_ = int(len(self.sigma0_rows_))
         self._report(calibration_line(self, self.timings_["calibration"]))
 
-    def _tune_sigma0(self, Xc, yc, d: int, seed: int):
-        """sigma0="nll": split the calibration rows into a tuning part that chooses σ0 by its mean predictive NLL
-        (over [0, σ0_EB], :func:`~glas_sklearn.calibration.tune_sigma0`) and a conformal part, returned, that
-        the scores are computed on; the posterior's σ0 is then fixed at the chosen value. With too few rows for
-        both parts, "auto" keeps the full-space EB σ0 and an explicit "nll" raises."""
-        n, n_need = len(Xc), self._calibration_rows_needed()
-        if n < n_need + 1:
-            if self.sigma0 == "nll":
-                raise ValueError(f"{type(self).__name__}: sigma0='nll' needs at least {n_need + 1} calibration rows "
-                                 f"(one or more to choose σ0 on, and the {n_need} a conformal quantile needs at level "
-                                 f"{max(self._levels(None))}), got {n}; pass more calibration rows or a fixed sigma0.")
-            logger.info("%s: %d calibration rows are too few to tune sigma0 on some of them (%d needed); keeping the "
-                        "full-space empirical Bayes sigma0", type(self).__name__, n, n_need + 1)
-            return Xc, yc
-        tune, conf = self._sigma0_split(yc, n, n_need, seed)
-        index = torch.as_tensor(tune, device=Xc.device)
-        t0 = time.perf_counter()
-        search = self._sigma0_search(Xc[index], yc[index], d, seed)
-        self.posterior_.set_sigma0(search.sigma0)
-        self.sigma0_search_, self.sigma0_rows_ = search, tune
-        self._report(sigma0_line(self, len(tune), time.perf_counter() - t0))
-        index = torch.as_tensor(conf, device=Xc.device)
-        return Xc[index], yc[index]
-
-    def _sigma0_search(self, Xt, yt, d: int, seed: int):
-        """σ0 by the mean predictive NLL of the tuning rows (a Sigma0Result)."""
-        return tune_sigma0(self.posterior_, Xt, yt, d=d, predictive=self.predictive_,
-                           n_samples=self.n_samples, noise_var=self._interval_noise_var(), random_state=seed,
-                           likelihood=self.likelihood_)
-
-    def _sigma0_split(self, yc, n: int, n_need: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-        """Sorted indices of the tuning and conformal rows among the n calibration rows: half each, the conformal
-        part at least the n_need rows of a finite conformal quantile (and the tuning part at least one row);
-        stratified by class where every class has two rows and fits on both sides; seeded from ``seed``."""
-        n_conf = min(n - 1, max(int(np.ceil(n / 2)), n_need))
-        labels = yc.detach().cpu().numpy() if self.likelihood_.is_classification else None
-        stratify = labels if labels is not None and self._can_stratify(labels, n - n_conf) else None
-        tune, conf = train_test_split(np.arange(n), test_size=n_conf, random_state=(seed + _SIGMA0_SPLIT) % 2**31,
-                                      stratify=stratify)
-        return np.sort(tune), np.sort(conf)
-
-    def _calibration_rows_needed(self) -> int:
-        """The calibration rows the calibrator needs at the estimator's levels ("conformal": ⌈1/γ⌉ − 1 at the
-        highest level, for a finite quantile)."""
-        return self._calibrator().rows_needed(self._levels(None))
-
-    def _check_sigma0_setting(self) -> None:
-        if self.sigma0 == "nll" and not self._calibrator().requires_fixed_predictor:
-            raise ValueError(f"{type(self).__name__}: sigma0='nll' tunes σ0 on part of the calibration rows for "
-                             f"calibration='conformal'; with calibration={self.calibration!r} (the paper) σ0 is "
-                             "empirical Bayes at every d: use sigma0='auto', 'eb_subspace', 'eb_full' or a float.")
-
-    def _auto_low_rank_sigma0(self) -> str:
-        """What sigma0="auto" means for the low-rank posteriors (each estimator's choice, see its override)."""
-        return "eb_full"
-
     def _posterior_kind(self) -> type[ActiveSubspacePosterior]:
         """The class of the posterior kind ``posterior`` names."""
         return resolve_posterior(self.posterior)
-
-    def _sigma0_choice(self):
-        """``sigma0`` with "auto" resolved for the kinds with variance off the subspace (the estimator's per-task
-        choice); for the others "auto" is left to the kind (its ``default_sigma0``)."""
-        if self.sigma0 == "auto" and self._posterior_kind().off_subspace:
-            return self._auto_low_rank_sigma0()
-        return self.sigma0
-
-    def _resolved_sigma0(self):
-        """The posterior's σ0 setting: the choice, with "nll" starting from the full-space EB value (the top of
-        its search range)."""
-        choice = self._sigma0_choice()
-        return "eb_full" if choice == "nll" else choice
 
     def _resolved_predictive(self) -> PredictiveMode:
         """``predictive`` with "auto" resolved: the kind's ``default_predictive`` (linearised for the low-rank
@@ -569,27 +482,6 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
 
 
     # --------------------------------------------------------------- helpers
-    def _n_calibration_rows(self, n: int) -> int:
-        """Rows held out of the n training rows for calibration (at least one, leaving at least two; with
-        "conformal" and a fraction, at least the ⌈1/γ⌉ − 1 rows a finite quantile needs at the highest level)."""
-        cs = self.calibration_size
-        if isinstance(cs, numbers.Integral):
-            if cs > n - 2:
-                raise ValueError(f"{type(self).__name__}: calibration_size={cs} rows, but only {n} rows were passed; "
-                                 f"hold out at most {n - 2} rows, give a fraction, or pass X_cal and y_cal.")
-            return int(cs)
-        n_cal = max(1, int(np.ceil(cs * n)))
-        # enough rows for the calibrator (a finite conformal quantile at every level), and one more to tune σ0 on
-        # with sigma0="nll"
-        n_cal = max(n_cal, self._calibration_rows_needed() + (self._sigma0_choice() == "nll"))
-        return int(min(n_cal, n - 2))
-
-    @staticmethod
-    def _can_stratify(y, n_cal: int) -> bool:
-        """A stratified split needs two rows of every class and room for every class on both sides."""
-        _, counts = np.unique(y, return_counts=True)
-        return counts.min() >= 2 and len(counts) <= min(n_cal, len(y) - n_cal)
-
     def _check_fitted_X(self, X, method: str | None = None) -> torch.Tensor:
         """Validated rows as a tensor on the posterior's device; with ``method`` (an uncertainty output), rows of a
         prefit network's training data are warned about."""
@@ -693,45 +585,6 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
     @abc.abstractmethod
     def _set_noise(self) -> None:
         """Record the fitted noise attributes once the posterior is built."""
-
-    # ------------------------------------------------------------ pickling
-    def __getstate__(self) -> dict:
-        """Torch objects (the module, the posterior) are stored through ``torch.save`` so that ``__setstate__``
-        can map their tensors to the CPU when the pickle is loaded on a machine without CUDA. The state carries
-        the package version and the pickle format; ``__setstate__`` refuses other formats (states made before
-        this version included) with a message naming the version, rather than migrating them."""
-        state = dict(super().__getstate__())
-        state["_glas_pickle"] = (__version__, _PICKLE_FORMAT)
-        torch_part = {k: state.pop(k) for k in _TORCH_STATE if k in state}
-        if any(v is not None for v in torch_part.values()):
-            buffer = io.BytesIO()
-            torch.save(torch_part, buffer)
-            state["_torch_state"] = buffer.getvalue()
-            post = torch_part.get("posterior_")
-            state["_torch_device"] = str(post.device) if post is not None else None
-        else:
-            state.update(torch_part)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        state = dict(state)
-        stamp = state.pop("_glas_pickle", None)
-        if stamp is None or tuple(stamp)[1:] != (_PICKLE_FORMAT,):
-            made = ("an earlier development build of glas-sklearn" if stamp is None
-                    else f"glas-sklearn {stamp[0]} (pickle format {stamp[1]})")
-            raise ValueError(f"This {type(self).__name__} was pickled by {made}; glas-sklearn {__version__} loads only "
-                             f"pickles of its own format ({_PICKLE_FORMAT}): states made before this version are not "
-                             f"migrated. Refit the estimator with glas-sklearn {__version__} and pickle it again (or "
-                             "load it with the version that saved it).")
-        blob = state.pop("_torch_state", None)
-        saved_device = state.pop("_torch_device", None)
-        if blob is not None:
-            map_location = None if torch.cuda.is_available() else "cpu"
-            if map_location == "cpu" and saved_device is not None and saved_device != "cpu":
-                logger.info("%s was fitted on %s; CUDA is not available here, so it is loaded on the CPU.",
-                            type(self).__name__, saved_device)
-            state.update(torch.load(io.BytesIO(blob), map_location=map_location, weights_only=False))
-        super().__setstate__(state)
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

@@ -79,7 +79,7 @@ class PredictiveMode(ABC):
 
     @abstractmethod
     def interval(self, moments: OutputMoments, confidence_levels, noise_var=0.0) -> torch.Tensor:
-        """Central intervals (n, *out, 2, k) of f + ε, ε ~ N(0, ``noise_var``), from :meth:`output_moments`."""
+        """Central intervals ``(n, *out, 2, k)`` of f + ε, ε ~ N(0, ``noise_var``), from :meth:`output_moments`."""
 
     @abstractmethod
     def probabilities(self, posterior: ActiveSubspacePosterior, X: torch.Tensor, d: int, *, n_samples: int = 1000,
