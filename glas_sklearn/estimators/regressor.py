@@ -25,7 +25,7 @@ from ..calibration import (
 )
 from ..laplace import residual_noise_variance
 from ..likelihoods import Gaussian, HeteroscedasticGaussian, Likelihood, NaturalParameterHead, resolve_likelihood
-from ..predictive import conformal_interval, linearized_interval
+from ..predictive import RegressionMoments, conformal_interval, linearized_interval
 from ._base import LaplaceActiveSubspaceBase
 from ._docs import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, SAMPLE_WEIGHT_DOC
 from ._heteroscedastic import heteroscedastic_moments, tune_sigma0_heteroscedastic
@@ -344,6 +344,9 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             self.conformity_scores_ = scores
             self.calibration_reached_ = None
             table = pd.DataFrame(rows, columns=["level", "d", "quantile", "coverage", "mean_width", "sigma0"])
+            if hasattr(calibrator, "calibrate_predictions"):  # per-region quantiles (Mondrian) from the moments
+                self.calibrator_ = calibrator.calibrate_predictions(RegressionMoments(mu, sd.to(mu.dtype)),
+                                                                    y.to(mu.dtype), levels)
             self._store_calibration(SimpleNamespace(n_components_=d, table_=table, sample_seed_=sample_seed),
                                     Xc, seed, t0)
             return
@@ -420,8 +423,12 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             var = ale + epi
             bounds = None
             if levels is not None:
-                bounds = (conformal_interval(mean, var.sqrt(), conformal_quantile(self.conformity_scores_, levels))
-                          if self.conformity_scores_ is not None else linearized_interval(mean, var, levels))
+                if self.calibrator_ is not None:  # per-region quantiles (Mondrian)
+                    bounds = self.calibrator_.region(RegressionMoments(mean, var.sqrt()), levels)
+                elif self.conformity_scores_ is not None:
+                    bounds = conformal_interval(mean, var.sqrt(), conformal_quantile(self.conformity_scores_, levels))
+                else:
+                    bounds = linearized_interval(mean, var, levels)
             return mean, var.sqrt(), bounds
         return self.calibrator_.predict_interval(self.posterior_, Xt, levels)
 
