@@ -300,7 +300,11 @@ def regional_coverage_from_predictions(y_true, y_pis, *, std=None, columns=None,
             raise ValueError(f"std has shape {np.shape(std)}, but the intervals need {(n,) if M == 1 else (n, M)}.")
         variables = {"std": sd}
     else:
-        variables = {"width": np.where(np.isfinite(width), width / 2, np.inf)}
+        half = np.where(np.isfinite(width), width / 2, np.inf)
+        top = np.max(np.abs(half[np.isfinite(half)]), initial=0.0)
+        if top > 0:  # equal widths up to round-off (ŷ ± q) are one width: 12 significant digits
+            half = np.round(half, int(11 - np.floor(np.log10(top))))
+        variables = {"width": half}
     for name, v in _named_columns(columns, X, n).items():
         variables[name] = np.repeat(v[:, None], M, axis=1)
 
