@@ -398,7 +398,8 @@ def regional_coverage(estimator, X, y, *, columns=None, n_bins: int = 5, confide
         final, _ = final_step(estimator, X)
         default = getattr(final, "confidence_level", None)
         if default is None:
-            raise ValueError(f"{type(final).__name__} has no confidence_level; pass confidence_level=.")
+            raise ValueError(f"{type(final).__name__} has no confidence_level attribute; pass confidence_level=, the "
+                             "level its intervals are built for (e.g. confidence_level=0.9 for MAPIE's regressors).")
         confidence_level = float(np.ravel(check_confidence_levels(default))[0])
     level = _level(confidence_level)
     _, y_pis = predict_interval(estimator, X, confidence_level=level)

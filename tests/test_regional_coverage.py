@@ -177,3 +177,22 @@ def test_equal_widths_up_to_round_off_are_one_bin():
     assert np.ptp((pis[:, 1] - pis[:, 0]) / 2) > 0
     t = regional_coverage_from_predictions(np.zeros(50), pis)
     assert t[t["by"] == "width"]["n"].tolist() == [50]
+
+
+def test_a_mapie_regressor_is_diagnosed_at_its_fixed_level():
+    mapie_regression = pytest.importorskip("mapie.regression")
+    from sklearn.linear_model import LinearRegression
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(600, 3))
+    y = X[:, 0] + rng.normal(size=600) * (1 + X[:, 1] ** 2)
+    m = mapie_regression.SplitConformalRegressor(LinearRegression(), confidence_level=0.9, prefit=False)
+    m.fit(X[:200], y[:200]).conformalize(X[200:400], y[200:400])
+    with pytest.raises(ValueError, match="pass confidence_level="):
+        regional_coverage(m, X[400:], y[400:])
+    t = regional_coverage(m, X[400:], y[400:], columns=[1], n_directions=20, confidence_level=0.9)
+    _, pis = m.predict_interval(X[400:])
+    assert t[t["by"] == "all"]["coverage"].iloc[0] == pytest.approx(coverage_score(y[400:], pis))
+    assert t[t["by"] == "width"]["n"].tolist() == [200]  # split conformal: one width, one bin
+    x1 = t[t["by"] == "x1"]
+    assert x1["n"].tolist() == [40] * 5 and x1["coverage"].min() < 0.9 < x1["coverage"].max()
