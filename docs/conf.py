@@ -51,6 +51,8 @@ API_SECTIONS = [
     ("glas_sklearn", "Estimators, scorers and helpers",
      "What most users need: the two estimators, the interval scorers, and prediction through Pipelines."),
     ("glas_sklearn.metrics", "Interval metrics", "Coverage, width and the interval (Winkler) score."),
+    ("glas_sklearn.regional_coverage", "Coverage per region",
+     "Coverage and width per bin of σ̂ or of a column, worst-slab coverage, coverage gap."),
     ("glas_sklearn.compose", "Pipelines", "Intervals and prediction sets through Pipelines and target transforms."),
     ("glas_sklearn.predictive", "Predictive distributions",
      "Sampled and linearised intervals, class probabilities and prediction sets from a posterior."),

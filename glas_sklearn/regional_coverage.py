@@ -24,7 +24,8 @@ Definitions (those of MAPIE 1.5 / covmetrics, so the numbers compare):
   if their scales differ). It is measured on the same rows it searches, so it is biased low (more so with few rows
   per slab): compare methods on the same rows and directions. The minimum over windows of length ≥ k is reached
   at a length < 2k (a longer window splits into two of length ≥ k, one no better covered), which the search uses.
-- *Coverage gap*: (1/G) Σ_g |coverage_g − (1 − γ)| over the G non-empty groups, or Σ_g (n_g/n) |…| weighted.
+- *Coverage gap*: ``(1/G) Σ_g |coverage_g − (1 − γ)|`` over the G non-empty groups, or ``Σ_g (n_g/n) |coverage_g − (1 − γ)|``
+  weighted.
 
 Intervals are MAPIE-shaped as in :mod:`glas_sklearn.metrics`; one level at a time.
 """
@@ -40,7 +41,8 @@ import pandas as pd
 from ._checks import check_confidence_levels, check_positive_int, numpy_rng
 from .compose import final_step, predict_interval
 
-__all__ = ["coverage_gap", "regional_coverage", "regional_coverage_from_predictions", "worst_slab_coverage"]
+__all__ = ["coverage_gap", "quantile_bins", "regional_coverage", "regional_coverage_from_predictions",
+           "worst_slab_coverage"]
 
 #: The columns of the table :func:`regional_coverage` returns.
 COLUMNS = ["by", "output", "bin", "low", "high", "n", "coverage", "mean_width", "interval_score", "gap"]
@@ -181,7 +183,7 @@ def worst_slab_coverage(X, y_true, y_pis, *, delta: float = 0.1, n_directions: i
 
 
 def coverage_gap(y_true, y_pis, groups, confidence_level: float = 0.9, *, weighted: bool = False) -> float:
-    """Coverage gap across groups: the mean over the non-empty groups of |coverage_g − level|.
+    """Coverage gap across groups: the mean over the non-empty groups of ``|coverage_g − level|``.
 
     Parameters
     ----------
