@@ -24,8 +24,8 @@ Definitions (those of MAPIE 1.5 / covmetrics, so the numbers compare):
   if their scales differ). It is measured on the same rows it searches, so it is biased low (more so with few rows
   per slab): compare methods on the same rows and directions. The minimum over windows of length ≥ k is reached
   at a length < 2k (a longer window splits into two of length ≥ k, one no better covered), which the search uses.
-- *Coverage gap*: ``(1/G) Σ_g |coverage_g − (1 − γ)|`` over the G non-empty groups, or ``Σ_g (n_g/n) |coverage_g − (1 − γ)|``
-  weighted.
+- *Coverage gap*: ``(1/G) Σ_g |coverage_g − (1 − γ)|`` over the G non-empty groups, or weighted,
+  ``Σ_g (n_g/n) |coverage_g − (1 − γ)|``.
 
 Intervals are MAPIE-shaped as in :mod:`glas_sklearn.metrics`; one level at a time.
 """
