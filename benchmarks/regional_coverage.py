@@ -302,8 +302,9 @@ def render(results) -> str:
                 e = s[m]
                 ok = _in_target(e.get("bins_noise", []))
                 verdict.setdefault(m, []).append(ok)
+                own = "one width" if m.startswith("split") else _q(e.get("bins_own", []))
                 rows.append([f"`{m}`", f"{100 * e['coverage']:.1f}", _q(e.get("bins_noise", [])),
-                             _q(e.get("bins_own", [])), f"{100 * e['worst_slab']:.0f}",
+                             own, f"{100 * e['worst_slab']:.0f}",
                              f"{e['interval_score']:.3f}", f"{e['interval_score'] / base:.2f}",
                              "yes" if ok else "no"])
             lines += [f"### `{shape}` (p = {SHAPES[shape][0]})", ""]
