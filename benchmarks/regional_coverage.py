@@ -379,6 +379,7 @@ def parse_args(argv=None):
     p.add_argument("--study", choices=("synthetic", "uci"), default="synthetic")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--splits", type=int, default=20)
+    p.add_argument("--first-split", type=int, default=0, help="splits first-split .. splits − 1 (parallel runs)")
     p.add_argument("--shapes", nargs="+", default=list(SHAPES))
     p.add_argument("--datasets", nargs="+", default=UCI_SETS)
     p.add_argument("--n-train", type=int, default=2500)
@@ -403,8 +404,11 @@ def main(argv=None):
         for p in parts:
             for k in ("synthetic", "uci"):
                 if p.get(k):
-                    results[k] = results.get(k, []) + p[k]
-                    results["config"][k] = p["config"][k]
+                    ident = (lambda r: (r["shape"], r["seed"])) if k == "synthetic" else \
+                        (lambda r: (r["dataset"], r["split"]))
+                    seen = {ident(r) for r in results.get(k, [])}
+                    results[k] = results.get(k, []) + [r for r in p[k] if ident(r) not in seen]
+                    results["config"].setdefault(k, p["config"][k])
         command = " ; ".join(p["command"] for p in parts)
         print(_common.write_results_and_report(json_path, md_path, results, render, command=command)[1])
         return
@@ -418,7 +422,8 @@ def main(argv=None):
             args.seeds, args.n_train = 1, 600
         jobs = [(shape, seed) for seed in range(args.seeds) for shape in args.shapes]
     else:
-        jobs = [(name, split) for split in range(1 if args.quick else args.splits) for name in args.datasets]
+        jobs = [(name, split) for split in range(args.first_split, args.first_split + 1 if args.quick else args.splits)
+                for name in args.datasets]
     for a, b in jobs:
         t0 = time.perf_counter()
         r = run_synthetic(a, b, args) if args.study == "synthetic" else run_uci(a, b, args)
