@@ -328,8 +328,10 @@ def render(results) -> str:
     if uci_runs:
         splits = sorted({r["split"] for r in uci_runs})
         lines += ["## UCI dev sets", "",
-                  f"Splits {splits[0]}–{splits[-1]} ({len(splits)} of 20; the CPU budget allowed no more) of the "
-                  "standard splits; 90/10 fitting/calibration rows. Coverage (%) per σ̂ quintile pooled over splits "
+                  f"Splits {splits[0]}–{splits[-1]} ({len(splits)} of the 20 standard splits"
+                  f"{'' if len(splits) == 20 else '; the CPU budget allowed no more'}); 90/10 fitting/calibration "
+                  "rows (yacht's 28 calibration rows give an expected coverage of 27/29 = 93.1 %). Coverage (%) "
+                  "per σ̂ quintile pooled over splits "
                   "(own σ̂; for the MAPIE rows the default's σ̂, `ref`, the same regions for every method); IS relative "
                   "to split conformal around the default's network (`split_nn`, the issue's reference). Target: "
                   "every σ̂ quintile 85–95 %, IS ≤ 0.80× split conformal (geometric mean).", ""]
@@ -363,11 +365,11 @@ def render(results) -> str:
                       f"{np.mean([x['het_resid2_over_sigma2_test'] for x in d]):.2f}; het std_scale_ "
                       f"{np.mean([x['het_std_scale'] for x in d]):.2f}.", ""]
         rows = [[f"`{m}`", f"{np.exp(np.mean(np.log(v))):.3f}", " / ".join(f"{x:.2f}" for x in v),
-                 "yes" if all(region_ok[m]) else "no"] for m, v in ratios.items()]
+                 " / ".join("yes" if ok else "no" for ok in region_ok[m])] for m, v in ratios.items()]
         lines += ["### Summary over the dev sets", ""]
         lines += _common.markdown_table(["method", "IS / split_nn, geometric mean", "per set (" +
                                          ", ".join(n for n in UCI_SETS if any(r['dataset'] == n for r in uci_runs))
-                                         + ")", "every σ̂ quintile 85–95 %"], rows, "lrll")
+                                         + ")", "every σ̂ quintile 85–95 %, per set"], rows, "lrll")
         lines += [""]
     return "\n".join(lines) + "\n"
 
