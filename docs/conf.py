@@ -59,7 +59,7 @@ API_TOPICS = [
      "The regressor and the classifier, and intervals or prediction sets through Pipelines.",
      ["glas_sklearn", "glas_sklearn.compose"]),
     ("metrics", "Metrics", "Coverage, width and the interval (Winkler) score, and a scorer for model selection.",
-     ["glas_sklearn.metrics"]),
+     ["glas_sklearn.metrics", "glas_sklearn.regional_coverage"]),
     ("calibration", "Calibration",
      "Choosing d by coverage (the paper), split-conformal calibration and its conformity scores, σ0 by held-out "
      "NLL.",

@@ -16,15 +16,16 @@ from sklearn.compose import TransformedTargetRegressor
 from sklearn.pipeline import Pipeline
 from sklearn.utils.validation import check_is_fitted
 
-__all__ = ["predict_interval", "predict_set"]
+__all__ = ["final_step", "predict_interval", "predict_set"]
 
 # An inverse target transform counts as affine when it reproduces intercept + slope·t at every value mapped,
 # to this relative tolerance (float64 round-off of an affine map is some 1e-16 relative).
 _AFFINE_RTOL = 1e-9
 
 
-def _final_step(estimator, X):
-    """The last step of (nested) Pipelines, and X transformed by every step before it."""
+def final_step(estimator, X):
+    """The last step of (nested) Pipelines, and X transformed by every step before it (the estimator itself and X
+    when it is not a Pipeline)."""
     while isinstance(estimator, Pipeline):
         if len(estimator.steps) > 1:
             X = estimator[:-1].transform(X)
@@ -124,7 +125,7 @@ def predict_interval(estimator, X, confidence_level=None) -> tuple[np.ndarray, n
     >>> y_pis.shape
     (4, 2, 2)
     """
-    final, Xt = _final_step(estimator, X)
+    final, Xt = final_step(estimator, X)
     if isinstance(final, TransformedTargetRegressor):
         check_is_fitted(final)
         y_pred, y_pis = predict_interval(final.regressor_, Xt, confidence_level)
@@ -166,5 +167,5 @@ def predict_set(estimator, X, confidence_level=None) -> tuple[np.ndarray, np.nda
     >>> sets.shape
     (4, 3, 1)
     """
-    final, Xt = _final_step(estimator, X)
+    final, Xt = final_step(estimator, X)
     return _call_with_level(final, "predict_set", Xt, confidence_level)

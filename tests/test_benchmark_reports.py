@@ -49,7 +49,8 @@ def test_report_is_rendered_from_its_json(stem, script):
                                         ("uci_heteroscedastic_shift", "uci_heteroscedastic"),
                                         ("uci_heteroscedastic_shift_gap", "uci_heteroscedastic"),
                                         ("synthetic_heteroscedastic", "synthetic_heteroscedastic"),
-                                        ("calibrated_std", "calibrated_std")])
+                                        ("calibrated_std", "calibrated_std"),
+                                        ("regional_coverage", "regional_coverage")])
 def test_heteroscedastic_reports_are_rendered_from_their_json(stem, name, script):
     assert script(name).render(_results(stem)) == _report(stem)
 

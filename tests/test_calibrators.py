@@ -212,8 +212,8 @@ def test_calibrator_properties_drive_the_estimator():
 
 
 def test_bad_calibrations_and_scores_are_refused_clearly():
-    assert CALIBRATIONS == ("conformal", "coverage")
-    with pytest.raises(ValueError, match="'conformal', 'coverage' or a Calibrator"):
+    assert CALIBRATIONS == ("conformal", "coverage", "mondrian")
+    with pytest.raises(ValueError, match="'conformal', 'coverage', 'mondrian' or a Calibrator"):
         resolve_calibration("split")
     X, y = _data(40)
     with pytest.raises(ValueError, match="calibration must be a Calibrator"):

@@ -11,6 +11,9 @@ of a built-in one (:func:`resolve_calibration`, the one place where the names be
   ``|y − ŷ|`` / σ̂ (regression), :class:`LAC` 1 − p_y (classification), or a subclass of :class:`RegressionScore`
   / :class:`ClassificationScore`. They are defined in :mod:`glas_sklearn.conformity_scores` (below the likelihoods
   and the calibrators) and re-exported here, so ``from glas_sklearn.calibration import LAC`` keeps working.
+- ``"mondrian"``, :class:`MondrianConformalCalibrator` (beyond the paper): split conformal within bins of the
+  predictive std σ̂(x) (classes for classification), so that the level holds in each bin, not only on average;
+  the number of bins is set by the calibration rows (:func:`std_bin_edges`).
 
 The prior scale by held-out likelihood: :func:`tune_sigma0`, :func:`predictive_nll`. The predictive moments
 that calibration and prediction share live in :mod:`glas_sklearn.predictive` (``regression_moments`` and
@@ -35,6 +38,7 @@ from .conformal import (
     resolve_conformity_score,
 )
 from .coverage import CalibrationResult, CalibrationWarning, CoverageCalibrator, choose_dimension
+from .mondrian import MondrianConformalCalibrator, std_bin_edges
 from .sigma0 import Sigma0Result, predictive_nll, tune_sigma0
 
 __all__ = [
@@ -49,6 +53,7 @@ __all__ = [
     "ConformalWarning",
     "ConformityScore",
     "CoverageCalibrator",
+    "MondrianConformalCalibrator",
     "RegressionScore",
     "Sigma0Result",
     "StdNormalizedResidual",
@@ -60,17 +65,18 @@ __all__ = [
     "regression_moments",
     "resolve_calibration",
     "resolve_conformity_score",
+    "std_bin_edges",
     "tune_sigma0",
 ]
 
 # The built-in calibration methods by name.
-_BY_NAME = {"conformal": ConformalCalibrator, "coverage": CoverageCalibrator}
+_BY_NAME = {"conformal": ConformalCalibrator, "coverage": CoverageCalibrator, "mondrian": MondrianConformalCalibrator}
 #: The names ``calibration=`` accepts.
 CALIBRATIONS = tuple(_BY_NAME)
 
 
 def resolve_calibration(calibration) -> Calibrator:
-    """An unfitted calibrator for ``calibration``: a name in :data:`CALIBRATIONS` ("conformal", "coverage")
+    """An unfitted calibrator for ``calibration``: a name in :data:`CALIBRATIONS` ("conformal", "coverage", "mondrian")
     or a :class:`Calibrator` instance, cloned (its hyperparameters, not its fitted state: the caller's
     object is never fitted).
 

@@ -14,6 +14,8 @@ the display and return its Axes, so plots can be combined with ordinary matplotl
   contraction ratios c_j (paper Fig. 13).
 - :class:`ActivityDisplay`, :func:`plot_activity`: sorted cumulative activity share κ_i of the weights,
   log-log (paper Fig. 8).
+- :class:`RegionalCoverageDisplay`: coverage and mean width of intervals per quantile bin of the predictive std
+  σ̂(x) or of a column, with the worst-slab coverage (:mod:`glas_sklearn.regional_coverage`).
 
 matplotlib is optional: it is imported only when something is drawn (``pip install glas-sklearn[plot]``).
 """
@@ -22,12 +24,14 @@ from ._axes import TARGET_GID as _TARGET_GID  # noqa: F401  (the gid of Coverage
 from .activity import ActivityDisplay, plot_activity
 from .coverage import CoverageDisplay, plot_calibration
 from .intervals import IntervalDisplay, plot_intervals
+from .regional import RegionalCoverageDisplay
 from .spectrum import SpectrumDisplay, plot_spectrum
 
 __all__ = [
     "ActivityDisplay",
     "CoverageDisplay",
     "IntervalDisplay",
+    "RegionalCoverageDisplay",
     "SpectrumDisplay",
     "plot_activity",
     "plot_calibration",

@@ -1,0 +1,209 @@
+"""MondrianConformalCalibrator: split conformal within bins of σ̂(x) (classes for classification).
+
+- by hand: bin edges, per-bin quantiles (the ⌈(n_b + 1)(1 − γ)⌉-th smallest score of the bin) and intervals;
+- the number of bins "auto" from the calibration rows;
+- a simulation with known coverage: σ̂ that under-states the noise where it is large; over many seeds the coverage
+  within every σ̂ bin is ≥ 1 − γ up to the Beta-binomial spread, where pooled split conformal under-covers the
+  top bin far beyond it;
+- end to end: calibration="mondrian" through the regressor (multi-output, sample weights, several levels, the
+  heteroscedastic likelihood) and the classifier (class-conditional sets).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
+from glas_sklearn.calibration import (
+    LAC,
+    ConformalCalibrator,
+    MondrianConformalCalibrator,
+    StdNormalizedResidual,
+    conformal_quantile,
+    resolve_calibration,
+    std_bin_edges,
+)
+from glas_sklearn.predictive import RegressionMoments
+
+SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=30, lr=0.05, batch_size=None,
+             n_samples=50, max_components=3, dtype="float64", random_state=0)
+
+
+def _moments(mean, std):
+    t = lambda a: torch.as_tensor(np.asarray(a, dtype=np.float64).reshape(len(a), -1))  # noqa: E731
+    return RegressionMoments(t(mean), t(std))
+
+
+def _rank(n, level):
+    return int(math.ceil((n + 1) * level - 1e-9))
+
+
+def test_bins_and_quantiles_by_hand():
+    rng = np.random.default_rng(0)
+    n = 40
+    std = np.repeat([1.0, 2.0], n // 2)  # two σ̂ levels: the bins are exactly the two halves
+    resid = rng.standard_normal(n) * np.repeat([1.0, 5.0], n // 2)
+    cal = MondrianConformalCalibrator(n_bins=2).calibrate_predictions(
+        _moments(np.zeros(n), std), torch.as_tensor(resid[:, None]), 0.8)
+    assert cal.edges_[0].tolist() == [1.5]  # the median of the σ̂ (interpolated between the halves)
+    for b, half in enumerate((slice(0, 20), slice(20, 40))):
+        s = np.sort(np.abs(resid[half]) / std[half])
+        assert np.array_equal(cal.bin_scores_[0][b], s)
+        assert cal.bins_["quantile"][b] == s[_rank(20, 0.8) - 1]  # the 17th of 20
+    q0, q1 = cal.bins_["quantile"]
+    # new rows: σ̂ 0.5 (below every calibration σ̂: bin 0), 1 (bin 0), 1.5 (the edge; right-closed: bin 0), 3 (bin 1)
+    bounds = cal.region(_moments([0.0, 1.0, 2.0, 3.0], [0.5, 1.0, 1.5, 3.0]), [0.8, 0.5])
+    assert bounds.shape == (4, 1, 2, 2)
+    upper = bounds[:, 0, 1, 0].numpy()
+    assert upper == pytest.approx([0.5 * q0, 1.0 + q0, 2.0 + 1.5 * q0, 3.0 + 3.0 * q1])
+    # another level from the stored scores
+    q_half = np.sort(np.abs(resid[20:]) / 2.0)[_rank(20, 0.5) - 1]
+    assert float(bounds[3, 0, 1, 1]) == pytest.approx(3.0 + 3.0 * q_half)
+
+
+def test_bins_are_merged_until_each_has_a_finite_quantile():
+    std = np.r_[np.ones(30), np.linspace(2, 3, 10)]  # 30 ties, then 10 distinct
+    edges = std_bin_edges(std, 4, min_rows=9)
+    counts = np.bincount(np.searchsorted(edges, std, side="left"))
+    assert counts.min() >= 9 and counts.sum() == 40
+    assert std_bin_edges(std, 4, min_rows=41).size == 0  # one bin when the rows cannot fill two
+
+
+@pytest.mark.parametrize(("n", "level", "min_bin_size", "expected"),
+                         [(1000, 0.9, 100, 10), (250, 0.9, 100, 2), (50, 0.9, 100, 1), (5000, 0.9, 100, 10),
+                          (100, 0.95, 10, 5), (100, 0.9, 5, 10)])
+def test_auto_number_of_bins(n, level, min_bin_size, expected):
+    # ⌊n / max(min_bin_size, ⌈1/γ⌉ − 1)⌋, at most 10: at 95 % a bin needs 19 rows, at 90 % 9
+    assert MondrianConformalCalibrator(min_bin_size=min_bin_size).bins_for(n, level) == expected
+
+
+def _beta_binomial(n_b: int, level: float, n_test: float, n_seeds: int) -> tuple[float, float]:
+    """Mean and standard deviation of the seed-averaged coverage of one bin: given its n_b calibration rows the
+    coverage is Beta(k, n_b + 1 − k), k = ⌈(n_b + 1) level⌉, and its ~n_test test rows add C(1 − C)/n_test."""
+    k = _rank(n_b, level)
+    a, b = k, n_b + 1 - k
+    mean = a / (a + b)
+    var_beta = a * b / ((a + b) ** 2 * (a + b + 1))
+    var_binomial = (mean - (var_beta + mean**2)) / n_test
+    return mean, math.sqrt((var_beta + var_binomial) / n_seeds)
+
+
+def test_simulation_within_bin_coverage_holds_where_pooled_conformal_fails():
+    level, n_cal, n_test, n_seeds = 0.9, 500, 2000, 200
+    B = 5  # "auto" with 500 rows and min_bin_size=100
+    rng = np.random.default_rng(12345)
+    mondrian, pooled = np.zeros((n_seeds, B)), np.zeros((n_seeds, B))
+    for r in range(n_seeds):
+        x_cal, x_test = rng.uniform(0, 1, n_cal), rng.uniform(0, 1, n_test)
+        sd = lambda x: 0.5 + x  # noqa: E731  (the model's σ̂)
+        noise = lambda x: (0.5 + x) ** 3  # noqa: E731  (the true noise: 1/8 … 27/8, under-stated at high σ̂)
+        y_cal = noise(x_cal) * rng.standard_normal(n_cal)
+        y_test = noise(x_test) * rng.standard_normal(n_test)
+        cal = MondrianConformalCalibrator().calibrate_predictions(_moments(np.zeros(n_cal), sd(x_cal)),
+                                                                  torch.as_tensor(y_cal[:, None]), level)
+        assert len(cal.edges_[0]) == B - 1
+        bounds = cal.region(_moments(np.zeros(n_test), sd(x_test)), level)[:, 0, :, 0].numpy()
+        q = conformal_quantile(np.abs(y_cal) / sd(x_cal), level)[0]
+        inside_m = (bounds[:, 0] <= y_test) & (y_test <= bounds[:, 1])
+        inside_p = np.abs(y_test) <= q * sd(x_test)
+        # the bins of the test rows: the calibration edges (true σ̂ quintiles would give the same picture)
+        index = np.searchsorted(cal.edges_[0], sd(x_test), side="left")
+        for b in range(B):
+            mondrian[r, b] = inside_m[index == b].mean()
+            pooled[r, b] = inside_p[index == b].mean()
+    expected, spread = _beta_binomial(n_cal // B, level, n_test / B, n_seeds)
+    assert expected == pytest.approx(91 / 101)
+    per_bin = mondrian.mean(0)
+    assert (per_bin >= expected - 4 * spread).all(), per_bin
+    assert (per_bin <= expected + 4 * spread + 0.005).all(), per_bin  # not conservative beyond the edge effect
+    assert pooled.mean(0)[-1] < level - 0.05  # pooled split conformal under-covers where σ̂ under-states the noise
+
+
+def _hetero(n, seed=0, outputs=1):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-1, 1, size=(n, 3))
+    noise = 0.05 + 0.6 * (X[:, 1] > 0.3)
+    cols = [np.sin(2 * X[:, 0]) + k + noise * rng.standard_normal(n) for k in range(outputs)]
+    return X, (cols[0] if outputs == 1 else np.stack(cols, axis=1))
+
+
+def test_regressor_with_mondrian_end_to_end():
+    X, y = _hetero(400)
+    reg = LaplaceActiveSubspaceRegressor(calibration="mondrian", calibration_size=0.5, **SMALL).fit(X, y)
+    obj = LaplaceActiveSubspaceRegressor(calibration=MondrianConformalCalibrator(), calibration_size=0.5,
+                                         **SMALL).fit(X, y)
+    assert isinstance(reg.calibrator_, MondrianConformalCalibrator)
+    assert int(reg.calibrator_.bins_["n"].sum()) == reg.n_calibration_rows_ == 200
+    assert len(reg.calibrator_.edges_[0]) == 1  # "auto": ⌊200 / 100⌋ = 2 bins
+    X_new, _ = _hetero(50, seed=1)
+    y_pred, pis = reg.predict_interval(X_new, confidence_level=[0.5, 0.9])
+    assert pis.shape == (50, 2, 2) and np.all(pis[:, 1, 1] - pis[:, 0, 1] >= pis[:, 1, 0] - pis[:, 0, 0])
+    np.testing.assert_allclose(pis, obj.predict_interval(X_new, confidence_level=[0.5, 0.9])[1], rtol=1e-12)
+    # the intervals by hand: ŷ ± q_b σ̂, with σ̂ = the returned std / std_scale_ and q_b of the row's bin
+    _, std = reg.predict(X_new, return_std=True)
+    sd_internal = std / reg.std_scale_[0] / reg.y_scale_[0]
+    b = np.searchsorted(reg.calibrator_.edges_[0], sd_internal, side="left")
+    q = np.array([conformal_quantile(reg.calibrator_.bin_scores_[0][i], 0.9)[0] for i in b])
+    np.testing.assert_allclose(pis[:, 1, 1] - y_pred, q * sd_internal * reg.y_scale_[0], rtol=1e-9)
+    # a per-region calibration changes the intervals of plain conformal (same network, same rows)
+    plain = LaplaceActiveSubspaceRegressor(calibration="conformal", calibration_size=0.5, **SMALL).fit(X, y)
+    assert not np.allclose(plain.predict_interval(X_new)[1], reg.predict_interval(X_new)[1])
+    assert "n_bins" in reg.calibration_.columns
+
+
+def test_regressor_mondrian_multi_output_weights_and_heteroscedastic():
+    X, Y = _hetero(300, outputs=2)
+    reg = LaplaceActiveSubspaceRegressor(calibration="mondrian", calibration_size=0.5, **SMALL)
+    reg.fit(X, Y, sample_weight=np.linspace(0.5, 2.0, 300))
+    _, pis = reg.predict_interval(X[:7], confidence_level=[0.8, 0.9])
+    assert pis.shape == (7, 2, 2, 2) and len(reg.calibrator_.edges_) == 2
+    assert set(reg.calibrator_.bins_["output"]) == {0, 1}
+
+    X, y = _hetero(300)
+    het = dict(SMALL, likelihood="heteroscedastic", calibration_size=0.5)
+    m = LaplaceActiveSubspaceRegressor(calibration=MondrianConformalCalibrator(n_bins=3), **het).fit(X, y)
+    c = LaplaceActiveSubspaceRegressor(calibration="conformal", **het).fit(X, y)
+    assert isinstance(m.calibrator_, MondrianConformalCalibrator)
+    assert type(c.calibrator_) is ConformalCalibrator  # the heteroscedastic predictive goes through the calibrators
+    _, pm = m.predict_interval(X[:20], confidence_level=[0.5, 0.9])
+    _, pc = c.predict_interval(X[:20], confidence_level=[0.5, 0.9])
+    assert pm.shape == pc.shape == (20, 2, 2) and not np.allclose(pm, pc)
+    # within each σ̂ bin the heteroscedastic intervals are μ̂ ± q_b σ̂ (the std of predict is σ̂ · std_scale_)
+    mu, std = m.predict(X[:20], return_std=True)
+    ratio = (pm[:, 1, 1] - mu) / std
+    b = np.searchsorted(m.calibrator_.edges_[0], std / m.std_scale_[0] / m.y_scale_[0], side="left")
+    for i in np.unique(b):
+        assert np.ptp(ratio[b == i]) < 1e-9
+
+
+def test_class_conditional_sets_by_hand_and_end_to_end():
+    probs = torch.tensor([[0.7, 0.2, 0.1], [0.6, 0.3, 0.1], [0.2, 0.5, 0.3], [0.1, 0.8, 0.1],
+                          [0.3, 0.3, 0.4], [0.2, 0.2, 0.6]], dtype=torch.float64)
+    labels = torch.tensor([0, 0, 1, 1, 2, 2])
+    cal = MondrianConformalCalibrator(conformity_score=LAC()).calibrate_predictions(probs, labels, 0.5)
+    # per class the scores 1 − p_y: class 0 {0.3, 0.4}, 1 {0.5, 0.2}, 2 {0.6, 0.4}; rank ⌈3 · 0.5⌉ = 2: the max
+    assert cal.bins_["quantile"].tolist() == pytest.approx([0.4, 0.5, 0.6])
+    sets = cal.region(torch.tensor([[0.65, 0.5, 0.45]], dtype=torch.float64), [0.5])
+    assert sets[0, :, 0].tolist() == [True, True, True]  # 0.35 ≤ 0.4, 0.5 ≤ 0.5, 0.55 ≤ 0.6
+    sets = cal.region(torch.tensor([[0.55, 0.45, 0.35]], dtype=torch.float64), [0.5])
+    assert sets[0, :, 0].tolist() == [False, False, False]
+
+    rng = np.random.default_rng(0)
+    codes = rng.integers(0, 3, 300)
+    Xc = np.array([[-1.0, 0.0], [1.0, 0.0], [0.0, 1.2]])[codes] + 0.6 * rng.standard_normal((300, 2))
+    clf = LaplaceActiveSubspaceClassifier(calibration="mondrian", calibration_size=0.5, **SMALL).fit(Xc, codes)
+    _, sets = clf.predict_set(Xc[:10], confidence_level=[0.8, 0.95])
+    assert sets.shape == (10, 3, 2) and clf.calibrator_.bins_["n"].sum() == clf.n_calibration_rows_
+
+
+def test_resolve_and_settings():
+    assert isinstance(resolve_calibration("mondrian"), MondrianConformalCalibrator)
+    assert isinstance(resolve_calibration("mondrian"), ConformalCalibrator)  # a split-conformal calibration
+    with pytest.raises(ValueError, match="n_bins must be 'auto' or an integer"):
+        MondrianConformalCalibrator(n_bins=0).bins_for(100, 0.9)
+    m = MondrianConformalCalibrator(n_bins=3, conformity_score=StdNormalizedResidual())
+    assert m.get_params()["n_bins"] == 3
