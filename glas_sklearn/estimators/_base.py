@@ -36,7 +36,7 @@ from ..posterior import POSTERIOR_KINDS, ActiveSubspacePosterior, resolve_poster
 from ._inputs import InputsMixin
 from ._network import NetworkMixin, trainable_dtype
 from ._prefit import REGISTRY, PrefitLeakageWarning, module_fingerprint, row_digests, user_stacklevel
-from ._training import OPTIMIZERS, train_module
+from ._training import OPTIMIZERS, auto_batch_size, train_module
 from ._validation import (
     BOOLEAN,
     NO_VALIDATION,
@@ -62,8 +62,6 @@ _PREDICT_BUDGET = 2**24
 _SIGMA0_SPLIT = 7919
 # Offset of the seed of the early-stopping validation split (within the training rows).
 _VALIDATION_SPLIT = 104729
-# batch_size="auto": min(this, training rows), as scikit-learn's MLP.
-_AUTO_BATCH_SIZE = 200
 # Test coverage of 90 % intervals of an overfitting prefit network calibrated on rows held out of its training
 # rows, and on unseen rows (benchmarks/results/prefit_calibration.md, default settings, mean (range) over
 # 5 seeds).
@@ -369,7 +367,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
             validation = (Xt[val_index], yt[val_index], None if sample_weight is None else sample_weight[val_index])
             Xt, yt = Xt[fit_index], yt[fit_index]
             sample_weight = None if sample_weight is None else sample_weight[fit_index]
-        batch_size = min(_AUTO_BATCH_SIZE, len(Xt)) if self.batch_size == "auto" else self.batch_size
+        batch_size = auto_batch_size(len(Xt)) if self.batch_size == "auto" else self.batch_size
         result = train_module(
             module, Xt, yt, self.likelihood_.loss, optimizer=self.optimizer, lr=self.lr,
             weight_decay=self.weight_decay, batch_size=batch_size, max_epochs=self.max_epochs, seed=seed,

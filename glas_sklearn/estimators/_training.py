@@ -23,6 +23,17 @@ __all__ = ["ACTIVATIONS", "OPTIMIZERS", "TrainingResult", "batch_slices", "defau
 
 logger = logging.getLogger(__name__)
 
+#: Early stopping's patience is ``n_iter_no_change`` epochs of at least this many optimizer steps each.
+PATIENCE_STEPS = 50
+#: ``batch_size="auto"``: about ``n / AUTO_STEPS`` rows per batch (at least ``AUTO_STEPS`` steps per epoch),
+#: within [AUTO_MIN_BATCH, AUTO_MAX_BATCH] and at most n.
+AUTO_STEPS, AUTO_MIN_BATCH, AUTO_MAX_BATCH = 10, 32, 200
+
+
+def auto_batch_size(n: int) -> int:
+    """The rows per step of ``batch_size="auto"`` for n training rows."""
+    return int(min(n, max(AUTO_MIN_BATCH, min(AUTO_MAX_BATCH, -(-n // AUTO_STEPS)))))
+
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
 
@@ -71,10 +82,11 @@ def _per_row_losses(loss: Callable, outputs: torch.Tensor, targets: torch.Tensor
 
 def batch_slices(n: int, size: int) -> list[slice]:
     """Slices of ``size`` consecutive rows covering n rows; a last batch of one row is merged into the one before
-    it (layers such as BatchNorm cannot train on a batch of one row), so no batch has one row unless n = 1."""
+    it (layers such as BatchNorm cannot train on a batch of one row), so no batch has one row unless n = 1 or
+    ``size`` = 1."""
     size = max(1, min(size, n))
     starts = list(range(0, n, size))
-    if len(starts) > 1 and n - starts[-1] == 1:
+    if size > 1 and len(starts) > 1 and n - starts[-1] == 1:
         starts.pop()
     return [slice(a, b) for a, b in zip(starts, [*starts[1:], n], strict=True)]
 
@@ -201,6 +213,9 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
         slices = batch_slices(n, batch_size or n)
         # per-row factors w_i / w̄ (mean 1 over the rows): a batch's loss is the mean of (w_i / w̄) ℓ_i
         factors = None if sample_weight is None else sample_weight / sample_weight.mean()
+        # patience: n_iter_no_change epochs of at least PATIENCE_STEPS optimizer steps each (short epochs count
+        # for less: on small data the loss can rest on a plateau for hundreds of steps before it falls again)
+        patience = max(n_iter_no_change, -(-n_iter_no_change * PATIENCE_STEPS // len(slices)))
         result.stop_reason = f"max_epochs={max_epochs} reached"
         bar = progress(range(max_epochs), desc="training", verbose=verbose, leave=False)
         for epoch in bar:
@@ -232,13 +247,13 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
             if not np.isfinite(score):
                 raise FloatingPointError(f"{owner}: the held-out loss diverged to {score}; lower lr or standardize "
                                          "the data.")
-            no_change = 0 if best is None or score < best - tol else no_change + 1
+            no_change = 0 if best is None or score < best - tol * abs(best) else no_change + 1
             if best is None or score < best:
                 result.best_epoch = epoch + 1
                 best_state = {k: v.detach().clone() for k, v in module.state_dict().items()}
-            if no_change >= n_iter_no_change:
-                result.stop_reason = (f"the held-out loss did not improve by more than tol={tol:g} for "
-                                      f"n_iter_no_change={n_iter_no_change} epochs")
+            if no_change >= patience:
+                result.stop_reason = (f"the held-out loss did not improve by more than tol={tol:g} (relative) for "
+                                      f"{patience} epochs")
                 break
     if best_state is not None:
         module.load_state_dict(best_state)
