@@ -23,7 +23,7 @@ from tests.reference import assert_unchanged, mlp, snapshot
 # conformal calibration, tested in their own section below).
 PAPER = dict(calibration="coverage", posterior="subspace")
 SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=30, lr=0.05, batch_size=None,
-             n_samples=50, max_components=3, dtype="float64", random_state=0, **PAPER)
+             early_stopping=False, n_samples=50, max_components=3, dtype="float64", random_state=0, **PAPER)
 
 
 @pytest.fixture(autouse=True)

@@ -12,11 +12,11 @@ import torch
 from torch import nn
 
 from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
-from glas_sklearn.estimators._training import batch_slices, held_out_loss, train_module
+from glas_sklearn.estimators._training import auto_batch_size, batch_slices, held_out_loss, train_module
 from glas_sklearn.likelihoods import HeteroscedasticGaussian
 
 FAST = dict(module_kwargs=dict(hidden_layer_sizes=(16,)), n_samples=50, max_components=3, dtype="float64",
-            random_state=0)
+            random_state=0, early_stopping=True)
 
 
 def _data(n=300, seed=0, noise=0.3):
@@ -43,6 +43,12 @@ def test_batches_cover_every_row_once_and_never_leave_one_row_alone(n, size):
         assert min(lengths) >= 2
     assert lengths[:-1] == [min(size, n)] * (len(lengths) - 1)  # only the last batch differs
     assert max(lengths) <= min(size, n) + 1
+
+
+@pytest.mark.parametrize("n, expected", [(10, 10), (100, 64), (1280, 64), (1295, 65), (2000, 100), (4000, 200),
+                                         (36_000, 200)])
+def test_auto_batch_size_gives_about_twenty_steps_per_epoch_within_64_and_200(n, expected):
+    assert auto_batch_size(n) == expected
 
 
 def test_batchnorm_network_trains_with_a_one_row_last_batch():
@@ -99,9 +105,18 @@ def test_validation_rows_come_from_the_training_rows_and_the_calibration_rows_ne
         torch.testing.assert_close(p, q, rtol=0, atol=0)
 
 
+def test_early_stopping_auto_holds_rows_out_from_2000_training_rows_on():
+    X, y = _data(n=2300)
+    kw = {**FAST, "early_stopping": "auto", "max_epochs": 2, "max_components": 2}
+    large = LaplaceActiveSubspaceRegressor(**kw, calibration_size=300).fit(X, y)  # 2000 training rows
+    assert len(large.validation_indices_) == 200 and len(large.validation_scores_) == large.n_iter_ == 2
+    small = LaplaceActiveSubspaceRegressor(**kw, calibration_size=301).fit(X, y)  # 1999
+    assert small.validation_indices_ is None and small.validation_scores_ is None and small.n_iter_ == 2
+
+
 def test_early_stopping_off_runs_every_epoch():
     X, y = _data(n=120)
-    est = LaplaceActiveSubspaceRegressor(**FAST, max_epochs=7, early_stopping=False).fit(X, y)
+    est = LaplaceActiveSubspaceRegressor(**{**FAST, "early_stopping": False}, max_epochs=7).fit(X, y)
     assert est.n_iter_ == len(est.loss_curve_) == 7
     assert est.validation_scores_ is None and est.best_validation_score_ is None and est.validation_indices_ is None
 
@@ -190,7 +205,8 @@ def test_prefit_modules_are_never_trained():
 
 
 @pytest.mark.parametrize("param, value, match", [
-    ("early_stopping", "yes", "early_stopping"), ("validation_fraction", 1.0, "validation_fraction"),
+    ("early_stopping", "yes", "early_stopping"), ("early_stopping", None, "early_stopping"),
+    ("validation_fraction", 1.0, "validation_fraction"),
     ("validation_fraction", 0.0, "validation_fraction"), ("n_iter_no_change", 0, "n_iter_no_change"),
     ("tol", -1.0, "tol"), ("batch_size", "big", "batch_size")])
 def test_bad_training_settings_are_refused(param, value, match):
@@ -201,15 +217,16 @@ def test_bad_training_settings_are_refused(param, value, match):
 
 def test_train_module_stops_and_restores_on_a_validation_loss_that_rises():
     """A validation target that the training pulls away from: the held-out loss is lowest at the first epoch, so
-    training stops after n_iter_no_change more and the first epoch's weights come back."""
+    training stops after the patience (n_iter_no_change epochs of at least 50 steps: 3 × 50 epochs of one
+    full-batch step) and the first epoch's weights come back."""
     torch.manual_seed(0)
     net = nn.Linear(1, 1).double()
     X = torch.linspace(-1, 1, 20, dtype=torch.float64)[:, None]
     y, y_val = 2 * X, -2 * X
     result = train_module(net, X, y, lambda o, t: 0.5 * ((o - t) ** 2).mean(), optimizer="sgd", lr=0.1,
-                          weight_decay=0.0, batch_size=None, max_epochs=100, seed=0, validation=(X, y_val, None),
+                          weight_decay=0.0, batch_size=None, max_epochs=400, seed=0, validation=(X, y_val, None),
                           n_iter_no_change=3, tol=0.0)
-    assert result.best_epoch == 1 and result.n_iter == 4
+    assert result.best_epoch == 1 and result.n_iter == 1 + 3 * 50
     torch.manual_seed(0)
     fresh = nn.Linear(1, 1).double()
     train_module(fresh, X, y, lambda o, t: 0.5 * ((o - t) ** 2).mean(), optimizer="sgd", lr=0.1,

@@ -36,7 +36,7 @@ from ..posterior import POSTERIOR_KINDS, ActiveSubspacePosterior, resolve_poster
 from ._inputs import InputsMixin
 from ._network import NetworkMixin, trainable_dtype
 from ._prefit import REGISTRY, PrefitLeakageWarning, module_fingerprint, row_digests, user_stacklevel
-from ._training import OPTIMIZERS, auto_batch_size, train_module
+from ._training import AUTO_EARLY_STOPPING_ROWS, OPTIMIZERS, auto_batch_size, train_module
 from ._validation import (
     BOOLEAN,
     NO_VALIDATION,
@@ -145,7 +145,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         "random_state": [None, Interval(numbers.Integral, 0, 2**32, closed="left"),
                          InstanceOf(np.random.RandomState, "a numpy.random.RandomState")],
         "verbose": [Interval(numbers.Integral, 0, None), BOOLEAN],
-        "early_stopping": [BOOLEAN],
+        "early_stopping": [Options("auto"), BOOLEAN],
         "validation_fraction": [Interval(numbers.Real, 0, 1, closed="neither")],
         "n_iter_no_change": [Interval(numbers.Integral, 1, None)],
         "tol": [Interval(numbers.Real, 0, None)],
@@ -156,7 +156,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
                  predictive="auto", n_samples=1000, confidence_level=0.9,
                  calibration_size=0.1, max_epochs=500, lr=1e-3, batch_size="auto", weight_decay=0.0,
                  optimizer="adam", standardize="auto", padding_idx=None, subsample=None, eigen_method="lanczos",
-                 device="auto", dtype="auto", random_state=None, verbose=0, early_stopping=True,
+                 device="auto", dtype="auto", random_state=None, verbose=0, early_stopping="auto",
                  validation_fraction=0.1, n_iter_no_change=10, tol=1e-4):
         self.module = module
         self.module_kwargs = module_kwargs
@@ -382,10 +382,16 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
     def _split_off_validation_rows(self, yt: torch.Tensor, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Positions among the n training rows of the rows trained on and of the ``validation_fraction`` held out
         for early stopping (⌈fraction · n⌉, stratified by class where possible; seeded from ``seed``), sorted;
-        ``(all rows, None)`` without early stopping, or when either part would have fewer than 2 rows."""
+        ``(all rows, None)`` without early stopping ("auto" below ``AUTO_EARLY_STOPPING_ROWS`` rows), or when either
+        part would have fewer than 2 rows."""
         n = len(yt)
         n_val = int(np.ceil(self.validation_fraction * n))
-        if not self.early_stopping:
+        auto = isinstance(self.early_stopping, str)  # "auto", the only string allowed
+        if not (n >= AUTO_EARLY_STOPPING_ROWS if auto else self.early_stopping):
+            if auto:
+                logger.info("%s: early_stopping='auto' is off below %d training rows (%d here): training on all of "
+                            "them for max_epochs=%d epochs", type(self).__name__, AUTO_EARLY_STOPPING_ROWS, n,
+                            self.max_epochs)
             return np.arange(n), None
         if n_val < 2 or n - n_val < 2:
             logger.info("%s: %d training rows are too few to hold out validation rows for early stopping; training "

@@ -1,4 +1,5 @@
-"""The estimators' default network and their training loop.
+"""The estimators' default network and their training loop (mini-batches, early stopping on held-out rows with
+the best weights restored).
 
 Both are private to the estimators: users choose the default network's size through ``module_kwargs``
 (``hidden_layer_sizes``, ``activation``), or pass their own module.
@@ -18,16 +19,19 @@ from torch.func import vmap
 
 from .._progress import progress
 
-__all__ = ["ACTIVATIONS", "OPTIMIZERS", "TrainingResult", "batch_slices", "default_mlp", "held_out_loss", "seeded_torch",
-           "train_module"]
+__all__ = ["ACTIVATIONS", "AUTO_EARLY_STOPPING_ROWS", "OPTIMIZERS", "TrainingResult", "auto_batch_size",
+           "batch_slices", "default_mlp", "held_out_loss", "seeded_torch", "train_module"]
 
 logger = logging.getLogger(__name__)
 
 #: Early stopping's patience is ``n_iter_no_change`` epochs of at least this many optimizer steps each.
 PATIENCE_STEPS = 50
-#: ``batch_size="auto"``: about ``n / AUTO_STEPS`` rows per batch (at least ``AUTO_STEPS`` steps per epoch),
+#: ``batch_size="auto"``: about ``n / AUTO_STEPS`` rows per batch (about ``AUTO_STEPS`` steps per epoch),
 #: within [AUTO_MIN_BATCH, AUTO_MAX_BATCH] and at most n.
-AUTO_STEPS, AUTO_MIN_BATCH, AUTO_MAX_BATCH = 10, 32, 200
+AUTO_STEPS, AUTO_MIN_BATCH, AUTO_MAX_BATCH = 20, 64, 200
+#: ``early_stopping="auto"`` holds validation rows out from this many training rows on (below, the rows are worth
+#: more to the network than a stopping rule: benchmarks/results/default_fit.md).
+AUTO_EARLY_STOPPING_ROWS = 2000
 
 
 def auto_batch_size(n: int) -> int:

@@ -134,7 +134,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
                  likelihood="gaussian", noise_std="auto", include_noise=False, max_epochs=500, lr=1e-3,
                  batch_size="auto", weight_decay=0.0, optimizer="adam", standardize="auto", padding_idx=None,
                  subsample=None, eigen_method="lanczos", device="auto", dtype="auto", random_state=None, verbose=0,
-                 early_stopping=True, validation_fraction=0.1, n_iter_no_change=10, tol=1e-4):
+                 early_stopping="auto", validation_fraction=0.1, n_iter_no_change=10, tol=1e-4):
         super().__init__(
             module, module_kwargs=module_kwargs, prefit=prefit, scaling=scaling, n_components=n_components,
             max_components=max_components, sigma0=sigma0, posterior=posterior, calibration=calibration,
