@@ -106,14 +106,14 @@ def run_ours(method: str, X, y, X_te, y_te, seed: int) -> dict:
     known = inspect.signature(LaplaceActiveSubspaceRegressor).parameters
     settings = {k: v for k, v in settings.items() if k in known}  # the code before early stopping lacks it
     est = LaplaceActiveSubspaceRegressor(confidence_level=LEVEL, random_state=seed, **settings)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         est.fit(X, y)
-    fit_s = time.perf_counter() - t0
+    fit_s, fit_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     _, pis = est.predict_interval(X_te)
     t = est.timings_
-    out = {"fit_s": fit_s, "training_s": t.get("training", 0.0), "curvature_s": t["curvature"],
+    out = {"fit_s": fit_s, "fit_cpu_s": fit_cpu_s, "training_s": t.get("training", 0.0), "curvature_s": t["curvature"],
            "calibration_s": t["calibration"],
            "epochs": int(getattr(est, "n_iter_", len(est.training_loss_))),
            **scores(y_te, pis[:, 0, 0], pis[:, 1, 0])}
@@ -130,30 +130,30 @@ def _calibration_split(X, y, seed):
 def run_mapie_split(X, y, X_te, y_te, seed: int) -> dict:
     from mapie.regression import SplitConformalRegressor
     from sklearn.ensemble import HistGradientBoostingRegressor
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     X_fit, X_cal, y_fit, y_cal = _calibration_split(X, y, seed)
     scr = SplitConformalRegressor(HistGradientBoostingRegressor(random_state=seed), confidence_level=LEVEL,
                                   prefit=False)
     scr.fit(X_fit, y_fit)
     scr.conformalize(X_cal, y_cal)
-    fit_s = time.perf_counter() - t0
+    fit_s, fit_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     _, pis = scr.predict_interval(X_te)
-    return {"fit_s": fit_s, **scores(y_te, pis[:, 0, 0], pis[:, 1, 0])}
+    return {"fit_s": fit_s, "fit_cpu_s": fit_cpu_s, **scores(y_te, pis[:, 0, 0], pis[:, 1, 0])}
 
 
 def run_mapie_cqr(X, y, X_te, y_te, seed: int) -> dict:
     from mapie.regression import ConformalizedQuantileRegressor
     from sklearn.ensemble import HistGradientBoostingRegressor
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     X_fit, X_cal, y_fit, y_cal = _calibration_split(X, y, seed)
     ests = [HistGradientBoostingRegressor(loss="quantile", quantile=q, random_state=seed).fit(X_fit, y_fit)
             for q in (0.05, 0.95, 0.5)]
     cqr = ConformalizedQuantileRegressor(ests, confidence_level=LEVEL, prefit=True)
     cqr.conformalize(X_cal, y_cal)
-    fit_s = time.perf_counter() - t0
+    fit_s, fit_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     _, pis = cqr.predict_interval(X_te)
     lo, hi = np.minimum(pis[:, 0, 0], pis[:, 1, 0]), np.maximum(pis[:, 0, 0], pis[:, 1, 0])
-    return {"fit_s": fit_s, **scores(y_te, lo, hi)}
+    return {"fit_s": fit_s, "fit_cpu_s": fit_cpu_s, **scores(y_te, lo, hi)}
 
 
 def run(method: str, X, y, X_te, y_te, seed: int) -> dict:

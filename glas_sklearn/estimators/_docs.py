@@ -96,9 +96,9 @@ PARAMETERS_DOC = """\
     lr : float, default=1e-3
         Learning rate.
     batch_size : "auto", int or None, default="auto"
-        Rows per training step (None: all rows). "auto": a twentieth of the rows trained on, within [64, 200]
-        (and at most all of them): 64 up to 1,280 rows (the earlier default), 200 (scikit-learn's MLP) from
-        4,000 rows on. A last batch of one row is merged into the batch before it (layers such as
+        Rows per training step (None: all rows). "auto": a twentieth of the rows trained on (rounded down), within
+        [64, 200] (and at most all of them): 64 below 1,300 rows (the earlier default), 200 (scikit-learn's
+        MLP) from 4,000 rows on. A last batch of one row is merged into the batch before it (layers such as
         ``BatchNorm1d`` cannot train on a single row).
     weight_decay : float, default=0.0
         Weight decay of the optimizer.

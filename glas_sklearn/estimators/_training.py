@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 #: Early stopping's patience is ``n_iter_no_change`` epochs of at least this many optimizer steps each.
 PATIENCE_STEPS = 50
-#: ``batch_size="auto"``: about ``n / AUTO_STEPS`` rows per batch (about ``AUTO_STEPS`` steps per epoch),
+#: ``batch_size="auto"``: ⌊n / AUTO_STEPS⌋ rows per batch (about ``AUTO_STEPS`` steps per epoch),
 #: within [AUTO_MIN_BATCH, AUTO_MAX_BATCH] and at most n.
 AUTO_STEPS, AUTO_MIN_BATCH, AUTO_MAX_BATCH = 20, 64, 200
 #: ``early_stopping="auto"`` holds validation rows out from this many training rows on (below, the rows are worth
@@ -36,7 +36,7 @@ AUTO_EARLY_STOPPING_ROWS = 2000
 
 def auto_batch_size(n: int) -> int:
     """The rows per step of ``batch_size="auto"`` for n training rows."""
-    return int(min(n, max(AUTO_MIN_BATCH, min(AUTO_MAX_BATCH, -(-n // AUTO_STEPS)))))
+    return int(min(n, max(AUTO_MIN_BATCH, min(AUTO_MAX_BATCH, n // AUTO_STEPS))))
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
