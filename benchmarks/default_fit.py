@@ -198,11 +198,13 @@ def render(payload: dict) -> str:
     lines = ["# Default fit: early stopping against 500 fixed epochs, beside MAPIE around HistGradientBoosting", "",
              f"Command: `{payload['command']}` (and the commands listed under *runs*); "
              f"{_common.machine_line(payload['machine'])}. All timings with one torch thread "
-             "(HistGradientBoosting limited to one OpenMP thread too), wall seconds of `fit`.", "",
+             "(HistGradientBoosting limited to one OpenMP thread too): wall seconds of `fit`, and the CPU seconds of "
+             "the process during it (`time.process_time`; with one thread, the wall time an idle core would take: "
+             "the machine was shared with other jobs, which inflate wall times, not CPU times).", "",
              "Interval score (Winkler, lower is better) and coverage of 90 % intervals on the test rows, means over "
              "the splits run. Our fit time is split into training / curvature / calibration (`timings_`).", ""]
-    header = ["data set", "method", "splits", "fit (s)", "training", "curvature", "calibration", "epochs",
-              "coverage (%)", "interval score", "width"]
+    header = ["data set", "method", "splits", "fit (s)", "fit CPU (s)", "training", "curvature", "calibration",
+              "epochs", "coverage (%)", "interval score", "width"]
     rows = []
     for name, entry in summary.items():
         for method in METHODS:
@@ -212,19 +214,22 @@ def render(payload: dict) -> str:
 
             def f(k, d=2, e=e):
                 return "–" if k not in e or not np.isfinite(e[k]) else f"{e[k]:.{d}f}"
-            rows.append([name, method, int(e["n_splits"]), f("fit_s"), f("training_s"), f("curvature_s"),
-                         f("calibration_s"), f("epochs", 0), f"{100 * e['coverage']:.1f}", f("interval_score", 3),
-                         f("width", 3)])
-    lines += _common.markdown_table(header, rows, "llrrrrrrrrr")
+            rows.append([name, method, int(e["n_splits"]), f("fit_s"), f("fit_cpu_s"), f("training_s"),
+                         f("curvature_s"), f("calibration_s"), f("epochs", 0), f"{100 * e['coverage']:.1f}",
+                         f("interval_score", 3), f("width", 3)])
+    lines += _common.markdown_table(header, rows, "llrrrrrrrrrr")
     lines += ["", "## Targets", ""]
     checks = []
     for name, entry in summary.items():
         new, split_c = entry.get("new_default"), entry.get("mapie_split_hgb")
         n_rows = payload.get("n_rows", {}).get(name, 0)
         if new and split_c and n_rows >= MIN_ROWS_FOR_RATIO:
-            r = new["fit_s"] / split_c["fit_s"]
-            checks.append([name, f"fit time / MAPIE split conformal ≤ {MAX_RATIO_TO_SPLIT_CONFORMAL:g}",
-                           f"{r:.1f}", "met" if r <= MAX_RATIO_TO_SPLIT_CONFORMAL else "missed"])
+            for key, what in (("fit_s", "wall"), ("fit_cpu_s", "CPU")):
+                if np.isfinite(new.get(key, np.nan)) and np.isfinite(split_c.get(key, np.nan)):
+                    r = new[key] / split_c[key]
+                    target = f"fit time / MAPIE split conformal ≤ {MAX_RATIO_TO_SPLIT_CONFORMAL:g} ({what})"
+                    checks.append([name, target,
+                                   f"{r:.1f}", "met" if r <= MAX_RATIO_TO_SPLIT_CONFORMAL else "missed"])
         if new and n_rows >= 40_000:
             laplace = new["curvature_s"] + new["calibration_s"]
             r = new["training_s"] / laplace
