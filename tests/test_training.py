@@ -45,8 +45,8 @@ def test_batches_cover_every_row_once_and_never_leave_one_row_alone(n, size):
     assert max(lengths) <= min(size, n) + 1
 
 
-@pytest.mark.parametrize("n, expected", [(10, 10), (100, 64), (1280, 64), (1299, 64), (1300, 65), (2000, 100), (4000, 200),
-                                         (36_000, 200)])
+@pytest.mark.parametrize("n, expected", [(10, 10), (100, 64), (1280, 64), (1299, 64), (1300, 65), (2000, 100),
+                                         (4000, 200), (36_000, 200)])
 def test_auto_batch_size_gives_about_twenty_steps_per_epoch_within_64_and_200(n, expected):
     assert auto_batch_size(n) == expected
 
