@@ -706,6 +706,13 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
 
     def __setstate__(self, state: dict) -> None:
         state = dict(state)
+        # pickled before early stopping: trained every epoch on all training rows
+        for name, value in (("early_stopping", False), ("validation_fraction", 0.1), ("n_iter_no_change", 10),
+                            ("tol", 1e-4)):
+            state.setdefault(name, value)
+        if "training_loss_" in state and "n_iter_" not in state:
+            state.update(n_iter_=len(state["training_loss_"]), loss_curve_=state["training_loss_"],
+                         validation_scores_=None, best_validation_score_=None, validation_indices_=None)
         if "posterior_" in state or "_torch_state" in state:  # fitted before the low-rank / conformal options
             state.setdefault("posterior", "subspace")
             state.setdefault("calibration", "coverage")
