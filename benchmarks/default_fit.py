@@ -254,7 +254,7 @@ def render(payload: dict) -> str:
     lines += _common.markdown_table(["data set", "target", "measured", ""], checks)
     lines += ["", "Rows per data set (training + test): "
               + ", ".join(f"{k} {v}" for k, v in payload.get("n_rows", {}).items()) + ".", "",
-              "## Runs", ""] + [f"- `{c}`" for c in payload.get("runs", [])] + [""]
+              "## Runs", ""] + [f"- `{c}`" for c in payload.get("runs", [])] + ["", _common.DISCUSSION_MARK, ""]
     return "\n".join(lines)
 
 
