@@ -73,6 +73,14 @@ def test_digits_rotation_report_is_rendered_from_its_json(script):
     assert committed.split(MARK)[1].strip().startswith("## ")  # the hand-written part is still there
 
 
+def test_default_fit_report_is_rendered_from_its_json(script):
+    rendered = script("default_fit").render(_results("default_fit"))
+    committed = _report("default_fit")
+    assert rendered.endswith(MARK + "\n") and MARK in committed
+    assert rendered.split(MARK)[0] == committed.split(MARK)[0]
+    assert committed.split(MARK)[1].strip().startswith("## ")  # the hand-written part is still there
+
+
 def test_paper_smiles_report_is_rendered_from_its_json(script):
     pd = pytest.importorskip("pandas")
     module = script("paper_smiles")

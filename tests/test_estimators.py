@@ -23,7 +23,7 @@ from tests.reference import assert_unchanged, mlp, snapshot
 # conformal calibration, tested in their own section below).
 PAPER = dict(calibration="coverage", posterior="subspace")
 SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=30, lr=0.05, batch_size=None,
-             n_samples=50, max_components=3, dtype="float64", random_state=0, **PAPER)
+             early_stopping=False, n_samples=50, max_components=3, dtype="float64", random_state=0, **PAPER)
 
 
 @pytest.fixture(autouse=True)
@@ -442,7 +442,7 @@ BAD_VALUES = [
     ("n_samples", np.int64(1), "an int >= 2"), ("confidence_level", [], "strictly between 0 and 1"),
     ("confidence_level", "0.9", "strictly between 0 and 1"), ("calibration_size", 0, "(0, 1) or an int >= 1"),
     ("calibration_size", 1.0, "(0, 1) or an int >= 1"), ("max_epochs", 1.5, "an int >= 0"),
-    ("lr", float("inf"), "a finite float > 0"), ("batch_size", 16.0, "None or an int >= 1"),
+    ("lr", float("inf"), "a finite float > 0"), ("batch_size", 16.0, "None, 'auto' or an int >= 1"),
     ("weight_decay", -1e-4, "a finite float >= 0"), ("optimizer", dict, "a torch.optim.Optimizer subclass"),
     ("optimizer", torch.optim.Adam([torch.zeros(1, requires_grad=True)]), "'adam', 'adamw', 'sgd'"),
     ("standardize", None, "True or False"), ("subsample", 0, "None or an int >= 1"),
@@ -453,6 +453,8 @@ BAD_VALUES = [
     ("include_noise", np.float64(1.0), "True or False"),
     ("posterior", "full", "'low_rank', 'low_rank_diag' or 'subspace'"),
     ("calibration", "Conformal", "'conformal' or 'coverage'"),
+    ("early_stopping", "on", "'auto' or True or False"), ("validation_fraction", 1.0, "(0, 1)"),
+    ("n_iter_no_change", 0, "an int >= 1"), ("tol", -1e-4, "a finite float >= 0"),
 ]
 
 

@@ -202,8 +202,8 @@ def test_full_batch_training_with_integer_weights_equals_repeated_rows():
     X_rep, y_rep = _repeat(w, X, y)
     a, b = mlp(seed=3), mlp(seed=3)
     kw = dict(optimizer="adam", lr=0.01, weight_decay=0.0, batch_size=None, max_epochs=30, seed=0)
-    loss_w = train_module(a, X, y, _mse, sample_weight=w.double(), **kw)
-    loss_r = train_module(b, X_rep, y_rep, _mse, **kw)
+    loss_w = train_module(a, X, y, _mse, sample_weight=w.double(), **kw).loss_curve
+    loss_r = train_module(b, X_rep, y_rep, _mse, **kw).loss_curve
     np.testing.assert_allclose(loss_w, loss_r, rtol=1e-12)
     for p, q in zip(a.parameters(), b.parameters(), strict=True):
         assert torch.allclose(p, q, rtol=0, atol=1e-10)
@@ -224,10 +224,10 @@ def test_minibatch_epoch_loss_is_the_weighted_mean_with_weights_aligned_to_rows(
     w = torch.linspace(0.0, 3.0, 23, dtype=torch.float64) ** 2
     expected = float((w * per_row.detach()).sum() / w.sum())
     losses = train_module(net, X, y, fn, optimizer="sgd", lr=0.0, weight_decay=0.0, batch_size=4, max_epochs=3,
-                          seed=0, sample_weight=w)
+                          seed=0, sample_weight=w).loss_curve
     np.testing.assert_allclose(losses, expected, rtol=1e3 * EPS)
     unweighted = train_module(net, X, y, fn, optimizer="sgd", lr=0.0, weight_decay=0.0, batch_size=4,
-                              max_epochs=1, seed=0)
+                              max_epochs=1, seed=0).loss_curve
     assert abs(unweighted[0] - expected) > 1e-3
 
 
@@ -242,7 +242,7 @@ def _data(n=40, seed=0):
 
 
 SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=30, lr=0.05, batch_size=None,
-             n_samples=20, max_components=3, dtype="float64", random_state=0)
+             early_stopping=False, n_samples=20, max_components=3, dtype="float64", random_state=0)
 
 
 @pytest.mark.parametrize("kind", ["regressor", "classifier"])

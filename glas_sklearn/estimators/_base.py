@@ -15,6 +15,7 @@ import numpy as np
 import pandas as pd
 import torch
 from sklearn.base import BaseEstimator
+from sklearn.model_selection import train_test_split
 from sklearn.utils.validation import _check_sample_weight, check_is_fitted
 from torch import nn
 
@@ -49,7 +50,7 @@ from ._prefit import (
 )
 from ._report import calibration_line, fit_line, posterior_line, training_line
 from ._sigma0 import Sigma0PolicyMixin
-from ._training import OPTIMIZERS, train_module
+from ._training import AUTO_EARLY_STOPPING_ROWS, OPTIMIZERS, auto_batch_size, train_module
 from ._validation import (
     BOOLEAN,
     NO_VALIDATION,
@@ -69,6 +70,8 @@ _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 # (posterior samples × rows × outputs) at once; weight samples are shared by all rows, so chunking
 # does not change the results.
 _PREDICT_BUDGET = 2**24
+# Offset of the seed of the early-stopping validation split (within the training rows).
+_VALIDATION_SPLIT = 104729
 # Test coverage of 90 % intervals of an overfitting prefit network calibrated on rows held out of its training
 # rows, and on unseen rows (benchmarks/results/prefit_calibration.md, default settings, mean (range) over
 # 5 seeds).
@@ -141,7 +144,7 @@ class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRow
         "calibration_size": [Interval(numbers.Real, 0, 1, closed="neither"), Interval(numbers.Integral, 1, None)],
         "max_epochs": [Interval(numbers.Integral, 0, None)],
         "lr": [Interval(numbers.Real, 0, None, closed="neither")],
-        "batch_size": [None, Interval(numbers.Integral, 1, None)],
+        "batch_size": [None, Options("auto"), Interval(numbers.Integral, 1, None)],
         "weight_decay": [Interval(numbers.Real, 0, None)],
         "optimizer": [Options(*OPTIMIZERS), Satisfies(_is_optimizer_class, "a torch.optim.Optimizer subclass")],
         "standardize": [Options("auto"), BOOLEAN],
@@ -154,14 +157,19 @@ class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRow
                          InstanceOf(np.random.RandomState, "a numpy.random.RandomState")],
         "verbose": [Interval(numbers.Integral, 0, None), BOOLEAN],
         "n_threads": [Options("auto"), None, Interval(numbers.Integral, 1, None)],
+        "early_stopping": [Options("auto"), BOOLEAN],
+        "validation_fraction": [Interval(numbers.Real, 0, 1, closed="neither")],
+        "n_iter_no_change": [Interval(numbers.Integral, 1, None)],
+        "tol": [Interval(numbers.Real, 0, None)],
     }
 
     def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="auto", n_components="auto",
                  max_components=50, sigma0="auto", posterior="low_rank", calibration="conformal",
                  predictive="auto", n_samples=1000, confidence_level=0.9,
-                 calibration_size=0.1, max_epochs=500, lr=1e-3, batch_size=64, weight_decay=0.0,
+                 calibration_size=0.1, max_epochs=500, lr=1e-3, batch_size="auto", weight_decay=0.0,
                  optimizer="adam", standardize="auto", padding_idx=None, subsample=None, eigen_method="lanczos",
-                 device="auto", dtype="auto", random_state=None, verbose=0, n_threads="auto"):
+                 device="auto", dtype="auto", random_state=None, verbose=0, early_stopping="auto",
+                 validation_fraction=0.1, n_iter_no_change=10, tol=1e-4, n_threads="auto"):
         self.module = module
         self.module_kwargs = module_kwargs
         self.prefit = prefit
@@ -189,6 +197,10 @@ class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRow
         self.random_state = random_state
         self.verbose = verbose
         self.n_threads = n_threads
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.n_iter_no_change = n_iter_no_change
+        self.tol = tol
 
     # -------------------------------------------------------------------- fit
     @scoped_threads
@@ -339,16 +351,15 @@ class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRow
         if self.prefit:
             module = self._called_as_network(self._prefit_module(Xt.device, dtype), Xt[:1])
             self._choose_threads(module, Xt.shape[0])
-            self.training_loss_ = []
+            self.training_loss_ = self.loss_curve_ = []
+            self.n_iter_, self.validation_scores_, self.best_validation_score_ = 0, None, None
+            self.validation_indices_ = None
         else:
             module = self._build_module(Xt.shape[1], n_outputs, seed).to(device=Xt.device, dtype=dtype)
             module = self._called_as_network(module, Xt[:1])
             self._choose_threads(module, Xt.shape[0])
             t0 = time.perf_counter()
-            self.training_loss_ = train_module(
-                module, Xt, yt, self.likelihood_.loss, optimizer=self.optimizer, lr=self.lr,
-                weight_decay=self.weight_decay, batch_size=self.batch_size, max_epochs=self.max_epochs, seed=seed,
-                verbose=self.verbose, owner=type(self).__name__, sample_weight=sample_weight)
+            self._train(module, Xt, yt, seed, sample_weight)
             self.timings_["training"] = time.perf_counter() - t0
             self._report(training_line(self, Xt.shape[0], self.timings_["training"]))
         self._check_output_shape(module, Xt[:1], n_outputs)
@@ -383,11 +394,62 @@ class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRow
         it: "auto" by :func:`~glas_sklearn._threads.auto_threads` of the trainable weights × rows per batch."""
         if self.n_threads == "auto":
             n_weights = sum(p.numel() for p in module.parameters() if p.requires_grad)
-            self.n_threads_ = auto_threads(n_weights, min(self.batch_size or n_rows, n_rows))
+            self.n_threads_ = auto_threads(n_weights, min(self._batch_size(n_rows) or n_rows, n_rows))
         else:
             self.n_threads_ = self.n_threads
         if self.n_threads_ is not None:
             adjust_threads(self.n_threads_)
+    def _train(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, seed: int,
+               sample_weight: torch.Tensor | None) -> None:
+        """Train ``module`` in place on the training rows, less the validation rows held out of them when
+        ``early_stopping`` (never calibration rows), and record ``n_iter_``, ``loss_curve_``,
+        ``validation_scores_``, ``best_validation_score_`` and ``validation_indices_``."""
+        fit_rows, val_rows = self._split_off_validation_rows(yt, seed)
+        validation = None
+        if val_rows is not None:
+            fit_index, val_index = (torch.as_tensor(r, device=Xt.device) for r in (fit_rows, val_rows))
+            validation = (Xt[val_index], yt[val_index], None if sample_weight is None else sample_weight[val_index])
+            Xt, yt = Xt[fit_index], yt[fit_index]
+            sample_weight = None if sample_weight is None else sample_weight[fit_index]
+        batch_size = self._batch_size(len(Xt))
+        result = train_module(
+            module, Xt, yt, self.likelihood_.loss, optimizer=self.optimizer, lr=self.lr,
+            weight_decay=self.weight_decay, batch_size=batch_size, max_epochs=self.max_epochs, seed=seed,
+            verbose=self.verbose, owner=type(self).__name__, sample_weight=sample_weight, validation=validation,
+            validation_loss=self.likelihood_.held_out_loss, n_iter_no_change=self.n_iter_no_change, tol=self.tol)
+        self.n_iter_ = result.n_iter
+        self.loss_curve_ = self.training_loss_ = result.loss_curve
+        self.validation_scores_ = result.validation_scores if validation is not None else None
+        self.best_validation_score_ = result.best_validation_score
+        self.validation_indices_ = val_rows
+
+    def _batch_size(self, n_rows: int) -> int | None:
+        """Rows per training step on ``n_rows`` rows: ``batch_size``, with "auto" resolved (None: all rows)."""
+        return auto_batch_size(n_rows) if self.batch_size == "auto" else self.batch_size
+
+    def _split_off_validation_rows(self, yt: torch.Tensor, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """Positions among the n training rows of the rows trained on and of the ``validation_fraction`` held out
+        for early stopping (⌈fraction · n⌉, stratified by class where possible; seeded from ``seed``), sorted;
+        ``(all rows, None)`` without early stopping ("auto" below ``AUTO_EARLY_STOPPING_ROWS`` rows), or when either
+        part would have fewer than 2 rows."""
+        n = len(yt)
+        n_val = int(np.ceil(self.validation_fraction * n))
+        auto = isinstance(self.early_stopping, str)  # "auto", the only string allowed
+        if not (n >= AUTO_EARLY_STOPPING_ROWS if auto else self.early_stopping):
+            if auto:
+                logger.info("%s: early_stopping='auto' is off below %d training rows (%d here): training on all of "
+                            "them for max_epochs=%d epochs", type(self).__name__, AUTO_EARLY_STOPPING_ROWS, n,
+                            self.max_epochs)
+            return np.arange(n), None
+        if n_val < 2 or n - n_val < 2:
+            logger.info("%s: %d training rows are too few to hold out validation rows for early stopping; training "
+                        "for max_epochs=%d epochs", type(self).__name__, n, self.max_epochs)
+            return np.arange(n), None
+        labels = yt.detach().cpu().numpy() if self.likelihood_.is_classification else None
+        stratify = labels if labels is not None and self._can_stratify(labels, n_val) else None
+        fit, val = train_test_split(np.arange(n), test_size=n_val, random_state=(seed + _VALIDATION_SPLIT) % 2**31,
+                                    stratify=stratify)
+        return np.sort(fit), np.sort(val)
 
     def _fit_posterior(self, Xt, yt, Xc, yc, seed: int, sample_weight: torch.Tensor | None = None) -> None:
         """The curvature's top eigenpairs at θ0 and the posterior on them (β from σ² for regression), with the

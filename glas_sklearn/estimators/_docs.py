@@ -92,11 +92,14 @@ PARAMETERS_DOC = """\
         that a finite conformal quantile needs at the highest level (one more with σ0 by "nll"; as far as the
         data allow).
     max_epochs : int, default=500
-        Training epochs when ``prefit=False``.
+        The most training epochs when ``prefit=False`` (all of them with ``early_stopping=False``).
     lr : float, default=1e-3
         Learning rate.
-    batch_size : int or None, default=64
-        Rows per training step (None: all rows).
+    batch_size : "auto", int or None, default="auto"
+        Rows per training step (None: all rows). "auto": a twentieth of the rows trained on (rounded down), within
+        [64, 200] (and at most all of them): 64 below 1,300 rows (the earlier default), 200 (scikit-learn's
+        MLP) from 4,000 rows on. A last batch of one row is merged into the batch before it (layers such as
+        ``BatchNorm1d`` cannot train on a single row).
     weight_decay : float, default=0.0
         Weight decay of the optimizer.
     optimizer : {"adam", "adamw", "sgd"} or torch.optim.Optimizer subclass, default="adam"
@@ -134,6 +137,32 @@ PARAMETERS_DOC = """\
         eigen-solver, the posterior, σ0 with "nll", calibration) with its time and key figures, and a closing
         line saying what the fit did; the same lines are logged at INFO level (logger ``glas_sklearn``) whatever
         ``verbose``.
+    early_stopping : "auto" or bool, default="auto"
+        True: hold ``validation_fraction`` of the training rows out of the network's training, and stop training
+        when their loss has not improved for ``n_iter_no_change`` epochs; the weights of the epoch with the
+        lowest held-out loss are kept. The held-out rows are drawn from the training rows, never from the
+        calibration rows (the conformal guarantee needs a network that did not look at those); they are
+        still used for the curvature and σ (``validation_indices_``). The held-out loss is the likelihood's
+        (the Gaussian NLL for ``likelihood="heteroscedastic"``, not the β-NLL that trains it), weighted by
+        ``sample_weight``. False: every one of the ``max_epochs`` epochs is run on all training rows. "auto"
+        (as ``HistGradientBoostingRegressor``'s): True from 2,000 training rows on (the rows left after the
+        calibration rows are held out), False below, where holding rows out costs the network more than the
+        epochs saved are worth (on the UCI sets of 308–1,599 rows early stopping made the interval score
+        worse, ``benchmarks/results/default_fit.md``) and 500 epochs take seconds. With fewer than 2 rows on
+        either side, training runs without stopping. Why training stopped is logged in one line
+        (``logging.getLogger("glas_sklearn")``, level INFO).
+    validation_fraction : float, default=0.1
+        The share of the training rows held out for early stopping (⌈fraction · n⌉ rows, stratified by class
+        for the classifier where possible), strictly between 0 and 1.
+    n_iter_no_change : int, default=10
+        Patience of early stopping: epochs in a row without an improvement of the held-out loss, each counted
+        as at least 50 optimizer steps (on small data, whose epochs have fewer steps, the patience is
+        ``n_iter_no_change`` × 50 steps: the loss of a small network can rest on a plateau for hundreds of
+        steps before it falls again).
+    tol : float, default=1e-4
+        An epoch improves when its held-out loss is below the best so far by more than ``tol`` times the
+        best's absolute value (relative, unlike scikit-learn's absolute ``tol``, so that it does not depend
+        on the scale of the loss).
     n_threads : "auto", int or None, default="auto"
         torch's intra-op thread count while the estimator's own methods run (``fit``, ``predict``,
         ``predict_interval``, ``predict_proba``, ``predict_set``, ``sample_y``, ``score``, ``coverage_curve`` …),
@@ -196,11 +225,26 @@ ATTRIBUTES_DOC = """\
         torch's setting left alone).
     training_loss_ : list of float
         Mean training loss per epoch (empty when prefit).
+    n_iter_ : int
+        Training epochs run (0 when prefit).
+    loss_curve_ : list of float
+        Mean training loss per epoch, on the rows trained on (empty when prefit); ``training_loss_`` is the
+        same list.
+    validation_scores_ : list of float or None
+        With early stopping, the held-out loss after each epoch (lower is better; the Gaussian NLL per row, less
+        ½ log 2π, in the internal standardised units, for the heteroscedastic likelihood); None otherwise.
+    best_validation_score_ : float or None
+        Its lowest value, that of the weights kept; None without early stopping.
+    validation_indices_ : ndarray of int or None
+        Positions among the training rows of the rows held out for early stopping (in ``X``:
+        ``train_indices_[validation_indices_]`` when ``train_indices_`` is set; with ``X_cal`` passed, the rows
+        of ``X`` of positive weight); None without early stopping.
     n_records_ : int
         N, the training rows the curvature averages over (with ``sample_weight``: those of positive weight; the
         curvature is normalised by their total weight).
     train_indices_, calibration_indices_ : ndarray of int or None
-        Positions in ``X`` of the rows the network was trained on (and the curvature built on) and of the rows
+        Positions in ``X`` of the training rows (the network was trained on them, less ``validation_indices_``
+        with early stopping; the curvature is built on all of them) and of the rows
         held out for calibration, in the order they were used; disjoint, together all of ``X`` (less the rows
         of zero ``sample_weight``, which are in neither). None when ``X_cal`` was passed (then every row of ``X``
         of positive weight is a training row).

@@ -124,9 +124,10 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="auto", n_components="auto",
                  max_components=50, sigma0="auto", posterior="low_rank", calibration="conformal",
                  predictive="auto", n_samples=1000, confidence_level=0.9, calibration_size=0.1,
-                 likelihood="gaussian", noise_std="auto", include_noise=False, max_epochs=500, lr=1e-3, batch_size=64,
-                 weight_decay=0.0, optimizer="adam", standardize="auto", padding_idx=None, subsample=None,
-                 eigen_method="lanczos", device="auto", dtype="auto", random_state=None, verbose=0,
+                 likelihood="gaussian", noise_std="auto", include_noise=False, max_epochs=500, lr=1e-3,
+                 batch_size="auto", weight_decay=0.0, optimizer="adam", standardize="auto", padding_idx=None,
+                 subsample=None, eigen_method="lanczos", device="auto", dtype="auto", random_state=None, verbose=0,
+                 early_stopping="auto", validation_fraction=0.1, n_iter_no_change=10, tol=1e-4,
                  n_threads="auto"):
         super().__init__(
             module, module_kwargs=module_kwargs, prefit=prefit, scaling=scaling, n_components=n_components,
@@ -135,7 +136,9 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             confidence_level=confidence_level, calibration_size=calibration_size, max_epochs=max_epochs, lr=lr,
             batch_size=batch_size, weight_decay=weight_decay, optimizer=optimizer, standardize=standardize,
             padding_idx=padding_idx, subsample=subsample, eigen_method=eigen_method, device=device, dtype=dtype,
-            random_state=random_state, verbose=verbose, n_threads=n_threads)
+            random_state=random_state, verbose=verbose, early_stopping=early_stopping,
+            validation_fraction=validation_fraction, n_iter_no_change=n_iter_no_change, tol=tol,
+            n_threads=n_threads)
         self.likelihood = likelihood
         self.noise_std = noise_std
         self.include_noise = include_noise

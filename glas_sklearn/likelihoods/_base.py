@@ -90,6 +90,11 @@ class Likelihood(abc.ABC):
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The scalar mean training loss of outputs (..., M) against their targets."""
 
+    def held_out_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The scalar mean loss by which rows held out of training judge it (early stopping): by default the
+        training loss itself."""
+        return self.loss(output, target)
+
     @abc.abstractmethod
     def output_hessian_product(self, output: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
         """H_n(output) u for every record: ``output`` (detached) and ``u`` of the same shape (..., M), result too.

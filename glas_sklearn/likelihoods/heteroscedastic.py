@@ -172,6 +172,12 @@ class HeteroscedasticGaussian(Likelihood):
             terms = terms * self.noise_variance(output).detach() ** self.beta_nll
         return terms.reshape(terms.shape[0], -1).sum(-1).mean()
 
+    def held_out_loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The mean NLL Σ_k ½ (y − μ)²/σ² + ½ log σ² per row (less ½ log 2π): held-out rows judge the training
+        by the likelihood itself, not by the β-NLL weighting that only shapes its gradients."""
+        terms = self.nll_terms(output, target)
+        return terms.reshape(terms.shape[0], -1).sum(-1).mean()
+
     # ------------------------------------------------------------- curvature
     def output_hessian_matrix(self, output: torch.Tensor) -> torch.Tensor:
         """H_n per record as a dense (..., 2k, 2k) matrix (block-diagonal per target)."""

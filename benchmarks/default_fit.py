@@ -1,0 +1,331 @@
+"""The default regressor's fit time and accuracy: the old default training (500 epochs of 64 rows, no stopping)
+against the new one (early stopping on held-out loss), beside MAPIE around HistGradientBoosting.
+
+Data sets
+---------
+- the four UCI dev sets (concrete, energy, yacht, wine-quality-red) with their standard train/test splits
+  (``_common.load_uci``, as ``benchmarks/uci.py``);
+- ``concrete_shipped``: ``glas_sklearn.load_concrete()``, split as the README's example
+  (``train_test_split(X, y, random_state=split)``, a quarter for testing);
+- ``friedman_50k``: ``sklearn.datasets.make_friedman1(n_samples=50_000, noise=1.0, random_state=split)``
+  (10 inputs, 5 of them irrelevant), 40,000 training and 10,000 test rows.
+
+Methods (all at the 90 % level, fitted on the training rows of a split, scored on its test rows)
+-------------------------------------------------------------------------------------------------
+- ``old_default``: ``LaplaceActiveSubspaceRegressor(max_epochs=500, batch_size=64, early_stopping=False,
+  random_state=split)``, the default before early stopping, passed explicitly;
+- ``new_default``: ``LaplaceActiveSubspaceRegressor(random_state=split)``;
+- ``mapie_split_hgb``: MAPIE ``SplitConformalRegressor(HistGradientBoostingRegressor(), prefit=False)``, fitted
+  on 90 % of the training rows and conformalised on the other 10 % (the estimator's own ``calibration_size``);
+- ``mapie_cqr_hgb``: MAPIE ``ConformalizedQuantileRegressor`` around three HistGradientBoosting quantile
+  regressors (0.05, 0.95, 0.5) on the same 90 / 10 rows.
+
+For each: the wall time of the whole fit (for ours also ``timings_``: training, curvature, calibration), the
+epochs run (``n_iter_``), coverage, mean width and interval (Winkler) score of the test rows. Timed with one torch
+thread (``--threads 1``; HistGradientBoosting's OpenMP threads are limited to the same number through
+threadpoolctl). Results are merged into the JSON by (data set, split, method), so runs of parts accumulate.
+
+Usage
+-----
+    python benchmarks/default_fit.py --threads 1                                  # everything (long)
+    python benchmarks/default_fit.py --datasets yacht energy --splits 20 --methods new_default
+    python benchmarks/default_fit.py --datasets friedman_50k concrete_shipped --splits 1
+    python benchmarks/default_fit.py --quick                                      # smoke run, *_quick outputs
+    python benchmarks/default_fit.py --report-only
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import json
+import time
+import warnings
+
+import _common
+import numpy as np
+import torch
+from sklearn.datasets import make_friedman1
+from sklearn.model_selection import train_test_split
+
+from glas_sklearn import LaplaceActiveSubspaceRegressor, load_concrete
+from glas_sklearn.metrics import coverage_score, interval_score, mean_width_score
+
+LEVEL = 0.9
+UCI = ["concrete", "energy", "yacht", "wine-quality-red"]
+DATASETS = [*UCI, "concrete_shipped", "friedman_50k"]
+METHODS = {
+    "old_default": "ours, old default (500 epochs of 64 rows, no early stopping)",
+    "new_default": "ours, new default (early stopping)",
+    "early_stopping_on": "ours, early_stopping=True on every set (the first candidate default; small sets too)",
+    "mapie_split_hgb": "MAPIE split conformal, HistGradientBoosting",
+    "mapie_cqr_hgb": "MAPIE CQR, HistGradientBoosting quantiles",
+}
+OLD_SETTINGS = {"max_epochs": 500, "batch_size": 64, "early_stopping": False}
+# the targets of issue 28
+MAX_RATIO_TO_SPLIT_CONFORMAL, MIN_ROWS_FOR_RATIO = 15.0, 5000
+MAX_TRAINING_TO_LAPLACE = 3.0
+MAX_SCORE_LOSS, COVERAGE_RANGE = 0.02, (0.89, 0.91)
+
+
+# ------------------------------------------------------------------------------------------------------- data
+def load(name: str, split: int):
+    """``X_train, y_train, X_test, y_test`` of split ``split`` of data set ``name``."""
+    if name in UCI:
+        X, y, train, test = _common.load_uci(_common.data_dir("uci") / name, split)
+        return X[train], y[train], X[test], y[test]
+    if name == "concrete_shipped":
+        X, y = load_concrete()
+        return _tts(X, y, split)
+    if name == "friedman_50k":
+        X, y = make_friedman1(n_samples=50_000, n_features=10, noise=1.0, random_state=split)
+        return _tts(X, y, split, test_size=10_000)
+    raise ValueError(f"unknown data set {name!r}; one of {DATASETS}")
+
+
+def _tts(X, y, seed, test_size=None):
+    X_tr, X_te, y_tr, y_te = train_test_split(X, y, random_state=seed, test_size=test_size)
+    return X_tr, y_tr, X_te, y_te
+
+
+def n_splits_of(name: str) -> int:
+    return 20 if name in UCI else 3
+
+
+# ---------------------------------------------------------------------------------------------------- methods
+def scores(y, lower, upper) -> dict:
+    pis = np.stack([lower, upper], axis=1)
+    return {"coverage": float(coverage_score(y, pis)), "width": float(mean_width_score(pis)),
+            "interval_score": float(interval_score(y, pis, confidence_level=LEVEL))}
+
+
+def run_ours(method: str, X, y, X_te, y_te, seed: int) -> dict:
+    settings = dict(OLD_SETTINGS) if method == "old_default" else {}
+    if method == "early_stopping_on":
+        settings = {"early_stopping": True}
+    known = inspect.signature(LaplaceActiveSubspaceRegressor).parameters
+    settings = {k: v for k, v in settings.items() if k in known}  # the code before early stopping lacks it
+    est = LaplaceActiveSubspaceRegressor(confidence_level=LEVEL, random_state=seed, **settings)
+    t0, c0 = time.perf_counter(), time.process_time()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est.fit(X, y)
+    fit_s, fit_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    _, pis = est.predict_interval(X_te)
+    t = est.timings_
+    out = {"fit_s": fit_s, "fit_cpu_s": fit_cpu_s, "training_s": t.get("training", 0.0), "curvature_s": t["curvature"],
+           "calibration_s": t["calibration"],
+           "epochs": int(getattr(est, "n_iter_", len(est.training_loss_))),
+           **scores(y_te, pis[:, 0, 0], pis[:, 1, 0])}
+    if hasattr(est, "best_validation_score_"):
+        out["best_validation_score"] = est.best_validation_score_
+    return out
+
+
+def _calibration_split(X, y, seed):
+    """90 % to fit, 10 % to conformalise (the estimator's default calibration_size)."""
+    return train_test_split(X, y, test_size=0.1, random_state=seed)
+
+
+def run_mapie_split(X, y, X_te, y_te, seed: int) -> dict:
+    from mapie.regression import SplitConformalRegressor
+    from sklearn.ensemble import HistGradientBoostingRegressor
+    t0, c0 = time.perf_counter(), time.process_time()
+    X_fit, X_cal, y_fit, y_cal = _calibration_split(X, y, seed)
+    scr = SplitConformalRegressor(HistGradientBoostingRegressor(random_state=seed), confidence_level=LEVEL,
+                                  prefit=False)
+    scr.fit(X_fit, y_fit)
+    scr.conformalize(X_cal, y_cal)
+    fit_s, fit_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    _, pis = scr.predict_interval(X_te)
+    return {"fit_s": fit_s, "fit_cpu_s": fit_cpu_s, **scores(y_te, pis[:, 0, 0], pis[:, 1, 0])}
+
+
+def run_mapie_cqr(X, y, X_te, y_te, seed: int) -> dict:
+    from mapie.regression import ConformalizedQuantileRegressor
+    from sklearn.ensemble import HistGradientBoostingRegressor
+    t0, c0 = time.perf_counter(), time.process_time()
+    X_fit, X_cal, y_fit, y_cal = _calibration_split(X, y, seed)
+    ests = [HistGradientBoostingRegressor(loss="quantile", quantile=q, random_state=seed).fit(X_fit, y_fit)
+            for q in (0.05, 0.95, 0.5)]
+    cqr = ConformalizedQuantileRegressor(ests, confidence_level=LEVEL, prefit=True)
+    cqr.conformalize(X_cal, y_cal)
+    fit_s, fit_cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    _, pis = cqr.predict_interval(X_te)
+    lo, hi = np.minimum(pis[:, 0, 0], pis[:, 1, 0]), np.maximum(pis[:, 0, 0], pis[:, 1, 0])
+    return {"fit_s": fit_s, "fit_cpu_s": fit_cpu_s, **scores(y_te, lo, hi)}
+
+
+def run(method: str, X, y, X_te, y_te, seed: int) -> dict:
+    if method in ("old_default", "new_default", "early_stopping_on"):
+        return run_ours(method, X, y, X_te, y_te, seed)
+    if method == "mapie_split_hgb":
+        return run_mapie_split(X, y, X_te, y_te, seed)
+    return run_mapie_cqr(X, y, X_te, y_te, seed)
+
+
+# ----------------------------------------------------------------------------------------------------- report
+def _mean(rows, key):
+    vals = [r[key] for r in rows if r.get(key) is not None]
+    return float(np.mean(vals)) if vals else float("nan")
+
+
+def summarise(results: dict) -> dict:
+    """Per data set and method: means over the splits run, and the paired comparisons new vs old."""
+    out = {}
+    for name, per_split in results.items():
+        entry = {}
+        for method in METHODS:
+            rows = [s[method] for s in per_split.values() if method in s]
+            if rows:
+                entry[method] = {k: _mean(rows, k) for k in rows[0] if isinstance(rows[0][k], (int, float))}
+                entry[method]["n_splits"] = len(rows)
+        for method in ("new_default", "early_stopping_on"):
+            both = [s for s in per_split.values() if "old_default" in s and method in s]
+            if both:
+                new_scores = [s[method]["interval_score"] for s in both]
+                old_scores = [s["old_default"]["interval_score"] for s in both]
+                entry[f"paired_{method}"] = {
+                    "n_splits": len(both), "interval_score_ratio": float(np.mean(new_scores) / np.mean(old_scores)),
+                    "per_split_ratio_median": float(np.median(np.divide(new_scores, old_scores))),
+                    "identical_splits": int(sum(a == b for a, b in zip(new_scores, old_scores, strict=True)))}
+        out[name] = entry
+    return out
+
+
+def render(payload: dict) -> str:
+    summary = summarise(payload["results"])
+    lines = ["# Default fit: early stopping against 500 fixed epochs, beside MAPIE around HistGradientBoosting", "",
+             f"Command: `{payload['command']}` (and the commands listed under *runs*); "
+             f"{_common.machine_line(payload['machine'])}. All timings with one torch thread "
+             "(HistGradientBoosting limited to one OpenMP thread too): wall seconds of `fit`, and the CPU seconds of "
+             "the process during it (`time.process_time`; with one thread, the wall time an idle core would take: "
+             "the machine was shared with other jobs, which inflate wall times, not CPU times).", "",
+             "Interval score (Winkler, lower is better) and coverage of 90 % intervals on the test rows, means over "
+             "the splits run. Our fit time is split into training / curvature / calibration (`timings_`).", ""]
+    header = ["data set", "method", "splits", "fit (s)", "fit CPU (s)", "training", "curvature", "calibration",
+              "epochs", "coverage (%)", "interval score", "width"]
+    rows = []
+    for name, entry in summary.items():
+        for method in METHODS:
+            if method not in entry:
+                continue
+            e = entry[method]
+
+            def f(k, d=2, e=e):
+                return "–" if k not in e or not np.isfinite(e[k]) else f"{e[k]:.{d}f}"
+            rows.append([name, method, int(e["n_splits"]), f("fit_s"), f("fit_cpu_s"), f("training_s"),
+                         f("curvature_s"), f("calibration_s"), f("epochs", 0), f"{100 * e['coverage']:.1f}",
+                         f("interval_score", 3), f("width", 3)])
+    lines += _common.markdown_table(header, rows, "llrrrrrrrrrr")
+    lines += ["", "## Targets", ""]
+    checks = []
+    for name, entry in summary.items():
+        new, split_c = entry.get("new_default"), entry.get("mapie_split_hgb")
+        n_rows = payload.get("n_rows", {}).get(name, 0)
+        if new and split_c and n_rows >= MIN_ROWS_FOR_RATIO:
+            for key, what in (("fit_s", "wall"), ("fit_cpu_s", "CPU")):
+                if np.isfinite(new.get(key, np.nan)) and np.isfinite(split_c.get(key, np.nan)):
+                    r = new[key] / split_c[key]
+                    target = f"fit time / MAPIE split conformal ≤ {MAX_RATIO_TO_SPLIT_CONFORMAL:g} ({what})"
+                    checks.append([name, target,
+                                   f"{r:.1f}", "met" if r <= MAX_RATIO_TO_SPLIT_CONFORMAL else "missed"])
+        if new and n_rows >= 40_000:
+            laplace = new["curvature_s"] + new["calibration_s"]
+            r = new["training_s"] / laplace
+            checks.append([name, f"training / (curvature + calibration) ≤ {MAX_TRAINING_TO_LAPLACE:g}",
+                           f"{r:.2f}", "met" if r <= MAX_TRAINING_TO_LAPLACE else "missed"])
+        for method in ("new_default", "early_stopping_on"):
+            p = entry.get(f"paired_{method}")
+            if p and name in UCI:
+                r = p["interval_score_ratio"]
+                what = "new" if method == "new_default" else "early_stopping=True (the rejected candidate)"
+                checks.append([name, f"interval score {what} / old ≤ {1 + MAX_SCORE_LOSS:g} ({p['n_splits']} paired "
+                                     f"splits, {p['identical_splits']} identical)",
+                               f"{r:.3f} (median per split {p['per_split_ratio_median']:.3f})",
+                               "met" if r <= 1 + MAX_SCORE_LOSS else "missed"])
+        if new and name in UCI:
+            c = new["coverage"]
+            ref = entry.get("old_default")
+            also = f" (old default, {int(ref['n_splits'])} splits: {100 * ref['coverage']:.1f} %)" if ref else ""
+            checks.append([name, f"coverage in {COVERAGE_RANGE[0]:.0%}–{COVERAGE_RANGE[1]:.0%} "
+                                 f"({int(new['n_splits'])} splits)", f"{100 * c:.1f} %{also}",
+                           "met" if COVERAGE_RANGE[0] <= c <= COVERAGE_RANGE[1] else "missed"])
+    lines += _common.markdown_table(["data set", "target", "measured", ""], checks)
+    lines += ["", "Rows per data set (training + test): "
+              + ", ".join(f"{k} {v}" for k, v in payload.get("n_rows", {}).items()) + ".", "",
+              "## Runs", ""] + [f"- `{c}`" for c in payload.get("runs", [])] + ["", _common.DISCUSSION_MARK, ""]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------------------- main
+def merge(json_path, md_path, parts) -> None:
+    """The results of the runs in ``parts`` (JSON files of tagged runs, run in parallel) merged into ``json_path``
+    (a later part wins for the same data set, split and method); the machine recorded is the first part's."""
+    base = json.loads(json_path.read_text()) if json_path.exists() else {}
+    results, n_rows, runs = base.get("results", {}), base.get("n_rows", {}), base.get("runs", [])
+    machine, command = base.get("machine"), base.get("command")
+    for part in parts:
+        data = json.loads(part.read_text())
+        for name, per_split in data["results"].items():
+            for split, methods in per_split.items():
+                results.setdefault(name, {}).setdefault(split, {}).update(methods)
+        n_rows.update(data["n_rows"])
+        runs += [r for r in data["runs"] if r not in runs]
+        machine, command = machine or data["machine"], command or data["command"]
+    payload = {"command": command, "machine": machine, "results": results, "n_rows": n_rows, "runs": runs}
+    json_path.write_text(json.dumps(payload, indent=1) + "\n")
+    _common.write_report(md_path, render(payload))
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common.add_common_arguments(parser, threads=1)
+    parser.add_argument("--datasets", nargs="+", default=DATASETS, choices=DATASETS)
+    parser.add_argument("--splits", type=int, nargs="+", default=None,
+                        help="one number k: splits 0..k-1; several: those splits (default: 20 UCI, 3 others)")
+    parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
+    parser.add_argument("--tag", default="", help="write default_fit_TAG.json/.md instead")
+    parser.add_argument("--merge", nargs="+", default=None, metavar="TAG",
+                        help="no computation: merge the results of default_fit_TAG.json into default_fit.json")
+    cfg = parser.parse_args(argv)
+    stem = "default_fit" + ("_quick" if cfg.quick else "") + (f"_{cfg.tag}" if cfg.tag else "")
+    json_path, md_path = cfg.out_dir / f"{stem}.json", cfg.out_dir / f"{stem}.md"
+    if cfg.report_only:
+        _common.report_from_results(json_path, md_path, render)
+        return
+    if cfg.merge:
+        merge(json_path, md_path, [cfg.out_dir / f"default_fit_{t}.json" for t in cfg.merge])
+        return
+    torch.set_num_threads(cfg.threads)
+    from threadpoolctl import threadpool_limits
+    threadpool_limits(cfg.threads)
+    previous = json.loads(json_path.read_text()) if json_path.exists() else {}
+    results, n_rows = previous.get("results", {}), previous.get("n_rows", {})
+    runs = previous.get("runs", [])
+    command = _common.command_line(__file__, argv)
+    runs.append(command)
+    datasets = ["yacht"] if cfg.quick else cfg.datasets
+    for name in datasets:
+        if cfg.splits is None:
+            splits = range(1 if cfg.quick else n_splits_of(name))
+        elif len(cfg.splits) == 1:
+            splits = range(cfg.splits[0])
+        else:
+            splits = cfg.splits
+        for split in splits:
+            X, y, X_te, y_te = load(name, split)
+            n_rows[name] = len(X) + len(X_te)
+            for method in cfg.methods:
+                res = run(method, X, y, X_te, y_te, split)
+                results.setdefault(name, {}).setdefault(str(split), {})[method] = res
+                print(f"[default_fit] {name} split {split} {method}: fit {res['fit_s']:.2f} s"
+                      + (f" (training {res['training_s']:.2f}, epochs {res['epochs']})" if "epochs" in res else "")
+                      + f", coverage {res['coverage']:.3f}, interval score {res['interval_score']:.4f}", flush=True)
+                _common.write_results_and_report(json_path, md_path, {"results": results, "n_rows": n_rows,
+                                                                      "runs": runs}, render, command=command)
+    print(render(json.loads(json_path.read_text())))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,252 @@
+"""The estimators' training loop (estimators/_training.py) and its settings: early stopping on held-out rows drawn
+from the training rows only, the weights of the best epoch restored, a one-row last batch merged, the fitted
+training attributes and the stop reason in the log."""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
+from glas_sklearn.estimators._training import auto_batch_size, batch_slices, held_out_loss, train_module
+from glas_sklearn.likelihoods import HeteroscedasticGaussian
+
+FAST = dict(module_kwargs=dict(hidden_layer_sizes=(16,)), n_samples=50, max_components=3, dtype="float64",
+            random_state=0, early_stopping=True)
+
+
+def _data(n=300, seed=0, noise=0.3):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-2, 2, size=(n, 3))
+    return X, np.sin(2 * X[:, 0]) + 0.5 * X[:, 1] + noise * rng.standard_normal(n)
+
+
+def _internal(est, X, y):
+    """Rows and targets in the estimator's internal (standardised) units, as training saw them."""
+    Xt = torch.as_tensor(est._transform_X(X), dtype=torch.float64)
+    yt = torch.as_tensor(((y - est.y_mean_[0]) / est.y_scale_[0])[:, None], dtype=torch.float64)
+    return Xt, yt
+
+
+# ------------------------------------------------------------------------------------------------- batches
+@pytest.mark.parametrize("n, size", [(135, 67), (129, 64), (10, 3), (7, 7), (5, 1), (1, 5), (200, 200), (201, 200)])
+def test_batches_cover_every_row_once_and_never_leave_one_row_alone(n, size):
+    slices = batch_slices(n, size)
+    rows = np.concatenate([np.arange(n)[s] for s in slices])
+    np.testing.assert_array_equal(rows, np.arange(n))
+    lengths = [s.stop - s.start for s in slices]
+    if size > 1 and n > 1:
+        assert min(lengths) >= 2
+    assert lengths[:-1] == [min(size, n)] * (len(lengths) - 1)  # only the last batch differs
+    assert max(lengths) <= min(size, n) + 1
+
+
+@pytest.mark.parametrize("n, expected", [(10, 10), (100, 64), (1280, 64), (1299, 64), (1300, 65), (2000, 100),
+                                         (4000, 200), (36_000, 200)])
+def test_auto_batch_size_gives_about_twenty_steps_per_epoch_within_64_and_200(n, expected):
+    assert auto_batch_size(n) == expected
+
+
+def test_batchnorm_network_trains_with_a_one_row_last_batch():
+    """135 training rows in batches of 67 leave one row: torch's BatchNorm refuses a training batch of one row
+    ("Expected more than 1 value per channel when training"); the row joins the batch before it."""
+    X, y = _data(n=155)
+
+    def net():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(3, 16), nn.BatchNorm1d(16), nn.Tanh(), nn.Linear(16, 1)).double()
+
+    with pytest.raises(ValueError, match="Expected more than 1 value per channel"):  # what a one-row batch does
+        net().train()(torch.zeros(1, 3, dtype=torch.float64))
+    est = LaplaceActiveSubspaceRegressor(module=net(), batch_size=67, max_epochs=3, early_stopping=False,
+                                         n_samples=50, max_components=3, dtype="float64", random_state=0)
+    est.fit(X[:135], y[:135], X_cal=X[135:], y_cal=y[135:])
+    assert est.n_iter_ == 3 and np.all(np.isfinite(est.loss_curve_))
+    assert np.all(np.isfinite(est.predict_interval(X[:5])[1]))
+
+
+# -------------------------------------------------------------------------------------------- early stopping
+def test_early_stopping_keeps_the_weights_of_the_lowest_held_out_loss():
+    X, y = _data()
+    est = LaplaceActiveSubspaceRegressor(**FAST, max_epochs=400, lr=0.05, n_iter_no_change=5).fit(X, y)
+    scores = np.asarray(est.validation_scores_)
+    assert est.n_iter_ == len(est.loss_curve_) == len(scores) < 400  # stopped early
+    best = int(np.argmin(scores))
+    assert est.best_validation_score_ == scores[best]
+    # stopped after n_iter_no_change epochs without an improvement of more than tol over the best
+    assert np.all(scores[best + 1:] > scores[best] - est.tol) and len(scores) - 1 - best >= 5
+    # the network kept is that epoch's: its loss on the validation rows, recomputed independently
+    rows = est.train_indices_[est.validation_indices_]
+    Xv, yv = _internal(est, X[rows], y[rows])
+    with torch.no_grad():
+        recomputed = float(0.5 * ((est.module_(Xv) - yv) ** 2).sum(-1).mean())
+    assert recomputed == pytest.approx(scores[best], rel=1e-10)
+    assert recomputed < scores[-1]  # and not the last epoch's (it went on past the best)
+
+
+def test_validation_rows_come_from_the_training_rows_and_the_calibration_rows_never_shape_the_network():
+    X, y = _data()
+    est = LaplaceActiveSubspaceRegressor(**FAST, max_epochs=60, lr=0.05).fit(X, y)
+    n_train = len(est.train_indices_)
+    assert len(est.validation_indices_) == int(np.ceil(0.1 * n_train))
+    validation = est.train_indices_[est.validation_indices_]
+    assert not set(validation) & set(est.calibration_indices_)
+    # conformal validity: the network (and when it stopped) may not depend on the calibration targets
+    y_changed = y.copy()
+    y_changed[est.calibration_indices_] += 100.0
+    other = LaplaceActiveSubspaceRegressor(**FAST, max_epochs=60, lr=0.05).fit(X, y_changed)
+    same = LaplaceActiveSubspaceRegressor(**FAST, max_epochs=60, lr=0.05).fit(X, y)
+    assert other.n_iter_ == same.n_iter_
+    for p, q in zip(other.module_.parameters(), same.module_.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+def test_early_stopping_auto_holds_rows_out_from_2000_training_rows_on():
+    X, y = _data(n=2300)
+    kw = {**FAST, "early_stopping": "auto", "max_epochs": 2, "max_components": 2}
+    large = LaplaceActiveSubspaceRegressor(**kw, calibration_size=300).fit(X, y)  # 2000 training rows
+    assert len(large.validation_indices_) == 200 and len(large.validation_scores_) == large.n_iter_ == 2
+    small = LaplaceActiveSubspaceRegressor(**kw, calibration_size=301).fit(X, y)  # 1999
+    assert small.validation_indices_ is None and small.validation_scores_ is None and small.n_iter_ == 2
+
+
+def test_early_stopping_off_runs_every_epoch():
+    X, y = _data(n=120)
+    est = LaplaceActiveSubspaceRegressor(**{**FAST, "early_stopping": False}, max_epochs=7).fit(X, y)
+    assert est.n_iter_ == len(est.loss_curve_) == 7
+    assert est.validation_scores_ is None and est.best_validation_score_ is None and est.validation_indices_ is None
+
+
+def test_weighted_held_out_loss_is_the_weighted_mean_of_the_row_losses():
+    torch.manual_seed(0)
+    net = nn.Linear(2, 1).double()
+    X, y = torch.randn(9, 2, dtype=torch.float64), torch.randn(9, 1, dtype=torch.float64)
+    w = torch.arange(1.0, 10.0, dtype=torch.float64)
+    per_row = 0.5 * (net(X) - y).detach().pow(2).sum(-1)
+    expected = float((w * per_row).sum() / w.sum())
+
+    def loss(out, target):
+        return 0.5 * ((out - target) ** 2).sum(-1).mean()
+
+    assert held_out_loss(net, X, y, loss, w, chunk=4) == pytest.approx(expected, rel=1e-12)
+    assert held_out_loss(net, X, y, loss, chunk=4) == pytest.approx(float(per_row.mean()), rel=1e-12)
+    assert abs(expected - float(per_row.mean())) > 1e-3  # the weights matter here
+
+
+def test_estimator_weights_the_validation_loss():
+    X, y = _data(n=200)
+    w = np.random.default_rng(3).integers(1, 5, len(y)).astype(float)
+    est = LaplaceActiveSubspaceRegressor(**FAST, max_epochs=30, lr=0.05).fit(X, y, sample_weight=w)
+    rows = est.train_indices_[est.validation_indices_]
+    Xv, yv = _internal(est, X[rows], y[rows])
+    with torch.no_grad():
+        per_row = 0.5 * ((est.module_(Xv) - yv) ** 2).sum(-1).numpy()
+    assert est.best_validation_score_ == pytest.approx(np.average(per_row, weights=w[rows]), rel=1e-10)
+    assert abs(est.best_validation_score_ - per_row.mean()) > 1e-6
+
+
+def test_heteroscedastic_head_stops_on_its_own_nll():
+    rng = np.random.default_rng(1)
+    X = rng.uniform(0, 1, size=(300, 1))
+    y = np.sin(6 * X[:, 0]) + (0.05 + 0.5 * X[:, 0]) * rng.standard_normal(300)
+    est = LaplaceActiveSubspaceRegressor(**FAST, likelihood="heteroscedastic", max_epochs=80, lr=0.02).fit(X, y)
+    rows = est.train_indices_[est.validation_indices_]
+    Xv, yv = _internal(est, X[rows], y[rows])
+    with torch.no_grad():
+        out = est.module_(Xv)
+    mu, logvar = out[:, :1], out[:, 1:]
+    nll = float((0.5 * (yv - mu) ** 2 * torch.exp(-logvar) + 0.5 * logvar).mean())
+    beta_nll = float(HeteroscedasticGaussian().loss(out, yv))
+    assert est.best_validation_score_ == pytest.approx(nll, rel=1e-8)
+    assert abs(nll - beta_nll) > 1e-3  # the β-NLL (the training loss) is another number
+
+
+def test_classifier_holds_out_stratified_validation_rows():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((200, 2))
+    y = np.where(X[:, 0] + 0.3 * rng.standard_normal(200) > 0.8, "b", "a")
+    clf = LaplaceActiveSubspaceClassifier(**FAST, max_epochs=40, lr=0.05).fit(X, y)
+    labels = y[clf.train_indices_]
+    val = labels[clf.validation_indices_]
+    share = np.mean(labels == "b")
+    assert abs(np.mean(val == "b") - share) <= 1 / len(val) + 1e-12
+    assert len(clf.validation_scores_) == clf.n_iter_
+
+
+def test_stop_reason_is_logged_in_one_line(caplog):
+    X, y = _data(n=120)
+    with caplog.at_level(logging.INFO, logger="glas_sklearn.estimators._training"):
+        LaplaceActiveSubspaceRegressor(**FAST, max_epochs=5).fit(X, y)
+    lines = [r.getMessage() for r in caplog.records if r.name == "glas_sklearn.estimators._training"]
+    assert len(lines) == 1 and "\n" not in lines[0]
+    assert "stopped after 5 epochs" in lines[0] and "max_epochs=5 reached" in lines[0]
+
+
+def test_too_few_rows_for_validation_train_every_epoch():
+    X, y = _data(n=12)
+    est = LaplaceActiveSubspaceRegressor(**FAST, max_epochs=4, validation_fraction=0.1).fit(X, y)
+    assert est.n_iter_ == 4 and est.validation_scores_ is None  # one validation row would be too few
+
+
+def test_prefit_modules_are_never_trained():
+    X, y = _data(n=100)
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1)).double()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    est = LaplaceActiveSubspaceRegressor(module=net, prefit=True, n_samples=50, max_components=3,
+                                         random_state=0).fit(X[:80], y[:80], X_cal=X[80:], y_cal=y[80:])
+    assert est.n_iter_ == 0 and est.loss_curve_ == [] and est.validation_scores_ is None
+    for k, v in net.state_dict().items():
+        assert torch.equal(v, before[k])
+
+
+@pytest.mark.parametrize("param, value, match", [
+    ("early_stopping", "yes", "early_stopping"), ("early_stopping", None, "early_stopping"),
+    ("validation_fraction", 1.0, "validation_fraction"),
+    ("validation_fraction", 0.0, "validation_fraction"), ("n_iter_no_change", 0, "n_iter_no_change"),
+    ("tol", -1.0, "tol"), ("batch_size", "big", "batch_size")])
+def test_bad_training_settings_are_refused(param, value, match):
+    X, y = _data(n=60)
+    with pytest.raises(ValueError, match=match):
+        LaplaceActiveSubspaceRegressor(**{param: value}).fit(X, y)
+
+
+def test_train_module_stops_and_restores_on_a_validation_loss_that_rises():
+    """A validation target that the training pulls away from: the held-out loss is lowest at the first epoch, so
+    training stops after the patience (n_iter_no_change epochs of at least 50 steps: 3 × 50 epochs of one
+    full-batch step) and the first epoch's weights come back."""
+    torch.manual_seed(0)
+    net = nn.Linear(1, 1).double()
+    X = torch.linspace(-1, 1, 20, dtype=torch.float64)[:, None]
+    y, y_val = 2 * X, -2 * X
+    result = train_module(net, X, y, lambda o, t: 0.5 * ((o - t) ** 2).mean(), optimizer="sgd", lr=0.1,
+                          weight_decay=0.0, batch_size=None, max_epochs=400, seed=0, validation=(X, y_val, None),
+                          n_iter_no_change=3, tol=0.0)
+    assert result.best_epoch == 1 and result.n_iter == 1 + 3 * 50
+    torch.manual_seed(0)
+    fresh = nn.Linear(1, 1).double()
+    train_module(fresh, X, y, lambda o, t: 0.5 * ((o - t) ** 2).mean(), optimizer="sgd", lr=0.1,
+                 weight_decay=0.0, batch_size=None, max_epochs=1, seed=0)
+    for p, q in zip(net.parameters(), fresh.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)
+
+
+def test_an_estimator_pickles_with_its_training_record_and_older_states_are_refused():
+    """The training record (n_iter_, loss_curve_, the early-stopping settings) survives a pickle; a state pickled
+    before this version (no version stamp: before early stopping, among others) is refused, not migrated."""
+    import pickle
+
+    X, y = _data(n=60)
+    est = LaplaceActiveSubspaceRegressor(**{**FAST, "early_stopping": False}, max_epochs=3).fit(X, y)
+    loaded = pickle.loads(pickle.dumps(est))
+    assert loaded.get_params() == est.get_params() and loaded.n_iter_ == est.n_iter_ == 3
+    assert loaded.loss_curve_ == est.loss_curve_ and loaded.validation_scores_ is None
+    np.testing.assert_array_equal(loaded.predict(X[:5]), est.predict(X[:5]))
+    state = est.__getstate__()
+    state.pop("_glas_pickle")
+    with pytest.raises(ValueError, match="earlier development build of glas-sklearn.*Refit"):
+        LaplaceActiveSubspaceRegressor.__new__(LaplaceActiveSubspaceRegressor).__setstate__(state)
