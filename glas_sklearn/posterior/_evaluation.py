@@ -12,13 +12,14 @@ from __future__ import annotations
 import logging
 import math
 import numbers
+import threading
 
 import numpy as np
 import torch
 from torch.func import jvp, vmap
 
 from .._checks import check_positive_int
-from .._functional import BoundModel
+from .._functional import BoundModel, forward_ad_section
 
 __all__ = ["PosteriorEvaluation"]
 
@@ -38,7 +39,9 @@ class PosteriorEvaluation(BoundModel):
     The host class sets ``functional_model`` and ``eigenvectors`` (D, K) and calls :meth:`_init_evaluation` in its
     constructor. The cache of Jacobian quantities (J P, J Jᵀ and, when
     ``_keep_record_jacobians`` is set and they fit in one chunk, the per-record Jacobians) belongs to the last
-    ``X`` seen (the same tensor object, unmodified); it does not depend on the prior, and is not pickled.
+    ``X`` seen by the calling thread (the same tensor object, unmodified); it does not depend on the prior, is
+    kept per thread (threads sharing a posterior never see each other's), and is not pickled.
+    :meth:`release_cache` drops the calling thread's.
     """
 
     eigenvectors: torch.Tensor
@@ -49,7 +52,16 @@ class PosteriorEvaluation(BoundModel):
         self._vmap_forward_ok: bool | None = None
         self._vmap_jvp_ok: bool | None = None
         self._vmap_jac_ok: bool | None = None
-        self._jp_cache: dict | None = None
+        self._local = threading.local()
+
+    @property
+    def _jp_cache(self) -> dict | None:
+        """The calling thread's cache of Jacobian quantities (None before its first use)."""
+        return getattr(self._local, "cache", None)
+
+    def release_cache(self) -> None:
+        """Drop the calling thread's cache of Jacobian quantities (its last inputs and their J P, J Jᵀ)."""
+        self._local.cache = None
 
     @property
     def n_weights(self) -> int:
@@ -135,14 +147,16 @@ class PosteriorEvaluation(BoundModel):
 
     # ---------------------------------------------------------------------- JVPs
     def _jvp_many(self, tangents: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
-        """J(Xb) t_k for every row t_k of ``tangents`` (c, D): shape ``(c, nb, *out)``."""
+        """J(Xb) t_k for every row t_k of ``tangents`` (c, D): shape ``(c, nb, *out)``.
+
+        Forward mode, whose state torch keeps per process: one thread at a time (:func:`forward_ad_section`)."""
         fm = self.functional_model
         batched = self.layout.unflatten_rows(tangents)
 
         def f(params):
             return fm(Xb, params)
 
-        with fm.autodiff():
+        with forward_ad_section(), fm.autodiff():
             if self._vmap_jvp_ok is not False:
                 try:
                     out = vmap(lambda t: jvp(f, (fm.params0,), (t,))[1])(batched)
@@ -166,7 +180,7 @@ class PosteriorEvaluation(BoundModel):
         """The cache of Jacobian quantities for ``X`` (the same tensor object, unmodified), reset otherwise."""
         cache = self._jp_cache
         if cache is None or cache["X"] is not X or cache["version"] != X._version:
-            cache = self._jp_cache = {"X": X, "version": X._version, "JP": None}
+            cache = self._local.cache = {"X": X, "version": X._version, "JP": None}
         return cache
 
     def jacobian_projections(self, X: torch.Tensor, d: int, batch_size: int | None = None) -> torch.Tensor:
