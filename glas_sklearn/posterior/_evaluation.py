@@ -47,6 +47,10 @@ class PosteriorEvaluation(BoundModel):
     eigenvectors: torch.Tensor
     # Keep the per-record Jacobians of the last X in the cache (for kinds that use them at every d).
     _keep_record_jacobians = False
+    # Kinds whose output covariance needs the per-record Jacobians anyway take J P from them too (J P_K in the same
+    # pass, and J Jᵀ's diagonal beside it), instead of K forward-mode JVPs: no forward-mode AD, whose state torch
+    # keeps per process (one thread at a time), at predict time.
+    _projections_from_jacobians = False
 
     def _init_evaluation(self) -> None:
         self._vmap_forward_ok: bool | None = None
@@ -197,6 +201,9 @@ class PosteriorEvaluation(BoundModel):
         batch_size = check_positive_int("batch_size", batch_size, allow_none=True)
         cache = self._cache_for(X)
         have = 0 if cache["JP"] is None else cache["JP"].shape[-1]
+        if have < d and self._projections_from_jacobians:
+            self._projections_and_gram(X, cache, batch_size)
+            have = d
         if have < d:
             rows = self._row_batches(X.shape[0], batch_size)
             chunk = self._chunk(rows[0].stop - rows[0].start, d - have, X)
@@ -207,6 +214,17 @@ class PosteriorEvaluation(BoundModel):
             new = torch.movedim(torch.cat(new, 0), 0, -1)
             cache["JP"] = new if cache["JP"] is None else torch.cat([cache["JP"], new], -1)
         return cache["JP"][..., :d]
+
+    def _projections_and_gram(self, X: torch.Tensor, cache: dict, batch_size: int | None) -> None:
+        """J P_K and ‖J_m‖² of every record from its per-record Jacobian (reverse mode, in memory-bounded chunks),
+        into ``cache`` ("JP" in the weights' dtype, "gram_diag" in float64)."""
+        P = self.eigenvectors.to(torch.float64)
+        jp, gram = [], []
+        for _, jac in self._jacobian_blocks(X, batch_size):  # (c, *out, D)
+            jp.append((jac @ P).to(self.dtype))
+            gram.append((jac**2).sum(-1))
+        cache["JP"] = torch.cat(jp, 0)
+        cache.setdefault("gram_diag", torch.cat(gram, 0))
 
     # ------------------------------------------------------- per-record Jacobians
     def _jacobian_blocks(self, X: torch.Tensor, batch_size: int | None):
