@@ -158,15 +158,18 @@ def test_threads_calling_the_model_read_their_own_weights():
     thread computed with the other's sampled weights, silently.)"""
     barrier = threading.Barrier(2, timeout=10)
 
-    class Meeting(nn.Module):  # the forward waits until both threads are inside it, then reads its weight
+    class Meeting(nn.Module):  # both threads read the weight while both are inside forward
         def __init__(self):
             super().__init__()
             self.lin = nn.Linear(1, 1, bias=False, dtype=torch.float64)
 
         def forward(self, x):
-            if threading.current_thread() is not threading.main_thread():
-                barrier.wait()
-            return self.lin(x)
+            if threading.current_thread() is threading.main_thread():
+                return self.lin(x)
+            barrier.wait()  # both threads are inside forward, their weights given
+            out = self.lin(x)
+            barrier.wait()  # both have read their weight before either returns
+            return out
 
     net = Meeting().eval()
     post = ActiveSubspacePosterior(net, torch.ones(1, dtype=torch.float64), torch.ones(1, 1, dtype=torch.float64),
