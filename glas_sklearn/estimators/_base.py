@@ -35,6 +35,7 @@ from ..likelihoods import Likelihood
 from ..posterior import POSTERIOR_KINDS, ActiveSubspacePosterior, resolve_posterior
 from ._inputs import InputsMixin
 from ._network import NetworkMixin, trainable_dtype
+from ._outputs import OutputsMixin
 from ._prefit import REGISTRY, PrefitLeakageWarning, module_fingerprint, row_digests, user_stacklevel
 from ._training import OPTIMIZERS, train_module
 from ._validation import (
@@ -54,10 +55,6 @@ logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 # Fitted state that holds torch objects; pickled through torch.save so that tensors can be re-mapped on load.
 _TORCH_STATE = ("module", "module_", "posterior_")
-# Predictions are computed in chunks of rows holding at most this many network outputs
-# (posterior samples × rows × outputs) at once; weight samples are shared by all rows, so chunking
-# does not change the results.
-_PREDICT_BUDGET = 2**24
 # Offset of the seed of the sigma0="nll" tuning / conformal split from the calibration split's seed.
 _SIGMA0_SPLIT = 7919
 # Test coverage of 90 % intervals of an overfitting prefit network calibrated on rows held out of its training
@@ -104,7 +101,7 @@ def _is_posterior_class(value) -> bool:
     return isinstance(value, type) and issubclass(value, ActiveSubspacePosterior)
 
 
-class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metaclass=abc.ABCMeta):
+class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, OutputsMixin, BaseEstimator, metaclass=abc.ABCMeta):
     """Common machinery of :class:`LaplaceActiveSubspaceRegressor` and :class:`LaplaceActiveSubspaceClassifier`.
 
     Subclasses name their likelihood (:meth:`_resolve_likelihood`, fitted as ``likelihood_``), extend
@@ -143,6 +140,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         "random_state": [None, Interval(numbers.Integral, 0, 2**32, closed="left"),
                          InstanceOf(np.random.RandomState, "a numpy.random.RandomState")],
         "verbose": [Interval(numbers.Integral, 0, None), BOOLEAN],
+        "working_memory": [Interval(numbers.Real, 0, None, closed="neither")],
     }
 
     def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="auto", n_components="auto",
@@ -150,7 +148,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
                  predictive="auto", n_samples=1000, confidence_level=0.9,
                  calibration_size=0.1, max_epochs=500, lr=1e-3, batch_size=64, weight_decay=0.0,
                  optimizer="adam", standardize="auto", padding_idx=None, subsample=None, eigen_method="lanczos",
-                 device="auto", dtype="auto", random_state=None, verbose=0):
+                 device="auto", dtype="auto", random_state=None, verbose=0, working_memory=64):
         self.module = module
         self.module_kwargs = module_kwargs
         self.prefit = prefit
@@ -177,6 +175,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         self.dtype = dtype
         self.random_state = random_state
         self.verbose = verbose
+        self.working_memory = working_memory
 
     # -------------------------------------------------------------------- fit
     def _fit(self, X, y, X_cal, y_cal, sample_weight=None):
@@ -199,6 +198,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         wt = None if sample_weight is None else torch.as_tensor(sample_weight, dtype=torch.float64).to(device)
         self.timings_ = {}
         self.module_ = self._theta0_module(Xt, yt, self._n_outputs(y), seed, dtype, wt)
+        self._check_network_outputs(Xt, Xc)
         self._fit_posterior(Xt, yt, Xc, yc, seed, wt)
         self._choose_dimension(Xc, yc, seed)
         self.timings_["total"] = time.perf_counter() - t_start
@@ -332,10 +332,13 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         (on the weighted mean loss with ``sample_weight``)."""
         if self.prefit:
             module = self._called_as_network(self._prefit_module(Xt.device, dtype), Xt[:1])
+            self._check_trainable(module)
             self.training_loss_ = []
         else:
             module = self._build_module(Xt.shape[1], n_outputs, seed).to(device=Xt.device, dtype=dtype)
             module = self._called_as_network(module, Xt[:1])
+            self._check_trainable(module)
+            self._check_output_shape(module, Xt[:1], n_outputs)  # before training: a module that cannot take X
             t0 = time.perf_counter()
             self.training_loss_ = train_module(
                 module, Xt, yt, self.likelihood_.loss, optimizer=self.optimizer, lr=self.lr,
@@ -583,12 +586,6 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
                                       random_state=self.calibration_seed_, full_curve=True, verbose=self.verbose)
         return self._table_in_user_units(result.table.reset_index(drop=True))
 
-    def _row_chunks(self, n_rows: int, n_outputs: int) -> list[slice]:
-        """Row slices for prediction, sized so that samples × rows × outputs stays within the budget."""
-        per_row = (self.n_samples if self.predictive_ == "sampled" else 1) * max(1, n_outputs)
-        size = max(1, _PREDICT_BUDGET // per_row)
-        return [slice(i, min(i + size, n_rows)) for i in range(0, n_rows, size)]
-
     def _levels(self, confidence_level) -> list[float]:
         return _check_level_list(self.confidence_level if confidence_level is None else confidence_level)
 
@@ -648,6 +645,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
 
     def __setstate__(self, state: dict) -> None:
         state = dict(state)
+        state.setdefault("working_memory", 64)  # pickled before the prediction memory budget
         if "posterior_" in state or "_torch_state" in state:  # fitted before the low-rank / conformal options
             state.setdefault("posterior", "subspace")
             state.setdefault("calibration", "coverage")

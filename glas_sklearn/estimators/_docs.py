@@ -129,7 +129,14 @@ PARAMETERS_DOC = """\
     random_state : int, RandomState or None, default=None
         Seeds weight initialisation, training order, the calibration split, Lanczos and posterior samples.
     verbose : int, default=0
-        0 silent; ≥ 1 progress bars."""
+        0 silent; ≥ 1 progress bars.
+    working_memory : float, default=64
+        Memory in MiB that prediction may hold at once for its temporaries (as scikit-learn's
+        ``working_memory``): the rows are predicted in chunks sized to it, and the posterior's weight
+        samples, vectorised forwards and per-record Jacobians within a chunk too, so the memory of
+        ``predict``, ``predict_interval``, ``predict_proba`` and ``predict_set`` does not grow with the number of
+        rows beyond their inputs and outputs. The results do not depend on it (the weight samples are shared by
+        all rows); a larger budget may be faster for big batches."""
 
 ATTRIBUTES_DOC = """\
     module_ : torch.nn.Module

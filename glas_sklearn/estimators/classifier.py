@@ -153,7 +153,7 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         """Class probabilities (n, C), chunk by chunk of rows (bounded memory for large X); ``method`` names the
         public method for the prefit-training-rows warning."""
         Xt = self._check_fitted_X(X, method)
-        return torch.cat([self._proba_chunk(Xt[sl]) for sl in self._row_chunks(Xt.shape[0], len(self.classes_))])
+        return torch.cat(self._predict_in_chunks(Xt, len(self.classes_), self._proba_chunk, finite=lambda p: p))
 
     def predict_proba(self, X) -> np.ndarray:
         """Class probabilities under the GLAS predictive, columns in ``classes_`` order.

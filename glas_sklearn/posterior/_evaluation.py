@@ -9,6 +9,7 @@ written into.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import numbers
@@ -21,7 +22,7 @@ from torch.func import jvp, vmap
 from .._checks import check_positive_int
 from .._functional import BoundModel, forward_ad_section
 
-__all__ = ["PosteriorEvaluation"]
+__all__ = ["PosteriorEvaluation", "memory_budget"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,33 @@ _WEIGHT_CHUNK_BYTES = 128 * 2**20
 _MAX_BATCHED_ROWS = 2**16
 # Weights per block when θ0 + z basis is formed single-threaded (see PosteriorEvaluation._form_weights).
 _FORM_BLOCK = 2**14
+# Bytes of activations counted per network evaluation (one input row at one weight vector) under a memory budget.
+_BYTES_PER_EVALUATION = 1024
+
+_BUDGET = threading.local()
+
+
+@contextlib.contextmanager
+def memory_budget(max_bytes: int):
+    """Within the block, the calling thread's posterior evaluations (weight chunks, vectorised forwards and JVPs,
+    per-record Jacobian chunks) hold at most about ``max_bytes`` at once (the defaults, 128 MiB of weight rows and
+    2¹⁶ evaluations per vectorised call, when larger). Per thread: other threads keep their own budget."""
+    previous = getattr(_BUDGET, "bytes", None)
+    _BUDGET.bytes = int(max_bytes) if previous is None else min(int(max_bytes), previous)
+    try:
+        yield
+    finally:
+        _BUDGET.bytes = previous
+
+
+def _weight_chunk_bytes() -> int:
+    budget = getattr(_BUDGET, "bytes", None)
+    return _WEIGHT_CHUNK_BYTES if budget is None else max(1, min(_WEIGHT_CHUNK_BYTES, budget // 2))
+
+
+def _max_batched_rows() -> int:
+    budget = getattr(_BUDGET, "bytes", None)
+    return _MAX_BATCHED_ROWS if budget is None else max(1, min(_MAX_BATCHED_ROWS, budget // _BYTES_PER_EVALUATION))
 
 
 class PosteriorEvaluation(BoundModel):
@@ -99,9 +127,9 @@ class PosteriorEvaluation(BoundModel):
     def _chunk(self, rows: int, total: int, X: torch.Tensor | None = None) -> int:
         """How many weight vectors to evaluate together on ``rows`` inputs (memory-bounded; a row of token ids
         counts as its T positions, whose activations a sequence model holds)."""
-        by_weights = _WEIGHT_CHUNK_BYTES // (self.n_weights * self.theta0.element_size())
+        by_weights = _weight_chunk_bytes() // (self.n_weights * self.theta0.element_size())
         positions = math.prod(X.shape[1:]) if X is not None and not X.is_floating_point() else 1
-        by_rows = _MAX_BATCHED_ROWS // max(rows * positions, 1)
+        by_rows = _max_batched_rows() // max(rows * positions, 1)
         return int(max(1, min(total, by_weights, by_rows)))
 
     # ------------------------------------------------------------------ forwards
@@ -233,9 +261,9 @@ class PosteriorEvaluation(BoundModel):
         cache = self._cache_for(X)
         if cache.get("jac") is not None:
             return cache["jac"]
-        blocks = self.record_jacobian_chunks(X, _WEIGHT_CHUNK_BYTES, batch_size)
+        blocks = self.record_jacobian_chunks(X, _weight_chunk_bytes(), batch_size)
         n_out = int(np.prod(self.functional_model.output_shape(X)))
-        fits = X.shape[0] * n_out * self.n_weights * 8 <= _WEIGHT_CHUNK_BYTES
+        fits = X.shape[0] * n_out * self.n_weights * 8 <= _weight_chunk_bytes()
         if self._keep_record_jacobians and fits and (batch_size or X.shape[0]) >= X.shape[0]:
             cache["jac"] = blocks = list(blocks)
         return blocks

@@ -1,0 +1,137 @@
+"""What the estimators check about the network's outputs, and how predictions are cut into chunks: the module has
+trainable weights, its outputs are finite on the fit rows, non-finite predictions are traced to the network (with
+the row indices) or to the posterior's weight samples, and prediction runs in chunks of rows within
+``working_memory``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from .._functional import model_outputs
+from ..adapters import unwrap_model
+from ..posterior import memory_budget
+
+__all__ = ["OutputsMixin"]
+
+# Rows per forward pass when the fit rows' outputs are checked.
+_CHECK_ROWS = 1024
+# Bytes per network output that a prediction holds at once per sample (the outputs, their sorted copy or squares,
+# the quantiles and bounds, the float64 user-unit copies).
+_BYTES_PER_OUTPUT = 32
+
+
+def _rows_text(rows: np.ndarray) -> str:
+    shown = ", ".join(str(int(r)) for r in rows[:10])
+    return f"rows [{shown}{', …' if len(rows) > 10 else ''}]"
+
+
+class OutputsMixin:
+    """Checks of the network's outputs and the chunking of predictions (reads ``prefit``, ``module_``,
+    ``posterior_``, ``n_samples``, ``predictive_`` and ``working_memory``)."""
+
+    def _check_trainable(self, module: nn.Module) -> None:
+        """A module without trainable weights is refused before any training (there is no weight posterior)."""
+        if not any(p.requires_grad for p in unwrap_model(module).parameters()):
+            what = "" if self.prefit else "there is nothing to train, and "
+            raise ValueError(f"{type(self).__name__}: the module {type(unwrap_model(module)).__name__} has no "
+                             f"trainable parameters (none with requires_grad=True): {what}the posterior is over the "
+                             "trainable weights. Unfreeze the layers whose uncertainty you want "
+                             "(p.requires_grad_(True)).")
+
+    def _check_network_outputs(self, Xt: torch.Tensor, Xc: torch.Tensor) -> None:
+        """The network's outputs at θ0 on the training and calibration rows are finite; else an error naming the
+        rows (positions in the ``X`` or ``X_cal`` passed to fit) and the cause, before the curvature is built."""
+        split = getattr(self, "train_indices_", None) is not None
+        for X, where, positions in ((Xt, "X", self.train_indices_ if split else None),
+                                    (Xc, "X" if split else "X_cal", self.calibration_indices_ if split else None)):
+            out = model_outputs(self.module_, X, batch_size=_CHECK_ROWS)
+            bad = np.flatnonzero((~torch.isfinite(out)).reshape(len(out), -1).any(1).cpu().numpy())
+            if bad.size == 0:
+                continue
+            rows = bad if positions is None else np.sort(positions[bad])
+            kind = "calibration" if X is Xc else "training"
+            if self.prefit:
+                cause = ("the prefit module returns NaN or inf there, so neither its predictions nor their "
+                         "uncertainty are defined. Check those rows (values far outside the network's training range, "
+                         "missing values encoded as numbers) and the module's forward (a log, sqrt or division of its "
+                         "input)")
+            else:
+                losses = getattr(self, "training_loss_", None)
+                last = f" (the training loss ends at {losses[-1]:.4g})" if losses else ""
+                cause = (f"after training{last}: the training diverged or overflowed; lower lr, standardise X, or "
+                         "use dtype='float64'")
+            raise ValueError(f"{type(self).__name__}: the network's outputs are non-finite (NaN or inf) on "
+                             f"{len(rows)} of the {len(X)} {kind} rows, {_rows_text(rows)} of {where}: {cause}.")
+
+    # ------------------------------------------------------------------------------------------- prediction
+    def _predict_bytes_per_row(self, n_outputs: int) -> int:
+        samples = self.n_samples if self.predictive_ == "sampled" else 1
+        return _BYTES_PER_OUTPUT * samples * max(1, n_outputs)
+
+    def _predict_in_chunks(self, Xt: torch.Tensor, n_outputs: int, predict: Callable, *, finite: Callable):
+        """``predict(rows)`` over chunks of the rows of ``Xt``, each within ``working_memory`` (the posterior's own
+        chunks too), returning the list of results. ``finite(result)`` is the tensor that must be finite: where it
+        is not, the error names the rows and whether the network itself or the posterior's samples are at fault.
+        An error inside ``predict`` caused by non-finite network outputs is reported the same way."""
+        budget = int(self._working_memory_bytes())
+        size = max(1, budget // self._predict_bytes_per_row(n_outputs))
+        parts = []
+        with memory_budget(budget):
+            for start in range(0, Xt.shape[0], size):
+                rows = Xt[start:start + size]
+                try:
+                    result = predict(rows)
+                except (ValueError, RuntimeError) as err:
+                    self._raise_if_network_nonfinite(rows, start, Xt.shape[0], cause=err)
+                    raise
+                check = finite(result)
+                if not bool(torch.isfinite(check).all()):
+                    self._raise_if_network_nonfinite(rows, start, Xt.shape[0])
+                    bad = np.flatnonzero((~torch.isfinite(check)).reshape(len(check), -1).any(1).cpu().numpy())
+                    raise ValueError(
+                        f"{type(self).__name__}: the predictive is non-finite (NaN or inf) on "
+                        f"{_rows_text(bad + start)} "
+                        "of X, although the network's outputs at its trained weights are finite there: the "
+                        "posterior's weight samples make the network overflow on them. Use predictive='linearized', "
+                        "a smaller sigma0, or dtype='float64'.")
+                parts.append(result)
+        return parts
+
+    def _check_finite_rows(self, values: torch.Tensor, Xt: torch.Tensor) -> None:
+        """Refuse non-finite ``values`` (rows first, (n, ...)) predicted for the rows ``Xt``, naming the rows and the
+        cause (the network at its trained weights, or the posterior's weight samples)."""
+        ok = torch.isfinite(values).reshape(len(values), -1).all(1)
+        if not bool(ok.all()):
+            self._raise_if_network_nonfinite(Xt, 0, Xt.shape[0])
+            bad = np.flatnonzero((~ok).cpu().numpy())
+            raise ValueError(f"{type(self).__name__}: the posterior's draws are non-finite (NaN or inf) on "
+                             f"{_rows_text(bad)} of X, although the network's outputs at its trained weights are "
+                             "finite there: the weight samples make the network overflow on them. Use a smaller "
+                             "sigma0, or dtype='float64'.")
+
+    def _raise_if_network_nonfinite(self, rows: torch.Tensor, start: int, n: int, cause=None) -> None:
+        """Raise the error naming the rows (positions in X) where the network's output at θ0 is not finite."""
+        try:
+            with memory_budget(int(self._working_memory_bytes())):
+                out = self.posterior_.predict_mean(rows, batch_size=_CHECK_ROWS)
+        except Exception:  # noqa: BLE001 - the network cannot be evaluated at all: the original error stands
+            if cause is None:
+                raise
+            return
+        bad = np.flatnonzero((~torch.isfinite(out)).reshape(len(out), -1).any(1).cpu().numpy())
+        if bad.size:
+            raise ValueError(
+                f"{type(self).__name__}: the network's outputs are non-finite (NaN or inf) on "
+                f"{_rows_text(bad + start)} "
+                f"of X ({n} rows): the network returns NaN or inf there at its trained weights, so neither the "
+                "prediction nor its uncertainty is defined. Check those rows (values far outside the training range, "
+                "missing values encoded as numbers) and the module's forward (a log, sqrt or division of its input).") \
+                from cause
+
+    def _working_memory_bytes(self) -> float:
+        wm = getattr(self, "working_memory", None)
+        return (64 if wm is None else wm) * 2**20
