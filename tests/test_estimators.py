@@ -782,7 +782,7 @@ def test_predictions_in_row_chunks_equal_whole(predictive, monkeypatch):
     clf = _clf(predictive=predictive).fit(Xl, yl)
     whole = (reg.predict(X, return_std=True), reg.predict_interval(X, [0.5, 0.9]), clf.predict_proba(Xl),
              clf.predict_set(Xl)[1])
-    per_row = reg._predict_bytes_per_row(1)
+    per_row = reg._predict_bytes_per_row(1)  # (60 rows: no activations counted)
     for est in (reg, clf):  # 7 rows per chunk (of one output)
         est.set_params(working_memory=7 * per_row / 2**20)
     calls = []

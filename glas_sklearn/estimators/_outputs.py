@@ -68,9 +68,35 @@ class OutputsMixin:
                              f"{len(rows)} of the {len(X)} {kind} rows, {_rows_text(rows)} of {where}: {cause}.")
 
     # ------------------------------------------------------------------------------------------- prediction
-    def _predict_bytes_per_row(self, n_outputs: int) -> int:
-        samples = self.n_samples if self.predictive_ == "sampled" else 1
-        return _BYTES_PER_OUTPUT * samples * max(1, n_outputs)
+    def _predict_bytes_per_row(self, n_outputs: int, activations: int = 0) -> int:
+        """Bytes a prediction holds per row at once: the outputs per sample (sampled) or the Jacobian projections
+        and their float64 products (linearised), plus ``activations`` (of one row's forward pass) twice."""
+        M = max(1, n_outputs)
+        if self.predictive_ == "sampled":
+            return _BYTES_PER_OUTPUT * self.n_samples * M + 2 * activations
+        K = self.posterior_.max_components
+        return M * (_BYTES_PER_OUTPUT * (K + 2)) + 2 * activations
+
+    def _activation_bytes_per_row(self, Xt: torch.Tensor) -> int:
+        """The bytes one more row adds to the tensors a forward pass keeps for its backward pass (two forwards on 2
+        and 4 rows, under ``saved_tensors_hooks``): a measure of the network's activations per row."""
+        if Xt.shape[0] < 4:
+            return 0
+        fm = self.posterior_.functional_model
+        leaves = {n: p.detach().requires_grad_() for n, p in fm.params0.items()}
+        sizes = []
+        for rows in (2, 4):
+            total = 0
+
+            def pack(t):
+                nonlocal total
+                total += t.numel() * t.element_size()
+                return t
+
+            with fm.autodiff(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                fm(Xt[:rows], leaves)
+            sizes.append(total)
+        return max(0, (sizes[1] - sizes[0]) // 2)
 
     def _predict_in_chunks(self, Xt: torch.Tensor, n_outputs: int, predict: Callable, *, finite: Callable):
         """``predict(rows)`` over chunks of the rows of ``Xt``, each within ``working_memory`` (the posterior's own
@@ -78,9 +104,10 @@ class OutputsMixin:
         is not, the error names the rows and whether the network itself or the posterior's samples are at fault.
         An error inside ``predict`` caused by non-finite network outputs is reported the same way."""
         budget = int(self._working_memory_bytes())
-        size = max(1, budget // self._predict_bytes_per_row(n_outputs))
+        activations = self._activation_bytes_per_row(Xt) if Xt.shape[0] > _CHECK_ROWS else 0
+        size = max(1, budget // self._predict_bytes_per_row(n_outputs, activations))
         parts = []
-        with memory_budget(budget):
+        with memory_budget(budget, max(activations, 256)):
             for start in range(0, Xt.shape[0], size):
                 rows = Xt[start:start + size]
                 try:

@@ -39,16 +39,18 @@ _BUDGET = threading.local()
 
 
 @contextlib.contextmanager
-def memory_budget(max_bytes: int):
+def memory_budget(max_bytes: int, bytes_per_evaluation: int = _BYTES_PER_EVALUATION):
     """Within the block, the calling thread's posterior evaluations (weight chunks, vectorised forwards and JVPs,
     per-record Jacobian chunks) hold at most about ``max_bytes`` at once (the defaults, 128 MiB of weight rows and
-    2¹⁶ evaluations per vectorised call, when larger). Per thread: other threads keep their own budget."""
-    previous = getattr(_BUDGET, "bytes", None)
-    _BUDGET.bytes = int(max_bytes) if previous is None else min(int(max_bytes), previous)
+    2¹⁶ evaluations per vectorised call, when larger), counting ``bytes_per_evaluation`` of activations per network
+    evaluation (one input row at one weight vector). Per thread: other threads keep their own budget."""
+    previous = getattr(_BUDGET, "bytes", None), getattr(_BUDGET, "per_evaluation", None)
+    _BUDGET.bytes = int(max_bytes) if previous[0] is None else min(int(max_bytes), previous[0])
+    _BUDGET.per_evaluation = max(1, int(bytes_per_evaluation))
     try:
         yield
     finally:
-        _BUDGET.bytes = previous
+        _BUDGET.bytes, _BUDGET.per_evaluation = previous
 
 
 def _weight_chunk_bytes() -> int:
@@ -56,9 +58,18 @@ def _weight_chunk_bytes() -> int:
     return _WEIGHT_CHUNK_BYTES if budget is None else max(1, min(_WEIGHT_CHUNK_BYTES, budget // 2))
 
 
+def _jacobian_chunk_bytes() -> int:
+    # a chunk of float64 per-record Jacobians comes with about four times its size in temporaries (the per-weight
+    # Jacobians in the model's dtype, their concatenation, the float64 copy, the squares)
+    budget = getattr(_BUDGET, "bytes", None)
+    return _WEIGHT_CHUNK_BYTES if budget is None else max(1, min(_WEIGHT_CHUNK_BYTES, budget // 8))
+
+
 def _max_batched_rows() -> int:
     budget = getattr(_BUDGET, "bytes", None)
-    return _MAX_BATCHED_ROWS if budget is None else max(1, min(_MAX_BATCHED_ROWS, budget // _BYTES_PER_EVALUATION))
+    if budget is None:
+        return _MAX_BATCHED_ROWS
+    return max(1, min(_MAX_BATCHED_ROWS, budget // 2 // getattr(_BUDGET, "per_evaluation", _BYTES_PER_EVALUATION)))
 
 
 class PosteriorEvaluation(BoundModel):
@@ -247,12 +258,17 @@ class PosteriorEvaluation(BoundModel):
         """J P_K and ‖J_m‖² of every record from its per-record Jacobian (reverse mode, in memory-bounded chunks),
         into ``cache`` ("JP" in the weights' dtype, "gram_diag" in float64)."""
         P = self.eigenvectors.to(torch.float64)
-        jp, gram = [], []
-        for _, jac in self._jacobian_blocks(X, batch_size):  # (c, *out, D)
-            jp.append((jac @ P).to(self.dtype))
-            gram.append((jac**2).sum(-1))
-        cache["JP"] = torch.cat(jp, 0)
-        cache.setdefault("gram_diag", torch.cat(gram, 0))
+        jp = gram = None
+        # the results are allocated once and filled chunk by chunk: small results allocated between the chunks'
+        # large temporaries would pin the heap and make it grow with the number of chunks
+        for rows, jac in self._jacobian_blocks(X, batch_size):  # (c, *out, D)
+            if jp is None:
+                jp = torch.empty(X.shape[0], *jac.shape[1:-1], P.shape[1], dtype=self.dtype, device=jac.device)
+                gram = torch.empty(X.shape[0], *jac.shape[1:-1], dtype=torch.float64, device=jac.device)
+            torch.matmul(jac, P, out=jp[rows]) if jp.dtype == torch.float64 else jp[rows].copy_(jac @ P)
+            torch.sum(jac**2, -1, out=gram[rows])
+        cache["JP"] = jp
+        cache.setdefault("gram_diag", gram)
 
     # ------------------------------------------------------- per-record Jacobians
     def _jacobian_blocks(self, X: torch.Tensor, batch_size: int | None):
@@ -261,9 +277,9 @@ class PosteriorEvaluation(BoundModel):
         cache = self._cache_for(X)
         if cache.get("jac") is not None:
             return cache["jac"]
-        blocks = self.record_jacobian_chunks(X, _weight_chunk_bytes(), batch_size)
+        blocks = self.record_jacobian_chunks(X, _jacobian_chunk_bytes(), batch_size)
         n_out = int(np.prod(self.functional_model.output_shape(X)))
-        fits = X.shape[0] * n_out * self.n_weights * 8 <= _weight_chunk_bytes()
+        fits = X.shape[0] * n_out * self.n_weights * 8 <= _jacobian_chunk_bytes()
         if self._keep_record_jacobians and fits and (batch_size or X.shape[0]) >= X.shape[0]:
             cache["jac"] = blocks = list(blocks)
         return blocks
