@@ -273,3 +273,178 @@ def test_pickled_copies_in_threads(regressors):
         _assert_same(got, ref, "pickled copy")
     refit = clone(est).fit(*_regression())  # same data, same random_state: the same fit
     _assert_same(refit.predict_interval(X), ref, "clone refitted")
+
+
+# ------------------------------------------------------------------------------------------- hostile inputs
+
+FAST = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=5, max_components=3, n_samples=20,
+            random_state=0)
+
+
+def test_values_too_large_to_standardise_are_refused_naming_the_column():
+    """1e200 in one column: its variance overflows float64; the fit names that column instead of mapping every
+    input to 0 (constant predictions with normal-looking intervals)."""
+    X, y = _regression()
+    X[:, 2] *= 1e200
+    with pytest.raises(ValueError, match=r"too large to standardise in column 2 .*largest magnitude"):
+        LaplaceActiveSubspaceRegressor(**FAST).fit(X, y)
+    with pytest.raises(ValueError, match=r"y has values too large to standardise"):
+        LaplaceActiveSubspaceRegressor(**FAST).fit(_regression()[0], _regression()[1] * 1e200)
+
+
+def test_column_names_in_the_overflow_message():
+    pd = pytest.importorskip("pandas")
+    X, y = _regression()
+    frame = pd.DataFrame(X, columns=["a", "b", "income", "d"])
+    frame["income"] *= 1e200
+    with pytest.raises(ValueError, match=r"column 2 \('income'\)"):
+        LaplaceActiveSubspaceRegressor(**FAST).fit(frame, y)
+
+
+def test_test_rows_beyond_float32_are_refused(regressors):
+    est = regressors["linearized low_rank"]
+    X = _regression(n=10, seed=5)[0]
+    X[4, 1] = 1e200
+    with pytest.raises(ValueError, match=r"beyond the range of torch.float32 .* column 1"):
+        est.predict_interval(X)
+
+
+def test_integer_X_with_a_float_module_is_refused_before_training(monkeypatch):
+    """Integer X reaches a user's module as token ids: a float module cannot take them; said before training,
+    with the hint, not as a dtype error from inside the training loop."""
+    import glas_sklearn.estimators._base as base
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("training started")
+
+    monkeypatch.setattr(base, "train_module", no_training)
+    X, y = _regression()
+    net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
+    with pytest.raises(ValueError, match=r"cannot be evaluated .* token ids; for a table of integer-valued features "
+                                         r"pass X.astype\(float\)"):
+        LaplaceActiveSubspaceRegressor(module=net, **FAST).fit((10 * X).astype(int), y)
+
+
+@pytest.mark.parametrize("prefit", [False, True])
+def test_a_module_without_trainable_weights_is_refused(prefit):
+    X, y = _regression()
+    net = nn.Linear(4, 1, dtype=torch.float64 if prefit else torch.float32).requires_grad_(False)
+    extra = dict(X_cal=X[:20], y_cal=y[:20]) if prefit else {}
+    with pytest.raises(ValueError, match=r"no trainable parameters .*requires_grad_\(True\)"):
+        LaplaceActiveSubspaceRegressor(module=net, prefit=prefit, **FAST).fit(X[20:], y[20:], **extra)
+
+
+class _NaNAbove(nn.Module):
+    """A trained-looking network that returns NaN where its first input exceeds 2 (a log of a negative number, say)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.lin = nn.Linear(4, 1, dtype=torch.float64)
+
+    def forward(self, x):
+        return torch.where(x[:, :1] > 2.0, torch.nan, self.lin(x))
+
+
+def test_prefit_nan_on_calibration_rows_names_the_network_and_rows():
+    X, y = _regression()
+    X[:, 0] = np.clip(X[:, 0], -1.9, 1.9)
+    X_cal, y_cal = _regression(n=40, seed=9)
+    X_cal[:, 0] = np.clip(X_cal[:, 0], -1.9, 1.9)
+    X_cal[[5, 17], 0] = 3.0
+    with pytest.raises(ValueError, match=r"network's outputs are non-finite .* 2 of the 40 calibration rows, "
+                                         r"rows \[5, 17\] of X_cal: the prefit module"):
+        LaplaceActiveSubspaceRegressor(module=_NaNAbove(), prefit=True, **FAST).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+
+
+@pytest.mark.parametrize("method", ["predict_interval", "predict", "sample_y"])
+def test_prefit_nan_on_test_rows_names_the_network_and_rows(method):
+    X, y = _regression()
+    X[:, 0] = np.clip(X[:, 0], -1.9, 1.9)
+    reg = LaplaceActiveSubspaceRegressor(module=_NaNAbove(), prefit=True, **FAST).fit(X[40:], y[40:], X_cal=X[:40],
+                                                                                       y_cal=y[:40])
+    X_test = X[:12].copy()
+    X_test[[3, 8], 0] = 2.5
+    with pytest.raises(ValueError, match=r"network's outputs are non-finite \(NaN or inf\) on rows \[3, 8\] of X"):
+        getattr(reg, method)(X_test)
+
+
+def test_classifier_nan_on_test_rows_names_the_rows():
+    X, y = _classes()
+    clf = LaplaceActiveSubspaceClassifier(**FAST).fit(X, y)
+
+    class Broken(nn.Module):  # the classifier's own network, returning NaN on one row
+        def __init__(self, inner):
+            super().__init__()
+            self.inner = inner
+
+        def forward(self, x):
+            out = self.inner(x)
+            return torch.where((x[:, :1] > 50), torch.nan, out)
+
+    pre = LaplaceActiveSubspaceClassifier(module=Broken(clf.module_), prefit=True, dtype="float32", **FAST)
+    pre.fit(X[40:], y[40:], X_cal=X[:40], y_cal=y[:40])
+    X_test = X[:6].copy()
+    X_test[2, 0] = 100.0
+    for method in (pre.predict_proba, pre.predict_set):
+        with pytest.raises(ValueError, match=r"non-finite \(NaN or inf\) on rows \[2\] of X"):
+            method(X_test)
+
+
+def test_batchnorm_with_a_last_batch_of_one_row():
+    """135 training rows in batches of 67: the last batch holds one row, on which BatchNorm cannot train."""
+    X, y = _regression(n=175)
+    net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 1))
+    reg = LaplaceActiveSubspaceRegressor(module=net, batch_size=67, **FAST)
+    try:
+        reg.fit(X[:135], y[:135], X_cal=X[135:], y_cal=y[135:])
+    except (ValueError, RuntimeError) as err:
+        if "batch_size" in str(err):  # a clear refusal naming batch_size is acceptable too
+            return
+        pytest.xfail(f"the training loop (estimators/_training.py, helper i28's issue 28) does not handle a last "
+                     f"batch of one row yet: {err}")
+    else:
+        assert np.isfinite(reg.predict_interval(X[135:])[1]).all()
+
+
+# ------------------------------------------------------------------------------------------ state and memory
+
+
+def test_refit_forgets_the_previous_fit():
+    """A refit on other data gives the fit of that data alone (nothing carried over from the first fit)."""
+    X1, y1 = _regression(seed=1)
+    X2, y2 = _regression(seed=2)
+    reg = LaplaceActiveSubspaceRegressor(**FAST).fit(X1, y1)
+    reg.fit(X2, y2)
+    fresh = LaplaceActiveSubspaceRegressor(**FAST).fit(X2, y2)
+    X = _regression(n=15, seed=3)[0]
+    for a, b in zip(reg.predict_interval(X), fresh.predict_interval(X), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_predictions_are_deterministic_and_independent_of_the_batch():
+    """The same rows give the same predictions however they are batched, and on every call (the weight samples
+    are the fit's)."""
+    X, y = _regression()
+    reg = LaplaceActiveSubspaceRegressor(calibration="coverage", posterior="subspace", **FAST).fit(X, y)
+    X_test = _regression(n=30, seed=4)[0]
+    whole = reg.predict_interval(X_test)
+    again = reg.predict_interval(X_test)
+    part = reg.predict_interval(X_test[7:19])
+    np.testing.assert_array_equal(whole[1], again[1])
+    np.testing.assert_allclose(part[1], whole[1][7:19], rtol=1e-6, atol=1e-7)  # float32 network, other shapes
+
+
+def test_working_memory_bounds_the_chunks_not_the_results():
+    """A tiny working_memory cuts prediction into many chunks and the posterior's evaluations too: the same
+    results (up to float32 round-off of other matrix shapes)."""
+    X, y = _regression()
+    reg = LaplaceActiveSubspaceRegressor(**FAST).fit(X, y)
+    X_test = _regression(n=300, seed=6)[0]
+    ref = reg.predict_interval(X_test)
+    small = clone(reg).set_params(working_memory=0.01).fit(X, y)
+    got = small.predict_interval(X_test)
+    for a, b in zip(got, ref, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="working_memory"):
+        clone(reg).set_params(working_memory=0).fit(X, y)
