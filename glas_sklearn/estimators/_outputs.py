@@ -160,5 +160,9 @@ class OutputsMixin:
                 from cause
 
     def _working_memory_bytes(self) -> float:
-        wm = getattr(self, "working_memory", None)
-        return (64 if wm is None else wm) * 2**20
+        """``working_memory`` in bytes (it may be set after fit with ``set_params``, so it is checked here too)."""
+        wm = getattr(self, "working_memory", 64)
+        if isinstance(wm, bool) or not isinstance(wm, (int, float, np.integer, np.floating)) or not wm > 0:
+            raise ValueError(f"{type(self).__name__}: working_memory must be a number of MiB > 0 (e.g. 64), got "
+                             f"{wm!r}.")
+        return float(wm) * 2**20
