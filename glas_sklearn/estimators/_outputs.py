@@ -5,6 +5,7 @@ the row indices) or to the posterior's weight samples, and prediction runs in ch
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 
 import numpy as np
@@ -107,7 +108,7 @@ class OutputsMixin:
         activations = self._activation_bytes_per_row(Xt) if Xt.shape[0] > _CHECK_ROWS else 0
         size = max(1, budget // self._predict_bytes_per_row(n_outputs, activations))
         parts = []
-        with memory_budget(budget, max(activations, 256)):
+        with memory_budget(budget, max(activations, 256)), self._released_cache():
             for start in range(0, Xt.shape[0], size):
                 rows = Xt[start:start + size]
                 try:
@@ -139,6 +140,15 @@ class OutputsMixin:
                              f"{_rows_text(bad)} of X, although the network's outputs at its trained weights are "
                              "finite there: the weight samples make the network overflow on them. Use a smaller "
                              "sigma0, or dtype='float64'.")
+
+    @contextlib.contextmanager
+    def _released_cache(self):
+        """The posterior's cache of the last rows' Jacobian quantities is dropped when the prediction is done (each
+        chunk of rows is a new tensor: nothing in it would be reused, and it would hold memory between calls)."""
+        try:
+            yield
+        finally:
+            self.posterior_.release_cache()
 
     def _raise_if_network_nonfinite(self, rows: torch.Tensor, start: int, n: int, cause=None) -> None:
         """Raise the error naming the rows (positions in X) where the network's output at θ0 is not finite."""

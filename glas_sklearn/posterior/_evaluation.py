@@ -227,7 +227,8 @@ class PosteriorEvaluation(BoundModel):
         return cache
 
     def jacobian_projections(self, X: torch.Tensor, d: int, batch_size: int | None = None) -> torch.Tensor:
-        """J(x) p_j for j ≤ d by forward-mode JVPs; shape ``(n, *out, d)``.
+        """J(x) p_j for j ≤ d by forward-mode JVPs (kinds with ``_projections_from_jacobians``: from the per-record
+        Jacobians, by reverse mode); shape ``(n, *out, d)``.
 
         The result for the last ``X`` (the same tensor object, unmodified) is cached and extended column by
         column, so calling it for d = 1, …, K costs K JVPs in total.
