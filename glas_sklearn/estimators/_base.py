@@ -529,10 +529,18 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, OutputsMixin, BaseEst
     def _check_fitted_X(self, X, method: str | None = None) -> torch.Tensor:
         """Validated rows as a tensor on the posterior's device; with ``method`` (an uncertainty output), rows of a
         prefit network's training data are warned about."""
+        return self._rows_tensor(self._fitted_rows(X, method))
+
+    def _fitted_rows(self, X, method: str | None = None) -> np.ndarray:
+        """Validated rows (numpy, the user's units), warned about as :meth:`_check_fitted_X` does."""
         check_is_fitted(self, "posterior_")
         X = self._validate_X(X, reset=False)
         if method is not None:
             self._warn_if_prefit_training_rows(X, method)
+        return X
+
+    def _rows_tensor(self, X: np.ndarray) -> torch.Tensor:
+        """Validated rows as the network's input tensor (standardised, on the posterior's device and dtype)."""
         p = self.posterior_
         return self._to_tensor(self._transform_X(X), p.device, p.dtype)
 

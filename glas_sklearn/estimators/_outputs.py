@@ -99,18 +99,21 @@ class OutputsMixin:
             sizes.append(total)
         return max(0, (sizes[1] - sizes[0]) // 2)
 
-    def _predict_in_chunks(self, Xt: torch.Tensor, n_outputs: int, predict: Callable, *, finite: Callable):
+    def _predict_in_chunks(self, Xt, n_outputs: int, predict: Callable, *, finite: Callable):
         """``predict(rows)`` over chunks of the rows of ``Xt``, each within ``working_memory`` (the posterior's own
-        chunks too), returning the list of results. ``finite(result)`` is the tensor that must be finite: where it
-        is not, the error names the rows and whether the network itself or the posterior's samples are at fault.
-        An error inside ``predict`` caused by non-finite network outputs is reported the same way."""
+        chunks too), returning the list of results. ``Xt`` is the network's input tensor, or the validated rows
+        as an array (turned into input tensors one chunk at a time). ``finite(result)`` is the tensor that must be
+        finite: where it is not, the error names the rows and whether the network itself or the posterior's
+        samples are at fault. An error inside ``predict`` caused by non-finite network outputs is reported the same
+        way."""
         budget = int(self._working_memory_bytes())
-        activations = self._activation_bytes_per_row(Xt) if Xt.shape[0] > _CHECK_ROWS else 0
+        as_input = (lambda rows: rows) if isinstance(Xt, torch.Tensor) else self._rows_tensor
+        activations = self._activation_bytes_per_row(as_input(Xt[:4])) if Xt.shape[0] > _CHECK_ROWS else 0
         size = max(1, budget // self._predict_bytes_per_row(n_outputs, activations))
         parts = []
         with memory_budget(budget, max(activations, 256)), self._released_cache():
             for start in range(0, Xt.shape[0], size):
-                rows = Xt[start:start + size]
+                rows = as_input(Xt[start:start + size])
                 try:
                     result = predict(rows)
                 except (ValueError, RuntimeError) as err:

@@ -428,8 +428,8 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     def _predict_rows(self, X, levels=None, method=None):
         """:meth:`_predictive` over all rows of X, chunk by chunk (bounded memory for large X); ``method`` names
         the public method for the prefit-training-rows warning."""
-        Xt = self._check_fitted_X(X, method)
-        parts = self._predict_in_chunks(Xt, self._n_out, lambda rows: self._predictive(rows, levels),
+        rows = self._fitted_rows(X, method)  # made input tensors chunk by chunk (memory)
+        parts = self._predict_in_chunks(rows, self._n_out, lambda rows: self._predictive(rows, levels),
                                         finite=lambda part: torch.stack([part[0], part[1]]))
         mean = torch.cat([q[0] for q in parts])
         std = torch.cat([q[1] for q in parts])
