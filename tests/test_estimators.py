@@ -784,15 +784,17 @@ def test_predictions_in_row_chunks_equal_whole(predictive, monkeypatch):
              clf.predict_set(Xl)[1])
     per_row = reg._predict_bytes_per_row(1)  # (60 rows: no activations counted)
     for est in (reg, clf):  # 7 rows per chunk (of one output)
-        est.set_params(working_memory=7 * per_row / 2**20)
+        est.set_params(working_memory=2 * 7 * per_row / 2**20)  # half the budget goes to the rows' results
     calls = []
     original = base.LaplaceActiveSubspaceBase._predict_in_chunks
     monkeypatch.setattr(base.LaplaceActiveSubspaceBase, "_predict_in_chunks",
                         lambda self, Xt, *a, **k: calls.append(Xt.shape[0]) or original(self, Xt, *a, **k))
     chunked = (reg.predict(X, return_std=True), reg.predict_interval(X, [0.5, 0.9]), clf.predict_proba(Xl),
                clf.predict_set(Xl)[1])
-    assert calls and len(reg._predict_in_chunks(torch.zeros(60, 3, dtype=reg.posterior_.dtype), 1,
-                                                lambda rows: rows, finite=lambda r: r)) == 9
+    chunks = []
+    reg._predict_in_chunks(torch.zeros(60, 3, dtype=reg.posterior_.dtype), 1, lambda rows: chunks.append(rows) or rows,
+                           finite=lambda r: r)
+    assert calls and len(chunks) == 9
     # Chunks are other matrix shapes: float64 round-off only, hence 1e-12 (not bit for bit).
     for a, b in zip(whole[:2], chunked[:2], strict=True):
         for u, v in zip(a, b, strict=True):

@@ -30,6 +30,21 @@ def _rows_text(rows: np.ndarray) -> str:
     return f"rows [{shown}{', …' if len(rows) > 10 else ''}]"
 
 
+def _write_rows(whole, part, start: int, n: int):
+    """Write a chunk's result (a tensor, or a tuple of tensors and None) at rows ``start:`` of the result over all
+    ``n`` rows, allocated on the first chunk. Results of the chunks kept as separate small tensors between the
+    chunks' large temporaries would fragment the C heap, which then grows with the number of chunks."""
+    if isinstance(part, tuple):
+        whole = (None,) * len(part) if whole is None else whole
+        return tuple(_write_rows(w, p, start, n) for w, p in zip(whole, part, strict=True))
+    if part is None:
+        return None
+    if whole is None:
+        whole = torch.empty((n, *part.shape[1:]), dtype=part.dtype, device=part.device)
+    whole[start:start + part.shape[0]] = part
+    return whole
+
+
 class OutputsMixin:
     """Checks of the network's outputs and the chunking of predictions (reads ``prefit``, ``module_``,
     ``posterior_``, ``n_samples``, ``predictive_`` and ``working_memory``)."""
@@ -101,16 +116,19 @@ class OutputsMixin:
 
     def _predict_in_chunks(self, Xt, n_outputs: int, predict: Callable, *, finite: Callable):
         """``predict(rows)`` over chunks of the rows of ``Xt``, each within ``working_memory`` (the posterior's own
-        chunks too), returning the list of results. ``Xt`` is the network's input tensor, or the validated rows
-        as an array (turned into input tensors one chunk at a time). ``finite(result)`` is the tensor that must be
-        finite: where it is not, the error names the rows and whether the network itself or the posterior's
-        samples are at fault. An error inside ``predict`` caused by non-finite network outputs is reported the same
-        way."""
-        budget = int(self._working_memory_bytes())
+        chunks too), returning their results over all rows (a tensor, or a tuple of tensors and None, as one chunk's
+        result; the rows are the first axis), written chunk by chunk into arrays allocated once. ``Xt`` is the
+        network's input tensor, or the validated rows as an array (turned into input tensors one chunk at a time).
+        ``finite(result)`` is the tensor that must be finite: where it is not, the error names the rows and whether
+        the network itself or the posterior's samples are at fault. An error inside ``predict`` caused by
+        non-finite network outputs is reported the same way."""
+        # half the budget for the rows' results and half for the posterior's evaluations inside a chunk (its own
+        # chunks take half of what they are given: see posterior.memory_budget)
+        budget = int(self._working_memory_bytes()) // 2
         as_input = (lambda rows: rows) if isinstance(Xt, torch.Tensor) else self._rows_tensor
         activations = self._activation_bytes_per_row(as_input(Xt[:4])) if Xt.shape[0] > _CHECK_ROWS else 0
         size = max(1, budget // self._predict_bytes_per_row(n_outputs, activations))
-        parts = []
+        whole = None
         with memory_budget(budget, max(activations, 256)), self._released_cache():
             for start in range(0, Xt.shape[0], size):
                 rows = as_input(Xt[start:start + size])
@@ -129,8 +147,8 @@ class OutputsMixin:
                         "of X, although the network's outputs at its trained weights are finite there: the "
                         "posterior's weight samples make the network overflow on them. Use predictive='linearized', "
                         "a smaller sigma0, or dtype='float64'.")
-                parts.append(result)
-        return parts
+                whole = _write_rows(whole, result, start, Xt.shape[0])
+        return whole
 
     def _check_finite_rows(self, values: torch.Tensor, Xt: torch.Tensor) -> None:
         """Refuse non-finite ``values`` (rows first, (n, ...)) predicted for the rows ``Xt``, naming the rows and the

@@ -153,7 +153,7 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         """Class probabilities (n, C), chunk by chunk of rows (bounded memory for large X); ``method`` names the
         public method for the prefit-training-rows warning."""
         rows = self._fitted_rows(X, method)  # made input tensors chunk by chunk (memory)
-        return torch.cat(self._predict_in_chunks(rows, len(self.classes_), self._proba_chunk, finite=lambda p: p))
+        return self._predict_in_chunks(rows, len(self.classes_), self._proba_chunk, finite=lambda p: p)
 
     def predict_proba(self, X) -> np.ndarray:
         """Class probabilities under the GLAS predictive, columns in ``classes_`` order.

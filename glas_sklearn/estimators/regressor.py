@@ -429,11 +429,8 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         """:meth:`_predictive` over all rows of X, chunk by chunk (bounded memory for large X); ``method`` names
         the public method for the prefit-training-rows warning."""
         rows = self._fitted_rows(X, method)  # made input tensors chunk by chunk (memory)
-        parts = self._predict_in_chunks(rows, self._n_out, lambda rows: self._predictive(rows, levels),
-                                        finite=lambda part: torch.stack([part[0], part[1]]))
-        mean = torch.cat([q[0] for q in parts])
-        std = torch.cat([q[1] for q in parts])
-        bounds = None if levels is None else torch.cat([q[2] for q in parts])
+        mean, std, bounds = self._predict_in_chunks(rows, self._n_out, lambda rows: self._predictive(rows, levels),
+                                                    finite=lambda part: torch.stack([part[0], part[1]]))
         return mean, std, bounds
 
     def _to_user_units(self, t: torch.Tensor, shift: bool = True) -> np.ndarray:
