@@ -218,13 +218,6 @@ _SDPA_MATH = _SharedFlag(lambda: sdpa_kernel([SDPBackend.MATH])) if sdpa_kernel 
 
 
 @contextlib.contextmanager
-def _onednn_disabled() -> Iterator[None]:
-    """oneDNN off inside the block, restored after the last thread inside such a block leaves it."""
-    with _ONEDNN_OFF.held():
-        yield
-
-
-@contextlib.contextmanager
 def autodiff_context(model: nn.Module, device: torch.device) -> Iterator[None]:
     """Gradients on; ``scaled_dot_product_attention`` on its math kernel (the fused flash / memory-efficient
     kernels, which transformers' attention layers call, have neither forward-mode AD nor a double backward);
