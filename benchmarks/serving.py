@@ -4,11 +4,12 @@ predicting 200,000 rows.
 For each of the regressor (default: low-rank, linearised, conformal), the regressor with the paper's sampled
 predictive (``calibration="coverage", posterior="subspace"``), the heteroscedastic regressor and the classifier:
 50 calls of ``predict_interval`` (``predict_proba`` for the classifier) on 200 rows from 1 thread, then 50 calls
-from each of 4 threads at once on the same fitted estimator; every result is compared with the single-threaded
-one, exceptions are counted, and the estimator is called once more afterwards. Throughput is calls per second.
-Peak memory: ``predict_interval`` on 200,000 rows of 8 features (20,000 for the sampled predictive, which takes
-about a second per 200 rows here) in a fresh subprocess, its peak resident set (``VmHWM`` of /proc, reset before
-the call) minus the resident set before it, against the bytes of the inputs and outputs.
+from each of 4 threads at once on the same fitted estimator, in 3 alternating rounds; every result is compared with
+the single-threaded one, exceptions are counted, and the estimator is called once more afterwards. Throughput is
+calls per second (medians over the rounds). Peak memory: ``predict_interval`` on 200,000 rows of 8 features
+(20,000 for the sampled predictive, whose 1000 weight samples per row make it slow) in fresh subprocesses loading
+the pickled fit, its peak resident set (``VmHWM`` of /proc, reset before the call, after a garbage collection and
+``malloc_trim``) minus the resident set before it, against the bytes of the inputs and outputs; the worst of 3.
 
 Usage::
 
@@ -66,20 +67,17 @@ def _call(est, kind: str):
     return est.predict_proba if kind == "classifier" else (lambda X: est.predict_interval(X)[1])
 
 
-def throughput(name: str, calls: int) -> dict:
+def throughput(name: str, calls: int, rounds: int = 3) -> dict:
+    """Calls per second from 1 thread and from 4 threads sharing the estimator, in ``rounds`` alternating rounds
+    (the load of a shared machine drifts: each round's ratio compares runs a few seconds apart); medians reported."""
     kind, params = CASES[name]
     est = _fit(kind, params)
     predict = _call(est, kind)
     X = _data(kind, ROWS_PER_CALL, seed=1)[0]
     ref = predict(X)
-    t0 = time.perf_counter()
-    for _ in range(calls):
-        predict(X)
-    one = time.perf_counter() - t0
     errors, wrong = [], [0]
-    barrier = threading.Barrier(4)
 
-    def work():
+    def work(barrier):
         barrier.wait()
         for _ in range(calls):
             try:
@@ -89,21 +87,30 @@ def throughput(name: str, calls: int) -> dict:
             except Exception as err:  # noqa: BLE001 - counted and reported
                 errors.append(f"{type(err).__name__}: {err}"[:200])
 
-    threads = [threading.Thread(target=work) for _ in range(4)]
-    t0 = time.perf_counter()
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    four = time.perf_counter() - t0
+    def timed(n_threads: int) -> float:
+        barrier = threading.Barrier(n_threads)
+        threads = [threading.Thread(target=work, args=(barrier,)) for _ in range(n_threads)]
+        t0 = time.perf_counter()
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        return n_threads * calls / (time.perf_counter() - t0)
+
+    one, four = [], []
+    for _ in range(rounds):
+        one.append(timed(1))
+        four.append(timed(4))
     try:
         after_ok = bool(np.allclose(predict(X), ref, rtol=1e-10, atol=1e-12))
     except Exception:  # noqa: BLE001 - an estimator left broken
         after_ok = False
-    return {"case": name, "calls_per_thread": calls, "rows_per_call": ROWS_PER_CALL,
-            "one_thread_calls_per_s": calls / one, "four_threads_calls_per_s": 4 * calls / four,
-            "ratio": (4 * calls / four) / (calls / one), "exceptions": len(errors), "different_results": wrong[0],
-            "usable_afterwards": after_ok, "first_errors": sorted(set(errors))[:3]}
+    ratios = [f / o for f, o in zip(four, one, strict=True)]
+    return {"case": name, "calls_per_thread": calls, "rows_per_call": ROWS_PER_CALL, "rounds": rounds,
+            "one_thread_calls_per_s": float(np.median(one)), "four_threads_calls_per_s": float(np.median(four)),
+            "ratio": float(np.median(ratios)), "ratios": ratios, "exceptions": len(errors),
+            "different_results": wrong[0], "calls_checked": rounds * 5 * calls, "usable_afterwards": after_ok,
+            "first_errors": sorted(set(errors))[:3]}
 
 
 def _release_free_memory() -> None:
@@ -175,15 +182,20 @@ def render(payload: dict) -> str:
              f"`{payload['command']}`; {_common.machine_line(payload['machine'])}.", "",
              f"Throughput: calls per second of `predict_interval` (`predict_proba` for the classifier) on "
              f"{ROWS_PER_CALL} rows, {payload['throughput'][0]['calls_per_thread']} calls from 1 thread, then as many "
-             "from each of 4 threads at once on the same fitted estimator; every result compared with the "
-             "single-threaded one. On a machine shared with other jobs the ratio is noisy; the target is ≥ 1.", ""]
+             "from each of 4 threads at once on the same fitted estimator, in "
+             f"{payload['throughput'][0]['rounds']} alternating rounds (medians; the ratio is 4-thread over 1-thread "
+             "throughput per round, target ≥ 1; on a machine shared with other jobs it is noisy). Every result of "
+             "every call is compared with the single-threaded one.", ""]
     rows = [[r["case"], f"{r['one_thread_calls_per_s']:.1f}", f"{r['four_threads_calls_per_s']:.1f}",
-             f"{r['ratio']:.2f}", r["exceptions"], r["different_results"], "yes" if r["usable_afterwards"] else "NO"]
-            for r in payload["throughput"]]
-    lines += _common.markdown_table(["case", "1 thread (calls/s)", "4 threads (calls/s)", "ratio", "exceptions",
-                                     "different results", "usable afterwards"], rows, "lrrrrrl")
-    lines += ["", "Peak memory of `predict_interval` in a fresh process (VmHWM reset before the call, minus the "
-              "resident set before it), against the inputs and outputs (target: excess ≤ 100 MB):", ""]
+             f"{r['ratio']:.2f} ({', '.join(f'{v:.2f}' for v in r['ratios'])})", r["calls_checked"], r["exceptions"],
+             r["different_results"], "yes" if r["usable_afterwards"] else "NO"] for r in payload["throughput"]]
+    lines += _common.markdown_table(["case", "1 thread (calls/s)", "4 threads (calls/s)", "ratio (rounds)",
+                                     "calls checked", "exceptions", "different results", "usable afterwards"], rows,
+                                    "lrrrrrrl")
+    lines += ["", "Peak memory of `predict_interval` in fresh processes loading the pickled fit (garbage collected and "
+              "the C heap trimmed first; VmHWM reset before the call, minus the resident set before it), the worst of "
+              "3 processes, against the inputs and outputs (target: excess ≤ 100 MB; default `working_memory`, "
+              "64 MiB):", ""]
     rows = [[m["case"], f"{m['rows']:,}", f"{m['peak_above_before_mb']:.0f}", f"{m['inputs_outputs_mb']:.1f}",
              f"{m['excess_mb']:.0f}", f"{m['seconds']:.1f}"] for m in payload["memory"]]
     lines += _common.markdown_table(["case", "rows", "peak above before (MB)", "inputs + outputs (MB)",
