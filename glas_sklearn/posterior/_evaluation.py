@@ -267,7 +267,7 @@ class PosteriorEvaluation(BoundModel):
                 jp = torch.empty(X.shape[0], *jac.shape[1:-1], P.shape[1], dtype=self.dtype, device=jac.device)
                 gram = torch.empty(X.shape[0], *jac.shape[1:-1], dtype=torch.float64, device=jac.device)
             torch.matmul(jac, P, out=jp[rows]) if jp.dtype == torch.float64 else jp[rows].copy_(jac @ P)
-            torch.sum(jac**2, -1, out=gram[rows])
+            gram[rows] = torch.linalg.vector_norm(jac, dim=-1).square_()  # no (c, *out, D) temporary
         cache["JP"] = jp
         cache.setdefault("gram_diag", gram)
 
@@ -305,5 +305,5 @@ class PosteriorEvaluation(BoundModel):
     def _compute_gram(self, X: torch.Tensor, full_cov: bool, batch_size: int | None) -> torch.Tensor:
         parts = []
         for _, jac in self._jacobian_blocks(X, batch_size):  # (c, *out, D)
-            parts.append(jac @ jac.transpose(-1, -2) if full_cov else (jac**2).sum(-1))
+            parts.append(jac @ jac.transpose(-1, -2) if full_cov else torch.linalg.vector_norm(jac, dim=-1).square_())
         return torch.cat(parts, 0)
