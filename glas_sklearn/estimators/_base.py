@@ -38,6 +38,7 @@ from ..likelihoods import Likelihood
 from ..posterior import POSTERIOR_KINDS, ActiveSubspacePosterior, resolve_posterior
 from ._inputs import InputsMixin
 from ._network import NetworkMixin, trainable_dtype
+from ._outputs import OutputsMixin
 from ._prefit import (
     REGISTRY,
     PrefitLeakageWarning,
@@ -67,10 +68,6 @@ logger = logging.getLogger(__name__)
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
 # Fitted state that holds torch objects; pickled through torch.save so that tensors can be re-mapped on load.
 _TORCH_STATE = ("module", "module_", "posterior_")
-# Predictions are computed in chunks of rows holding at most this many network outputs
-# (posterior samples × rows × outputs) at once; weight samples are shared by all rows, so chunking
-# does not change the results.
-_PREDICT_BUDGET = 2**24
 # Offset of the seed of the sigma0="nll" tuning / conformal split from the calibration split's seed.
 _SIGMA0_SPLIT = 7919
 # Offset of the seed of the early-stopping validation split (within the training rows).
@@ -119,7 +116,7 @@ def _is_posterior_class(value) -> bool:
     return isinstance(value, type) and issubclass(value, ActiveSubspacePosterior)
 
 
-class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metaclass=abc.ABCMeta):
+class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, OutputsMixin, BaseEstimator, metaclass=abc.ABCMeta):
     """Common machinery of :class:`LaplaceActiveSubspaceRegressor` and :class:`LaplaceActiveSubspaceClassifier`.
 
     Subclasses name their likelihood (:meth:`_resolve_likelihood`, fitted as ``likelihood_``), extend
@@ -163,6 +160,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         "validation_fraction": [Interval(numbers.Real, 0, 1, closed="neither")],
         "n_iter_no_change": [Interval(numbers.Integral, 1, None)],
         "tol": [Interval(numbers.Real, 0, None)],
+        "working_memory": [Interval(numbers.Real, 0, None, closed="neither")],
     }
 
     def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="auto", n_components="auto",
@@ -171,7 +169,8 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
                  calibration_size=0.1, max_epochs=500, lr=1e-3, batch_size="auto", weight_decay=0.0,
                  optimizer="adam", standardize="auto", padding_idx=None, subsample=None, eigen_method="lanczos",
                  device="auto", dtype="auto", random_state=None, verbose=0, early_stopping="auto",
-                 validation_fraction=0.1, n_iter_no_change=10, tol=1e-4, n_threads="auto"):
+                 validation_fraction=0.1, n_iter_no_change=10, tol=1e-4, n_threads="auto",
+                 working_memory=64):
         self.module = module
         self.module_kwargs = module_kwargs
         self.prefit = prefit
@@ -203,6 +202,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         self.validation_fraction = validation_fraction
         self.n_iter_no_change = n_iter_no_change
         self.tol = tol
+        self.working_memory = working_memory
 
     # -------------------------------------------------------------------- fit
     @scoped_threads
@@ -226,6 +226,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         wt = None if sample_weight is None else torch.as_tensor(sample_weight, dtype=torch.float64).to(device)
         self.timings_ = {}
         self.module_ = self._theta0_module(Xt, yt, self._n_outputs(y), seed, dtype, wt)
+        self._check_network_outputs(Xt, Xc)
         self._fit_posterior(Xt, yt, Xc, yc, seed, wt)
         self._choose_dimension(Xc, yc, seed)
         self.timings_["total"] = time.perf_counter() - t_start
@@ -364,6 +365,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         (on the weighted mean loss with ``sample_weight``)."""
         if self.prefit:
             module = self._called_as_network(self._prefit_module(Xt.device, dtype), Xt[:1])
+            self._check_trainable(module)
             self._choose_threads(module, Xt.shape[0])
             self.training_loss_ = self.loss_curve_ = []
             self.n_iter_, self.validation_scores_, self.best_validation_score_ = 0, None, None
@@ -371,6 +373,8 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         else:
             module = self._build_module(Xt.shape[1], n_outputs, seed).to(device=Xt.device, dtype=dtype)
             module = self._called_as_network(module, Xt[:1])
+            self._check_trainable(module)
+            self._check_output_shape(module, Xt[:1], n_outputs)  # before training: a module that cannot take X
             self._choose_threads(module, Xt.shape[0])
             t0 = time.perf_counter()
             self._train(module, Xt, yt, seed, sample_weight)
@@ -413,6 +417,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
             self.n_threads_ = self.n_threads
         if self.n_threads_ is not None:
             adjust_threads(self.n_threads_)
+
     def _train(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, seed: int,
                sample_weight: torch.Tensor | None) -> None:
         """Train ``module`` in place on the training rows, less the validation rows held out of them when
@@ -651,10 +656,18 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
     def _check_fitted_X(self, X, method: str | None = None) -> torch.Tensor:
         """Validated rows as a tensor on the posterior's device; with ``method`` (an uncertainty output), rows of a
         prefit network's training data are warned about."""
+        return self._rows_tensor(self._fitted_rows(X, method))
+
+    def _fitted_rows(self, X, method: str | None = None) -> np.ndarray:
+        """Validated rows (numpy, the user's units), warned about as :meth:`_check_fitted_X` does."""
         check_is_fitted(self, "posterior_")
         X = self._validate_X(X, reset=False)
         if method is not None:
             self._warn_if_prefit_training_rows(X, method)
+        return X
+
+    def _rows_tensor(self, X: np.ndarray) -> torch.Tensor:
+        """Validated rows as the network's input tensor (standardised, on the posterior's device and dtype)."""
         p = self.posterior_
         return self._to_tensor(self._transform_X(X), p.device, p.dtype)
 
@@ -709,12 +722,6 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
                                       random_state=self.calibration_seed_, full_curve=True, verbose=self.verbose,
                                       likelihood=self.likelihood_)
         return self._table_in_user_units(result.table.reset_index(drop=True))
-
-    def _row_chunks(self, n_rows: int, n_outputs: int) -> list[slice]:
-        """Row slices for prediction, sized so that samples × rows × outputs stays within the budget."""
-        per_row = (self.n_samples if self.predictive_ == "sampled" else 1) * max(1, n_outputs)
-        size = max(1, _PREDICT_BUDGET // per_row)
-        return [slice(i, min(i + size, n_rows)) for i in range(0, n_rows, size)]
 
     def _levels(self, confidence_level) -> list[float]:
         return _check_level_list(self.confidence_level if confidence_level is None else confidence_level)
@@ -783,6 +790,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, BaseEstimator, metacl
         if "training_loss_" in state and "n_iter_" not in state:
             state.update(n_iter_=len(state["training_loss_"]), loss_curve_=state["training_loss_"],
                          validation_scores_=None, best_validation_score_=None, validation_indices_=None)
+        state.setdefault("working_memory", 64)  # pickled before the prediction memory budget
         if "posterior_" in state or "_torch_state" in state:  # fitted before the low-rank / conformal options
             state.setdefault("posterior", "subspace")
             state.setdefault("calibration", "coverage")

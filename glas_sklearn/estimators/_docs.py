@@ -173,7 +173,14 @@ PARAMETERS_DOC = """\
         (the README example: 8.5× on two busy cores, benchmarks/results/threads_under_load.md). An int sets the
         count; None leaves torch's setting alone. The setting is process-wide: calls running at once (threads
         serving one estimator, nested calls) share the count of the first to start, and the last to finish
-        restores the previous one."""
+        restores the previous one.
+    working_memory : float, default=64
+        Memory in MiB that prediction may hold at once for its temporaries (as scikit-learn's
+        ``working_memory``): the rows are predicted in chunks sized to it, and the posterior's weight
+        samples, vectorised forwards and per-record Jacobians within a chunk too, so the memory of
+        ``predict``, ``predict_interval``, ``predict_proba`` and ``predict_set`` does not grow with the number of
+        rows beyond their inputs and outputs. The results do not depend on it (the weight samples are shared by
+        all rows); a larger budget may be faster for big batches."""
 
 ATTRIBUTES_DOC = """\
     module_ : torch.nn.Module
