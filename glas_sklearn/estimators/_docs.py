@@ -249,7 +249,8 @@ ATTRIBUTES_DOC = """\
         of ``X`` of positive weight); None without early stopping.
     n_records_ : int
         N, the training rows the curvature averages over (with ``sample_weight``: those of positive weight; the
-        curvature is normalised by their total weight).
+        curvature is normalised by their total weight); with ``subsample`` (by default on more than 10,000 rows),
+        the size of the subsample.
     train_indices_, calibration_indices_ : ndarray of int or None
         Positions in ``X`` of the training rows (the network was trained on them, less ``validation_indices_``
         with early stopping; the curvature is built on all of them) and of the rows
