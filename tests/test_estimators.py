@@ -452,7 +452,7 @@ BAD_VALUES = [
     ("noise_std", 0.0, "'auto', 'calibration', 'training' or a finite float > 0"),
     ("include_noise", np.float64(1.0), "True or False"),
     ("posterior", "full", "'low_rank', 'low_rank_diag' or 'subspace'"),
-    ("calibration", "Conformal", "'conformal' or 'coverage'"),
+    ("calibration", "Conformal", "'conformal', 'coverage' or 'mondrian'"),
     ("early_stopping", "on", "'auto' or True or False"), ("validation_fraction", 1.0, "(0, 1)"),
     ("n_iter_no_change", 0, "an int >= 1"), ("tol", -1e-4, "a finite float >= 0"),
 ]

@@ -27,10 +27,18 @@ def _calibration_name(est) -> str:
 
 def training_line(est, n_rows: int, seconds: float) -> str:
     """E.g. "training: 500 epochs on 696 rows (batches of 64), 12.3 s, loss 0.0123 (first epoch 0.912);
-    1 torch thread (auto)"."""
+    1 torch thread (auto)", or with early stopping "training: 37 epochs on 36,000 rows (batches of 200; 4,000
+    held out, stopped early, best held-out loss 0.123), ..."."""
     losses = est.training_loss_
-    batch = est._batch_size(n_rows) or n_rows  # batch_size with "auto" resolved
-    text = f"training: {len(losses)} epochs on {n_rows:,} rows (batches of {min(batch, n_rows)}), {seconds:.1f} s"
+    held_out = getattr(est, "validation_indices_", None)
+    n_fit = n_rows - (0 if held_out is None else len(held_out))
+    batch = min(est._batch_size(n_fit) or n_fit, n_fit)
+    detail = f"batches of {batch}"
+    if held_out is not None:
+        stopped = "stopped early" if len(losses) < est.max_epochs else "ran max_epochs"
+        detail += (f"; {len(held_out):,} held out, {stopped}, best held-out loss "
+                   f"{est.best_validation_score_:.4g}")
+    text = f"training: {len(losses)} epochs on {n_fit:,} rows ({detail}), {seconds:.1f} s"
     if losses:
         text += f", loss {losses[-1]:.4g} (first epoch {losses[0]:.4g})"
     return f"{text}; {_threads(est)}"
