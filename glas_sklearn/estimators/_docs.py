@@ -127,9 +127,9 @@ PARAMETERS_DOC = """\
     subsample : "auto", int or None, default="auto"
         Build the curvature on a random subsample of that many training rows (paper §2.4); None: on all of them.
         "auto": 10,000 rows when there are more, else all (so data sets below 10,000 training rows are fitted as
-        before). Measured on ``make_friedman1`` with 36,000 training rows (split 0, one torch thread,
-        ``benchmarks/results/default_fit.md``): the curvature took 0.6 s instead of 9.1 s of wall time on the
-        shared machine, the interval score 4.472 against 4.475 on all rows, coverage 89.0 % and 88.9 %.
+        before). Measured on ``make_friedman1`` with 36,000 training rows (3 splits, one torch thread,
+        ``benchmarks/results/default_fit.md``): the curvature took 4.7 s instead of 31.6 s of wall time on the
+        shared machine (means of two runs), the same mean interval score (4.473), coverage 89.6 % and 89.5 %.
     eigen_method : {"lanczos", "eigsh"}, default="lanczos"
         The eigen-solver: thick-restart Lanczos in torch, or scipy's ARPACK.
     device : "auto" or str, default="auto"
