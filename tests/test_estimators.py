@@ -445,7 +445,7 @@ BAD_VALUES = [
     ("lr", float("inf"), "a finite float > 0"), ("batch_size", 16.0, "None, 'auto' or an int >= 1"),
     ("weight_decay", -1e-4, "a finite float >= 0"), ("optimizer", dict, "a torch.optim.Optimizer subclass"),
     ("optimizer", torch.optim.Adam([torch.zeros(1, requires_grad=True)]), "'adam', 'adamw', 'sgd'"),
-    ("standardize", None, "True or False"), ("subsample", 0, "None or an int >= 1"),
+    ("standardize", None, "True or False"), ("subsample", 0, "None, 'auto' or an int >= 1"),
     ("eigen_method", None, "'lanczos' or 'eigsh'"), ("dtype", torch.float64, "'float32' or 'float64'"),
     ("random_state", -1, "an int in [0, 4294967296)"), ("random_state", 2**32, "numpy.random.RandomState"),
     ("random_state", np.random.default_rng(0), "numpy.random.RandomState"), ("verbose", -1, "an int >= 0"),

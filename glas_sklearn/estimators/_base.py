@@ -50,7 +50,7 @@ from ._prefit import (
     user_stacklevel,
 )
 from ._report import calibration_line, fit_line, posterior_line, sigma0_line, training_line
-from ._training import AUTO_EARLY_STOPPING_ROWS, OPTIMIZERS, auto_batch_size, train_module
+from ._training import AUTO_EARLY_STOPPING_ROWS, OPTIMIZERS, auto_batch_size, auto_subsample, train_module
 from ._validation import (
     BOOLEAN,
     NO_VALIDATION,
@@ -148,7 +148,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, OutputsMixin, BaseEst
         "optimizer": [Options(*OPTIMIZERS), Satisfies(_is_optimizer_class, "a torch.optim.Optimizer subclass")],
         "standardize": [Options("auto"), BOOLEAN],
         "padding_idx": [None, Interval(numbers.Integral, 0, None)],
-        "subsample": [None, Interval(numbers.Integral, 1, None)],
+        "subsample": [None, Options("auto"), Interval(numbers.Integral, 1, None)],
         "eigen_method": [Options("lanczos", "eigsh")],
         "device": NO_VALIDATION,  # checked when resolved (torch parses it)
         "dtype": [Options("auto", *_DTYPES)],
@@ -167,7 +167,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, OutputsMixin, BaseEst
                  max_components=50, sigma0="auto", posterior="low_rank", calibration="conformal",
                  predictive="auto", n_samples=1000, confidence_level=0.9,
                  calibration_size=0.1, max_epochs=500, lr=1e-3, batch_size="auto", weight_decay=0.0,
-                 optimizer="adam", standardize="auto", padding_idx=None, subsample=None, eigen_method="lanczos",
+                 optimizer="adam", standardize="auto", padding_idx=None, subsample="auto", eigen_method="lanczos",
                  device="auto", dtype="auto", random_state=None, verbose=0, early_stopping="auto",
                  validation_fraction=0.1, n_iter_no_change=10, tol=1e-4, n_threads="auto",
                  working_memory=64):
@@ -423,6 +423,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, OutputsMixin, BaseEst
         """Train ``module`` in place on the training rows, less the validation rows held out of them when
         ``early_stopping`` (never calibration rows), and record ``n_iter_``, ``loss_curve_``,
         ``validation_scores_``, ``best_validation_score_`` and ``validation_indices_``."""
+        n_rows = len(yt)
         fit_rows, val_rows = self._split_off_validation_rows(yt, seed)
         validation = None
         if val_rows is not None:
@@ -435,12 +436,18 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, OutputsMixin, BaseEst
             module, Xt, yt, self.likelihood_.loss, optimizer=self.optimizer, lr=self.lr,
             weight_decay=self.weight_decay, batch_size=batch_size, max_epochs=self.max_epochs, seed=seed,
             verbose=self.verbose, owner=type(self).__name__, sample_weight=sample_weight, validation=validation,
-            validation_loss=self.likelihood_.held_out_loss, n_iter_no_change=self.n_iter_no_change, tol=self.tol)
+            validation_loss=self.likelihood_.held_out_loss, n_iter_no_change=self.n_iter_no_change, tol=self.tol,
+            fused=n_rows >= AUTO_EARLY_STOPPING_ROWS)  # fused Adam on large data (same update, ~1.4x faster)
         self.n_iter_ = result.n_iter
         self.loss_curve_ = self.training_loss_ = result.loss_curve
         self.validation_scores_ = result.validation_scores if validation is not None else None
         self.best_validation_score_ = result.best_validation_score
         self.validation_indices_ = val_rows
+
+    def _subsample(self, n_rows: int) -> int | None:
+        """The rows the curvature is built on, of ``n_rows`` training rows: ``subsample``, with "auto" resolved
+        (None: all rows)."""
+        return auto_subsample(n_rows) if self.subsample == "auto" else self.subsample
 
     def _batch_size(self, n_rows: int) -> int | None:
         """Rows per training step on ``n_rows`` rows: ``batch_size``, with "auto" resolved (None: all rows)."""
@@ -477,7 +484,8 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, OutputsMixin, BaseEst
         fitted = fit_laplace_subspace(
             self.module_, Xt, yt, loss=self.likelihood_,
             scaling=self._resolved_scaling(), noise_var=self._noise_var(self.module_, Xt, yt, Xc, yc, sample_weight),
-            n_components=self._n_eigenpairs(self.module_), sigma0=self._resolved_sigma0(), subsample=self.subsample,
+            n_components=self._n_eigenpairs(self.module_), sigma0=self._resolved_sigma0(),
+            subsample=self._subsample(Xt.shape[0]),
             eigen_method=self.eigen_method, random_state=seed, verbose=self.verbose, posterior=self.posterior,
             sample_weight=sample_weight)
         self.timings_["curvature"] = time.perf_counter() - t0
