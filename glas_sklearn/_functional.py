@@ -16,6 +16,7 @@ import dataclasses
 import functools
 import logging
 import math
+import threading
 import warnings
 from dataclasses import dataclass
 from typing import Iterator
@@ -33,7 +34,7 @@ from ._checks import check_finite_tensor
 from .adapters import ModelAdapter, as_adapter, unwrap_model
 
 __all__ = ["BoundModel", "FunctionalModel", "ParameterLayout", "eval_view", "autodiff_context", "forward",
-           "model_outputs"]
+           "forward_ad_section", "model_outputs", "structure_copy"]
 
 logger = logging.getLogger(__name__)
 
@@ -142,44 +143,103 @@ def eval_view(model: nn.Module) -> nn.Module:
     """
     if not any(m.training for m in model.modules()):
         return model
-    memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
-    view = copy.deepcopy(model, memo)
-    return view.eval()
+    return structure_copy(model).eval()
 
 
 def _has_rnn(model: nn.Module) -> bool:
     return any(isinstance(m, nn.RNNBase) for m in model.modules())
 
 
-@contextlib.contextmanager
-def _onednn_disabled() -> Iterator[None]:
-    """oneDNN off inside the block, restored after it (torch warns about Intel-GPU TF32 when
-    these flags are toggled; the warning is irrelevant here and silenced on entry and exit)."""
-    flags = torch.backends.mkldnn.flags(enabled=False)
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*TF32.*", category=UserWarning)
-        flags.__enter__()
-    try:
-        yield
-    finally:
+# torch's forward-mode AD is process-global: ``torch.autograd.forward_ad.dual_level`` enters the one global level
+# (its C++ levels are shared by all threads) and ``torch.func.jvp`` keeps a module-global nesting count. Two threads
+# inside forward-mode sections at once corrupt each other (wrong tangents, "no level exists", an INTERNAL ASSERT that
+# leaves the process unable to run forward AD again), so every forward-mode section of the library holds this lock.
+_FORWARD_AD_LOCK = threading.RLock()
+
+
+def forward_ad_section() -> contextlib.AbstractContextManager:
+    """The process-wide lock every forward-mode AD section (``torch.func.jvp``, ``forward_ad.dual_level``) holds.
+
+    torch's forward-mode AD state (the dual level, the JVP nesting count) is global to the process, not per
+    thread, so only one thread at a time may be inside a forward-mode section; re-entrant within a thread.
+    """
+    return _FORWARD_AD_LOCK
+
+
+class _SharedFlag:
+    """A process-global torch setting switched on while any thread is inside a block that needs it, restored when
+    the last one leaves (entering and leaving in every order across threads leaves the original setting)."""
+
+    def __init__(self, make_context) -> None:
+        self._make_context = make_context
+        self._lock = threading.Lock()
+        self._depth = 0
+        self._context = None
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        with self._lock:
+            if self._depth == 0:
+                context = self._make_context()
+                context.__enter__()
+                self._context = context
+            self._depth += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._depth -= 1
+                if self._depth == 0:
+                    context, self._context = self._context, None
+                    context.__exit__(None, None, None)
+
+
+class _QuietOneDNNFlags:
+    """``torch.backends.mkldnn.flags(enabled=False)`` without torch's Intel-GPU TF32 warning on entry and exit."""
+
+    def __init__(self) -> None:
+        self._flags = torch.backends.mkldnn.flags(enabled=False)
+
+    def __enter__(self) -> None:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=".*TF32.*", category=UserWarning)
-            flags.__exit__(None, None, None)
+            self._flags.__enter__()
+
+    def __exit__(self, *exc) -> None:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*TF32.*", category=UserWarning)
+            self._flags.__exit__(None, None, None)
+
+
+# oneDNN off (forward-mode AD through nn.LSTM fails with it) and attention on its math kernel: global flags, set
+# while any thread needs them and restored when the last one is done.
+_ONEDNN_OFF = _SharedFlag(_QuietOneDNNFlags)
+_SDPA_MATH = _SharedFlag(lambda: sdpa_kernel([SDPBackend.MATH])) if sdpa_kernel is not None else None
 
 
 @contextlib.contextmanager
 def autodiff_context(model: nn.Module, device: torch.device) -> Iterator[None]:
     """Gradients on; ``scaled_dot_product_attention`` on its math kernel (the fused flash / memory-efficient
     kernels, which transformers' attention layers call, have neither forward-mode AD nor a double backward);
-    and oneDNN off for recurrent layers on CPU (forward-mode AD through ``nn.LSTM`` fails with oneDNN). All
-    settings are restored on exit."""
+    and oneDNN off for recurrent layers on CPU (forward-mode AD through ``nn.LSTM`` fails with oneDNN). The
+    last two are process-global torch flags: they are set while any thread is inside such a block and restored
+    when the last one leaves, so concurrent predictions neither race on them nor leave them changed."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(torch.enable_grad())
-        if sdpa_kernel is not None:
-            stack.enter_context(sdpa_kernel([SDPBackend.MATH]))
+        if _SDPA_MATH is not None:
+            stack.enter_context(_SDPA_MATH.held())
         if device.type == "cpu" and _has_rnn(model):
-            stack.enter_context(_onednn_disabled())
+            stack.enter_context(_ONEDNN_OFF.held())
         yield
+
+
+def structure_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model``'s module structure sharing every tensor it holds (parameters, buffers and plain tensor
+    attributes): cheap, and ``torch.func.functional_call`` may swap tensors in it without touching ``model``."""
+    memo = {id(t): t for t in list(model.parameters()) + list(model.buffers())}
+    for m in model.modules():
+        memo.update({id(v): v for v in vars(m).values() if isinstance(v, torch.Tensor)})
+    return copy.deepcopy(model, memo)
 
 
 def forward(model: nn.Module, params: dict, inputs) -> torch.Tensor:
@@ -190,14 +250,19 @@ def forward(model: nn.Module, params: dict, inputs) -> torch.Tensor:
 
 def model_outputs(model: nn.Module, X: torch.Tensor, batch_size: int | None = None) -> torch.Tensor:
     """The model's predictions on every row of ``X`` at its own weights: called through its
-    :class:`~glas_sklearn.adapters.ModelAdapter` on an eval-mode view, without building a graph,
-    ``batch_size`` rows at a time (all at once when None)."""
+    :class:`~glas_sklearn.adapters.ModelAdapter` on an eval-mode view (a plain call: nothing is swapped into the
+    model, so threads may share it), without building a graph, ``batch_size`` rows at a time (all at once when
+    None)."""
     adapter = as_adapter(model)
     view = eval_view(adapter.model)
-    params = {n: p.detach() for n, p in view.named_parameters()}
     size = batch_size or X.shape[0]
-    with torch.no_grad(), autodiff_context(view, X.device):
-        return torch.cat([adapter.call(view, params, X[i:i + size]) for i in range(0, X.shape[0], size)])
+
+    def call(xb):
+        args, kwargs = adapter.arguments(xb)
+        return adapter.select_output(view(*args, **kwargs))
+
+    with autodiff_context(view, X.device), torch.no_grad():
+        return torch.cat([call(X[i:i + size]) for i in range(0, X.shape[0], size)])
 
 
 class FunctionalModel:
@@ -250,6 +315,30 @@ class FunctionalModel:
         self.adapter = ModelAdapter(self.module, output=given.output, padding_idx=given.padding_idx)
         self.theta0 = self.layout.parameters_of(given.model)
         self.params0 = self.layout.unflatten(self.theta0)
+        self._init_thread_views()
+
+    def _init_thread_views(self) -> None:
+        # ``functional_call`` swaps the given tensors into the module for the duration of the call: two threads
+        # calling it on one module would read each other's weights (and could leave them swapped in). Each thread
+        # calls its own structure copy instead (shared tensors, made on its first call); a model that cannot be
+        # copied is called under a lock.
+        self._views = threading.local()
+        self._call_lock = threading.Lock()
+        self._copyable: bool | None = None
+
+    def _thread_module(self) -> nn.Module | None:
+        """This thread's structure copy of ``module`` (None when the model cannot be deep-copied)."""
+        view = getattr(self._views, "module", None)
+        if view is None and self._copyable is not False:
+            try:
+                view = structure_copy(self.module)
+            except Exception as err:  # noqa: BLE001 - any model deepcopy refuses: calls are serialised instead
+                logger.debug("cannot copy %s (%s); its calls are serialised", type(self.module).__name__, err)
+                self._copyable = False
+                return None
+            self._copyable = True
+            self._views.module = view
+        return view
 
     @property
     def dtype(self) -> torch.dtype:
@@ -272,7 +361,13 @@ class FunctionalModel:
 
     def __call__(self, inputs, params: dict | None = None) -> torch.Tensor:
         """f(inputs; params): the model evaluated at ``params`` (a name → tensor dict; θ0 when None)."""
-        out = self.adapter.call(self.module, self.params0 if params is None else params, inputs)
+        params = self.params0 if params is None else params
+        view = self._thread_module()
+        if view is not None:
+            out = self.adapter.call(view, params, inputs)
+        else:
+            with self._call_lock:
+                out = self.adapter.call(self.module, params, inputs)
         if self.layout.param_dtypes is not None and out.is_floating_point() and out.dtype != self.dtype:
             out = out.to(self.dtype)  # mixed precisions: outputs in the weights' (widest) dtype
         return out
@@ -319,6 +414,8 @@ class FunctionalModel:
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
         del state["params0"]  # views of θ0, rebuilt on loading (a plain pickle would store them as copies)
+        for key in ("_views", "_call_lock", "_copyable"):  # per-thread copies and their lock, rebuilt on loading
+            state.pop(key, None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -329,6 +426,7 @@ class FunctionalModel:
         if device != self.layout.device:
             self.layout = dataclasses.replace(self.layout, device=device)
         self.params0 = self.layout.unflatten(self.theta0)
+        self._init_thread_views()
 
     def __repr__(self) -> str:
         return (f"FunctionalModel({type(self.module).__name__}, D={self.n_weights}, dtype={self.dtype}, "

@@ -28,7 +28,7 @@ from torch import nn
 from torch.func import jvp, vjp, vmap
 
 from ._checks import check_positive_int, check_sample_weight, check_vector, numpy_rng
-from ._functional import BoundModel, FunctionalModel
+from ._functional import BoundModel, FunctionalModel, forward_ad_section
 from .likelihoods import Likelihood, resolve_likelihood
 
 __all__ = ["CurvatureOperator", "GGNOperator"]
@@ -436,7 +436,7 @@ class GGNOperator(BoundModel, CurvatureOperator):
         with fm.autodiff():
             for xb, mb in self._batches:
                 leaves = [p.detach().requires_grad_() for p in fm.params0.values()]
-                with fwAD.dual_level():
+                with forward_ad_section(), fwAD.dual_level():
                     duals = {n: fwAD.make_dual(p, t)
                              for n, p, t in zip(self.layout.names, leaves, tangents, strict=True)}
                     primal, jv = fwAD.unpack_dual(fm(xb, duals))
@@ -513,7 +513,8 @@ class GGNOperator(BoundModel, CurvatureOperator):
                     return fm(xb, params)
 
                 primal, pullback = vjp(f, fm.params0)
-                jv = vmap(lambda t, f=f: jvp(f, (fm.params0,), (t,))[1])(tangents)
+                with forward_ad_section():  # torch's forward-mode state is per process
+                    jv = vmap(lambda t, f=f: jvp(f, (fm.params0,), (t,))[1])(tangents)
                 # H_n at every column's tangent: the output broadcast (a view) to the block's shape (k, *out)
                 hjv = self.likelihood.output_hessian_product(primal.detach().expand_as(jv), jv) \
                     * self._record_weight(mb, primal)

@@ -445,7 +445,7 @@ BAD_VALUES = [
     ("lr", float("inf"), "a finite float > 0"), ("batch_size", 16.0, "None, 'auto' or an int >= 1"),
     ("weight_decay", -1e-4, "a finite float >= 0"), ("optimizer", dict, "a torch.optim.Optimizer subclass"),
     ("optimizer", torch.optim.Adam([torch.zeros(1, requires_grad=True)]), "'adam', 'adamw', 'sgd'"),
-    ("standardize", None, "True or False"), ("subsample", 0, "None or an int >= 1"),
+    ("standardize", None, "True or False"), ("subsample", 0, "None, 'auto' or an int >= 1"),
     ("eigen_method", None, "'lanczos' or 'eigsh'"), ("dtype", torch.float64, "'float32' or 'float64'"),
     ("random_state", -1, "an int in [0, 4294967296)"), ("random_state", 2**32, "numpy.random.RandomState"),
     ("random_state", np.random.default_rng(0), "numpy.random.RandomState"), ("verbose", -1, "an int >= 0"),
@@ -784,11 +784,19 @@ def test_predictions_in_row_chunks_equal_whole(predictive, monkeypatch):
     clf = _clf(predictive=predictive).fit(Xl, yl)
     whole = (reg.predict(X, return_std=True), reg.predict_interval(X, [0.5, 0.9]), clf.predict_proba(Xl),
              clf.predict_set(Xl)[1])
-    budget = (reg.n_samples if predictive == "sampled" else 1) * 7  # 7 rows per chunk
-    monkeypatch.setattr(base, "_PREDICT_BUDGET", budget)
-    assert len(reg._row_chunks(60, 1)) == 9
+    per_row = reg._predict_bytes_per_row(1)  # (60 rows: no activations counted)
+    for est in (reg, clf):  # 7 rows per chunk (of one output)
+        est.set_params(working_memory=2 * 7 * per_row / 2**20)  # half the budget goes to the rows' results
+    calls = []
+    original = base.LaplaceActiveSubspaceBase._predict_in_chunks
+    monkeypatch.setattr(base.LaplaceActiveSubspaceBase, "_predict_in_chunks",
+                        lambda self, Xt, *a, **k: calls.append(Xt.shape[0]) or original(self, Xt, *a, **k))
     chunked = (reg.predict(X, return_std=True), reg.predict_interval(X, [0.5, 0.9]), clf.predict_proba(Xl),
                clf.predict_set(Xl)[1])
+    chunks = []
+    reg._predict_in_chunks(torch.zeros(60, 3, dtype=reg.posterior_.dtype), 1, lambda rows: chunks.append(rows) or rows,
+                           finite=lambda r: r)
+    assert calls and len(chunks) == 9
     # Chunks are other matrix shapes: float64 round-off only, hence 1e-12 (not bit for bit).
     for a, b in zip(whole[:2], chunked[:2], strict=True):
         for u, v in zip(a, b, strict=True):

@@ -345,7 +345,7 @@ def test_predictive_modes_resolve_once_and_answer_from_the_posterior_protocol():
     assert resolve_predictive(mode) is mode and isinstance(mode, PredictiveMode) and mode == Sampled()
     with pytest.raises(ValueError, match="predictive"):
         resolve_predictive("exact")
-    assert Sampled().draws_per_row(50) == 50 and Linearized().draws_per_row(50) == 1
+    assert Sampled().values_per_output(50, 7) == 50 and Linearized().values_per_output(50, 7) == 9
     assert Linearized().scans_every_dimension and not Sampled().scans_every_dimension
 
     post, noise = _StubPosterior(), np.array([0.3, 0.0])

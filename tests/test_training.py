@@ -12,7 +12,15 @@ import torch
 from torch import nn
 
 from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
-from glas_sklearn.estimators._training import auto_batch_size, batch_slices, held_out_loss, train_module
+from glas_sklearn.estimators import _training
+from glas_sklearn.estimators._training import (
+    auto_batch_size,
+    auto_subsample,
+    batch_slices,
+    build_optimizer,
+    held_out_loss,
+    train_module,
+)
 from glas_sklearn.likelihoods import HeteroscedasticGaussian
 
 FAST = dict(module_kwargs=dict(hidden_layer_sizes=(16,)), n_samples=50, max_components=3, dtype="float64",
@@ -250,3 +258,65 @@ def test_an_estimator_pickles_with_its_training_record_and_older_states_are_refu
     state.pop("_glas_pickle")
     with pytest.raises(ValueError, match="earlier development build of glas-sklearn.*Refit"):
         LaplaceActiveSubspaceRegressor.__new__(LaplaceActiveSubspaceRegressor).__setstate__(state)
+
+
+# ------------------------------------------------------------------------------- large-data rules (issue 28)
+@pytest.mark.parametrize("n, expected", [(50, None), (10_000, None), (10_001, 10_000), (40_000, 10_000)])
+def test_auto_subsample_builds_the_curvature_on_at_most_10000_rows(n, expected):
+    assert auto_subsample(n) == expected
+
+
+def _adam_by_hand(theta, grads, lr, betas=(0.9, 0.999), eps=1e-8):
+    """Adam (Kingma & Ba, Algorithm 1) written out: θ after one update per gradient in ``grads``."""
+    m, v = np.zeros_like(theta), np.zeros_like(theta)
+    for t, g in enumerate(grads, start=1):
+        m = betas[0] * m + (1 - betas[0]) * g
+        v = betas[1] * v + (1 - betas[1]) * g ** 2
+        theta = theta - lr * (m / (1 - betas[0] ** t)) / (np.sqrt(v / (1 - betas[1] ** t)) + eps)
+    return theta
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_the_fused_adam_makes_the_adam_update(fused):
+    rng = np.random.default_rng(0)
+    theta0, grads = rng.standard_normal(7), rng.standard_normal((5, 7))
+    p = torch.nn.Parameter(torch.tensor(theta0))  # a copy: the update is in place
+    opt = build_optimizer("adam", [p], lr=0.01, weight_decay=0.0, fused=fused)
+    assert opt.defaults.get("fused") in ((True,) if fused else (None, False))
+    for g in grads:
+        p.grad = torch.as_tensor(g)
+        opt.step()
+    eps = torch.finfo(torch.float64).eps
+    np.testing.assert_allclose(p.detach().numpy(), _adam_by_hand(theta0, grads, 0.01), rtol=0, atol=100 * eps)
+
+
+def test_sgd_and_optimizer_classes_are_built_as_given():
+    p = torch.nn.Parameter(torch.zeros(3))
+    assert type(build_optimizer("sgd", [p], lr=0.1, weight_decay=0.0, fused=True)) is torch.optim.SGD
+    opt = build_optimizer(torch.optim.RMSprop, [p], lr=0.1, weight_decay=0.0, fused=True)
+    assert type(opt) is torch.optim.RMSprop and opt.defaults["lr"] == 0.1
+
+
+@pytest.mark.parametrize("calibration_size, fused", [(300, True), (301, False)])
+def test_the_fused_adam_trains_from_2000_training_rows_on(monkeypatch, calibration_size, fused):
+    seen = []
+    real = _training.build_optimizer
+    monkeypatch.setattr(_training, "build_optimizer", lambda *a, **kw: seen.append(kw["fused"]) or real(*a, **kw))
+    X, y = _data(n=2300)
+    LaplaceActiveSubspaceRegressor(**{**FAST, "early_stopping": "auto", "max_components": 2}, max_epochs=1,
+                                   calibration_size=calibration_size).fit(X, y)  # 2000 / 1999 training rows
+    assert seen == [fused]
+
+
+def test_subsample_auto_builds_the_curvature_on_10000_of_more_rows(monkeypatch):
+    from glas_sklearn import laplace
+
+    seen = []
+    real = laplace.GGNOperator
+    monkeypatch.setattr(laplace, "GGNOperator", lambda *a, **kw: seen.append(kw["subsample"]) or real(*a, **kw))
+    X, y = _data(n=10_101)
+    kw = {**FAST, "module_kwargs": dict(hidden_layer_sizes=(4,)), "max_epochs": 1, "max_components": 2}
+    est = LaplaceActiveSubspaceRegressor(**kw, calibration_size=100).fit(X, y)  # 10,001 training rows
+    assert seen == [10_000] and est.get_params()["subsample"] == "auto"
+    LaplaceActiveSubspaceRegressor(**kw, calibration_size=101).fit(X, y)  # 10,000
+    assert seen == [10_000, None]

@@ -37,6 +37,7 @@ from ..predictive import PredictiveMode, resolve_predictive
 from ._calibration_rows import CalibrationRowsMixin
 from ._inputs import InputsMixin
 from ._network import NetworkMixin, trainable_dtype
+from ._outputs import OutputsMixin
 from ._pickling import PicklingMixin
 from ._prefit import (
     REGISTRY,
@@ -50,7 +51,7 @@ from ._prefit import (
 )
 from ._report import calibration_line, fit_line, posterior_line, training_line
 from ._sigma0 import Sigma0PolicyMixin
-from ._training import AUTO_EARLY_STOPPING_ROWS, OPTIMIZERS, auto_batch_size, train_module
+from ._training import AUTO_EARLY_STOPPING_ROWS, OPTIMIZERS, auto_batch_size, auto_subsample, train_module
 from ._validation import (
     BOOLEAN,
     NO_VALIDATION,
@@ -66,10 +67,6 @@ __all__ = ["LaplaceActiveSubspaceBase"]
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
-# Predictions are computed in chunks of rows holding at most this many network outputs
-# (posterior samples × rows × outputs) at once; weight samples are shared by all rows, so chunking
-# does not change the results.
-_PREDICT_BUDGET = 2**24
 # Offset of the seed of the early-stopping validation split (within the training rows).
 _VALIDATION_SPLIT = 104729
 # Test coverage of 90 % intervals of an overfitting prefit network calibrated on rows held out of its training
@@ -117,7 +114,7 @@ def _is_posterior_class(value) -> bool:
 
 
 class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRowsMixin, InputsMixin, NetworkMixin,
-                                BaseEstimator, metaclass=abc.ABCMeta):
+                                OutputsMixin, BaseEstimator, metaclass=abc.ABCMeta):
     """Common machinery of :class:`LaplaceActiveSubspaceRegressor` and :class:`LaplaceActiveSubspaceClassifier`.
 
     Subclasses name their likelihood (:meth:`_resolve_likelihood`, fitted as ``likelihood_``), extend
@@ -149,7 +146,7 @@ class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRow
         "optimizer": [Options(*OPTIMIZERS), Satisfies(_is_optimizer_class, "a torch.optim.Optimizer subclass")],
         "standardize": [Options("auto"), BOOLEAN],
         "padding_idx": [None, Interval(numbers.Integral, 0, None)],
-        "subsample": [None, Interval(numbers.Integral, 1, None)],
+        "subsample": [None, Options("auto"), Interval(numbers.Integral, 1, None)],
         "eigen_method": [Options("lanczos", "eigsh")],
         "device": NO_VALIDATION,  # checked when resolved (torch parses it)
         "dtype": [Options("auto", *_DTYPES)],
@@ -161,15 +158,17 @@ class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRow
         "validation_fraction": [Interval(numbers.Real, 0, 1, closed="neither")],
         "n_iter_no_change": [Interval(numbers.Integral, 1, None)],
         "tol": [Interval(numbers.Real, 0, None)],
+        "working_memory": [Interval(numbers.Real, 0, None, closed="neither")],
     }
 
     def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="auto", n_components="auto",
                  max_components=50, sigma0="auto", posterior="low_rank", calibration="conformal",
                  predictive="auto", n_samples=1000, confidence_level=0.9,
                  calibration_size=0.1, max_epochs=500, lr=1e-3, batch_size="auto", weight_decay=0.0,
-                 optimizer="adam", standardize="auto", padding_idx=None, subsample=None, eigen_method="lanczos",
+                 optimizer="adam", standardize="auto", padding_idx=None, subsample="auto", eigen_method="lanczos",
                  device="auto", dtype="auto", random_state=None, verbose=0, early_stopping="auto",
-                 validation_fraction=0.1, n_iter_no_change=10, tol=1e-4, n_threads="auto"):
+                 validation_fraction=0.1, n_iter_no_change=10, tol=1e-4, n_threads="auto",
+                 working_memory=64):
         self.module = module
         self.module_kwargs = module_kwargs
         self.prefit = prefit
@@ -201,6 +200,7 @@ class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRow
         self.validation_fraction = validation_fraction
         self.n_iter_no_change = n_iter_no_change
         self.tol = tol
+        self.working_memory = working_memory
 
     # -------------------------------------------------------------------- fit
     @scoped_threads
@@ -224,6 +224,7 @@ class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRow
         wt = None if sample_weight is None else torch.as_tensor(sample_weight, dtype=torch.float64).to(device)
         self.timings_ = {}
         self.module_ = self._theta0_module(Xt, yt, self._n_outputs(y), seed, dtype, wt)
+        self._check_network_outputs(Xt, Xc)
         self._fit_posterior(Xt, yt, Xc, yc, seed, wt)
         self._choose_dimension(Xc, yc, seed)
         self.timings_["total"] = time.perf_counter() - t_start
@@ -350,6 +351,7 @@ class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRow
         (on the weighted mean loss with ``sample_weight``)."""
         if self.prefit:
             module = self._called_as_network(self._prefit_module(Xt.device, dtype), Xt[:1])
+            self._check_trainable(module)
             self._choose_threads(module, Xt.shape[0])
             self.training_loss_ = self.loss_curve_ = []
             self.n_iter_, self.validation_scores_, self.best_validation_score_ = 0, None, None
@@ -357,6 +359,8 @@ class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRow
         else:
             module = self._build_module(Xt.shape[1], n_outputs, seed).to(device=Xt.device, dtype=dtype)
             module = self._called_as_network(module, Xt[:1])
+            self._check_trainable(module)
+            self._check_output_shape(module, Xt[:1], n_outputs)  # before training: a module that cannot take X
             self._choose_threads(module, Xt.shape[0])
             t0 = time.perf_counter()
             self._train(module, Xt, yt, seed, sample_weight)
@@ -399,11 +403,13 @@ class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRow
             self.n_threads_ = self.n_threads
         if self.n_threads_ is not None:
             adjust_threads(self.n_threads_)
+
     def _train(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, seed: int,
                sample_weight: torch.Tensor | None) -> None:
         """Train ``module`` in place on the training rows, less the validation rows held out of them when
         ``early_stopping`` (never calibration rows), and record ``n_iter_``, ``loss_curve_``,
         ``validation_scores_``, ``best_validation_score_`` and ``validation_indices_``."""
+        n_rows = len(yt)
         fit_rows, val_rows = self._split_off_validation_rows(yt, seed)
         validation = None
         if val_rows is not None:
@@ -416,12 +422,18 @@ class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRow
             module, Xt, yt, self.likelihood_.loss, optimizer=self.optimizer, lr=self.lr,
             weight_decay=self.weight_decay, batch_size=batch_size, max_epochs=self.max_epochs, seed=seed,
             verbose=self.verbose, owner=type(self).__name__, sample_weight=sample_weight, validation=validation,
-            validation_loss=self.likelihood_.held_out_loss, n_iter_no_change=self.n_iter_no_change, tol=self.tol)
+            validation_loss=self.likelihood_.held_out_loss, n_iter_no_change=self.n_iter_no_change, tol=self.tol,
+            fused=n_rows >= AUTO_EARLY_STOPPING_ROWS)  # fused Adam on large data (same update, ~1.4x faster)
         self.n_iter_ = result.n_iter
         self.loss_curve_ = self.training_loss_ = result.loss_curve
         self.validation_scores_ = result.validation_scores if validation is not None else None
         self.best_validation_score_ = result.best_validation_score
         self.validation_indices_ = val_rows
+
+    def _subsample(self, n_rows: int) -> int | None:
+        """The rows the curvature is built on, of ``n_rows`` training rows: ``subsample``, with "auto" resolved
+        (None: all rows)."""
+        return auto_subsample(n_rows) if self.subsample == "auto" else self.subsample
 
     def _batch_size(self, n_rows: int) -> int | None:
         """Rows per training step on ``n_rows`` rows: ``batch_size``, with "auto" resolved (None: all rows)."""
@@ -458,7 +470,8 @@ class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRow
         fitted = fit_laplace_subspace(
             self.module_, Xt, yt, loss=self.likelihood_,
             scaling=self._resolved_scaling(), noise_var=self._noise_var(self.module_, Xt, yt, Xc, yc, sample_weight),
-            n_components=self._n_eigenpairs(self.module_), sigma0=self._resolved_sigma0(), subsample=self.subsample,
+            n_components=self._n_eigenpairs(self.module_), sigma0=self._resolved_sigma0(),
+            subsample=self._subsample(Xt.shape[0]),
             eigen_method=self.eigen_method, random_state=seed, verbose=self.verbose, posterior=self.posterior,
             sample_weight=sample_weight)
         self.timings_["curvature"] = time.perf_counter() - t0
@@ -547,10 +560,18 @@ class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRow
     def _check_fitted_X(self, X, method: str | None = None) -> torch.Tensor:
         """Validated rows as a tensor on the posterior's device; with ``method`` (an uncertainty output), rows of a
         prefit network's training data are warned about."""
+        return self._rows_tensor(self._fitted_rows(X, method))
+
+    def _fitted_rows(self, X, method: str | None = None) -> np.ndarray:
+        """Validated rows (numpy, the user's units), warned about as :meth:`_check_fitted_X` does."""
         check_is_fitted(self, "posterior_")
         X = self._validate_X(X, reset=False)
         if method is not None:
             self._warn_if_prefit_training_rows(X, method)
+        return X
+
+    def _rows_tensor(self, X: np.ndarray) -> torch.Tensor:
+        """Validated rows as the network's input tensor (standardised, on the posterior's device and dtype)."""
         p = self.posterior_
         return self._to_tensor(self._transform_X(X), p.device, p.dtype)
 
@@ -605,12 +626,6 @@ class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRow
                                       random_state=self.calibration_seed_, full_curve=True, verbose=self.verbose,
                                       likelihood=self.likelihood_)
         return self._table_in_user_units(result.table.reset_index(drop=True))
-
-    def _row_chunks(self, n_rows: int, n_outputs: int) -> list[slice]:
-        """Row slices for prediction, sized so that samples × rows × outputs stays within the budget."""
-        per_row = self.predictive_.draws_per_row(self.n_samples) * max(1, n_outputs)
-        size = max(1, _PREDICT_BUDGET // per_row)
-        return [slice(i, min(i + size, n_rows)) for i in range(0, n_rows, size)]
 
     def _levels(self, confidence_level) -> list[float]:
         return _check_level_list(self.confidence_level if confidence_level is None else confidence_level)

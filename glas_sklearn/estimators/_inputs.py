@@ -68,13 +68,45 @@ class InputsMixin:
     reset=True)`` records ``input_shape_``, ``n_features_in_`` and the input kind, which the rest checks against.
     """
 
-    @staticmethod
-    def _to_tensor(X, device, dtype) -> torch.Tensor:
-        """Floating arrays in ``dtype``; integer arrays (token ids) as torch.long, the index type of nn.Embedding."""
+    def _to_tensor(self, X, device, dtype, what: str = "X") -> torch.Tensor:
+        """Floating arrays in ``dtype``; integer arrays (token ids) as torch.long, the index type of nn.Embedding.
+
+        Values beyond ``dtype``'s range (float32: about 3.4e38, after the input standardisation) are refused,
+        naming the columns, rather than turned into inf."""
         X = np.ascontiguousarray(X)
         if np.issubdtype(X.dtype, np.integer):
             return torch.as_tensor(X, dtype=torch.long).to(device)
-        return torch.as_tensor(X, dtype=dtype).to(device)
+        t = torch.as_tensor(X, dtype=dtype)
+        if not bool(torch.isfinite(t).all()):
+            bad = ~torch.isfinite(t).reshape(t.shape[0], -1).all(0).numpy()
+            largest = float(np.max(np.abs(X)))
+            scaled = " after the input standardisation" if what == "X" and self._standardizes_inputs() else ""
+            raise ValueError(f"{type(self).__name__}: {what} has values beyond the range of {dtype} (largest magnitude "
+                             f"{largest:.3g}{scaled}) in {self._columns(np.flatnonzero(bad), what)}; rescale them "
+                             "(divide by a power of ten, or take a log) or use dtype='float64'.")
+        return t.to(device)
+
+    def _columns(self, cols: np.ndarray, what: str = "X") -> str:
+        """Columns named for a message: their indices, and their names when fit saw a DataFrame."""
+        names = getattr(self, "feature_names_in_", None) if what == "X" else None
+        shown = [f"{int(c)} ({names[c]!r})" if names is not None and c < len(names) else str(int(c))
+                 for c in cols[:10]]
+        more = f" and {len(cols) - 10} more" if len(cols) > 10 else ""
+        return f"column{'s' if len(cols) > 1 else ''} {', '.join(shown)}{more}"
+
+    def _standardisation(self, X: np.ndarray, sample_weight, what: str = "X") -> tuple[np.ndarray, np.ndarray]:
+        """The (weighted) mean and standard deviation of each column of ``X``; columns whose values are too large
+        for them (the variance overflows float64 beyond about 1e154) are refused, naming them."""
+        with np.errstate(over="ignore", invalid="ignore"):
+            mean = np.average(X, axis=0, weights=sample_weight)
+            scale = np.sqrt(np.average((X - mean) ** 2, axis=0, weights=sample_weight))
+        bad = np.flatnonzero(~(np.isfinite(mean) & np.isfinite(scale)))
+        if bad.size:
+            largest = float(np.max(np.abs(X[:, bad])))
+            raise ValueError(f"{type(self).__name__}: {what} has values too large to standardise in "
+                             f"{self._columns(bad, what)} (largest magnitude {largest:.3g}: the variance overflows "
+                             "float64); rescale them (divide by a power of ten, or take a log) before fitting.")
+        return mean, scale
 
     @staticmethod
     def _dense(X) -> np.ndarray:
@@ -170,8 +202,7 @@ class InputsMixin:
     def _fit_scalers(self, X, y, sample_weight=None) -> None:
         """The inputs' (weighted) mean and standard deviation, when they are standardised."""
         if self._standardizes_inputs():
-            mean = np.average(X, axis=0, weights=sample_weight)
-            scale = np.sqrt(np.average((X - mean) ** 2, axis=0, weights=sample_weight))
+            mean, scale = self._standardisation(X, sample_weight)
             scale[~(scale > 1e-12 * np.maximum(1.0, np.abs(mean)))] = 1.0
             self.x_mean_, self.x_scale_ = mean, scale
         else:

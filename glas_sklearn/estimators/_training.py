@@ -19,8 +19,9 @@ from torch.func import vmap
 
 from .._progress import progress
 
-__all__ = ["ACTIVATIONS", "AUTO_EARLY_STOPPING_ROWS", "OPTIMIZERS", "TrainingResult", "auto_batch_size",
-           "batch_slices", "default_mlp", "held_out_loss", "seeded_torch", "train_module"]
+__all__ = ["ACTIVATIONS", "AUTO_EARLY_STOPPING_ROWS", "AUTO_SUBSAMPLE_ROWS", "OPTIMIZERS", "TrainingResult",
+           "auto_batch_size", "auto_subsample", "batch_slices", "build_optimizer", "default_mlp", "held_out_loss",
+           "seeded_torch", "train_module"]
 
 logger = logging.getLogger(__name__)
 
@@ -32,11 +33,23 @@ AUTO_STEPS, AUTO_MIN_BATCH, AUTO_MAX_BATCH = 20, 64, 200
 #: ``early_stopping="auto"`` holds validation rows out from this many training rows on (below, the rows are worth
 #: more to the network than a stopping rule: benchmarks/results/default_fit.md).
 AUTO_EARLY_STOPPING_ROWS = 2000
+#: ``subsample="auto"``: the curvature is built on this many of the training rows when there are more
+#: (benchmarks/results/default_fit.md: the interval score unchanged, the curvature 5× cheaper on 40k rows).
+AUTO_SUBSAMPLE_ROWS = 10_000
+#: Optimizers with a fused implementation in torch (one kernel for the update of all parameters).
+_FUSABLE = ("adam", "adamw")
 
 
 def auto_batch_size(n: int) -> int:
     """The rows per step of ``batch_size="auto"`` for n training rows."""
     return int(min(n, max(AUTO_MIN_BATCH, min(AUTO_MAX_BATCH, n // AUTO_STEPS))))
+
+
+def auto_subsample(n: int) -> int | None:
+    """The rows the curvature of ``subsample="auto"`` is built on, of n training rows: ``AUTO_SUBSAMPLE_ROWS``
+    when there are more, else None (all of them)."""
+    return AUTO_SUBSAMPLE_ROWS if n > AUTO_SUBSAMPLE_ROWS else None
+
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
 OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
@@ -77,6 +90,22 @@ def seeded_torch(seed: int, device: torch.device):
     with torch.random.fork_rng(devices=devices):
         torch.manual_seed(seed)
         yield
+
+
+def build_optimizer(optimizer, params, *, lr: float, weight_decay: float, fused: bool = False):
+    """``optimizer(params, lr=lr, weight_decay=weight_decay)`` for a name of ``OPTIMIZERS`` or an optimizer class;
+    with ``fused`` and "adam" / "adamw", torch's fused implementation (the same update, one kernel for all the
+    parameters; the for-loop one where torch has no fused kernel for the parameters' device and dtype)."""
+    if isinstance(optimizer, str):
+        opt_cls = OPTIMIZERS[optimizer]
+        if fused and optimizer in _FUSABLE:
+            params = list(params)
+            try:
+                return opt_cls(params, lr=lr, weight_decay=weight_decay, fused=True)
+            except (RuntimeError, ValueError, TypeError):  # no fused kernel here: the plain update
+                pass
+        return opt_cls(params, lr=lr, weight_decay=weight_decay)
+    return optimizer(params, lr=lr, weight_decay=weight_decay)
 
 
 def _per_row_losses(loss: Callable, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -150,7 +179,7 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
                  weight_decay: float, batch_size: int | None, max_epochs: int, seed: int, verbose: int = 0,
                  owner: str = "train_module", sample_weight: torch.Tensor | None = None,
                  validation: tuple | None = None, validation_loss: Callable | None = None,
-                 n_iter_no_change: int = 10, tol: float = 1e-4) -> TrainingResult:
+                 n_iter_no_change: int = 10, tol: float = 1e-4, fused: bool = False) -> TrainingResult:
     """Mini-batch training of ``module`` in place on the mean loss, for at most ``max_epochs`` epochs; with
     ``validation`` rows, stopped early on their loss and left at the weights of its lowest value.
 
@@ -174,7 +203,8 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
     loss : callable
         ``loss(outputs, targets)``, the mean over the rows of a batch.
     optimizer : str or torch.optim.Optimizer subclass
-        A name from ``OPTIMIZERS`` or an optimizer class, built with ``lr`` and ``weight_decay``.
+        A name from ``OPTIMIZERS`` or an optimizer class, built with ``lr`` and ``weight_decay``
+        (:func:`build_optimizer`).
     lr, weight_decay : float
     batch_size : int or None
         Rows per step (None: all rows). A last batch of one row is merged into the batch before it
@@ -199,6 +229,8 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
         Epochs without improvement before stopping.
     tol : float, default=1e-4
         The least decrease of the held-out loss that counts as an improvement.
+    fused : bool, default=False
+        "adam" / "adamw" in torch's fused implementation (:func:`build_optimizer`).
 
     Returns
     -------
@@ -210,8 +242,7 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
     no_change = 0
     with seeded_torch(seed + 1, X.device):  # dropout & co. draw from the seeded global RNG
         module.train()
-        opt_cls = OPTIMIZERS[optimizer] if isinstance(optimizer, str) else optimizer
-        opt = opt_cls(module.parameters(), lr=lr, weight_decay=weight_decay)
+        opt = build_optimizer(optimizer, module.parameters(), lr=lr, weight_decay=weight_decay, fused=fused)
         gen = torch.Generator().manual_seed(seed)
         n = X.shape[0]
         slices = batch_slices(n, batch_size or n)

@@ -156,8 +156,8 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
     def _proba_tensor(self, X, method=None) -> torch.Tensor:
         """Class probabilities (n, C), chunk by chunk of rows (bounded memory for large X); ``method`` names the
         public method for the prefit-training-rows warning."""
-        Xt = self._check_fitted_X(X, method)
-        return torch.cat([self._proba_chunk(Xt[sl]) for sl in self._row_chunks(Xt.shape[0], len(self.classes_))])
+        rows = self._fitted_rows(X, method)  # made input tensors chunk by chunk (memory)
+        return self._predict_in_chunks(rows, len(self.classes_), self._proba_chunk, finite=lambda p: p)
 
     @scoped_threads
     def predict_proba(self, X) -> np.ndarray:

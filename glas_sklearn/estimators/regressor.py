@@ -126,9 +126,9 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
                  predictive="auto", n_samples=1000, confidence_level=0.9, calibration_size=0.1,
                  likelihood="gaussian", noise_std="auto", include_noise=False, max_epochs=500, lr=1e-3,
                  batch_size="auto", weight_decay=0.0, optimizer="adam", standardize="auto", padding_idx=None,
-                 subsample=None, eigen_method="lanczos", device="auto", dtype="auto", random_state=None, verbose=0,
+                 subsample="auto", eigen_method="lanczos", device="auto", dtype="auto", random_state=None, verbose=0,
                  early_stopping="auto", validation_fraction=0.1, n_iter_no_change=10, tol=1e-4,
-                 n_threads="auto"):
+                 n_threads="auto", working_memory=64):
         super().__init__(
             module, module_kwargs=module_kwargs, prefit=prefit, scaling=scaling, n_components=n_components,
             max_components=max_components, sigma0=sigma0, posterior=posterior, calibration=calibration,
@@ -138,7 +138,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             padding_idx=padding_idx, subsample=subsample, eigen_method=eigen_method, device=device, dtype=dtype,
             random_state=random_state, verbose=verbose, early_stopping=early_stopping,
             validation_fraction=validation_fraction, n_iter_no_change=n_iter_no_change, tol=tol,
-            n_threads=n_threads)
+            n_threads=n_threads, working_memory=working_memory)
         self.likelihood = likelihood
         self.noise_std = noise_std
         self.include_noise = include_noise
@@ -219,8 +219,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         super()._fit_scalers(X, y, sample_weight)
         Y = y.reshape(len(y), -1)
         if self.standardize is not False and not self.prefit:
-            self.y_mean_ = np.average(Y, axis=0, weights=sample_weight)
-            scale = np.sqrt(np.average((Y - self.y_mean_) ** 2, axis=0, weights=sample_weight))
+            self.y_mean_, scale = self._standardisation(Y, sample_weight, "y")
             scale[~(scale > 0)] = 1.0
             self.y_scale_ = scale
         else:
@@ -229,7 +228,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
     def _target_tensor(self, y, device, dtype) -> torch.Tensor:
         Y = (y.reshape(len(y), -1) - self.y_mean_) / self.y_scale_
-        return self._to_tensor(Y, device, dtype)
+        return self._to_tensor(Y, device, dtype, "y")
 
     _calibration_targets = _target_tensor
 
@@ -328,11 +327,9 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     def _predict_rows(self, X, levels=None, method=None):
         """:meth:`_predictive` over all rows of X, chunk by chunk (bounded memory for large X); ``method`` names
         the public method for the prefit-training-rows warning."""
-        Xt = self._check_fitted_X(X, method)
-        parts = [self._predictive(Xt[sl], levels) for sl in self._row_chunks(Xt.shape[0], self._n_out)]
-        mean = torch.cat([q[0] for q in parts])
-        std = torch.cat([q[1] for q in parts])
-        bounds = None if levels is None else torch.cat([q[2] for q in parts])
+        rows = self._fitted_rows(X, method)  # made input tensors chunk by chunk (memory)
+        mean, std, bounds = self._predict_in_chunks(rows, self._n_out, lambda rows: self._predictive(rows, levels),
+                                                    finite=lambda part: torch.stack([part[0], part[1]]))
         return mean, std, bounds
 
     def _to_user_units(self, t: torch.Tensor, shift: bool = True) -> np.ndarray:
@@ -415,6 +412,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         Xt = self._check_fitted_X(X)
         if self.likelihood_.noise_in_outputs:
             out = model_outputs(self.module_, Xt)
+            self._check_finite_rows(out, Xt)
             std = self._to_user_units(self.likelihood_.noise_variance(out).sqrt(), shift=False)
         else:
             std = np.broadcast_to(np.atleast_1d(self.noise_std_), (Xt.shape[0], self._n_out)).copy()
@@ -445,6 +443,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         s = self.predictive_.draw_outputs(p, Xt, self.n_components_, n_samples, random_state=random_state)
         gen = make_generator(None if random_state is None else numpy_rng(random_state).integers(2**62) + 1, s.device)
         s = self.likelihood_.draw_y(s, self._noise_var_out if self.include_noise else None, gen)
+        self._check_finite_rows(s.transpose(0, 1), Xt)
         out = self._to_user_units(s.permute(1, 2, 0))
         return out[:, 0, :] if self._y_1d else out
 

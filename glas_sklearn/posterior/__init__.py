@@ -52,13 +52,14 @@ from __future__ import annotations
 import inspect
 
 from ._base import ActiveSubspacePosterior
+from ._evaluation import memory_budget
 from ._noise import estimate_noise_variance
 from ._prior import LogAlphaCondition, low_rank_condition, subspace_condition, trace_condition
 from .low_rank import LowRankPosterior
 from .low_rank_diag import LowRankDiagPosterior
 from .subspace import SubspacePosterior
 
-__all__ = ["POSTERIOR_KINDS", "ActiveSubspacePosterior", "LogAlphaCondition", "LowRankDiagPosterior",
+__all__ = ["POSTERIOR_KINDS", "ActiveSubspacePosterior", "LogAlphaCondition", "LowRankDiagPosterior", "memory_budget",
            "LowRankPosterior", "SubspacePosterior", "estimate_noise_variance", "low_rank_condition",
            "resolve_posterior", "subspace_condition", "trace_condition"]
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import logging
 import math
+import threading
 from typing import ClassVar
 
 import numpy as np
@@ -233,7 +234,8 @@ class ActiveSubspacePosterior(PosteriorSampling, abc.ABC):
 
     def __getstate__(self) -> dict:
         state = self.__dict__.copy()
-        state["_jp_cache"] = None  # holds the last inputs and their J P: not worth pickling
+        state.pop("_local", None)  # per-thread caches of the last inputs and their J P: not pickled
+        state.pop("_jp_cache", None)
         return state
 
     def __setstate__(self, state: dict) -> None:
@@ -244,7 +246,9 @@ class ActiveSubspacePosterior(PosteriorSampling, abc.ABC):
 
             self.__class__ = resolve_posterior(kind)
         state.setdefault("_vmap_jac_ok", None)
+        state.pop("_jp_cache", None)  # pickled by earlier versions
         self.__dict__.update(state)
+        self._local = threading.local()
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(D={self.n_weights}, K={self.max_components}, beta={self.beta:.4g}, "

@@ -9,18 +9,20 @@ written into.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import numbers
+import threading
 
 import numpy as np
 import torch
 from torch.func import jvp, vmap
 
 from .._checks import check_positive_int
-from .._functional import BoundModel
+from .._functional import BoundModel, forward_ad_section
 
-__all__ = ["PosteriorEvaluation"]
+__all__ = ["PosteriorEvaluation", "memory_budget"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +32,44 @@ _WEIGHT_CHUNK_BYTES = 128 * 2**20
 _MAX_BATCHED_ROWS = 2**16
 # Weights per block when θ0 + z basis is formed single-threaded (see PosteriorEvaluation._form_weights).
 _FORM_BLOCK = 2**14
+# Bytes of activations counted per network evaluation (one input row at one weight vector) under a memory budget.
+_BYTES_PER_EVALUATION = 1024
+
+_BUDGET = threading.local()
+
+
+@contextlib.contextmanager
+def memory_budget(max_bytes: int, bytes_per_evaluation: int = _BYTES_PER_EVALUATION):
+    """Within the block, the calling thread's posterior evaluations (weight chunks, vectorised forwards and JVPs,
+    per-record Jacobian chunks) hold at most about ``max_bytes`` at once (the defaults, 128 MiB of weight rows and
+    2¹⁶ evaluations per vectorised call, when larger), counting ``bytes_per_evaluation`` of activations per network
+    evaluation (one input row at one weight vector). Per thread: other threads keep their own budget."""
+    previous = getattr(_BUDGET, "bytes", None), getattr(_BUDGET, "per_evaluation", None)
+    _BUDGET.bytes = int(max_bytes) if previous[0] is None else min(int(max_bytes), previous[0])
+    _BUDGET.per_evaluation = max(1, int(bytes_per_evaluation))
+    try:
+        yield
+    finally:
+        _BUDGET.bytes, _BUDGET.per_evaluation = previous
+
+
+def _weight_chunk_bytes() -> int:
+    budget = getattr(_BUDGET, "bytes", None)
+    return _WEIGHT_CHUNK_BYTES if budget is None else max(1, min(_WEIGHT_CHUNK_BYTES, budget // 2))
+
+
+def _jacobian_chunk_bytes() -> int:
+    # a chunk of float64 per-record Jacobians comes with about four times its size in temporaries (the per-weight
+    # Jacobians in the model's dtype, their concatenation, the float64 copy, the squares)
+    budget = getattr(_BUDGET, "bytes", None)
+    return _WEIGHT_CHUNK_BYTES if budget is None else max(1, min(_WEIGHT_CHUNK_BYTES, budget // 8))
+
+
+def _max_batched_rows() -> int:
+    budget = getattr(_BUDGET, "bytes", None)
+    if budget is None:
+        return _MAX_BATCHED_ROWS
+    return max(1, min(_MAX_BATCHED_ROWS, budget // 2 // getattr(_BUDGET, "per_evaluation", _BYTES_PER_EVALUATION)))
 
 
 class PosteriorEvaluation(BoundModel):
@@ -38,18 +78,33 @@ class PosteriorEvaluation(BoundModel):
     The host class sets ``functional_model`` and ``eigenvectors`` (D, K) and calls :meth:`_init_evaluation` in its
     constructor. The cache of Jacobian quantities (J P, J Jᵀ and, when
     ``_keep_record_jacobians`` is set and they fit in one chunk, the per-record Jacobians) belongs to the last
-    ``X`` seen (the same tensor object, unmodified); it does not depend on the prior, and is not pickled.
+    ``X`` seen by the calling thread (the same tensor object, unmodified); it does not depend on the prior, is
+    kept per thread (threads sharing a posterior never see each other's), and is not pickled.
+    :meth:`release_cache` drops the calling thread's.
     """
 
     eigenvectors: torch.Tensor
     # Keep the per-record Jacobians of the last X in the cache (for kinds that use them at every d).
     _keep_record_jacobians = False
+    # Kinds whose output covariance needs the per-record Jacobians anyway take J P from them too (J P_K in the same
+    # pass, and J Jᵀ's diagonal beside it), instead of K forward-mode JVPs: no forward-mode AD, whose state torch
+    # keeps per process (one thread at a time), at predict time.
+    _projections_from_jacobians = False
 
     def _init_evaluation(self) -> None:
         self._vmap_forward_ok: bool | None = None
         self._vmap_jvp_ok: bool | None = None
         self._vmap_jac_ok: bool | None = None
-        self._jp_cache: dict | None = None
+        self._local = threading.local()
+
+    @property
+    def _jp_cache(self) -> dict | None:
+        """The calling thread's cache of Jacobian quantities (None before its first use)."""
+        return getattr(self._local, "cache", None)
+
+    def release_cache(self) -> None:
+        """Drop the calling thread's cache of Jacobian quantities (its last inputs and their J P, J Jᵀ)."""
+        self._local.cache = None
 
     @property
     def n_weights(self) -> int:
@@ -83,9 +138,9 @@ class PosteriorEvaluation(BoundModel):
     def _chunk(self, rows: int, total: int, X: torch.Tensor | None = None) -> int:
         """How many weight vectors to evaluate together on ``rows`` inputs (memory-bounded; a row of token ids
         counts as its T positions, whose activations a sequence model holds)."""
-        by_weights = _WEIGHT_CHUNK_BYTES // (self.n_weights * self.theta0.element_size())
+        by_weights = _weight_chunk_bytes() // (self.n_weights * self.theta0.element_size())
         positions = math.prod(X.shape[1:]) if X is not None and not X.is_floating_point() else 1
-        by_rows = _MAX_BATCHED_ROWS // max(rows * positions, 1)
+        by_rows = _max_batched_rows() // max(rows * positions, 1)
         return int(max(1, min(total, by_weights, by_rows)))
 
     # ------------------------------------------------------------------ forwards
@@ -135,14 +190,16 @@ class PosteriorEvaluation(BoundModel):
 
     # ---------------------------------------------------------------------- JVPs
     def _jvp_many(self, tangents: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
-        """J(Xb) t_k for every row t_k of ``tangents`` (c, D): shape ``(c, nb, *out)``."""
+        """J(Xb) t_k for every row t_k of ``tangents`` (c, D): shape ``(c, nb, *out)``.
+
+        Forward mode, whose state torch keeps per process: one thread at a time (:func:`forward_ad_section`)."""
         fm = self.functional_model
         batched = self.layout.unflatten_rows(tangents)
 
         def f(params):
             return fm(Xb, params)
 
-        with fm.autodiff():
+        with forward_ad_section(), fm.autodiff():
             if self._vmap_jvp_ok is not False:
                 try:
                     out = vmap(lambda t: jvp(f, (fm.params0,), (t,))[1])(batched)
@@ -166,11 +223,12 @@ class PosteriorEvaluation(BoundModel):
         """The cache of Jacobian quantities for ``X`` (the same tensor object, unmodified), reset otherwise."""
         cache = self._jp_cache
         if cache is None or cache["X"] is not X or cache["version"] != X._version:
-            cache = self._jp_cache = {"X": X, "version": X._version, "JP": None}
+            cache = self._local.cache = {"X": X, "version": X._version, "JP": None}
         return cache
 
     def jacobian_projections(self, X: torch.Tensor, d: int, batch_size: int | None = None) -> torch.Tensor:
-        """J(x) p_j for j ≤ d by forward-mode JVPs; shape ``(n, *out, d)``.
+        """J(x) p_j for j ≤ d by forward-mode JVPs (kinds with ``_projections_from_jacobians``: from the per-record
+        Jacobians, by reverse mode); shape ``(n, *out, d)``.
 
         The result for the last ``X`` (the same tensor object, unmodified) is cached and extended column by
         column, so calling it for d = 1, …, K costs K JVPs in total.
@@ -183,6 +241,9 @@ class PosteriorEvaluation(BoundModel):
         batch_size = check_positive_int("batch_size", batch_size, allow_none=True)
         cache = self._cache_for(X)
         have = 0 if cache["JP"] is None else cache["JP"].shape[-1]
+        if have < d and self._projections_from_jacobians:
+            self._projections_and_gram(X, cache, batch_size)
+            have = d
         if have < d:
             rows = self._row_batches(X.shape[0], batch_size)
             chunk = self._chunk(rows[0].stop - rows[0].start, d - have, X)
@@ -194,6 +255,22 @@ class PosteriorEvaluation(BoundModel):
             cache["JP"] = new if cache["JP"] is None else torch.cat([cache["JP"], new], -1)
         return cache["JP"][..., :d]
 
+    def _projections_and_gram(self, X: torch.Tensor, cache: dict, batch_size: int | None) -> None:
+        """J P_K and ‖J_m‖² of every record from its per-record Jacobian (reverse mode, in memory-bounded chunks),
+        into ``cache`` ("JP" in the weights' dtype, "gram_diag" in float64)."""
+        P = self.eigenvectors.to(torch.float64)
+        jp = gram = None
+        # the results are allocated once and filled chunk by chunk: small results allocated between the chunks'
+        # large temporaries would pin the heap and make it grow with the number of chunks
+        for rows, jac in self._jacobian_blocks(X, batch_size):  # (c, *out, D)
+            if jp is None:
+                jp = torch.empty(X.shape[0], *jac.shape[1:-1], P.shape[1], dtype=self.dtype, device=jac.device)
+                gram = torch.empty(X.shape[0], *jac.shape[1:-1], dtype=torch.float64, device=jac.device)
+            torch.matmul(jac, P, out=jp[rows]) if jp.dtype == torch.float64 else jp[rows].copy_(jac @ P)
+            gram[rows] = torch.linalg.vector_norm(jac, dim=-1).square_()  # no (c, *out, D) temporary
+        cache["JP"] = jp
+        cache.setdefault("gram_diag", gram)
+
     # ------------------------------------------------------- per-record Jacobians
     def _jacobian_blocks(self, X: torch.Tensor, batch_size: int | None):
         """(rows, per-record Jacobians in float64) over memory-bounded chunks of the records of X; kept in the cache
@@ -201,9 +278,9 @@ class PosteriorEvaluation(BoundModel):
         cache = self._cache_for(X)
         if cache.get("jac") is not None:
             return cache["jac"]
-        blocks = self.record_jacobian_chunks(X, _WEIGHT_CHUNK_BYTES, batch_size)
+        blocks = self.record_jacobian_chunks(X, _jacobian_chunk_bytes(), batch_size)
         n_out = int(np.prod(self.functional_model.output_shape(X)))
-        fits = X.shape[0] * n_out * self.n_weights * 8 <= _WEIGHT_CHUNK_BYTES
+        fits = X.shape[0] * n_out * self.n_weights * 8 <= _jacobian_chunk_bytes()
         if self._keep_record_jacobians and fits and (batch_size or X.shape[0]) >= X.shape[0]:
             cache["jac"] = blocks = list(blocks)
         return blocks
@@ -228,5 +305,5 @@ class PosteriorEvaluation(BoundModel):
     def _compute_gram(self, X: torch.Tensor, full_cov: bool, batch_size: int | None) -> torch.Tensor:
         parts = []
         for _, jac in self._jacobian_blocks(X, batch_size):  # (c, *out, D)
-            parts.append(jac @ jac.transpose(-1, -2) if full_cov else (jac**2).sum(-1))
+            parts.append(jac @ jac.transpose(-1, -2) if full_cov else torch.linalg.vector_norm(jac, dim=-1).square_())
         return torch.cat(parts, 0)

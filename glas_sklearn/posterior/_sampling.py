@@ -147,13 +147,17 @@ class PosteriorSampling(PosteriorEvaluation):
         # θ0 + δ for a chunk of samples, written into one buffer reused by every chunk
         # (a fresh (chunk, D) tensor per chunk costs page faults comparable to the product itself)
         weights = torch.empty(chunk, self.n_weights, dtype=self.dtype, device=self.device)
-        out = []
+        out = None  # (S, n, *out), allocated once and filled (no per-chunk results pinning the heap)
         with torch.no_grad():
             for s in range(0, n_samples, chunk):
                 stop = min(s + chunk, n_samples)
                 w = self._weights_into(z, seeds, s, stop, weights[:stop - s])
-                out.append(torch.cat([self._forward_weights(w, X[sl]) for sl in rows], 1))
-        return torch.cat(out, 0)
+                for sl in rows:
+                    f = self._forward_weights(w, X[sl])
+                    if out is None:
+                        out = torch.empty(n_samples, X.shape[0], *f.shape[2:], dtype=f.dtype, device=f.device)
+                    out[s:stop, sl] = f
+        return out
 
     def linearized_samples(self, X: torch.Tensor, d: int, n_samples: int = 1000, random_state=None,
                            batch_size: int | None = None) -> torch.Tensor:

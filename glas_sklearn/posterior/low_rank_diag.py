@@ -9,6 +9,7 @@ own diagonal. Everything is D-vectors and d × d factors, in float64.
 from __future__ import annotations
 
 import math
+import threading
 
 import numpy as np
 import torch
@@ -18,6 +19,10 @@ from ._base import ActiveSubspacePosterior
 from ._prior import LogAlphaCondition, trace_condition
 
 __all__ = ["LowRankDiagPosterior"]
+
+# The cached factors are built and replaced under this lock, so threads predicting with one posterior never see a
+# half-updated cache (they are built once per d and σ0; a lookup holds it for a dictionary access).
+_FACTORS_LOCK = threading.RLock()
 
 
 class LowRankDiagPosterior(ActiveSubspacePosterior):
@@ -34,6 +39,7 @@ class LowRankDiagPosterior(ActiveSubspacePosterior):
     default_sigma0 = "eb_full"
     default_predictive = "linearized"
     off_subspace = True
+    _projections_from_jacobians = True  # J Jᵀ needs the per-record Jacobians: J P from them too
     needs_ggn_diagonal = True
     _keep_record_jacobians = True  # J Σ Jᵀ needs them at every d
 
@@ -57,6 +63,10 @@ class LowRankDiagPosterior(ActiveSubspacePosterior):
         self._diag_factors_cache: dict | None = None
 
     def _sigma0_changed(self) -> None:
+        with _FACTORS_LOCK:
+            self._drop_sampler_factors()
+
+    def _drop_sampler_factors(self) -> None:
         if self._diag_factors_cache is not None:
             for key in ("Q", "T", "a_isqrt"):
                 self._diag_factors_cache.pop(key, None)
@@ -78,6 +88,10 @@ class LowRankDiagPosterior(ActiveSubspacePosterior):
     def _diag_parts(self, d: int, alpha: float) -> tuple:
         """(1/A, P, √B) for the precision A + P B Pᵀ, A = diag(β r + α), B = β Λ_d, all float64 (P_d and β r kept
         for the last d, so that the σ0 solve does not rebuild them at every α)."""
+        with _FACTORS_LOCK:
+            return self._diag_parts_locked(d, alpha)
+
+    def _diag_parts_locked(self, d: int, alpha: float) -> tuple:
         base = self._diag_factors_cache
         if base is None or base["d"] != d:
             base = self._diag_factors_cache = {"d": d, "P": self.eigenvectors[:, :d].to(torch.float64),
@@ -103,9 +117,13 @@ class LowRankDiagPosterior(ActiveSubspacePosterior):
         """The factors of Σ = A⁻¹ − W K⁻¹ Wᵀ at d and σ0 = ``fit_sigma0(d)`` (cached for the last d): ``a_inv``,
         ``W``, ``L`` (for output covariances) and, built on first use, ``Q``, ``T`` (for sampling)."""
         alpha = self._alpha(d)
+        with _FACTORS_LOCK:
+            return dict(self._diag_factors_locked(d, alpha))  # a snapshot: later updates do not reach the caller
+
+    def _diag_factors_locked(self, d: int, alpha: float) -> dict:
         cache = self._diag_factors_cache
         if cache is None or cache["d"] != d or cache["alpha"] != alpha:
-            a_inv, P, bh = self._diag_parts(d, alpha)
+            a_inv, P, bh = self._diag_parts_locked(d, alpha)
             W, L = self._woodbury(a_inv, P, bh)
             cache = self._diag_factors_cache
             for key in ("Q", "T", "a_isqrt"):  # the sampler's factors belong to the previous α
@@ -119,7 +137,11 @@ class LowRankDiagPosterior(ActiveSubspacePosterior):
         With U = A^{-½} P = Q R (thin QR), Σ = A^{-½} (I + U B Uᵀ)⁻¹ A^{-½} and (I + U B Uᵀ)^{-½} =
         I + Q ((I + R B Rᵀ)^{-½} − I) Qᵀ, the d × d root from a symmetric eigendecomposition: T = that − I.
         """
-        f = self._diag_factors(d)
+        with _FACTORS_LOCK:
+            return self._diag_sampler_locked(d)
+
+    def _diag_sampler_locked(self, d: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        f = self._diag_factors_locked(d, self._alpha(d))
         if "Q" not in f:
             a_isqrt = f["a_inv"].sqrt()
             Q, R = torch.linalg.qr(a_isqrt[:, None] * f["P"])

@@ -68,9 +68,10 @@ class PredictiveMode(ABC):
     name: str = "custom"
     scans_every_dimension: bool = False
 
-    def draws_per_row(self, n_samples: int) -> int:
-        """Network evaluations per input row (sets the prediction chunk size)."""
-        return 1
+    @abstractmethod
+    def values_per_output(self, n_samples: int, n_components: int) -> int:
+        """The numbers a prediction holds at once per row and output (its memory budget): S output samples, or the
+        K Jacobian projections and two more."""
 
     @abstractmethod
     def output_moments(self, posterior: ActiveSubspacePosterior, X: torch.Tensor, d: int, *, n_samples: int = 1000,
@@ -114,6 +115,9 @@ class Linearized(PredictiveMode):
     name = "linearized"
     scans_every_dimension = True
 
+    def values_per_output(self, n_samples: int, n_components: int) -> int:
+        return int(n_components) + 2
+
     def output_moments(self, posterior, X, d, *, n_samples=1000, random_state=None, batch_size=None):
         mean = posterior.predict_mean(X, batch_size=batch_size)
         var = posterior.linearized_variance(X, d, batch_size=batch_size).clamp_min(0)
@@ -146,7 +150,7 @@ class Sampled(PredictiveMode):
 
     name = "sampled"
 
-    def draws_per_row(self, n_samples: int) -> int:
+    def values_per_output(self, n_samples: int, n_components: int) -> int:
         return int(n_samples)
 
     def output_moments(self, posterior, X, d, *, n_samples=1000, random_state=None, batch_size=None):
