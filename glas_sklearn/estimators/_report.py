@@ -29,7 +29,7 @@ def training_line(est, n_rows: int, seconds: float) -> str:
     """E.g. "training: 500 epochs on 696 rows (batches of 64), 12.3 s, loss 0.0123 (first epoch 0.912);
     1 torch thread (auto)"."""
     losses = est.training_loss_
-    batch = est.batch_size or n_rows
+    batch = est._batch_size(n_rows) or n_rows  # batch_size="auto" resolved
     text = f"training: {len(losses)} epochs on {n_rows:,} rows (batches of {min(batch, n_rows)}), {seconds:.1f} s"
     if losses:
         text += f", loss {losses[-1]:.4g} (first epoch {losses[0]:.4g})"
