@@ -95,7 +95,8 @@ def main():
                   flush=True)
             runs.append(r)
             (_common.RESULTS / f"mondrian_shift_{a.tag}.json").write_text(
-                json.dumps({"command": " ".join(sys.argv), "runs": runs}, indent=1))
+                json.dumps({"command": "python " + " ".join(sys.argv), "runs": runs,
+                            "machine": _common.machine_info("cpu")}, indent=1))
 
 
 if __name__ == "__main__":

@@ -35,4 +35,6 @@ for n in (500, 2500):
                       "val": getattr(est, "best_validation_score_", None)}
         print(r, flush=True)
         out.append(r)
-json.dump(out, open('benchmarks/results/variance_head_noisefree.json', 'w'))
+json.dump({"command": "python benchmarks/noise_free_check.py", "runs": out,
+           "machine": {"threads": torch.get_num_threads()}},
+          open('benchmarks/results/variance_head_noisefree.json', 'w'))

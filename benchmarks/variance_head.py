@@ -177,7 +177,8 @@ def merge(tags):
                 same[0]["methods"].update({k: v for k, v in r["methods"].items() if k not in same[0]["methods"]})
             else:
                 runs.append(r)
-    results = {"commands": commands, "runs": runs, "machine": _common.machine_info("cpu")}
+    results = {"command": " ; ".join(commands), "commands": commands, "runs": runs,
+               "machine": _common.machine_info("cpu")}
     (_common.RESULTS / f"{STEM}.json").write_text(json.dumps(results, indent=1))
     text = render(results)
     md = _common.RESULTS / f"{STEM}.md"
@@ -201,9 +202,9 @@ def main():
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--merge", nargs="+")
     a = p.parse_args()
+    torch.set_num_threads(a.threads)
     if a.merge:
         return merge(a.merge)
-    torch.set_num_threads(a.threads)
     opts = {k: OPTIONS[k] for k in a.options}
     runs = []
     out = _common.RESULTS / f"{STEM}_{a.tag}.json"
@@ -218,7 +219,8 @@ def main():
                 runs.append({"dataset": name, "split": split,
                              "methods": run_one(X[fit], y[fit], X[cal], y[cal], X[test], y[test], split,
                                                 options=opts)})
-                out.write_text(json.dumps({"command": " ".join(sys.argv), "runs": runs}))
+                out.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "runs": runs,
+                                           "machine": _common.machine_info("cpu")}))
     else:
         for shape in a.shapes:
             for seed in range(a.seeds):
@@ -230,7 +232,8 @@ def main():
                 runs.append({"shape": shape, "seed": seed,
                              "methods": run_one(X[n_cal:], y[n_cal:], X[:n_cal], y[:n_cal], X_te, y_te, seed,
                                                 noise=s_te, options=opts)})
-                out.write_text(json.dumps({"command": " ".join(sys.argv), "runs": runs,
+                out.write_text(json.dumps({"command": "python " + " ".join(sys.argv), "runs": runs,
+                                           "machine": _common.machine_info("cpu"),
                                            "date": _dt.datetime.now().isoformat()}))
 
 
