@@ -24,7 +24,7 @@ __all__ = ["LaplaceActiveSubspaceRegressor"]
 
 _NOISE_SOURCES = ("auto", "calibration", "training")
 # The likelihood names the regressor takes (resolve_likelihood turns them into objects).
-_LIKELIHOODS = REGRESSION_LIKELIHOODS
+_LIKELIHOODS = (*REGRESSION_LIKELIHOODS, "auto")
 # Below this many held-out rows the residual variance is too noisy to prefer it over the training residuals.
 _MIN_CALIBRATION_ROWS_FOR_NOISE = 30
 
@@ -43,8 +43,11 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     Parameters
     ----------
 {PARAMETERS_DOC}
-    likelihood : "gaussian", "heteroscedastic", "student_t" or Likelihood, default="gaussian"
-        "gaussian": y = f(x) + ε with one noise level σ per output (the paper's). "heteroscedastic"
+    likelihood : "gaussian", "heteroscedastic", "student_t", "auto" or Likelihood, default="gaussian"
+        "auto": "heteroscedastic" when the estimator builds the network (``module=None``), "gaussian" for a
+        module of your own (benchmarks/results/mondrian_shift.md, variance_head.md; opt-in: no test of the
+        data's support for a varying σ(x) yet). "gaussian": y = f(x) + ε with one noise level σ per output (the
+        paper's). "heteroscedastic"
         (:class:`~glas_sklearn.likelihoods.HeteroscedasticGaussian`): per target the network outputs a mean μ(x)
         and a variance parameter, so the noise level σ(x) varies with x. The default MLP then has 2k outputs
         [μ_1 … μ_k, log σ²_1 … log σ²_k] and is trained with β-NLL (Seitzer et al. 2022; ``beta_nll=0.5`` of the
@@ -145,7 +148,10 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
     # ------------------------------------------------------------------ hooks
     def _resolve_likelihood(self) -> Likelihood:
-        likelihood = resolve_likelihood(self.likelihood)
+        likelihood = self.likelihood
+        if isinstance(likelihood, str) and likelihood == "auto":  # a variance head only on a network built here
+            likelihood = "heteroscedastic" if self.module is None else "gaussian"
+        likelihood = resolve_likelihood(likelihood)
         if likelihood.is_classification:
             raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood={self.likelihood!r} is a likelihood of class "
                              "labels; use LaplaceActiveSubspaceClassifier for classification, or a regression "
