@@ -61,6 +61,7 @@ from torch import nn
 
 from glas_sklearn import LaplaceActiveSubspaceClassifier
 from glas_sklearn.calibration import class_probabilities, tune_sigma0
+from glas_sklearn.likelihoods import Categorical
 
 N_BINS = 15
 NLL_FLOOR = 1e-12
@@ -260,7 +261,7 @@ def run_seed(seed: int, cfg: argparse.Namespace) -> dict:
     post.set_sigma0("eb_full")
     try:
         rotated = tune_sigma0(post, torch.as_tensor(rotate(X_tune, cfg.tune_angle)), y_tune, d=d,
-                              predictive="linearized", random_state=seed)
+                              predictive="linearized", random_state=seed, likelihood=Categorical())
     finally:
         post.set_sigma0(original)
     sigma0_rot = float(rotated.sigma0)

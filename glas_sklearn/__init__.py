@@ -1,5 +1,6 @@
 """glas-sklearn: calibrated uncertainty for trained PyTorch networks by generalized Laplace active subspaces."""
 
+from ._version import __version__
 from .compose import predict_interval, predict_set
 from .datasets import load_concrete
 from .estimators import (
@@ -9,8 +10,6 @@ from .estimators import (
     PrefitUnderfitWarning,
 )
 from .metrics import coverage_score, interval_score, make_interval_scorer, mean_width_score
-
-__version__ = "0.1.0.dev0"
 
 __all__ = [
     "LaplaceActiveSubspaceRegressor",

@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 #: A part of the package (a top-level module or subpackage) → its floor; a part imports only from floors ≤ its own.
 FLOORS = {
     # floor 0: checks, progress, the one model binding, adapters
-    "_checks": 0, "_progress": 0, "_functional": 0, "adapters": 0, "_threads": 0,
+    "_checks": 0, "_version": 0, "_progress": 0, "_functional": 0, "adapters": 0, "_threads": 0,
     # floor 1: tensor math of the predictive, the conformity scores
     "predictive": 1, "conformity_scores": 1,
     # floor 2: likelihoods and the curvature operators
@@ -166,3 +166,72 @@ def test_the_checks_see_lazy_imports_and_cycles(tmp_path):
     g = import_graph(pkg)
     assert g["low"] == {"high": [f"{PACKAGE}.low.a:2"]} and set(g["high"]) == {"low"}
     assert find_cycles(g) == [["high", "low"]]
+
+
+# ------------------------------------------------------------------------------------- kind comparisons
+#: Names of a likelihood / task / predictive mode / calibrator kind: comparing a value with one of them (``==``,
+#: ``!=``, ``in (...)``) is a branch on a kind.
+KIND_STRINGS = {"sampled", "linearized", "regression", "classification", "heteroscedastic", "gaussian", "categorical",
+                "student_t", "mse", "cross_entropy", "coverage", "conformal", "natural", "mean_logvar"}
+#: Kind classes: ``isinstance(x, <one of them>)`` is a branch on a kind.
+KIND_CLASSES = {"Gaussian", "HeteroscedasticGaussian", "Categorical", "StudentT", "CoverageCalibrator",
+                "ConformalCalibrator", "Linearized", "Sampled", "RegressionScore", "ClassificationScore"}
+#: Where a kind comparison is allowed besides the ``resolve_*`` functions: a likelihood's own layout option inside its
+#: own module (HeteroscedasticGaussian(output="mean_logvar" | "natural") reads its outputs by it).
+ALLOWED_KIND_BRANCHES = {"likelihoods/heteroscedastic.py": 8}
+
+
+def kind_branches(root: Path = ROOT) -> dict[str, list[str]]:
+    """file (relative to the package) → ['line: code'] of every comparison on a kind outside ``resolve_*`` functions:
+    ``x == "sampled"``-like comparisons with a kind name, ``isinstance(x, <kind class>)``, ``self._lik``."""
+    out: dict[str, list[str]] = {}
+
+    def visit(node, inside_resolve, rel):
+        is_fn = isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))
+        inside_resolve = inside_resolve or (is_fn and node.name.startswith("resolve_"))
+        hit = False
+        if not inside_resolve:
+            if isinstance(node, ast.Compare):
+                # x == "kind", x != "kind", x in ("kind", ...); not "column" in table (membership in a name)
+                consts = []
+                lefts = [node.left, *node.comparators[:-1]]
+                for op, left, right in zip(node.ops, lefts, node.comparators, strict=True):
+                    if isinstance(op, (ast.Eq, ast.NotEq)):
+                        consts += [v.value for v in (left, right) if isinstance(v, ast.Constant)]
+                    elif isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.Set, ast.List)):
+                        consts += [v.value for v in right.elts if isinstance(v, ast.Constant)]
+                hit = any(isinstance(c, str) and c in KIND_STRINGS for c in consts)
+            elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                  and node.func.id in ("isinstance", "issubclass") and len(node.args) == 2):
+                hit = bool({n.id for n in ast.walk(node.args[1]) if isinstance(n, ast.Name)} & KIND_CLASSES)
+            elif isinstance(node, ast.Attribute) and node.attr == "_lik":
+                hit = True
+        if hit:
+            out.setdefault(rel, []).append(f"{node.lineno}: {ast.unparse(node)}")
+        for child in ast.iter_child_nodes(node):
+            visit(child, inside_resolve, rel)
+
+    for path in sorted(root.rglob("*.py")):
+        visit(ast.parse(path.read_text(encoding="utf-8")), False, path.relative_to(root).as_posix())
+    return out
+
+
+def test_no_branch_on_a_kind_outside_the_resolve_functions():
+    """Strings name a kind only at the boundary (a ``resolve_*`` function); downstream code asks the object
+    (../shared/DESIGN.md, "A mode is resolved once")."""
+    found = kind_branches()
+    extra = {f: lines for f, lines in found.items() if len(lines) > ALLOWED_KIND_BRANCHES.get(f, 0)}
+    assert not extra, "\n".join(f"{f}:{line}" for f, lines in extra.items() for line in lines)
+
+
+def test_the_kind_check_sees_strings_isinstance_and_lik(tmp_path):
+    (tmp_path / "m.py").write_text(
+        "def f(task, lik, self):\n"
+        "    if task == 'regression' or isinstance(lik, (Gaussian, int)) or self._lik:\n"
+        "        return 1\n"
+        "def resolve_x(name):\n"
+        "    return name in ('sampled', 'linearized')\n"
+        "def g(col, p):\n"
+        "    return 'coverage' in col or p in ('x', 'sampled')\n")
+    found = kind_branches(tmp_path)
+    assert [line.split(":")[0] for line in found["m.py"]] == ["2", "2", "2", "7"]

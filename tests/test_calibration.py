@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from glas_sklearn.calibration import CalibrationResult, CalibrationWarning, choose_dimension
+from glas_sklearn.likelihoods import Categorical, Gaussian
 from glas_sklearn.posterior import ActiveSubspacePosterior
 from glas_sklearn.predictive import interval_coverage, mean_interval_width, sampled_interval
 
@@ -110,7 +111,7 @@ def test_warns_when_never_reached():
 def test_classification_smallest_d_reaching_level(predictive, method):
     net, post, X, labels = _classification_case()
     before = snapshot(net)
-    res = choose_dimension(post, X, labels, task="classification", predictive=predictive, linearized_method=method,
+    res = choose_dimension(post, X, labels, likelihood=Categorical(), predictive=predictive, linearized_method=method,
                            confidence_level=0.9, n_samples=2000, random_state=0, full_curve=True)
     assert list(res.table.columns) == ["d", "coverage", "mean_set_size", "sigma0"]
     np.testing.assert_allclose(res.table["coverage"], EXPECTED)
@@ -138,14 +139,14 @@ def test_bad_inputs():
         choose_dimension(post, X, y, confidence_level=[0.8, 0.9])
     with pytest.raises(ValueError, match="confidence_levels"):
         choose_dimension(post, X, y, confidence_level=1.0)
-    with pytest.raises(ValueError, match="task"):
-        choose_dimension(post, X, y, task="ranking")
+    with pytest.raises(TypeError, match="likelihood"):
+        choose_dimension(post, X, y, likelihood="ranking")
     with pytest.raises(ValueError, match="predictive"):
         choose_dimension(post, X, y, predictive="exact")
     with pytest.raises(ValueError, match="d_max"):
         choose_dimension(post, X, y, d_max=0)
     with pytest.raises(ValueError, match="noise_var"):
-        choose_dimension(post, X, y.long(), task="classification", noise_var=0.1)
+        choose_dimension(post, X, y.long(), likelihood=Categorical(), noise_var=0.1)
     bad = X.clone()
     bad[0, 0] = float("nan")
     with pytest.raises(ValueError, match="NaN"):
@@ -154,9 +155,9 @@ def test_bad_inputs():
         choose_dimension(object(), X, y)
     _, cpost, cX, labels = _classification_case()
     with pytest.raises(ValueError, match="between 0 and 1"):
-        choose_dimension(cpost, cX, labels + 1, task="classification", predictive="linearized")
+        choose_dimension(cpost, cX, labels + 1, likelihood=Categorical(), predictive="linearized")
     with pytest.raises(ValueError, match="between 0 and 1"):  # the sampled search's linearised guess checks them too
-        choose_dimension(cpost, cX, labels + 1, task="classification", predictive="sampled")
+        choose_dimension(cpost, cX, labels + 1, likelihood=Categorical(), predictive="sampled")
 
 
 @pytest.mark.parametrize("predictive", ["sampled", "linearized"])
@@ -308,7 +309,7 @@ def test_conformal_classification_lac_guarantee_by_simulation():
                                 random_state=0).posterior
     xp, lp = data(500)
     probs = class_probabilities(post, xp, 4, predictive="linearized")
-    res = conformal_calibrate(post, xp[:30], lp[:30], d=4, task="classification", confidence_level=0.8,
+    res = conformal_calibrate(post, xp[:30], lp[:30], d=4, likelihood=Categorical(), confidence_level=0.8,
                               predictive="linearized")
     s = (1 - probs[torch.arange(500), lp]).numpy()
     np.testing.assert_allclose(res.scores, np.sort(s[:30]), rtol=1e-12)
@@ -367,6 +368,7 @@ def _scan_answer(full, level):
     return int(hit.iloc[0]) if len(hit) else None
 
 
+_LIKELIHOOD = {"regression": Gaussian(), "classification": Categorical()}
 PLATEAU_COUNTS = [2, 0, 0, 1, 0, 0, 0, 0, 3, 0, 1, 0, 0, 0, 0, 0, 0, 2, 0, 1]  # n = 10 records, K = 20
 
 
@@ -374,7 +376,7 @@ PLATEAU_COUNTS = [2, 0, 0, 1, 0, 0, 0, 0, 3, 0, 1, 0, 0, 0, 0, 0, 0, 2, 0, 1]  #
                          + [("classification", v) for v in (0.7, 0.9, 0.95)])
 def test_sampled_search_returns_the_full_scans_d_on_a_curve_with_plateaus(task, level):
     post, X, y = _axes_case(PLATEAU_COUNTS, task)
-    kw = dict(task=task, confidence_level=level, n_samples=400, random_state=1)
+    kw = dict(likelihood=_LIKELIHOOD[task], confidence_level=level, n_samples=400, random_state=1)
     full = choose_dimension(post, X, y, full_curve=True, **kw)
     # the construction: coverage (Σ_{k<d} counts) / n at every d
     np.testing.assert_allclose(full.table["coverage"], np.cumsum(PLATEAU_COUNTS) / 10, atol=1e-12)
@@ -392,7 +394,7 @@ def test_sampled_search_returns_the_full_scans_d_on_a_curve_with_plateaus(task, 
 @pytest.mark.parametrize("task", ["regression", "classification"])
 def test_sampled_search_never_reached_costs_one_evaluation(task):
     post, X, y = _axes_case(PLATEAU_COUNTS, task, never=3)  # at most 10 of 13 records are ever covered
-    kw = dict(task=task, confidence_level=0.9, n_samples=400, random_state=1)
+    kw = dict(likelihood=_LIKELIHOOD[task], confidence_level=0.9, n_samples=400, random_state=1)
     with pytest.warns(CalibrationWarning, match=r"best was 76\.9% at d=20"):
         res = choose_dimension(post, X, y, **kw)
     assert not res.reached and res.n_components == 20

@@ -81,7 +81,7 @@ def test_user_defined_regression_score_matches_split_conformal_by_hand():
     est = LaplaceActiveSubspaceRegressor(**SMALL, standardize=False, confidence_level=[0.9, 0.5],
                                          calibration=ConformalCalibrator(AbsoluteResidual()))
     est.fit(X, y, X_cal=X_cal, y_cal=y_cal)
-    assert est.predictive_ == "linearized"  # the low-rank default: ŷ = f(x; θ0), the trained network itself
+    assert est.predictive_.name == "linearized"  # the low-rank default: ŷ = f(x; θ0), the trained network itself
     with torch.no_grad():
         f_cal = est.module_(torch.as_tensor(X_cal))[:, 0].numpy()
         f_test = est.module_(torch.as_tensor(X_test))[:, 0].numpy()
@@ -218,7 +218,7 @@ def test_bad_calibrations_and_scores_are_refused_clearly():
     X, y = _data(40)
     with pytest.raises(ValueError, match="calibration must be a Calibrator"):
         LaplaceActiveSubspaceRegressor(**SMALL, calibration=StdNormalizedResidual()).fit(X, y)
-    with pytest.raises(ValueError, match="LAC.. is a classification score, but the task is regression"):
+    with pytest.raises(ValueError, match=r"LAC\(\) is not a RegressionScore, but the likelihood calibrated"):
         LaplaceActiveSubspaceRegressor(**SMALL, calibration=ConformalCalibrator(LAC())).fit(X, y)
     with pytest.raises(TypeError, match="conformity_score must be None or a ConformityScore"):
         LaplaceActiveSubspaceRegressor(**SMALL, calibration=ConformalCalibrator("lac")).fit(X, y)
@@ -253,15 +253,28 @@ def test_coverage_display_asks_the_fitted_calibrator():
     plt.close("all")
 
 
-def test_pickle_from_before_calibrator_objects_says_refit():
+def test_pickles_round_trip_and_older_pickles_are_refused_naming_the_version():
+    """A pickle of this version loads and predicts the same; a state made before it (no version stamp, as every
+    earlier development build wrote) or in another pickle format is refused with a message naming the version."""
+    import pickle
+
+    import glas_sklearn
+
     X, y = _data(40)
     est = LaplaceActiveSubspaceRegressor(**SMALL).fit(X, y)
+    loaded = pickle.loads(pickle.dumps(est))
+    np.testing.assert_array_equal(loaded.predict_interval(X[:5])[1], est.predict_interval(X[:5])[1])
     state = est.__getstate__()
-    del state["calibrator_"]
-    old = LaplaceActiveSubspaceRegressor.__new__(LaplaceActiveSubspaceRegressor)
-    with pytest.warns(UserWarning, match="no fitted calibrator_.*refit it"):
-        old.__setstate__(state)
-    assert old.n_components_ == est.n_components_
+    assert state["_glas_pickle"] == (glas_sklearn.__version__, 1)
+    for stamp in (None, ("0.0.9", 0)):
+        old = dict(state)
+        old.pop("_glas_pickle")
+        if stamp is not None:
+            old["_glas_pickle"] = stamp
+        target = LaplaceActiveSubspaceRegressor.__new__(LaplaceActiveSubspaceRegressor)
+        made = "an earlier development build" if stamp is None else r"glas-sklearn 0\.0\.9 \(pickle format 0\)"
+        with pytest.raises(ValueError, match=rf"pickled by {made}.*glas-sklearn {glas_sklearn.__version__}.*Refit"):
+            target.__setstate__(old)
 
 
 @pytest.mark.parametrize("check", ["check_estimators_overwrite_params", "check_dont_overwrite_parameters",

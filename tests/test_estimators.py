@@ -820,7 +820,7 @@ def test_default_regressor_is_low_rank_conformal_with_hand_checked_intervals():
     X_cal, y_cal = _data(n=30, seed=1)
     est = LaplaceActiveSubspaceRegressor(**NEW, confidence_level=[0.9, 0.5]).fit(X, y, X_cal=X_cal, y_cal=y_cal)
     assert est.posterior_.posterior == "low_rank" and est.posterior_.sigma0_method == "eb_subspace"
-    assert est.predictive_ == "linearized" and est.n_components_ == 3 and est.calibration_reached_ is None
+    assert est.predictive_.name == "linearized" and est.n_components_ == 3 and est.calibration_reached_ is None
     assert est.noise_source_ == "training"  # "auto" under conformal: the scores must not depend on the cal rows
     assert list(est.calibration_.columns) == ["level", "d", "quantile", "coverage", "mean_width", "sigma0"]
     mean_c, std_c = est.predict(X_cal, return_std=True)
@@ -887,7 +887,7 @@ def test_paper_method_is_one_argument_away():
     """calibration="coverage", posterior="subspace": the paper's sampled subspace posterior, d by coverage."""
     X, y = _data(n=60)
     paper = LaplaceActiveSubspaceRegressor(**NEW, calibration="coverage", posterior="subspace").fit(X, y)
-    assert paper.predictive_ == "sampled" and paper.posterior_.posterior == "subspace"
+    assert paper.predictive_.name == "sampled" and paper.posterior_.posterior == "subspace"
     assert paper.posterior_.sigma0_method == "eb_subspace" and paper.conformity_scores_ is None
     assert list(paper.calibration_.columns) == ["d", "coverage", "mean_width", "sigma0"]
     # its intervals are the sample quantiles of the subspace posterior at the chosen d
@@ -904,7 +904,7 @@ def test_default_classifier_conformal_lac_sets(sigma0):
     X, labels = _labels(n=90)
     X_cal, l_cal = _labels(n=40, seed=1)
     clf = LaplaceActiveSubspaceClassifier(**NEW, sigma0=sigma0).fit(X, labels, X_cal=X_cal, y_cal=l_cal)
-    assert clf.posterior_.posterior == "low_rank" and clf.predictive_ == "linearized"
+    assert clf.posterior_.posterior == "low_rank" and clf.predictive_.name == "linearized"
     if sigma0 == "eb_full":
         assert clf.posterior_.sigma0_method == "eb_full"
         rows = np.arange(40)

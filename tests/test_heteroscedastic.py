@@ -289,7 +289,7 @@ def test_the_papers_method_is_one_argument_away_with_the_heteroscedastic_likelih
                                              posterior="subspace", n_samples=64, max_epochs=60, max_components=4,
                                              lr=3e-3, dtype="float64", random_state=0).fit(X, y, X_cal=X_cal,
                                                                                             y_cal=y_cal)
-    assert est.predictive_ == "sampled" and est.posterior_.posterior == "subspace"
+    assert est.predictive_.name == "sampled" and est.posterior_.posterior == "subspace"
     assert isinstance(est.calibrator_, CoverageCalibrator) and est.calibrator_.likelihood_ is est.likelihood_
     Xc = torch.as_tensor((X_cal - est.x_mean_) / est.x_scale_)
     yc = torch.as_tensor((y_cal - est.y_mean_[0]) / est.y_scale_[0])

@@ -171,8 +171,8 @@ def test_default_conformity_scores_are_the_calibration_defaults_of_their_task():
 
     assert type(Gaussian().default_conformity_score()) is StdNormalizedResidual
     assert type(Categorical().default_conformity_score()) is LAC
-    for lik, task in [(Gaussian(), "regression"), (Categorical(), "classification")]:
-        assert type(lik.default_conformity_score()) is type(resolve_conformity_score(None, task))
+    for lik in [Gaussian(), Categorical()]:
+        assert type(lik.default_conformity_score()) is type(resolve_conformity_score(None, lik))
     with pytest.raises(NotImplementedError, match="Poisson names no default conformity score"):
         Poisson().default_conformity_score()
 
@@ -316,24 +316,18 @@ def test_clone_and_get_params_with_a_likelihood_instance():
 
 
 @pytest.mark.parametrize("cls", [LaplaceActiveSubspaceRegressor, LaplaceActiveSubspaceClassifier])
-def test_pickles_from_before_likelihood_objects_load(cls):
+def test_pickles_keep_the_likelihood_object(cls):
+    import pickle
+
     X, y = _data(n=30)
     if cls is LaplaceActiveSubspaceClassifier:
         y = (y > np.median(y)).astype(int)
     est = cls(**SMALL).fit(X, y)
-    state = est.__getstate__()
-    state.pop("likelihood_")
-    state.pop("likelihood", None)  # the regressor's parameter did not exist either
-    old = cls.__new__(cls)
-    old.__setstate__(state)
-    assert type(old.likelihood_) is type(est.likelihood_)
-    assert old.get_params() == est.get_params()
-    np.testing.assert_array_equal(old.predict(X[:5]), est.predict(X[:5]))
-    table = old.coverage_curve(X, y, d_max=2)  # asks the likelihood (classification or not)
+    loaded = pickle.loads(pickle.dumps(est))
+    assert loaded.likelihood_ == est.likelihood_ and loaded.get_params() == est.get_params()
+    np.testing.assert_array_equal(loaded.predict(X[:5]), est.predict(X[:5]))
+    table = loaded.coverage_curve(X, y, d_max=2)  # asks the likelihood (classification or not)
     assert list(table["d"]) == [1, 2]
-
-
-# --------------------------------------------------------------------------------- Student-t
 
 
 def _t_nll_derivatives(lik, scale: float, n: int = 200_001):
@@ -496,3 +490,70 @@ def test_student_t_intervals_of_y_under_coverage_calibration_are_its_quantiles()
     _, b = by_hand(X_cal)
     inside = (y_cal >= b[:, 0, 0]) & (y_cal <= b[:, 1, 0])
     assert est.calibration_["coverage"].iloc[0] == pytest.approx(inside.mean(), abs=1e-12)
+
+
+# ------------------------------------------------------- a likelihood and a score plugged in from outside
+
+
+def test_a_likelihood_and_a_score_from_outside_the_package_plug_into_the_regressor():
+    """A user's regression likelihood (½-squared loss, β = 1 / N without σ²) naming its own conformity score |y − ŷ|
+    fits, calibrates and predicts through the regressor with no edit in the package: its intervals are ŷ ± q with q
+    the ⌈(n + 1) 0.9⌉-th smallest |y − ŷ| of the calibration rows, computed here by hand."""
+    import math
+
+    from glas_sklearn.conformity_scores import RegressionScore
+
+    class AbsoluteResidual(RegressionScore):
+        def score(self, y, prediction):
+            return (y - prediction.mean).abs().to(torch.float64)
+
+        def region(self, prediction, quantiles):
+            q = torch.as_tensor(np.asarray(quantiles), dtype=prediction.mean.dtype)
+            q = q.T if q.ndim == 2 else q
+            mu = prediction.mean.unsqueeze(-1)
+            return torch.stack([mu - q, mu + q], -2)
+
+    class HalfSquared(Likelihood):
+        name = "half_squared"
+
+        def loss(self, output, target):
+            return 0.5 * ((output - target) ** 2).sum(-1).mean()
+
+        def output_hessian_product(self, output, u):
+            return u
+
+        def default_conformity_score(self):
+            return AbsoluteResidual()
+
+    X, y = _data(n=60)
+    reg = LaplaceActiveSubspaceRegressor(likelihood=HalfSquared(), calibration="conformal", **SMALL).fit(X, y)
+    assert type(reg.calibrator_.conformity_score_) is AbsoluteResidual and reg.beta_ == 1.0
+    cal = reg.calibration_indices_
+    residuals = np.sort(np.abs(y[cal] - reg.predict(X[cal])))
+    q = residuals[int(math.ceil((len(cal) + 1) * 0.9 - 1e-9)) - 1]
+    y_pred, bounds = reg.predict_interval(X[:5])
+    np.testing.assert_allclose(bounds[:, 0, 0], y_pred - q, rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(bounds[:, 1, 0], y_pred + q, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("calibration", ["coverage", "conformal"])
+def test_student_t_by_name_through_the_regressor(calibration):
+    """``likelihood="student_t"`` (by name, through resolve_likelihood) fits and calibrates with either calibrator;
+    its coverage-calibrated intervals with ``include_noise=True`` are its own t quantiles
+    (StudentT.quantile_interval of ŷ, σ_f and the noise scale), checked against the likelihood called directly."""
+    from glas_sklearn.likelihoods import StudentT
+
+    X, y = _data(n=60)
+    reg = LaplaceActiveSubspaceRegressor(likelihood="student_t", calibration=calibration, include_noise=True,
+                                         **SMALL).fit(X, y)
+    assert type(reg.likelihood_) is StudentT and reg.calibrator_ is not None
+    y_pred, bounds = reg.predict_interval(X[:7])
+    assert bounds.shape == (7, 2, 1) and np.all(bounds[:, 0, 0] < y_pred) and np.all(y_pred < bounds[:, 1, 0])
+    if calibration == "coverage":
+        Xt = reg._check_fitted_X(X[:7])
+        lik, c = reg.likelihood_, reg.calibrator_
+        mean, sd_f = lik.predictive_moments(reg.posterior_, Xt, c.n_components_, predictive=c.predictive_,
+                                            n_samples=c.n_samples_, random_state=c.sample_seed_)
+        scale = np.sqrt(lik.scale_squared(np.asarray(c.noise_var_)))
+        ref = lik.quantile_interval(mean, sd_f, scale, 0.9) * reg.y_scale_[0] + reg.y_mean_[0]
+        np.testing.assert_allclose(bounds[:, :, 0], ref[:, 0, :, 0], rtol=1e-8)

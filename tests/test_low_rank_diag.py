@@ -207,7 +207,7 @@ def test_estimators_with_low_rank_diag():
     X, y = make_blobs(n_samples=120, centers=3, n_features=4, random_state=0)
     kw = dict(max_epochs=30, max_components=5, n_samples=50, random_state=0, dtype="float64")
     clf = LaplaceActiveSubspaceClassifier(posterior="low_rank_diag", **kw).fit(X, y)
-    assert clf.predictive_ == "linearized" and clf.posterior_.posterior == "low_rank_diag"
+    assert clf.predictive_.name == "linearized" and clf.posterior_.posterior == "low_rank_diag"
     proba = clf.predict_proba(X[:7])
     np.testing.assert_allclose(proba.sum(1), 1.0, rtol=1e-12)
     labels, sets = clf.predict_set(X[:7], confidence_level=[0.8, 0.9])

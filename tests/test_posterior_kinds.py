@@ -133,7 +133,7 @@ def test_user_kind_through_fit_laplace_subspace_and_an_estimator(setup):
     assert clone(est).get_params()["posterior"] is ShrunkComplementPosterior
     est.fit(Xr, yr)
     post = est.posterior_
-    assert type(post) is ShrunkComplementPosterior and est.predictive_ == "linearized"
+    assert type(post) is ShrunkComplementPosterior and est.predictive_.name == "linearized"
     assert post.sigma0 == "eb_subspace"  # "auto" on a kind off the subspace: the regressor's own choice
     Xt = torch.as_tensor(Xr[:9])
     Jr = dense_jacobian(est.module_, Xt)  # (9, 1, D)

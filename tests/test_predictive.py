@@ -311,3 +311,70 @@ def test_conformal_sets_by_hand():
     assert sets[1, :, 0].tolist() == [False, False, False]  # an empty set: nothing is probable enough
     assert not sets[..., 2].any() and sets[..., 3].all()
     np.testing.assert_allclose(set_coverage(np.array([1, 0]), sets.numpy()), [0.5, 1.0, 0.0, 1.0])
+
+
+# ------------------------------------------------------------------------------ the predictive modes
+
+
+class _StubPosterior:
+    """The posterior protocol the modes ask, with fixed tensors: f(x; θ0), J Σ Jᵀ's diagonal and S output samples."""
+
+    off_subspace = False
+
+    def __init__(self, seed=0, n=6, m=2, s=400):
+        g = torch.Generator().manual_seed(seed)
+        self.mean = torch.randn(n, m, generator=g, dtype=torch.float64)
+        self.var = torch.rand(n, m, generator=g, dtype=torch.float64)
+        self.samples = self.mean + self.var.sqrt() * torch.randn(s, n, m, generator=g, dtype=torch.float64)
+
+    def predict_mean(self, X, batch_size=None):
+        return self.mean
+
+    def linearized_variance(self, X, d, full_cov=False, batch_size=None):
+        return torch.diag_embed(self.var) if full_cov else self.var
+
+    def predict_samples(self, X, d, n_samples=1000, random_state=None, batch_size=None):
+        return self.samples
+
+
+def test_predictive_modes_resolve_once_and_answer_from_the_posterior_protocol():
+    from glas_sklearn.predictive import Linearized, PredictiveMode, Sampled, predictive_interval, resolve_predictive
+
+    assert type(resolve_predictive("sampled")) is Sampled and type(resolve_predictive("linearized")) is Linearized
+    mode = Sampled()
+    assert resolve_predictive(mode) is mode and isinstance(mode, PredictiveMode) and mode == Sampled()
+    with pytest.raises(ValueError, match="predictive"):
+        resolve_predictive("exact")
+    assert Sampled().values_per_output(50, 7) == 50 and Linearized().values_per_output(50, 7) == 9
+    assert Linearized().scans_every_dimension and not Sampled().scans_every_dimension
+
+    post, noise = _StubPosterior(), np.array([0.3, 0.0])
+    # linearised: f(x; θ0) ± z sqrt(σ_f² + σ²), the exact normal quantile
+    mean, std, bounds = predictive_interval(post, None, 1, [0.9], predictive=Linearized(), noise_var=noise)
+    sd = np.sqrt(post.var.numpy() + noise)
+    np.testing.assert_allclose(std.numpy(), sd, rtol=1e-14)
+    np.testing.assert_allclose(bounds[..., 1, 0].numpy(), post.mean.numpy() + norm.ppf(0.95) * sd, rtol=1e-12)
+    # sampled, without noise: the samples' mean, population std and numpy's quantiles
+    mean, std, bounds = predictive_interval(post, None, 1, [0.8], predictive="sampled")
+    s = post.samples.numpy()
+    np.testing.assert_allclose(mean.numpy(), s.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(std.numpy(), s.std(0), rtol=1e-12)
+    np.testing.assert_allclose(bounds[..., 0, 0].numpy(), np.quantile(s, 0.1, axis=0), rtol=1e-12)
+
+
+def test_the_modes_ask_the_likelihood_for_its_moments_of_y():
+    """The heteroscedastic likelihood through each mode: sampled, the law of total variance over the samples;
+    linearised, μ(x; θ0), σ²(x; θ0) and the variance of the mean outputs (by hand)."""
+    from glas_sklearn.likelihoods import HeteroscedasticGaussian
+    from glas_sklearn.predictive import Linearized, Sampled
+
+    post, lik = _StubPosterior(m=4), HeteroscedasticGaussian()
+    mu_s, var_s = post.samples[..., :2].numpy(), np.exp(post.samples[..., 2:].numpy())
+    mu, ale, epi = Sampled().likelihood_parts(lik, post, None, 1)
+    np.testing.assert_allclose(mu.numpy(), mu_s.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(ale.numpy(), var_s.mean(0), rtol=1e-12)
+    np.testing.assert_allclose(epi.numpy(), mu_s.var(0), rtol=1e-10)
+    mu, ale, epi = Linearized().likelihood_parts(lik, post, None, 1)
+    np.testing.assert_allclose(mu.numpy(), post.mean[:, :2].numpy())
+    np.testing.assert_allclose(ale.numpy(), np.exp(post.mean[:, 2:].numpy()), rtol=1e-14)
+    np.testing.assert_allclose(epi.numpy(), post.var[:, :2].numpy())

@@ -23,6 +23,7 @@ from glas_sklearn.calibration import (
     tune_sigma0,
 )
 from glas_sklearn.laplace import fit_laplace_subspace
+from glas_sklearn.likelihoods import Categorical, Gaussian
 
 CENTERS = torch.tensor([[0.0, 0.0], [1.2, 0.0], [0.0, 1.2]], dtype=torch.float64)
 
@@ -86,7 +87,7 @@ def test_chosen_sigma0_against_a_dense_brute_force_grid(scaling, where):
                                 scaling=scaling, random_state=0).posterior
     xt, lt = _blobs(40, g)
     d, upper = 4, post.fit_sigma0(4)
-    res = tune_sigma0(post, xt, lt, d=d, task="classification")
+    res = tune_sigma0(post, xt, lt, d=d, likelihood=Categorical())
     assert res.sigma0_upper == upper and post.sigma0 == "eb_full" and post.fit_sigma0(d) == upper  # left as it was
     grid = np.exp(np.linspace(math.log(upper * 1e-4), math.log(upper), 801))  # spacing 0.0115 in log σ0
     nll = np.array([_dense_nll(post, net, xt, lt, d, s) for s in grid])
@@ -162,16 +163,16 @@ def test_regression_nll_is_the_gaussian_density_with_the_interval_noise():
     post, nv = fitted.posterior, fitted.noise_var
     xt = torch.rand(30, 1, generator=g, dtype=torch.float64) * 4 - 2
     yt = torch.sin(2 * xt[:, 0]) + 0.1 * torch.randn(30, generator=g, dtype=torch.float64)
-    res = tune_sigma0(post, xt, yt, d=5, task="regression", noise_var=nv)
+    res = tune_sigma0(post, xt, yt, d=5, likelihood=Gaussian(), noise_var=nv)
     post.set_sigma0(res.sigma0)
     with torch.no_grad():
         mu = net(xt)[:, 0]
     v = post.linearized_variance(xt, 5)[:, 0] + nv
     hand = float((0.5 * torch.log(2 * math.pi * v) + 0.5 * (yt - mu) ** 2 / v).mean())
     assert res.nll == pytest.approx(hand, rel=1e-10)
-    assert predictive_nll(post, xt, yt, 5, task="regression", noise_var=nv) == pytest.approx(hand, rel=1e-12)
+    assert predictive_nll(post, xt, yt, 5, likelihood=Gaussian(), noise_var=nv) == pytest.approx(hand, rel=1e-12)
     # without noise, σ0 = 0 is a zero-variance Gaussian: no density, never chosen
-    assert math.isinf(tune_sigma0(post.set_sigma0("auto"), xt, yt, d=5, task="regression").nll_at_zero)
+    assert math.isinf(tune_sigma0(post.set_sigma0("auto"), xt, yt, d=5, likelihood=Gaussian()).nll_at_zero)
 
 
 def test_conformal_guarantee_survives_tuning_sigma0_on_other_rows_by_simulation():
@@ -189,10 +190,10 @@ def test_conformal_guarantee_survives_tuning_sigma0_on_other_rows_by_simulation(
         perm = torch.as_tensor(rng.permutation(len(lp)))
         tune, conf, test = perm[:n_tune], perm[n_tune:n_tune + n_conf], perm[n_tune + n_conf:]
         post.set_sigma0("eb_full")
-        res = tune_sigma0(post, xp[tune], lp[tune], d=4, task="classification", xtol=0.05)
+        res = tune_sigma0(post, xp[tune], lp[tune], d=4, likelihood=Categorical(), xtol=0.05)
         post.set_sigma0(res.sigma0)
         chosen.add(round(res.sigma0, 6))
-        cal = conformal_calibrate(post, xp[conf], lp[conf], d=4, task="classification", confidence_level=level)
+        cal = conformal_calibrate(post, xp[conf], lp[conf], d=4, likelihood=Categorical(), confidence_level=level)
         q = conformal_quantile(cal.scores, level)[0]
         p_test = class_probabilities(post, xp[test], 4, predictive="linearized")
         covs[t] = float(((1 - p_test[torch.arange(len(test)), lp[test]]) <= q).to(torch.float64).mean())

@@ -243,18 +243,21 @@ def test_train_module_stops_and_restores_on_a_validation_loss_that_rises():
         torch.testing.assert_close(p, q, rtol=0, atol=0)
 
 
-def test_an_estimator_pickled_before_early_stopping_loads_with_the_training_it_had():
+def test_an_estimator_pickles_with_its_training_record_and_older_states_are_refused():
+    """The training record (n_iter_, loss_curve_, the early-stopping settings) survives a pickle; a state pickled
+    before this version (no version stamp: before early stopping, among others) is refused, not migrated."""
     import pickle
 
     X, y = _data(n=60)
     est = LaplaceActiveSubspaceRegressor(**{**FAST, "early_stopping": False}, max_epochs=3).fit(X, y)
-    for name in ("early_stopping", "validation_fraction", "n_iter_no_change", "tol", "n_iter_", "loss_curve_",
-                 "validation_scores_", "best_validation_score_", "validation_indices_"):
-        delattr(est, name)  # what a pickle of the earlier version holds
     loaded = pickle.loads(pickle.dumps(est))
-    assert loaded.get_params()["early_stopping"] is False and loaded.n_iter_ == 3
-    assert loaded.loss_curve_ == loaded.training_loss_ and loaded.validation_scores_ is None
+    assert loaded.get_params() == est.get_params() and loaded.n_iter_ == est.n_iter_ == 3
+    assert loaded.loss_curve_ == est.loss_curve_ and loaded.validation_scores_ is None
     np.testing.assert_array_equal(loaded.predict(X[:5]), est.predict(X[:5]))
+    state = est.__getstate__()
+    state.pop("_glas_pickle")
+    with pytest.raises(ValueError, match="earlier development build of glas-sklearn.*Refit"):
+        LaplaceActiveSubspaceRegressor.__new__(LaplaceActiveSubspaceRegressor).__setstate__(state)
 
 
 # ------------------------------------------------------------------------------- large-data rules (issue 28)

@@ -8,9 +8,9 @@ import numpy as np
 import torch
 from sklearn.base import BaseEstimator
 
-from ..likelihoods import Gaussian, Likelihood
+from ..likelihoods import Gaussian, Likelihood, match_regression
 
-__all__ = ["Calibrator", "check_targets", "match_regression", "regression_likelihood"]
+__all__ = ["Calibrator", "check_targets", "match_regression", "resolve_calibration_likelihood"]
 
 
 class Calibrator(BaseEstimator, ABC):
@@ -49,7 +49,7 @@ class Calibrator(BaseEstimator, ABC):
     predictive_, n_samples_, noise_var_ :
         The predictive settings calibrated with (and predicted with).
     likelihood_ : Likelihood
-        The likelihood whose predictive of y was calibrated (regression; the Gaussian's when none was given).
+        The likelihood whose predictive of y was calibrated (the Gaussian's when none was given).
     """
 
     chooses_dimension: bool = False
@@ -61,16 +61,17 @@ class Calibrator(BaseEstimator, ABC):
         return 1
 
     @abstractmethod
-    def fit(self, posterior, X_cal: torch.Tensor, y_cal, *, n_components="auto", task: str = "regression",
-            confidence_levels=0.9, predictive: str = "sampled", n_samples: int = 1000, noise_var=0.0,
+    def fit(self, posterior, X_cal: torch.Tensor, y_cal, *, n_components="auto",
+            confidence_levels=0.9, predictive="sampled", n_samples: int = 1000, noise_var=0.0,
             random_state=None, verbose: int = 0, likelihood: Likelihood | None = None) -> Calibrator:
         """Calibrate ``posterior`` on ``(X_cal, y_cal)`` (internal units, on the posterior's device).
 
         ``n_components`` is "auto" (the method's choice of d) or a given d; ``confidence_levels`` lists the
         levels, the first being the target; the rest are the predictive's settings (as in
-        :func:`~glas_sklearn.calibration.choose_dimension`), kept for prediction. ``likelihood`` (regression) is the
-        likelihood whose predictive of y is calibrated (its ``predictive_moments`` / ``predictive_interval``;
-        None: the Gaussian's, :func:`regression_likelihood`), kept for prediction too. Returns ``self``.
+        :func:`~glas_sklearn.calibration.choose_dimension`), kept for prediction. ``likelihood`` is the
+        likelihood whose predictive of y is calibrated (it answers the calibration's questions: its predictive,
+        regions, targets; None: the Gaussian's, :func:`resolve_calibration_likelihood`), kept for prediction too.
+        Returns ``self``.
         """
 
     @abstractmethod
@@ -91,8 +92,9 @@ class Calibrator(BaseEstimator, ABC):
         self.predictive_, self.n_samples_, self.noise_var_ = predictive, int(n_samples), noise_var
 
 
-def check_targets(y, task: str, n: int, device: torch.device) -> torch.Tensor:
-    """Calibration targets as a tensor on ``device``: n rows, numeric and finite for regression."""
+def check_targets(y, likelihood: Likelihood, n: int, device: torch.device) -> torch.Tensor:
+    """Calibration targets as a tensor on ``device`` with n rows, checked by the likelihood
+    (:meth:`~glas_sklearn.likelihoods.Likelihood.check_targets`: numeric and finite for regression)."""
     if isinstance(y, torch.Tensor):
         t = y.detach().to(device)
     else:
@@ -102,30 +104,15 @@ def check_targets(y, task: str, n: int, device: torch.device) -> torch.Tensor:
             raise TypeError(f"y_cal must be a torch.Tensor or numeric array, got {type(y).__name__}.") from err
     if t.ndim < 1 or t.shape[0] != n:
         raise ValueError(f"X_cal has {n} rows but y_cal has shape {tuple(t.shape)}; they must match.")
-    if task == "regression":
-        if not (t.is_floating_point() or t.dtype in (torch.int32, torch.int64)):
-            raise TypeError(f"y_cal must be numeric for regression, got dtype {t.dtype}.")
-        if not bool(torch.isfinite(t.to(torch.float64)).all()):
-            raise ValueError("y_cal contains NaN or infinite values.")
-    return t
+    return likelihood.check_targets(t)
 
 
-def match_regression(y: torch.Tensor, out_shape: tuple) -> torch.Tensor:
-    """Targets reshaped to the model's output shape ``(n, *out)``: (n,) is accepted for a single output."""
-    if tuple(y.shape) == out_shape:
-        return y
-    if y.numel() == int(np.prod(out_shape)) and out_shape[-1:] == (1,) and tuple(y.shape) == out_shape[:-1]:
-        return y.unsqueeze(-1)
-    raise ValueError(f"y_cal has shape {tuple(y.shape)}, but the model's outputs on X_cal have shape {out_shape}; "
-                     "they must match (a 1-D y_cal is accepted for a single output).")
-
-
-def regression_likelihood(likelihood: Likelihood | None) -> Likelihood:
-    """The likelihood whose predictive a regression calibration asks: the given one, or for None the Gaussian's
+def resolve_calibration_likelihood(likelihood: Likelihood | None) -> Likelihood:
+    """The likelihood whose predictive a calibration asks: the given one, or for None the Gaussian's
     (the posterior moments of f, with the noise variance added)."""
     if likelihood is None:
         return Gaussian()
     if not isinstance(likelihood, Likelihood):
-        raise TypeError(f"likelihood must be None or a glas_sklearn.likelihoods.Likelihood, got "
-                        f"{type(likelihood).__name__}.")
+        raise TypeError(f"likelihood must be None or a glas_sklearn.likelihoods.Likelihood (e.g. Gaussian() or "
+                        f"Categorical()), got {type(likelihood).__name__}.")
     return likelihood

@@ -18,12 +18,12 @@ import numpy as np
 import pandas as pd
 import torch
 
-from .._checks import check_choice, check_confidence_levels, numpy_rng
+from .._checks import check_confidence_levels, numpy_rng
 from ..conformity_scores import LAC, ClassificationScore, ConformityScore, RegressionScore, StdNormalizedResidual
 from ..likelihoods import Likelihood
 from ..posterior import ActiveSubspacePosterior
-from ..predictive import class_probabilities
-from ._base import Calibrator, check_targets, match_regression, regression_likelihood
+from ..predictive import resolve_predictive
+from ._base import Calibrator, check_targets, resolve_calibration_likelihood
 
 # The score names are re-exported from glas_sklearn.conformity_scores, where they are defined.
 __all__ = [
@@ -45,22 +45,26 @@ class ConformalWarning(UserWarning):
     """Too few calibration rows for a finite conformal quantile at the requested level."""
 
 
-def resolve_conformity_score(conformity_score, task: str) -> ConformityScore:
-    """The score to use: the given one (checked against the task), or for None the task's default
-    (:class:`StdNormalizedResidual` for regression, ``LAC(never_empty=True)`` for classification: the smallest
-    sets without an empty one of the scores measured in benchmarks/results/classifier_sets.md)."""
-    classification = check_choice("task", task, ("regression", "classification")) == "classification"
+def resolve_conformity_score(conformity_score, likelihood: Likelihood | None = None) -> ConformityScore:
+    """The score to use: the given one, checked by type against the likelihood's default score (a
+    :class:`RegressionScore` where the default is one, a :class:`ClassificationScore` likewise, as MAPIE's
+    ``check_and_select_conformity_score``), or for None the likelihood's
+    :meth:`~glas_sklearn.likelihoods.Likelihood.default_conformity_score` (:class:`StdNormalizedResidual` for the
+    regression likelihoods, ``LAC(never_empty=True)`` for :class:`~glas_sklearn.likelihoods.Categorical`: the
+    smallest sets without an empty one of the scores measured in benchmarks/results/classifier_sets.md).
+    ``likelihood`` None is the Gaussian."""
+    default = resolve_calibration_likelihood(likelihood).default_conformity_score()
     if conformity_score is None:
-        return LAC(never_empty=True) if classification else StdNormalizedResidual()
+        return default
     if not isinstance(conformity_score, ConformityScore):
         raise TypeError(f"conformity_score must be None or a ConformityScore (a RegressionScore or "
                         f"ClassificationScore subclass instance, e.g. StdNormalizedResidual()), got "
                         f"{type(conformity_score).__name__}.")
-    if bool(conformity_score.classification) != classification:
-        kind = "classification" if conformity_score.classification else "regression"
-        raise ValueError(f"conformity_score={conformity_score!r} is a {kind} score, but the task is {task}; use a "
-                         f"{'ClassificationScore' if classification else 'RegressionScore'} (e.g. "
-                         f"{'LAC()' if classification else 'StdNormalizedResidual()'}).")
+    family = ClassificationScore if isinstance(default, ClassificationScore) else RegressionScore
+    if not isinstance(conformity_score, family):
+        raise ValueError(f"conformity_score={conformity_score!r} is not a {family.__name__}, but the likelihood "
+                         f"calibrated ({resolve_calibration_likelihood(likelihood)!r}) takes one; use a "
+                         f"{family.__name__} (e.g. {default!r}).")
     return conformity_score
 
 
@@ -167,7 +171,7 @@ class ConformalResult:
 
 
 def conformal_calibrate(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_cal, *, d: int,
-                        task: str = "regression", confidence_level=0.9, predictive: str = "linearized",
+                        confidence_level=0.9, predictive="linearized",
                         n_samples: int = 1000, noise_var=0.0, random_state=None, linearized_method: str = "probit",
                         batch_size: int | None = None, conformity_score: ConformityScore | None = None,
                         likelihood: Likelihood | None = None) -> ConformalResult:
@@ -192,7 +196,6 @@ def conformal_calibrate(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor,
         Regression targets (n,) or (n, M), or integer labels (n,).
     d : int
         Subspace dimension.
-    task : {"regression", "classification"}, default="regression"
     confidence_level : float or sequence of float, default=0.9
     predictive : {"sampled", "linearized"}, default="linearized"
     n_samples : int, default=1000
@@ -204,11 +207,12 @@ def conformal_calibrate(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor,
     linearized_method : {"probit", "mc"}, default="probit"
     batch_size : int, optional
     conformity_score : ConformityScore, optional
-        None: :class:`StdNormalizedResidual` (regression) or ``LAC(never_empty=True)`` (classification).
+        None: the likelihood's default (:func:`resolve_conformity_score`).
     likelihood : Likelihood, optional
-        Regression: the likelihood whose predictive moments of y the scores take
-        (:meth:`~glas_sklearn.likelihoods.Likelihood.predictive_moments`); None: the Gaussian's, those of f with
-        ``noise_var`` added.
+        The likelihood whose predictive the scores take
+        (:meth:`~glas_sklearn.likelihoods.Likelihood.calibration_prediction`: the predictive moments of y for
+        regression, the class probabilities for :class:`~glas_sklearn.likelihoods.Categorical`); None: the
+        Gaussian's, the moments of f with ``noise_var`` added.
 
     Returns
     -------
@@ -216,33 +220,21 @@ def conformal_calibrate(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor,
     """
     if not isinstance(posterior, ActiveSubspacePosterior):
         raise TypeError(f"posterior must be an ActiveSubspacePosterior, got {type(posterior).__name__}.")
-    score_fn = resolve_conformity_score(conformity_score, task)
+    likelihood = resolve_calibration_likelihood(likelihood)
+    score_fn = resolve_conformity_score(conformity_score, likelihood)
     levels = check_confidence_levels(confidence_level)
     d = posterior._check_d(d)
-    if score_fn.classification and np.any(np.asarray(noise_var) != 0):
-        raise ValueError("noise_var applies to regression intervals only; leave it at 0 for classification.")
+    likelihood.check_noise_var(noise_var)
     X_cal = posterior.functional_model.check_inputs(X_cal)
     n = X_cal.shape[0]
-    y = check_targets(y_cal, task, n, posterior.device)
+    y = check_targets(y_cal, likelihood, n, posterior.device)
     seed = int(numpy_rng(random_state).integers(0, 2**62))  # as choose_dimension draws its sample seed
     sigma0 = float(posterior.fit_sigma0(d))
-    if score_fn.classification:
-        probs = class_probabilities(posterior, X_cal, d, predictive=predictive, n_samples=n_samples,
-                                    random_state=seed, linearized_method=linearized_method,
-                                    batch_size=batch_size)
-        target = y.reshape(-1).long()
-        if probs.ndim != 2 or target.shape[0] != probs.shape[0]:
-            raise ValueError(f"Conformal classification needs logits of shape (n, C) and labels of shape (n,); "
-                             f"got probabilities {tuple(probs.shape)} and labels {tuple(y.shape)}.")
-        if bool(((target < 0) | (target >= probs.shape[1])).any()):
-            raise ValueError(f"y_cal must hold class indices between 0 and {probs.shape[1] - 1}.")
-        prediction, size_col = probs.to(torch.float64), "mean_set_size"
-    else:
-        prediction = regression_likelihood(likelihood).predictive_moments(
-            posterior, X_cal, d, predictive=predictive, n_samples=n_samples, noise_var=noise_var, random_state=seed,
-            batch_size=batch_size)
-        target = match_regression(y, tuple(prediction.mean.shape)).to(prediction.mean.dtype)
-        size_col = "mean_width"
+    prediction = likelihood.calibration_prediction(posterior, X_cal, d, predictive=predictive, n_samples=n_samples,
+                                                   noise_var=noise_var, random_state=seed,
+                                                   linearized_method=linearized_method, batch_size=batch_size)
+    target = likelihood.calibration_targets(y, prediction)
+    size_col = likelihood.region_size_name
     raw = _score_array(score_fn.score(target, prediction), n, score_fn)
     scores = np.sort(raw, axis=0)
     quantiles = conformal_quantile(scores, levels)
@@ -300,18 +292,20 @@ class ConformalCalibrator(Calibrator):
         top = float(np.max(check_confidence_levels(confidence_levels)))
         return int(np.ceil(1.0 / (1.0 - top) - 1e-9)) - 1
 
-    def fit(self, posterior, X_cal, y_cal, *, n_components="auto", task="regression", confidence_levels=0.9,
+    def fit(self, posterior, X_cal, y_cal, *, n_components="auto", confidence_levels=0.9,
             predictive="linearized", n_samples=1000, noise_var=0.0, random_state=None,
             verbose=0, likelihood=None) -> ConformalCalibrator:
         d = posterior.max_components if isinstance(n_components, str) and n_components == "auto" else n_components
-        result = conformal_calibrate(posterior, X_cal, y_cal, d=d, task=task, confidence_level=confidence_levels,
-                                     predictive=predictive, n_samples=n_samples, noise_var=noise_var,
-                                     random_state=random_state, conformity_score=self.conformity_score,
+        result = conformal_calibrate(posterior, X_cal, y_cal, d=d, confidence_level=confidence_levels,
+                                     predictive=resolve_predictive(predictive), n_samples=n_samples,
+                                     noise_var=noise_var, random_state=random_state,
+                                     conformity_score=self.conformity_score,
                                      likelihood=likelihood)
         self.conformity_score_, self.scores_ = result.conformity_score, result.scores
-        self.likelihood_ = regression_likelihood(likelihood)
+        self.likelihood_ = resolve_calibration_likelihood(likelihood)
         self._store(result, n_components=result.n_components, sigma0=result.sigma0, table=result.table,
-                    sample_seed=result.sample_seed, reached=None, predictive=predictive, n_samples=n_samples,
+                    sample_seed=result.sample_seed, reached=None, predictive=resolve_predictive(predictive),
+                    n_samples=n_samples,
                     noise_var=noise_var)
         return self
 

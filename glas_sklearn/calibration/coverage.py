@@ -28,15 +28,11 @@ from .._checks import (
 from .._progress import progress
 from ..posterior import ActiveSubspacePosterior
 from ..predictive import (
-    interval_coverage,
-    linearized_probabilities,
-    mean_interval_width,
-    mean_set_size,
+    Linearized,
     prediction_sets,
-    sampled_probabilities,
-    set_coverage,
+    resolve_predictive,
 )
-from ._base import Calibrator, check_targets, match_regression, regression_likelihood
+from ._base import Calibrator, check_targets, resolve_calibration_likelihood
 
 __all__ = ["CalibrationResult", "CalibrationWarning", "CoverageCalibrator", "choose_dimension"]
 
@@ -92,8 +88,8 @@ class CalibrationResult:
     evaluation_order: tuple = ()
 
 def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_cal, *,
-                     task: str = "regression", confidence_level: float = 0.9, d_max: int = 50,
-                     predictive: str = "sampled", n_samples: int = 1000, noise_var=0.0,
+                     confidence_level: float = 0.9, d_max: int = 50,
+                     predictive="sampled", n_samples: int = 1000, noise_var=0.0,
                      random_state=None, full_curve: bool = False, linearized_method: str = "probit",
                      batch_size: int | None = None, verbose: int = 0, d_min: int = 1,
                      likelihood=None) -> CalibrationResult:
@@ -108,12 +104,11 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
     y_cal : tensor or array
         Regression: targets of shape (n,) or (n, M) (matching the model's output). Classification:
         integer labels 0 … C−1 of shape (n,) (or the leading shape of the logits).
-    task : {"regression", "classification"}, default="regression"
     confidence_level : float, default=0.9
         The target 1 − γ.
     d_max : int, default=50
         Largest d tried; capped at the number K of eigenpairs of the posterior.
-    predictive : {"sampled", "linearized"}, default="sampled"
+    predictive : {"sampled", "linearized"} or PredictiveMode, default="sampled"
         Sampled: S posterior samples through the network, with the same standard normals for every d
         (common random numbers). Linearised: Gaussian intervals from J Σ Jᵀ, with J P computed once (K JVPs).
     n_samples : int, default=1000
@@ -135,9 +130,10 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
     d_min : int, default=1
         Smallest d tried (``d_min = d_max`` evaluates a single, given d).
     likelihood : Likelihood, optional
-        Regression: the likelihood whose own intervals of y are judged
-        (:meth:`~glas_sklearn.likelihoods.Likelihood.predictive_interval`); None: the Gaussian's, the posterior's
-        intervals of f with ``noise_var`` added.
+        The likelihood whose own regions are judged (:meth:`~glas_sklearn.likelihoods.Likelihood.predictive_region`:
+        intervals of y for regression, the smallest sets reaching the level for
+        :class:`~glas_sklearn.likelihoods.Categorical`); None: the Gaussian's, the posterior's intervals of f with
+        ``noise_var`` added.
 
     Returns
     -------
@@ -162,8 +158,8 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
     """
     if not isinstance(posterior, ActiveSubspacePosterior):
         raise TypeError(f"posterior must be an ActiveSubspacePosterior, got {type(posterior).__name__}.")
-    task = check_choice("task", task, ("regression", "classification"))
-    predictive = check_choice("predictive", predictive, ("sampled", "linearized"))
+    predictive = resolve_predictive(predictive)
+    likelihood = resolve_calibration_likelihood(likelihood)
     linearized_method = check_choice("linearized_method", linearized_method, ("probit", "mc"))
     if np.ndim(confidence_level) != 0:
         raise ValueError(f"confidence_level must be a single number in (0, 1), got {confidence_level!r}.")
@@ -174,41 +170,28 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
         raise ValueError(f"d_min={d_min} is larger than d_max={d_max} (or the {posterior.max_components} "
                          "eigenpairs available).")
     n_samples = check_positive_int("n_samples", n_samples)
-    if task == "classification" and np.any(np.asarray(noise_var) != 0):
-        raise ValueError("noise_var applies to regression intervals only; leave it at 0 for classification.")
+    likelihood.check_noise_var(noise_var)
     verbose = check_positive_int("verbose", int(verbose) if isinstance(verbose, bool) else verbose, minimum=0)
 
-    likelihood = regression_likelihood(likelihood)
     X_cal = posterior.functional_model.check_inputs(X_cal)
     n = X_cal.shape[0]
-    y = check_targets(y_cal, task, n, posterior.device)
+    y = check_targets(y_cal, likelihood, n, posterior.device)
     seed = int(numpy_rng(random_state).integers(0, 2**62))
     d_top = min(d_max, posterior.max_components)
     if d_top < d_max:
         logger.info("d_max=%d capped at the %d eigenpairs available", d_max, d_top)
 
-    size_col = "mean_width" if task == "regression" else "mean_set_size"
+    size_col = likelihood.region_size_name
     mean = posterior.predict_mean(X_cal, batch_size=batch_size)
     rows: dict[int, dict] = {}
     order: list[int] = []
 
-    def coverage_and_size(d: int, pred: str, method: str) -> tuple[float, float]:
-        """Coverage and mean width / set size of the (1 − γ) intervals or sets at d."""
-        if task == "regression":  # the likelihood's own intervals of y
-            y_mean, _, bounds = likelihood.predictive_interval(posterior, X_cal, d, level, predictive=pred,
-                                                               n_samples=n_samples, noise_var=noise_var,
-                                                               random_state=seed, batch_size=batch_size)
-            target = match_regression(y, tuple(y_mean.shape))
-            return float(interval_coverage(target, bounds)[0]), float(mean_interval_width(bounds)[0])
-        if pred == "sampled":
-            probs = sampled_probabilities(posterior.predict_samples(X_cal, d, n_samples=n_samples,
-                                                                    random_state=seed, batch_size=batch_size))
-        else:
-            logit_cov = posterior.linearized_variance(X_cal, d, full_cov=method == "mc", batch_size=batch_size)
-            probs = linearized_probabilities(mean, logit_cov, method=method, n_samples=n_samples,
-                                             generator=seed + 1)
-        sets = prediction_sets(probs, level)
-        return float(set_coverage(y, sets)[0]), float(mean_set_size(sets)[0])
+    def coverage_and_size(d: int, pred, method: str) -> tuple[float, float]:
+        """Coverage and mean width / set size of the likelihood's own (1 − γ) regions at d."""
+        region = likelihood.predictive_region(posterior, X_cal, d, level, predictive=pred, n_samples=n_samples,
+                                              noise_var=noise_var, random_state=seed, linearized_method=method,
+                                              batch_size=batch_size, mean=mean)
+        return float(likelihood.region_coverage(y, region)[0]), float(likelihood.region_size(region)[0])
 
     def evaluate(d: int) -> float:
         sigma0 = posterior.fit_sigma0(d)
@@ -218,7 +201,7 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
         logger.debug("d=%d: coverage=%.4f, %s=%.4g, sigma0=%.4g", d, cov, size_col, size, sigma0)
         return cov
 
-    if full_curve or predictive == "linearized" or d_min == d_top:
+    if full_curve or predictive.scans_every_dimension or d_min == d_top:
         # every d in turn (linearised evaluations cost K JVPs in total, so the scan is cheap)
         chosen = None
         for d in progress(range(d_min, d_top + 1), desc="calibrating d", verbose=verbose):
@@ -230,8 +213,7 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
         # the linearised curve says whether a short scan from d_min pays; only its first d are needed
         # (one JVP per d: 2 · _SCAN_STEPS of them rather than K)
         window = range(d_min, min(d_top, d_min + 2 * _SCAN_STEPS - 1) + 1)
-        guess = _linearized_curve(posterior, X_cal, y, mean, task, level, noise_var, window, batch_size,
-                                  likelihood)
+        guess = _linearized_curve(posterior, X_cal, y, mean, level, noise_var, window, batch_size, likelihood)
         with progress(desc="calibrating d (search)", unit="evaluation", verbose=verbose) as bar:
             def probe(d: int) -> float:
                 cov = evaluate(d)
@@ -260,24 +242,13 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
 
 
 def _linearized_curve(posterior: ActiveSubspacePosterior, X: torch.Tensor, y: torch.Tensor, mean: torch.Tensor,
-                      task: str, level: float, noise_var, ds, batch_size: int | None, likelihood) -> dict[int, float]:
-    """Coverage of the likelihood's linearised (1 − γ) intervals (regression) or probit prediction sets
-    (classification) at every d in ``ds`` (classification: all d at once)."""
-    ds = list(ds)
-    if task == "regression":
-        cov = []
-        for d in ds:
-            y_mean, _, bounds = likelihood.predictive_interval(posterior, X, d, level, predictive="linearized",
-                                                               noise_var=noise_var, batch_size=batch_size)
-            cov.append(float(interval_coverage(match_regression(y, tuple(y_mean.shape)), bounds)[0]))
-        return dict(zip(ds, cov, strict=True))
-    var = torch.stack([posterior.linearized_variance(X, d, batch_size=batch_size) for d in ds])  # (m, n, *out)
-    probs = linearized_probabilities(mean.expand_as(var), var, method="probit")
-    sets = prediction_sets(probs, level)[..., 0]  # (m, *lead, C)
-    set_coverage(y, sets[0, ..., None])  # checks the labels (a clear error rather than a failed gather)
-    labels = y.to(device=sets.device, dtype=torch.long).expand(sets.shape[:-1])
-    inside = torch.gather(sets, -1, labels.unsqueeze(-1))
-    cov = inside.reshape(len(ds), -1).to(torch.float64).mean(1).cpu().tolist()
+                      level: float, noise_var, ds, batch_size: int | None, likelihood) -> dict[int, float]:
+    """Coverage of the likelihood's linearised (1 − γ) regions (probit sets for classification) at every d in
+    ``ds``."""
+    mode = Linearized()
+    cov = [float(likelihood.region_coverage(y, likelihood.predictive_region(
+        posterior, X, d, level, predictive=mode, noise_var=noise_var, batch_size=batch_size, mean=mean))[0])
+        for d in ds]
     return dict(zip(ds, cov, strict=True))
 
 
@@ -373,11 +344,11 @@ class CoverageCalibrator(Calibrator):
     chooses_dimension = True
     requires_fixed_predictor = False
 
-    def fit(self, posterior, X_cal, y_cal, *, n_components="auto", task="regression", confidence_levels=0.9,
+    def fit(self, posterior, X_cal, y_cal, *, n_components="auto", confidence_levels=0.9,
             predictive="sampled", n_samples=1000, noise_var=0.0, random_state=None,
             verbose=0, likelihood=None) -> CoverageCalibrator:
-        self.likelihood_ = regression_likelihood(likelihood)
-        common = dict(task=task, confidence_level=float(check_confidence_levels(confidence_levels)[0]),
+        self.likelihood_ = resolve_calibration_likelihood(likelihood)
+        common = dict(confidence_level=float(check_confidence_levels(confidence_levels)[0]),
                       predictive=predictive, n_samples=n_samples, noise_var=noise_var, random_state=random_state,
                       verbose=verbose, likelihood=self.likelihood_)
         if isinstance(n_components, str) and n_components == "auto":
@@ -391,7 +362,8 @@ class CoverageCalibrator(Calibrator):
                                           **common)
             reached = None
         self._store(result, n_components=result.n_components, sigma0=result.sigma0, table=result.table,
-                    sample_seed=result.sample_seed, reached=reached, predictive=predictive, n_samples=n_samples,
+                    sample_seed=result.sample_seed, reached=reached, predictive=resolve_predictive(predictive),
+                    n_samples=n_samples,
                     noise_var=noise_var)
         return self
 

@@ -35,9 +35,10 @@ import pandas as pd
 import torch
 
 from .._checks import check_confidence_levels
-from ..predictive import RegressionMoments, class_probabilities
-from ._base import check_targets, match_regression
-from .conformal import ConformalCalibrator, conformal_quantile
+from ..likelihoods import Categorical, Gaussian, Likelihood
+from ..predictive import RegressionMoments
+from ._base import check_targets
+from .conformal import ConformalCalibrator, conformal_quantile, resolve_conformity_score
 
 __all__ = ["MondrianConformalCalibrator", "std_bin_edges"]
 
@@ -135,27 +136,23 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         self.max_bins = max_bins
 
     # ------------------------------------------------------------------------------------------- fit
-    def fit(self, posterior, X_cal, y_cal, *, n_components="auto", task="regression", confidence_levels=0.9,
+    def fit(self, posterior, X_cal, y_cal, *, n_components="auto", confidence_levels=0.9,
             predictive="linearized", n_samples=1000, noise_var=0.0, random_state=None,
             verbose=0, likelihood=None) -> MondrianConformalCalibrator:
-        super().fit(posterior, X_cal, y_cal, n_components=n_components, task=task,
+        super().fit(posterior, X_cal, y_cal, n_components=n_components,
                     confidence_levels=confidence_levels, predictive=predictive, n_samples=n_samples,
                     noise_var=noise_var, random_state=random_state, verbose=verbose, likelihood=likelihood)
         X_cal = posterior.functional_model.check_inputs(X_cal)
-        y = check_targets(y_cal, task, X_cal.shape[0], posterior.device)
-        if self.conformity_score_.classification:
-            prediction = class_probabilities(posterior, X_cal, self.n_components_, predictive=predictive,
-                                             n_samples=n_samples, random_state=self.sample_seed_).to(torch.float64)
-            target = y.reshape(-1).long()
-        else:
-            prediction = self.likelihood_.predictive_moments(posterior, X_cal, self.n_components_,
+        y = check_targets(y_cal, self.likelihood_, X_cal.shape[0], posterior.device)
+        # the likelihood's predictive on the calibration rows (moments of y, or class probabilities), as scored
+        prediction = self.likelihood_.calibration_prediction(posterior, X_cal, self.n_components_,
                                                              predictive=predictive, n_samples=n_samples,
                                                              noise_var=noise_var, random_state=self.sample_seed_)
-            target = match_regression(y, tuple(prediction.mean.shape)).to(prediction.mean.dtype)
-        self.calibrate_predictions(prediction, target, confidence_levels)
+        target = self.likelihood_.calibration_targets(y, prediction)
+        self.calibrate_predictions(prediction, target, confidence_levels, self.likelihood_)
         table = self.table_.copy()
         cov, width = self._calibration_summary(prediction, target, confidence_levels)
-        size_col = "mean_set_size" if self.conformity_score_.classification else "mean_width"
+        size_col = self.likelihood_.region_size_name
         table["coverage"], table[size_col] = cov, width
         table["n_bins"] = max(len(e) + 1 for e in self.edges_) if not self.conformity_score_.classification else \
             len(self.bin_scores_[0])
@@ -179,7 +176,8 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         per_bin = max(int(self.min_bin_size), _min_rows(confidence_levels))
         return int(max(1, min(int(self.max_bins), n_rows // per_bin)))
 
-    def calibrate_predictions(self, prediction, y: torch.Tensor, confidence_levels) -> MondrianConformalCalibrator:
+    def calibrate_predictions(self, prediction, y: torch.Tensor, confidence_levels,
+                              likelihood: Likelihood | None = None) -> MondrianConformalCalibrator:
         """The groups and their sorted scores from predictions on the calibration rows and their targets.
 
         Parameters
@@ -191,17 +189,18 @@ class MondrianConformalCalibrator(ConformalCalibrator):
             Targets shaped as the mean (regression) or class indices (n,).
         confidence_levels : float or sequence of float
             The levels the bins must serve (their highest sets the fewest rows per bin).
+        likelihood : Likelihood, optional
+            Whose default conformity score to use when none was given (:meth:`fit` passes its own); None: the
+            Gaussian's for predictive moments, the categorical's for class probabilities.
 
         Returns
         -------
         self
         """
         if getattr(self, "conformity_score_", None) is None:
-            from .conformal import resolve_conformity_score
-
-            classification = not isinstance(prediction, RegressionMoments)
-            self.conformity_score_ = resolve_conformity_score(self.conformity_score,
-                                                              "classification" if classification else "regression")
+            if likelihood is None:  # called on its own: the predictions say what they are
+                likelihood = Gaussian() if isinstance(prediction, RegressionMoments) else Categorical()
+            self.conformity_score_ = resolve_conformity_score(self.conformity_score, likelihood)
         raw = np.asarray(self.conformity_score_.score(y, prediction).detach().cpu(), dtype=np.float64)
         min_rows = _min_rows(confidence_levels)
         levels = check_confidence_levels(confidence_levels)

@@ -15,10 +15,9 @@ import pandas as pd
 import torch
 from scipy.optimize import minimize_scalar
 
-from .._checks import check_choice, numpy_rng
+from .._checks import numpy_rng
 from ..posterior import ActiveSubspacePosterior
-from ..predictive import class_probabilities
-from ._base import check_targets, match_regression, regression_likelihood
+from ._base import check_targets, resolve_calibration_likelihood
 
 __all__ = ["Sigma0Result", "predictive_nll", "tune_sigma0"]
 
@@ -29,43 +28,31 @@ _SIGMA0_LOWEST = 1e-4
 _SIGMA0_XTOL = 1e-3
 
 
-def predictive_nll(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, d: int, *, task: str = "classification",
-                   predictive: str = "linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
-                   linearized_method: str = "probit", batch_size: int | None = None, likelihood=None) -> float:
+def predictive_nll(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, d: int, *, predictive="linearized",
+                   n_samples: int = 1000, noise_var=0.0, random_state=None, linearized_method: str = "probit",
+                   batch_size: int | None = None, likelihood=None) -> float:
     """Mean negative log predictive density of the rows ``(X, y)`` under the posterior at d (at its current σ0).
 
-    Classification: −log p̂_y with p̂ from :func:`~glas_sklearn.predictive.class_probabilities`. Regression:
-    −log N(y; ŷ, σ̂²) with ŷ, σ̂ the ``likelihood``'s predictive moments of y
-    (:meth:`~glas_sklearn.likelihoods.Likelihood.predictive_moments`; None: the Gaussian's,
-    :func:`~glas_sklearn.predictive.regression_moments` with σ̂² = σ_f² + ``noise_var``), averaged over rows and
-    outputs; +inf where σ̂ = 0 (a zero-variance Gaussian has no density off its mean). The sampled predictive
-    draws its samples from ``random_state``: a fixed int gives the same draws at every σ0 (common random numbers).
+    The ``likelihood`` answers (None: the Gaussian): its predictive at d
+    (:meth:`~glas_sklearn.likelihoods.Likelihood.calibration_prediction`) and the NLL of the targets under it
+    (:meth:`~glas_sklearn.likelihoods.Likelihood.predictive_nll`): for regression −log N(y; ŷ, σ̂²) with ŷ, σ̂ the
+    predictive moments of y (the Gaussian's: :func:`~glas_sklearn.predictive.regression_moments` with
+    σ̂² = σ_f² + ``noise_var``), averaged over rows and outputs, +inf where σ̂ = 0 (a zero-variance Gaussian has no
+    density off its mean); for :class:`~glas_sklearn.likelihoods.Categorical` −log p̂_y with p̂ from
+    :func:`~glas_sklearn.predictive.class_probabilities`. The sampled predictive draws its samples from
+    ``random_state``: a fixed int gives the same draws at every σ0 (common random numbers).
 
     Returns
     -------
     float
     """
-    task = check_choice("task", task, ("regression", "classification"))
+    likelihood = resolve_calibration_likelihood(likelihood)
     X = posterior.functional_model.check_inputs(X)
-    t = check_targets(y, task, X.shape[0], posterior.device)
-    if task == "classification":
-        probs = class_probabilities(posterior, X, d, predictive=predictive, n_samples=n_samples,
-                                    random_state=random_state, linearized_method=linearized_method,
-                                    batch_size=batch_size).to(torch.float64)
-        lab = t.reshape(-1).long()
-        if probs.ndim != 2 or lab.shape[0] != probs.shape[0] or bool(((lab < 0) | (lab >= probs.shape[1])).any()):
-            raise ValueError(f"predictive_nll needs labels 0 … C − 1 of shape (n,) for probabilities of shape "
-                             f"{tuple(probs.shape)}; got labels of shape {tuple(t.shape)}.")
-        p_true = probs.gather(1, lab[:, None])[:, 0]
-        return float(-torch.log(p_true.clamp_min(torch.finfo(torch.float64).tiny)).mean())
-    mean, std = regression_likelihood(likelihood).predictive_moments(
-        posterior, X, d, predictive=predictive, n_samples=n_samples, noise_var=noise_var, random_state=random_state,
-        batch_size=batch_size)
-    var = std.to(torch.float64) ** 2
-    if bool((var <= 0).any()):
-        return math.inf
-    res = match_regression(t, tuple(mean.shape)).to(torch.float64) - mean.to(torch.float64)
-    return float((0.5 * torch.log(2 * math.pi * var) + 0.5 * res**2 / var).mean())
+    t = check_targets(y, likelihood, X.shape[0], posterior.device)
+    prediction = likelihood.calibration_prediction(posterior, X, d, predictive=predictive, n_samples=n_samples,
+                                                   noise_var=noise_var, random_state=random_state,
+                                                   linearized_method=linearized_method, batch_size=batch_size)
+    return likelihood.predictive_nll(prediction, likelihood.calibration_targets(t, prediction))
 
 
 @dataclass(frozen=True)
@@ -101,8 +88,8 @@ class Sigma0Result:
     n_rows: int
 
 
-def tune_sigma0(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, *, d: int, task: str = "classification",
-                predictive: str = "linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
+def tune_sigma0(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, *, d: int,
+                predictive="linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
                 linearized_method: str = "probit", batch_size: int | None = None,
                 xtol: float = _SIGMA0_XTOL, likelihood=None) -> Sigma0Result:
     """The prior scale σ0 ∈ [0, σ0_EB] minimising the mean predictive NLL (:func:`predictive_nll`) of ``(X, y)``.
@@ -130,7 +117,6 @@ def tune_sigma0(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, *, d: in
     y : tensor or array
         Integer labels (n,) or regression targets (n,) / (n, M).
     d : int
-    task : {"classification", "regression"}, default="classification"
     predictive : {"linearized", "sampled"}, default="linearized"
     n_samples : int, default=1000
     noise_var : float or array of shape (M,), default=0.0
@@ -142,7 +128,7 @@ def tune_sigma0(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, *, d: in
     xtol : float, default=1e-3
         Tolerance of the search in log σ0.
     likelihood : Likelihood, optional
-        Regression: whose predictive moments of y the NLL takes (:func:`predictive_nll`); None: the Gaussian's.
+        Whose predictive the NLL takes (:func:`predictive_nll`); None: the Gaussian's.
 
     Returns
     -------
@@ -159,7 +145,7 @@ def tune_sigma0(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, *, d: in
 
     def nll_at(sigma0: float) -> float:
         posterior.set_sigma0(sigma0)
-        value = predictive_nll(posterior, X, y, d, task=task, predictive=predictive, n_samples=n_samples,
+        value = predictive_nll(posterior, X, y, d, predictive=predictive, n_samples=n_samples,
                                noise_var=noise_var, random_state=seed, linearized_method=linearized_method,
                                batch_size=batch_size, likelihood=likelihood)
         value = math.inf if math.isnan(value) else value

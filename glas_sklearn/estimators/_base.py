@@ -6,8 +6,6 @@ network θ0 in _network.py."""
 from __future__ import annotations
 
 import abc
-import inspect
-import io
 import logging
 import numbers
 import time
@@ -31,14 +29,16 @@ from ..calibration import (
     Calibrator,
     choose_dimension,
     resolve_calibration,
-    tune_sigma0,
 )
 from ..laplace import fit_laplace_subspace
 from ..likelihoods import Likelihood
 from ..posterior import POSTERIOR_KINDS, ActiveSubspacePosterior, resolve_posterior
+from ..predictive import PredictiveMode, resolve_predictive
+from ._calibration_rows import CalibrationRowsMixin
 from ._inputs import InputsMixin
 from ._network import NetworkMixin, trainable_dtype
 from ._outputs import OutputsMixin
+from ._pickling import PicklingMixin
 from ._prefit import (
     REGISTRY,
     PrefitLeakageWarning,
@@ -49,7 +49,8 @@ from ._prefit import (
     row_digests,
     user_stacklevel,
 )
-from ._report import calibration_line, fit_line, posterior_line, sigma0_line, training_line
+from ._report import calibration_line, fit_line, posterior_line, training_line
+from ._sigma0 import Sigma0PolicyMixin
 from ._training import AUTO_EARLY_STOPPING_ROWS, OPTIMIZERS, auto_batch_size, auto_subsample, train_module
 from ._validation import (
     BOOLEAN,
@@ -66,10 +67,6 @@ __all__ = ["LaplaceActiveSubspaceBase"]
 logger = logging.getLogger(__name__)
 
 _DTYPES = {"float32": torch.float32, "float64": torch.float64}
-# Fitted state that holds torch objects; pickled through torch.save so that tensors can be re-mapped on load.
-_TORCH_STATE = ("module", "module_", "posterior_")
-# Offset of the seed of the sigma0="nll" tuning / conformal split from the calibration split's seed.
-_SIGMA0_SPLIT = 7919
 # Offset of the seed of the early-stopping validation split (within the training rows).
 _VALIDATION_SPLIT = 104729
 # Test coverage of 90 % intervals of an overfitting prefit network calibrated on rows held out of its training
@@ -116,7 +113,8 @@ def _is_posterior_class(value) -> bool:
     return isinstance(value, type) and issubclass(value, ActiveSubspacePosterior)
 
 
-class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, OutputsMixin, BaseEstimator, metaclass=abc.ABCMeta):
+class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRowsMixin, InputsMixin, NetworkMixin,
+                                OutputsMixin, BaseEstimator, metaclass=abc.ABCMeta):
     """Common machinery of :class:`LaplaceActiveSubspaceRegressor` and :class:`LaplaceActiveSubspaceClassifier`.
 
     Subclasses name their likelihood (:meth:`_resolve_likelihood`, fitted as ``likelihood_``), extend
@@ -313,18 +311,6 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, OutputsMixin, BaseEst
         """One integer seed for everything random in fit (fresh entropy when random_state is None; drawn from
         it when it is a RandomState)."""
         return int(numpy_rng(self.random_state).integers(0, 2**31 - 1))
-
-    def _split_off_calibration_rows(self, X, y, seed, sample_weight=None, positions=None):
-        """``X, X_cal, y, y_cal, weights``: ``calibration_size`` rows held out of training (stratified for classes
-        when possible); the training rows keep their weights (None stays None), the calibration rows are
-        unweighted. Their positions in the user's ``X`` (``positions`` of these rows there, when rows of zero
-        weight were dropped) are kept as ``train_indices_`` and ``calibration_indices_``."""
-        n_cal = self._n_calibration_rows(X.shape[0])
-        stratify = y if self.likelihood_.is_classification and self._can_stratify(y, n_cal) else None
-        train, cal = train_test_split(np.arange(X.shape[0]), test_size=n_cal, random_state=seed, stratify=stratify)
-        at = np.arange(X.shape[0]) if positions is None else positions
-        self.train_indices_, self.calibration_indices_ = at[train], at[cal]
-        return X[train], X[cal], y[train], y[cal], None if sample_weight is None else sample_weight[train]
 
     def _declare_prefit_training_rows(self, module: nn.Module, X: np.ndarray, X_cal: np.ndarray | None) -> None:
         """Prefit: the rows of X are the network's training rows, so calibration needs unseen ``X_cal`` (refused
@@ -535,7 +521,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, OutputsMixin, BaseEst
         if self._sigma0_choice() == "nll":
             Xc, yc = self._tune_sigma0(Xc, yc, d, seed)
         self.calibrator_ = calibrator.fit(
-            self.posterior_, Xc, yc, n_components=d, task=self._task, confidence_levels=self._levels(None),
+            self.posterior_, Xc, yc, n_components=d, confidence_levels=self._levels(None),
             predictive=self.predictive_, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
             random_state=seed, verbose=self.verbose, likelihood=self.likelihood_)
         self.conformity_scores_ = self.calibrator_.scores_
@@ -558,109 +544,19 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, OutputsMixin, BaseEst
         self.n_sigma0_rows_ = int(len(self.sigma0_rows_))
         self._report(calibration_line(self, self.timings_["calibration"]))
 
-    def _tune_sigma0(self, Xc, yc, d: int, seed: int):
-        """sigma0="nll": split the calibration rows into a tuning part that chooses σ0 by its mean predictive NLL
-        (over [0, σ0_EB], :func:`~glas_sklearn.calibration.tune_sigma0`) and a conformal part, returned, that
-        the scores are computed on; the posterior's σ0 is then fixed at the chosen value. With too few rows for
-        both parts, "auto" keeps the full-space EB σ0 and an explicit "nll" raises."""
-        n, n_need = len(Xc), self._calibration_rows_needed()
-        if n < n_need + 1:
-            if self.sigma0 == "nll":
-                raise ValueError(f"{type(self).__name__}: sigma0='nll' needs at least {n_need + 1} calibration rows "
-                                 f"(one or more to choose σ0 on, and the {n_need} a conformal quantile needs at level "
-                                 f"{max(self._levels(None))}), got {n}; pass more calibration rows or a fixed sigma0.")
-            logger.info("%s: %d calibration rows are too few to tune sigma0 on some of them (%d needed); keeping the "
-                        "full-space empirical Bayes sigma0", type(self).__name__, n, n_need + 1)
-            return Xc, yc
-        tune, conf = self._sigma0_split(yc, n, n_need, seed)
-        index = torch.as_tensor(tune, device=Xc.device)
-        t0 = time.perf_counter()
-        search = self._sigma0_search(Xc[index], yc[index], d, seed)
-        self.posterior_.set_sigma0(search.sigma0)
-        self.sigma0_search_, self.sigma0_rows_ = search, tune
-        self._report(sigma0_line(self, len(tune), time.perf_counter() - t0))
-        index = torch.as_tensor(conf, device=Xc.device)
-        return Xc[index], yc[index]
-
-    def _sigma0_search(self, Xt, yt, d: int, seed: int):
-        """σ0 by the mean predictive NLL of the tuning rows (a Sigma0Result)."""
-        return tune_sigma0(self.posterior_, Xt, yt, d=d, task=self._task, predictive=self.predictive_,
-                           n_samples=self.n_samples, noise_var=self._interval_noise_var(), random_state=seed,
-                           likelihood=self.likelihood_)
-
-    def _sigma0_split(self, yc, n: int, n_need: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-        """Sorted indices of the tuning and conformal rows among the n calibration rows: half each, the conformal
-        part at least the n_need rows of a finite conformal quantile (and the tuning part at least one row);
-        stratified by class where every class has two rows and fits on both sides; seeded from ``seed``."""
-        n_conf = min(n - 1, max(int(np.ceil(n / 2)), n_need))
-        labels = yc.detach().cpu().numpy() if self.likelihood_.is_classification else None
-        stratify = labels if labels is not None and self._can_stratify(labels, n - n_conf) else None
-        tune, conf = train_test_split(np.arange(n), test_size=n_conf, random_state=(seed + _SIGMA0_SPLIT) % 2**31,
-                                      stratify=stratify)
-        return np.sort(tune), np.sort(conf)
-
-    def _calibration_rows_needed(self) -> int:
-        """The calibration rows the calibrator needs at the estimator's levels ("conformal": ⌈1/γ⌉ − 1 at the
-        highest level, for a finite quantile)."""
-        return self._calibrator().rows_needed(self._levels(None))
-
-    def _check_sigma0_setting(self) -> None:
-        if self.sigma0 == "nll" and not self._calibrator().requires_fixed_predictor:
-            raise ValueError(f"{type(self).__name__}: sigma0='nll' tunes σ0 on part of the calibration rows for "
-                             f"calibration='conformal'; with calibration={self.calibration!r} (the paper) σ0 is "
-                             "empirical Bayes at every d: use sigma0='auto', 'eb_subspace', 'eb_full' or a float.")
-
-    def _auto_low_rank_sigma0(self) -> str:
-        """What sigma0="auto" means for the low-rank posteriors (each estimator's choice, see its override)."""
-        return "eb_full"
-
     def _posterior_kind(self) -> type[ActiveSubspacePosterior]:
         """The class of the posterior kind ``posterior`` names."""
         return resolve_posterior(self.posterior)
 
-    def _sigma0_choice(self):
-        """``sigma0`` with "auto" resolved for the kinds with variance off the subspace (the estimator's per-task
-        choice); for the others "auto" is left to the kind (its ``default_sigma0``)."""
-        if self.sigma0 == "auto" and self._posterior_kind().off_subspace:
-            return self._auto_low_rank_sigma0()
-        return self.sigma0
-
-    def _resolved_sigma0(self):
-        """The posterior's σ0 setting: the choice, with "nll" starting from the full-space EB value (the top of
-        its search range)."""
-        choice = self._sigma0_choice()
-        return "eb_full" if choice == "nll" else choice
-
-    def _resolved_predictive(self) -> str:
+    def _resolved_predictive(self) -> PredictiveMode:
         """``predictive`` with "auto" resolved: the kind's ``default_predictive`` (linearised for the low-rank
         posteriors, sampled for the subspace)."""
         if self.predictive != "auto":
-            return self.predictive
-        return self._posterior_kind().default_predictive
+            return resolve_predictive(self.predictive)
+        return resolve_predictive(self._posterior_kind().default_predictive)
 
 
     # --------------------------------------------------------------- helpers
-    def _n_calibration_rows(self, n: int) -> int:
-        """Rows held out of the n training rows for calibration (at least one, leaving at least two; with
-        "conformal" and a fraction, at least the ⌈1/γ⌉ − 1 rows a finite quantile needs at the highest level)."""
-        cs = self.calibration_size
-        if isinstance(cs, numbers.Integral):
-            if cs > n - 2:
-                raise ValueError(f"{type(self).__name__}: calibration_size={cs} rows, but only {n} rows were passed; "
-                                 f"hold out at most {n - 2} rows, give a fraction, or pass X_cal and y_cal.")
-            return int(cs)
-        n_cal = max(1, int(np.ceil(cs * n)))
-        # enough rows for the calibrator (a finite conformal quantile at every level), and one more to tune σ0 on
-        # with sigma0="nll"
-        n_cal = max(n_cal, self._calibration_rows_needed() + (self._sigma0_choice() == "nll"))
-        return int(min(n_cal, n - 2))
-
-    @staticmethod
-    def _can_stratify(y, n_cal: int) -> bool:
-        """A stratified split needs two rows of every class and room for every class on both sides."""
-        _, counts = np.unique(y, return_counts=True)
-        return counts.min() >= 2 and len(counts) <= min(n_cal, len(y) - n_cal)
-
     def _check_fitted_X(self, X, method: str | None = None) -> torch.Tensor:
         """Validated rows as a tensor on the posterior's device; with ``method`` (an uncertainty output), rows of a
         prefit network's training data are warned about."""
@@ -724,7 +620,7 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, OutputsMixin, BaseEst
         d_max = p.max_components if d_max is None else d_max
         with warnings.catch_warnings():  # the whole curve is asked for, reaching the level or not
             warnings.simplefilter("ignore", CalibrationWarning)
-            result = choose_dimension(p, Xt, yt, task=self._task, confidence_level=level, d_max=d_max,
+            result = choose_dimension(p, Xt, yt, confidence_level=level, d_max=d_max,
                                       predictive=self.predictive_, n_samples=self.n_samples,
                                       noise_var=self._interval_noise_var(),
                                       random_state=self.calibration_seed_, full_curve=True, verbose=self.verbose,
@@ -735,11 +631,6 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, OutputsMixin, BaseEst
         return _check_level_list(self.confidence_level if confidence_level is None else confidence_level)
 
     # ------------------------------------------------- hooks of the subclasses
-    @property
-    def _task(self) -> str:
-        """The task name the calibration functions take, "classification" or "regression", from ``likelihood_``."""
-        return "classification" if self.likelihood_.is_classification else "regression"
-
     @abc.abstractmethod
     def _resolve_likelihood(self) -> Likelihood:
         """The likelihood of this fit (the estimator's setting resolved to an object, checked)."""
@@ -771,62 +662,6 @@ class LaplaceActiveSubspaceBase(InputsMixin, NetworkMixin, OutputsMixin, BaseEst
     @abc.abstractmethod
     def _set_noise(self) -> None:
         """Record the fitted noise attributes once the posterior is built."""
-
-    # ------------------------------------------------------------ pickling
-    def __getstate__(self) -> dict:
-        """Torch objects (the module, the posterior) are stored through ``torch.save`` so that ``__setstate__``
-        can map their tensors to the CPU when the pickle is loaded on a machine without CUDA."""
-        state = dict(super().__getstate__())
-        torch_part = {k: state.pop(k) for k in _TORCH_STATE if k in state}
-        if any(v is not None for v in torch_part.values()):
-            buffer = io.BytesIO()
-            torch.save(torch_part, buffer)
-            state["_torch_state"] = buffer.getvalue()
-            post = torch_part.get("posterior_")
-            state["_torch_device"] = str(post.device) if post is not None else None
-        else:
-            state.update(torch_part)
-        return state
-
-    def __setstate__(self, state: dict) -> None:
-        state = dict(state)
-        state.setdefault("n_threads", "auto")  # pickled before n_threads
-        # pickled before early stopping: trained every epoch on all training rows
-        for name, value in (("early_stopping", False), ("validation_fraction", 0.1), ("n_iter_no_change", 10),
-                            ("tol", 1e-4)):
-            state.setdefault(name, value)
-        if "training_loss_" in state and "n_iter_" not in state:
-            state.update(n_iter_=len(state["training_loss_"]), loss_curve_=state["training_loss_"],
-                         validation_scores_=None, best_validation_score_=None, validation_indices_=None)
-        state.setdefault("working_memory", 64)  # pickled before the prediction memory budget
-        if "posterior_" in state or "_torch_state" in state:  # fitted before the low-rank / conformal options
-            state.setdefault("posterior", "subspace")
-            state.setdefault("calibration", "coverage")
-            state.setdefault("predictive_", state.get("predictive", "sampled"))
-            state.setdefault("conformity_scores_", None)
-            state.setdefault("sigma0_search_", None)
-            state.setdefault("sigma0_rows_", np.zeros(0, dtype=np.int64))
-            state.setdefault("n_sigma0_rows_", 0)
-            state.setdefault("train_indices_", None)
-            state.setdefault("calibration_indices_", None)
-            if "calibrator_" not in state:
-                warnings.warn(f"This {type(self).__name__} was fitted by an earlier glas-sklearn, before calibration "
-                              "methods were objects: it has no fitted calibrator_, so its intervals and sets cannot "
-                              "be predicted; refit it.", UserWarning, stacklevel=2)
-        blob = state.pop("_torch_state", None)
-        saved_device = state.pop("_torch_device", None)
-        if blob is not None:
-            map_location = None if torch.cuda.is_available() else "cpu"
-            if map_location == "cpu" and saved_device is not None and saved_device != "cpu":
-                logger.info("%s was fitted on %s; CUDA is not available here, so it is loaded on the CPU.",
-                            type(self).__name__, saved_device)
-            state.update(torch.load(io.BytesIO(blob), map_location=map_location, weights_only=False))
-        super().__setstate__(state)
-        if hasattr(self, "posterior_") and not hasattr(self, "likelihood_"):  # fitted before likelihood objects
-            init = inspect.signature(type(self).__init__).parameters
-            if "likelihood" in init and not hasattr(self, "likelihood"):
-                self.likelihood = init["likelihood"].default
-            self.likelihood_ = self._resolve_likelihood()
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

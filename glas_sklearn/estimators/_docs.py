@@ -202,8 +202,9 @@ ATTRIBUTES_DOC = """\
         D, their total number of entries (the posterior's dimension).
     n_components_ : int
         The subspace dimension d used.
-    predictive_ : {"sampled", "linearized"}
-        The predictive used (``predictive`` with "auto" resolved).
+    predictive_ : PredictiveMode
+        The predictive mode used (``predictive`` with "auto" resolved): :class:`~glas_sklearn.predictive.Linearized`
+        or :class:`~glas_sklearn.predictive.Sampled`; its ``name`` is the string.
     sigma0_ : float
         The prior standard deviation used at d (with "nll" the one chosen; 0 means the MAP predictive).
     beta_ : float

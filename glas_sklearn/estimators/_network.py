@@ -110,12 +110,12 @@ class NetworkMixin:
             raise ValueError(f"{name}: the module cannot be evaluated on rows of shape {tuple(x1.shape[1:])} and "
                              f"dtype {x1.dtype}: {err}.{hint}") from err
         if isinstance(out, torch.Tensor) and out.ndim <= 1:
-            raise ValueError(_one_dimensional_output(name, out, x1.shape[0], n_outputs, self._task))
+            raise ValueError(_one_dimensional_output(name, out, x1.shape[0], n_outputs, self.likelihood_.problem))
         if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[1] != n_outputs:
             shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
             hint = ""
             if isinstance(out, torch.Tensor) and out.ndim > 2:
                 hint = (" Per-position outputs (n, T, M), e.g. next-token logits, are not predictions per row: "
                         "use glas_sklearn.laplace.fit_laplace_subspace(model, X, mask=X != padding_idx).")
-            raise ValueError(f"{name}: the module returns outputs of shape {shape}, but {n_outputs} "
-                             f"output(s) per row are needed for this {self._task} problem: (n, {n_outputs}).{hint}")
+            raise ValueError(f"{name}: the module returns outputs of shape {shape}, but {n_outputs} output(s) per "
+                             f"row are needed for this {self.likelihood_.problem} problem: (n, {n_outputs}).{hint}")

@@ -88,10 +88,8 @@ class OutputsMixin:
         """Bytes a prediction holds per row at once: the outputs per sample (sampled) or the Jacobian projections
         and their float64 products (linearised), plus ``activations`` (of one row's forward pass) twice."""
         M = max(1, n_outputs)
-        if self.predictive_ == "sampled":
-            return _BYTES_PER_OUTPUT * self.n_samples * M + 2 * activations
-        K = self.posterior_.max_components
-        return M * (_BYTES_PER_OUTPUT * (K + 2)) + 2 * activations
+        values = self.predictive_.values_per_output(self.n_samples, self.posterior_.max_components)
+        return _BYTES_PER_OUTPUT * values * M + 2 * activations
 
     def _activation_bytes_per_row(self, Xt: torch.Tensor) -> int:
         """The bytes one more row adds to the tensors a forward pass keeps for its backward pass (two forwards on 2

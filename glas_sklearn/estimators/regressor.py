@@ -15,7 +15,7 @@ from .._checks import make_generator, numpy_rng
 from .._functional import eval_view, model_outputs
 from .._threads import scoped_threads
 from ..laplace import residual_noise_variance
-from ..likelihoods import Gaussian, HeteroscedasticGaussian, Likelihood, NaturalParameterHead, resolve_likelihood
+from ..likelihoods import REGRESSION_LIKELIHOODS, Likelihood, resolve_likelihood
 from ._base import LaplaceActiveSubspaceBase
 from ._docs import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, SAMPLE_WEIGHT_DOC
 from ._validation import BOOLEAN, InstanceOf, Interval, Options
@@ -24,7 +24,7 @@ __all__ = ["LaplaceActiveSubspaceRegressor"]
 
 _NOISE_SOURCES = ("auto", "calibration", "training")
 # The likelihood names the regressor takes (resolve_likelihood turns them into objects).
-_LIKELIHOODS = ("gaussian", "heteroscedastic", "auto")
+_LIKELIHOODS = (*REGRESSION_LIKELIHOODS, "auto")
 # Below this many held-out rows the residual variance is too noisy to prefer it over the training residuals.
 _MIN_CALIBRATION_ROWS_FOR_NOISE = 30
 
@@ -43,7 +43,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     Parameters
     ----------
 {PARAMETERS_DOC}
-    likelihood : "gaussian", "heteroscedastic", "auto" or Likelihood, default="gaussian"
+    likelihood : "gaussian", "heteroscedastic", "student_t", "auto" or Likelihood, default="gaussian"
         "auto": "heteroscedastic" when the estimator builds the network (``module=None``), "gaussian" for a
         module of your own (benchmarks/results/mondrian_shift.md, variance_head.md; opt-in: no test of the
         data's support for a varying σ(x) yet). "gaussian": y = f(x) + ε with one noise level σ per output (the
@@ -60,7 +60,11 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         ``scaling="auto"``, and the predictive for y is N(μ(x), σ²(x) + σ_epi²(x)), σ_epi² the posterior
         variance of the mean output (linearised J_μ Σ J_μᵀ, or sampled); conformal scores are normalised by
         that total σ̂, and ``calibration="coverage"`` chooses d on its Gaussian intervals. ``include_noise``
-        does not apply (σ(x) is always included).
+        does not apply (σ(x) is always included). "student_t"
+        (:class:`~glas_sklearn.likelihoods.StudentT`, ν = 4 by name; pass ``StudentT(df=...)`` for another ν):
+        heavy-tailed noise; its intervals for y (``include_noise=True``) are the quantiles of f + s t_ν. Any
+        :class:`~glas_sklearn.likelihoods.Likelihood` of regression that names its default conformity score plugs
+        in the same way (the regressor asks the object, never its kind).
     noise_std : "auto", "calibration", "training" or float, default="auto"
         Observation-noise standard deviation σ in β: from the residuals of the held-out calibration rows
         ("calibration"), from the training residuals ("training", the paper's choice), or given (in the
@@ -152,20 +156,19 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood={self.likelihood!r} is a likelihood of class "
                              "labels; use LaplaceActiveSubspaceClassifier for classification, or a regression "
                              "likelihood here (e.g. 'gaussian' or 'heteroscedastic').")
-        if not isinstance(likelihood, (Gaussian, HeteroscedasticGaussian)):
-            raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood {likelihood!r} is not supported; use "
-                             "'gaussian', 'heteroscedastic' or a HeteroscedasticGaussian instance.")
+        try:  # a likelihood the regressor can calibrate describes its predictive of y and names its conformity score
+            likelihood.default_conformity_score()
+        except NotImplementedError as err:
+            raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood {likelihood!r} is not supported: the "
+                             "regressor "
+                             "needs a likelihood that describes its predictive of y (Likelihood.predictive_moments / "
+                             "predictive_interval) and names its default conformity score (default_conformity_score), "
+                             "as 'gaussian', 'heteroscedastic' and 'student_t' do.") from err
         return likelihood
-
-    @property
-    def _lik(self) -> HeteroscedasticGaussian | None:
-        """The heteroscedastic likelihood of the fit, or None for the homoscedastic Gaussian."""
-        lik = getattr(self, "likelihood_", None)
-        return lik if isinstance(lik, HeteroscedasticGaussian) else None
 
     def _resolved_scaling(self):
         if self.scaling == "auto":
-            return "standard" if self._lik is not None else "mean"
+            return self.likelihood_.default_scaling
         return self.scaling
 
     def _auto_low_rank_sigma0(self) -> str:
@@ -184,9 +187,9 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             raise ValueError("y has 0 columns; at least one target is needed.")
         self._y_1d = y.ndim == 1
         self._n_out = 1 if y.ndim == 1 else y.shape[1]
-        if self._lik is not None and self.include_noise:
-            raise ValueError("LaplaceActiveSubspaceRegressor: include_noise applies to the homoscedastic likelihood; "
-                             "with likelihood='heteroscedastic' the intervals and std are always for y (the "
+        if self.include_noise and self.likelihood_.noise_in_outputs:
+            raise ValueError("LaplaceActiveSubspaceRegressor: include_noise applies to a likelihood with a constant "
+                             f"noise; with likelihood={self.likelihood!r} the intervals and std are always for y (the "
                              "network's σ(x) is the noise): leave include_noise=False.")
         return X, y
 
@@ -203,22 +206,19 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
     def _build_module(self, n_features: int, n_outputs: int, seed: int) -> nn.Module:
         module = super()._build_module(n_features, n_outputs, seed)
-        if self.module is None and self._lik is not None and self._lik.output == "natural":
-            module = nn.Sequential(module, NaturalParameterHead())  # (a, r) ↦ (η1, η2) = (a, −½ eʳ)
-        return module
+        return module if self.module is not None else self.likelihood_.wrap_module(module)
 
     def _check_output_shape(self, module, x1, n_outputs) -> None:
-        if self._lik is not None:
+        try:
+            with torch.no_grad():
+                out = eval_view(module)(x1)
+        except (RuntimeError, TypeError, IndexError, ValueError):  # reported by the base check
+            out = None
+        if isinstance(out, torch.Tensor):
             try:
-                with torch.no_grad():
-                    out = eval_view(module)(x1)
-            except (RuntimeError, TypeError, IndexError, ValueError):  # reported by the base check
-                out = None
-            if isinstance(out, torch.Tensor) and out.ndim == 2 and out.shape[1] % 2:
-                raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood='heteroscedastic' needs 2k outputs "
-                                 f"per row for k targets (k means, then k variance parameters, layout "
-                                 f"{self._lik.output!r}), but the module returns {out.shape[1]} (an odd number); "
-                                 f"{n_outputs} are needed here.")
+                self.likelihood_.check_module_output(out, n_outputs)
+            except ValueError as err:
+                raise ValueError(f"LaplaceActiveSubspaceRegressor: {err}") from err
         super()._check_output_shape(module, x1, n_outputs)
 
     def _fit_scalers(self, X, y, sample_weight=None) -> None:
@@ -247,11 +247,11 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         """σ² for β (pooled over outputs, internal units; training residuals weighted by ``sample_weight``,
         calibration residuals unweighted); the per-output values are kept for intervals. Heteroscedastic: no σ²
         enters β; the mean of σ²(x) over the training rows is kept for ``noise_std_``."""
-        if self._lik is not None:
+        if self.likelihood_.noise_in_outputs:
             out = model_outputs(module, Xt)
-            self._lik.check_output(out, "the module")
-            self.noise_source_ = "heteroscedastic"
-            var = self._lik.noise_variance(out).to(torch.float64)
+            self.likelihood_.check_output(out, "the module")
+            self.noise_source_ = self.likelihood_.name
+            var = self.likelihood_.noise_variance(out).to(torch.float64)
             self._noise_var_out = var.reshape(len(out), -1).mean(0).cpu().numpy()
             return None
         source = self.noise_std
@@ -416,12 +416,12 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         ndarray of shape (n_samples,) or (n_samples, n_outputs)
         """
         Xt = self._check_fitted_X(X)
-        if self._lik is None:
-            std = np.broadcast_to(np.atleast_1d(self.noise_std_), (Xt.shape[0], self._n_out)).copy()
-        else:
+        if self.likelihood_.noise_in_outputs:
             out = model_outputs(self.module_, Xt)
             self._check_finite_rows(out, Xt)
-            std = self._to_user_units(self._lik.noise_variance(out).sqrt(), shift=False)
+            std = self._to_user_units(self.likelihood_.noise_variance(out).sqrt(), shift=False)
+        else:
+            std = np.broadcast_to(np.atleast_1d(self.noise_std_), (Xt.shape[0], self._n_out)).copy()
         return std[:, 0] if self._y_1d else std
 
     @scoped_threads
@@ -446,20 +446,9 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         """
         Xt = self._check_fitted_X(X)
         p = self.posterior_
-        if p.off_subspace and self.predictive_ == "linearized":
-            s = p.linearized_samples(Xt, self.n_components_, n_samples, random_state=random_state)
-        else:
-            s = p.predict_samples(Xt, self.n_components_, n_samples, random_state=random_state)
-        if self._lik is not None:
-            mu, var = self._lik.mean_and_variance(s)
-            gen = make_generator(None if random_state is None else numpy_rng(random_state).integers(2**62) + 1,
-                                 s.device)
-            s = mu + var.sqrt() * torch.randn(mu.shape, generator=gen, dtype=mu.dtype, device=mu.device)
-        elif self.include_noise:
-            gen = make_generator(None if random_state is None else numpy_rng(random_state).integers(2**62) + 1,
-                                 s.device)
-            sd = torch.as_tensor(np.sqrt(self._noise_var_out), dtype=s.dtype, device=s.device)
-            s = s + sd * torch.randn(s.shape, generator=gen, dtype=s.dtype, device=s.device)
+        s = self.predictive_.draw_outputs(p, Xt, self.n_components_, n_samples, random_state=random_state)
+        gen = make_generator(None if random_state is None else numpy_rng(random_state).integers(2**62) + 1, s.device)
+        s = self.likelihood_.draw_y(s, self._noise_var_out if self.include_noise else None, gen)
         self._check_finite_rows(s.transpose(0, 1), Xt)
         out = self._to_user_units(s.permute(1, 2, 0))
         return out[:, 0, :] if self._y_1d else out

@@ -10,18 +10,20 @@ built in; a subclass of
 
 from __future__ import annotations
 
-from ._base import Likelihood
+from ._base import Likelihood, match_regression
 from .categorical import Categorical
 from .gaussian import Gaussian
 from .heteroscedastic import HeteroscedasticGaussian, NaturalParameterHead
 from .student_t import StudentT
 
-__all__ = ["Categorical", "Gaussian", "HeteroscedasticGaussian", "Likelihood", "NaturalParameterHead",
-           "StudentT", "resolve_likelihood"]
+__all__ = ["REGRESSION_LIKELIHOODS", "Categorical", "Gaussian", "HeteroscedasticGaussian", "Likelihood",
+           "NaturalParameterHead", "StudentT", "match_regression", "resolve_likelihood"]
 
 # Names → classes. "mse" and "cross_entropy" are the loss names GGNOperator(loss=...) has always taken.
 _NAMES = {"gaussian": Gaussian, "mse": Gaussian, "categorical": Categorical, "cross_entropy": Categorical,
           "heteroscedastic": HeteroscedasticGaussian, "student_t": StudentT}
+#: The names of the built-in regression likelihoods (the regressor's ``likelihood=``), from the registry.
+REGRESSION_LIKELIHOODS = ("gaussian", "heteroscedastic", "student_t")
 
 
 def resolve_likelihood(likelihood: str | Likelihood, name: str = "likelihood") -> Likelihood:

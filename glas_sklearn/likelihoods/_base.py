@@ -11,15 +11,24 @@ from __future__ import annotations
 
 import abc
 import inspect
+import math
 import numbers
 
+import numpy as np
 import torch
+from torch import nn
 
 from .._checks import check_positive_float, check_positive_int
 from ..conformity_scores import ConformityScore
-from ..predictive import RegressionMoments, predictive_interval, regression_moments
+from ..predictive import (
+    RegressionMoments,
+    interval_coverage,
+    mean_interval_width,
+    predictive_interval,
+    regression_moments,
+)
 
-__all__ = ["SCALINGS", "Likelihood"]
+__all__ = ["SCALINGS", "Likelihood", "match_regression"]
 
 SCALINGS = ("mean", "standard")
 
@@ -63,6 +72,15 @@ class Likelihood(abc.ABC):
     name: str = "custom"
     is_classification: bool = False
     needs_noise_variance: bool = False
+    #: The regressors' ``scaling="auto"``.
+    default_scaling: str = "mean"
+    #: True when the network's outputs carry the noise variance σ²(x) (:meth:`noise_variance`): no σ² is
+    #: estimated from residuals and the predictive of y needs no added noise.
+    noise_in_outputs: bool = False
+    #: The table column that :meth:`region_size` fills.
+    region_size_name: str = "mean_width"
+    #: What the targets are, in messages ("regression", "classification").
+    problem: str = "regression"
 
     def n_outputs(self, n_targets: int) -> int:
         """Network outputs per row for ``n_targets`` targets (regression) or classes (classification)."""
@@ -130,7 +148,20 @@ class Likelihood(abc.ABC):
         """The part of the output whose posterior uncertainty the predictive reports (all of it by default)."""
         return output
 
-    def predictive_moments(self, posterior, X: torch.Tensor, d: int, *, predictive: str = "linearized",
+    def sampled_parts(self, samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(mean, aleatoric variance, epistemic variance) of y from output samples ``(S, n, M)`` (the sampled
+        predictive mode asks this). The default, for outputs that are the mean of y: the samples' mean, no
+        aleatoric part (the noise variance is the caller's), their variance."""
+        return samples.mean(0), torch.zeros_like(samples[0]), samples.var(0, unbiased=False)
+
+    def linearized_parts(self, posterior, X: torch.Tensor, d: int, *,
+                         batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(mean, aleatoric variance, epistemic variance) of y under the linearised posterior (the linearised
+        predictive mode asks this). The default: f(x; θ0), no aleatoric part, J Σ Jᵀ's diagonal."""
+        mean = posterior.predict_mean(X, batch_size=batch_size)
+        return mean, torch.zeros_like(mean), posterior.linearized_variance(X, d, batch_size=batch_size).clamp_min(0)
+
+    def predictive_moments(self, posterior, X: torch.Tensor, d: int, *, predictive="linearized",
                            n_samples: int = 1000, noise_var=0.0, random_state=None,
                            batch_size: int | None = None) -> RegressionMoments:
         """The predictive mean ŷ and standard deviation σ̂ of y (regression) under ``posterior`` at dimension d:
@@ -151,7 +182,7 @@ class Likelihood(abc.ABC):
                                   random_state=random_state, batch_size=batch_size)
 
     def predictive_interval(self, posterior, X: torch.Tensor, d: int, confidence_levels=None, *,
-                            predictive: str = "linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
+                            predictive="linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
                             batch_size: int | None = None):
         """The posterior's own central intervals of y at d (the coverage calibration's, uncalibrated):
         ``(mean, std, bounds)`` of shapes (n, M), (n, M) and (n, M, 2, k), bounds None without levels.
@@ -167,6 +198,88 @@ class Likelihood(abc.ABC):
         likelihood by default; a subclass without one raises NotImplementedError."""
         raise NotImplementedError(f"{type(self).__name__} names no default conformity score; pass one to "
                                   "ConformalCalibrator(conformity_score=...).")
+
+    # ------------------------------------------------------- what calibration asks
+    def check_noise_var(self, noise_var) -> None:
+        """Raise a ValueError when an added noise variance σ² (``noise_var``) means nothing for this likelihood
+        (any σ² is accepted by default)."""
+        return None
+
+    def check_targets(self, y: torch.Tensor) -> torch.Tensor:
+        """Calibration targets checked before any work (numeric and finite by default); returns them."""
+        if not (y.is_floating_point() or y.dtype in (torch.int32, torch.int64)):
+            raise TypeError(f"y_cal must be numeric for {self.problem}, got dtype {y.dtype}.")
+        if not bool(torch.isfinite(y.to(torch.float64)).all()):
+            raise ValueError("y_cal contains NaN or infinite values.")
+        return y
+
+    def calibration_prediction(self, posterior, X: torch.Tensor, d: int, *, predictive="linearized",
+                               n_samples: int = 1000, noise_var=0.0, random_state=None,
+                               linearized_method: str = "probit", batch_size: int | None = None):
+        """What conformity scores and the predictive NLL take at d: the predictive moments of y by default
+        (:meth:`predictive_moments`)."""
+        return self.predictive_moments(posterior, X, d, predictive=predictive, n_samples=n_samples,
+                                       noise_var=noise_var, random_state=random_state, batch_size=batch_size)
+
+    def calibration_targets(self, y: torch.Tensor, prediction) -> torch.Tensor:
+        """The targets matched to :meth:`calibration_prediction`: shaped as the predictive mean, in its dtype."""
+        return match_regression(y, tuple(prediction.mean.shape)).to(prediction.mean.dtype)
+
+    def predictive_region(self, posterior, X: torch.Tensor, d: int, confidence_levels, *, predictive="linearized",
+                          n_samples: int = 1000, noise_var=0.0, random_state=None, linearized_method: str = "probit",
+                          batch_size: int | None = None, mean: torch.Tensor | None = None):
+        """The posterior's own (uncalibrated) regions at d, the coverage calibration's: central intervals of y
+        (:meth:`predictive_interval`), shape (n, M, 2, k). ``mean`` (the network's outputs) may be passed when
+        known."""
+        return self.predictive_interval(posterior, X, d, confidence_levels, predictive=predictive,
+                                        n_samples=n_samples, noise_var=noise_var, random_state=random_state,
+                                        batch_size=batch_size)[2]
+
+    def region_coverage(self, y: torch.Tensor, region) -> np.ndarray:
+        """The fraction of targets inside their regions, per level (k,)."""
+        return interval_coverage(match_regression(y, tuple(region.shape[:-2])), region)
+
+    def region_size(self, region) -> np.ndarray:
+        """The mean size of the regions per level (k,): the mean interval width."""
+        return mean_interval_width(region)
+
+    def predictive_nll(self, prediction, target: torch.Tensor) -> float:
+        """Mean negative log predictive density of the targets (:meth:`calibration_targets`): −log N(y; ŷ, σ̂²)
+        averaged over rows and outputs; +inf where σ̂ = 0 (no density off the mean)."""
+        var = prediction.std.to(torch.float64) ** 2
+        if bool((var <= 0).any()):
+            return math.inf
+        res = target.to(torch.float64) - prediction.mean.to(torch.float64)
+        return float((0.5 * torch.log(2 * math.pi * var) + 0.5 * res**2 / var).mean())
+
+    # -------------------------------------------------------- what the regressor asks
+    def noise_variance(self, output: torch.Tensor) -> torch.Tensor:
+        """σ²(x) from the network's outputs, for a likelihood with ``noise_in_outputs``."""
+        raise NotImplementedError(f"{type(self).__name__}'s outputs carry no noise variance; the noise is "
+                                  "estimated from residuals.")
+
+    def check_output(self, output: torch.Tensor, where: str = "the network") -> None:
+        """Raise a ValueError naming the problem when the network's outputs (n, m) are not valid for this likelihood
+        (any finite-or-not output is accepted by default; the estimators check shapes)."""
+        return None
+
+    def wrap_module(self, module: nn.Module) -> nn.Module:
+        """The network the estimators build for this likelihood from their own MLP (the MLP itself by default)."""
+        return module
+
+    def check_module_output(self, output: torch.Tensor, n_outputs: int) -> None:
+        """Raise a ValueError naming the problem when a user's module's outputs (n, m) cannot serve this
+        likelihood (nothing beyond the estimators' shape check by default)."""
+        return None
+
+    def draw_y(self, samples: torch.Tensor, noise_var, generator: torch.Generator) -> torch.Tensor:
+        """Draws of y from output samples ``(S, n, M)``: f plus N(0, ``noise_var``) noise (per output), or f itself
+        for ``noise_var`` None."""
+        if noise_var is None:
+            return samples
+        sd = torch.as_tensor(np.sqrt(noise_var), dtype=samples.dtype, device=samples.device)
+        return samples + sd * torch.randn(samples.shape, generator=generator, dtype=samples.dtype,
+                                          device=samples.device)
 
     # ------------------------------------------------------------ parameters
     @classmethod
@@ -199,3 +312,13 @@ class Likelihood(abc.ABC):
 
     def __hash__(self) -> int:
         return hash((type(self), tuple(self.get_params().items())))
+
+
+def match_regression(y: torch.Tensor, out_shape: tuple) -> torch.Tensor:
+    """Targets reshaped to the model's output shape ``(n, *out)``: (n,) is accepted for a single output."""
+    if tuple(y.shape) == out_shape:
+        return y
+    if y.numel() == int(np.prod(out_shape)) and out_shape[-1:] == (1,) and tuple(y.shape) == out_shape[:-1]:
+        return y.unsqueeze(-1)
+    raise ValueError(f"y_cal has shape {tuple(y.shape)}, but the model's outputs on X_cal have shape {out_shape}; "
+                     "they must match (a 1-D y_cal is accepted for a single output).")

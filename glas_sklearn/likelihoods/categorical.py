@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch.nn import functional as F
 
 from ..conformity_scores import LAC
+from ..predictive import class_probabilities, mean_set_size, prediction_sets, resolve_predictive, set_coverage
 from ._base import Likelihood
 
 __all__ = ["Categorical"]
@@ -31,6 +33,8 @@ class Categorical(Likelihood):
 
     name = "categorical"
     is_classification = True
+    region_size_name = "mean_set_size"
+    problem = "classification"
 
     def loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """Mean softmax cross-entropy of logits (..., C) against class indices (...)."""
@@ -52,3 +56,56 @@ class Categorical(Likelihood):
         """The least-ambiguous-class score 1 − p_y with the most probable class added to a set that would be empty
         (:class:`~glas_sklearn.conformity_scores.LAC` ``(never_empty=True)``)."""
         return LAC(never_empty=True)
+
+    # ------------------------------------------------------- what calibration asks
+    def check_noise_var(self, noise_var) -> None:
+        """No noise is added to class probabilities: ``noise_var`` must be 0."""
+        if np.any(np.asarray(noise_var) != 0):
+            raise ValueError("noise_var applies to regression intervals only; leave it at 0 for classification.")
+
+    def check_targets(self, y: torch.Tensor) -> torch.Tensor:
+        """Class labels: checked against the probabilities where they are used."""
+        return y
+
+    def calibration_prediction(self, posterior, X, d, *, predictive="linearized", n_samples=1000, noise_var=0.0,
+                               random_state=None, linearized_method="probit", batch_size=None):
+        """The class probabilities (n, C) at d in float64
+        (:func:`~glas_sklearn.predictive.class_probabilities`)."""
+        self.check_noise_var(noise_var)
+        return class_probabilities(posterior, X, d, predictive=predictive, n_samples=n_samples,
+                                   random_state=random_state, linearized_method=linearized_method,
+                                   batch_size=batch_size).to(torch.float64)
+
+    def calibration_targets(self, y, prediction):
+        """The labels as class indices (n,), checked against the probabilities (n, C)."""
+        target = y.reshape(-1).long()
+        if prediction.ndim != 2 or target.shape[0] != prediction.shape[0]:
+            raise ValueError(f"Calibrating a classifier needs logits of shape (n, C) and labels of shape (n,); "
+                             f"got probabilities {tuple(prediction.shape)} and labels {tuple(y.shape)}.")
+        if bool(((target < 0) | (target >= prediction.shape[1])).any()):
+            raise ValueError(f"y_cal must hold class indices between 0 and {prediction.shape[1] - 1}.")
+        return target
+
+    def predictive_region(self, posterior, X, d, confidence_levels, *, predictive="linearized", n_samples=1000,
+                          noise_var=0.0, random_state=None, linearized_method="probit", batch_size=None, mean=None):
+        """The smallest sets of classes reaching each level (:func:`~glas_sklearn.predictive.prediction_sets`) of
+        the probabilities at d (a linearised Monte Carlo predictive draws from the integer ``random_state`` + 1)."""
+        self.check_noise_var(noise_var)
+        gen = None if random_state is None else int(random_state) + 1
+        probs = resolve_predictive(predictive).probabilities(
+            posterior, X, d, n_samples=n_samples, random_state=random_state, linearized_method=linearized_method,
+            generator=gen, batch_size=batch_size, mean=mean)
+        return prediction_sets(probs, confidence_levels)
+
+    def region_coverage(self, y, region):
+        """The fraction of labels inside their sets, per level (k,)."""
+        return set_coverage(y, region)
+
+    def region_size(self, region):
+        """The mean set size per level (k,)."""
+        return mean_set_size(region)
+
+    def predictive_nll(self, prediction, target):
+        """−log p̂_y averaged over rows (p̂ clamped at the smallest positive float64)."""
+        p_true = prediction.gather(1, target[:, None])[:, 0]
+        return float(-torch.log(p_true.clamp_min(torch.finfo(torch.float64).tiny)).mean())

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from ..predictive import RegressionMoments, linearized_interval
+from ..conformity_scores import StdNormalizedResidual
+from ..predictive import RegressionMoments, linearized_interval, resolve_predictive
 from ._base import Likelihood
 
 __all__ = ["HeteroscedasticGaussian", "NaturalParameterHead"]
@@ -69,6 +70,8 @@ class HeteroscedasticGaussian(Likelihood):
     name = "heteroscedastic"
     is_classification = False
     needs_noise_variance = False  # β = 1 ("mean") or N ("standard"): the likelihood carries σ(x)
+    default_scaling = "standard"
+    noise_in_outputs = True
 
     def __init__(self, output: str = "mean_logvar", beta_nll: float = 0.5) -> None:
         if output not in _LAYOUTS:
@@ -120,6 +123,28 @@ class HeteroscedasticGaussian(Likelihood):
     def noise_variance(self, output: torch.Tensor) -> torch.Tensor:
         """σ²(x), the aleatoric variance the network predicts."""
         return self.mean_and_variance(output)[1]
+
+    def default_conformity_score(self):
+        """The std-normalised residual ``|y − μ̂| / σ̂`` with σ̂² = σ_ale² + σ_epi²
+        (:class:`~glas_sklearn.conformity_scores.StdNormalizedResidual`)."""
+        return StdNormalizedResidual()
+
+    def wrap_module(self, module: nn.Module) -> nn.Module:
+        """For ``output="natural"`` the estimators' MLP ends in :class:`NaturalParameterHead` ((a, r) ↦ (a, −½ eʳ))."""
+        return nn.Sequential(module, NaturalParameterHead()) if self.output == "natural" else module
+
+    def check_module_output(self, output: torch.Tensor, n_outputs: int) -> None:
+        """A user's module must return an even number (2k) of outputs per row."""
+        if output.ndim == 2 and output.shape[1] % 2:
+            raise ValueError(f"likelihood='heteroscedastic' needs 2k outputs per row for k targets (k means, then k "
+                             f"variance parameters, layout {self.output!r}), but the module returns "
+                             f"{output.shape[1]} (an odd number); {n_outputs} are needed here.")
+
+    def draw_y(self, samples: torch.Tensor, noise_var, generator: torch.Generator) -> torch.Tensor:
+        """Draws of y = μ(x; θ) + σ(x; θ) ε, ε ~ N(0, 1), from output samples (S, n, 2k); ``noise_var`` is unused
+        (the network's σ(x) is the noise)."""
+        mu, var = self.mean_and_variance(samples)
+        return mu + var.sqrt() * torch.randn(mu.shape, generator=generator, dtype=mu.dtype, device=mu.device)
 
     def mean_gradient(self, output: torch.Tensor) -> torch.Tensor:
         """∂μ/∂(outputs of its target), shape (..., k, 2): (1, 0) for "mean_logvar"; (σ², 2 μ σ²) for "natural"
@@ -189,23 +214,28 @@ class HeteroscedasticGaussian(Likelihood):
         return (h_aa * ja**2 + 2 * h_ab * ja * jb + h_bb * jb**2).sum(-2)
 
     # ------------------------------------------------------------ predictive
-    def predictive_parts(self, posterior, X: torch.Tensor, d: int, *, predictive: str = "linearized",
+    def predictive_parts(self, posterior, X: torch.Tensor, d: int, *, predictive="linearized",
                          n_samples: int = 1000, random_state=None,
                          batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """μ̂, σ_ale² and σ_epi² of each row and target, (n, k) each, in the network's units.
 
-        The predictive for y is N(μ̂, σ_ale² + σ_epi²), with
-
-        - linearised: μ̂ = μ(x; θ0), σ_epi² = Var[μ] = J_μ Σ J_μᵀ (for natural parameters by the delta method on the
-          linearised (η1, η2) covariance), σ_ale² = σ²(x; θ0) (the variance head's own posterior uncertainty is not
-          propagated: under β = N it is negligible in distribution);
-        - sampled: the law of total variance over posterior samples: μ̂ = E[μ], σ_epi² = Var[μ], σ_ale² = E[σ²].
+        The predictive for y is N(μ̂, σ_ale² + σ_epi²); the predictive mode (a name or a
+        :class:`~glas_sklearn.predictive.PredictiveMode`) asks :meth:`linearized_parts` or :meth:`sampled_parts`.
         """
-        if predictive == "sampled":
-            s = posterior.predict_samples(X, d, n_samples=n_samples, random_state=random_state,
-                                          batch_size=batch_size)  # (S, n, 2k)
-            mu, var = self.mean_and_variance(s)
-            return mu.mean(0), var.mean(0), mu.var(0, unbiased=False)
+        return resolve_predictive(predictive).likelihood_parts(self, posterior, X, d, n_samples=n_samples,
+                                                               random_state=random_state, batch_size=batch_size)
+
+    def sampled_parts(self, samples: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The law of total variance over posterior samples ``(S, n, 2k)``: μ̂ = E[μ], σ_ale² = E[σ²],
+        σ_epi² = Var[μ]."""
+        mu, var = self.mean_and_variance(samples)
+        return mu.mean(0), var.mean(0), mu.var(0, unbiased=False)
+
+    def linearized_parts(self, posterior, X: torch.Tensor, d: int, *,
+                         batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """μ̂ = μ(x; θ0), σ_epi² = Var[μ] = J_μ Σ J_μᵀ (for natural parameters by the delta method on the
+        linearised (η1, η2) covariance), σ_ale² = σ²(x; θ0) (the variance head's own posterior uncertainty is not
+        propagated: under β = N it is negligible in distribution)."""
         out = posterior.predict_mean(X, batch_size=batch_size)
         mu, ale = self.mean_and_variance(out)
         k = mu.shape[-1]
@@ -219,7 +249,7 @@ class HeteroscedasticGaussian(Likelihood):
             epi = (g[..., 0] ** 2 * c11 + 2 * g[..., 0] * g[..., 1] * c12 + g[..., 1] ** 2 * c22).clamp_min(0)
         return mu, ale, epi
 
-    def predictive_moments(self, posterior, X: torch.Tensor, d: int, *, predictive: str = "linearized",
+    def predictive_moments(self, posterior, X: torch.Tensor, d: int, *, predictive="linearized",
                            n_samples: int = 1000, noise_var=0.0, random_state=None,
                            batch_size: int | None = None) -> RegressionMoments:
         """ŷ = μ̂ and σ̂ = sqrt(σ_ale² + σ_epi²) (:meth:`predictive_parts`): the network's σ(x) is the noise, so
@@ -232,7 +262,7 @@ class HeteroscedasticGaussian(Likelihood):
         return RegressionMoments(mu, (ale + epi).sqrt())
 
     def predictive_interval(self, posterior, X: torch.Tensor, d: int, confidence_levels=None, *,
-                            predictive: str = "linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
+                            predictive="linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
                             batch_size: int | None = None):
         """The Gaussian intervals μ̂ ± z σ̂ of N(μ̂, σ_ale² + σ_epi²) (sampled or linearised moments)."""
         if np.any(np.asarray(noise_var) != 0):

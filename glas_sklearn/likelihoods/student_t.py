@@ -135,7 +135,7 @@ class StudentT(Gaussian):
 
     # ------------------------------------------------------------ predictive
     def predictive_interval(self, posterior, X: torch.Tensor, d: int, confidence_levels=None, *,
-                            predictive: str = "linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
+                            predictive="linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
                             batch_size: int | None = None):
         """``(mean, std, bounds)`` of y at d: ŷ and σ̂ = sqrt(σ_f² + σ²) as the Gaussian's; with a noise variance σ²
         the bounds are the quantiles of f + s t_ν (:meth:`quantile_interval`, s² = :meth:`scale_squared` of σ², per

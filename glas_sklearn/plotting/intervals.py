@@ -8,7 +8,6 @@ import numpy as np
 from sklearn.base import BaseEstimator
 from sklearn.utils.validation import check_is_fitted
 
-from ..likelihoods import HeteroscedasticGaussian
 from ._axes import check_matplotlib, grid_and_legend, pct, plot_axes, single_level
 
 if TYPE_CHECKING:  # pragma: no cover - typing only
@@ -181,12 +180,12 @@ class IntervalDisplay:
 def _what_the_intervals_are(estimator) -> tuple[str, str | None]:
     """What a fitted regressor's intervals are for, and how they were calibrated, from its fitted state (not its
     parameters, which may have been changed since): split-conformal intervals are for y (``conformity_scores_``
-    held); the heteroscedastic likelihood's always include σ(x), so they are for y; the posterior's own intervals
-    (``calibration="coverage"``) are for y when the calibrator added the noise variance (``include_noise=True``
-    at fit), else for the network output f."""
+    held); a likelihood whose outputs carry the noise (``noise_in_outputs``, the heteroscedastic one) always
+    includes σ(x), so they are for y; the posterior's own intervals (``calibration="coverage"``) are for y when the
+    calibrator added the noise variance (``include_noise=True`` at fit), else for the network output f."""
     if getattr(estimator, "conformity_scores_", None) is not None:
         return "y", "conformal"
-    if isinstance(getattr(estimator, "likelihood_", None), HeteroscedasticGaussian):
+    if getattr(getattr(estimator, "likelihood_", None), "noise_in_outputs", False):
         return "y", None
     calibrator = getattr(estimator, "calibrator_", None)
     noise = getattr(calibrator, "noise_var_", 0.0)

@@ -1,0 +1,53 @@
+"""The split of the calibration rows off the training rows (``calibration_size``, stratified for classes)."""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+from sklearn.model_selection import train_test_split
+
+__all__ = ["CalibrationRowsMixin"]
+
+
+class CalibrationRowsMixin:
+    """How many rows calibration holds out, and which, for
+    ``LaplaceActiveSubspaceBase``."""
+
+    def _split_off_calibration_rows(self, X, y, seed, sample_weight=None, positions=None):
+        """``X, X_cal, y, y_cal, weights``: ``calibration_size`` rows held out of training (stratified for classes
+        when possible); the training rows keep their weights (None stays None), the calibration rows are
+        unweighted. Their positions in the user's ``X`` (``positions`` of these rows there, when rows of zero
+        weight were dropped) are kept as ``train_indices_`` and ``calibration_indices_``."""
+        n_cal = self._n_calibration_rows(X.shape[0])
+        stratify = y if self.likelihood_.is_classification and self._can_stratify(y, n_cal) else None
+        train, cal = train_test_split(np.arange(X.shape[0]), test_size=n_cal, random_state=seed, stratify=stratify)
+        at = np.arange(X.shape[0]) if positions is None else positions
+        self.train_indices_, self.calibration_indices_ = at[train], at[cal]
+        return X[train], X[cal], y[train], y[cal], None if sample_weight is None else sample_weight[train]
+
+    def _calibration_rows_needed(self) -> int:
+        """The calibration rows the calibrator needs at the estimator's levels ("conformal": ⌈1/γ⌉ − 1 at the
+        highest level, for a finite quantile)."""
+        return self._calibrator().rows_needed(self._levels(None))
+
+    def _n_calibration_rows(self, n: int) -> int:
+        """Rows held out of the n training rows for calibration (at least one, leaving at least two; with
+        "conformal" and a fraction, at least the ⌈1/γ⌉ − 1 rows a finite quantile needs at the highest level)."""
+        cs = self.calibration_size
+        if isinstance(cs, numbers.Integral):
+            if cs > n - 2:
+                raise ValueError(f"{type(self).__name__}: calibration_size={cs} rows, but only {n} rows were passed; "
+                                 f"hold out at most {n - 2} rows, give a fraction, or pass X_cal and y_cal.")
+            return int(cs)
+        n_cal = max(1, int(np.ceil(cs * n)))
+        # enough rows for the calibrator (a finite conformal quantile at every level), and one more to tune σ0 on
+        # with sigma0="nll"
+        n_cal = max(n_cal, self._calibration_rows_needed() + (self._sigma0_choice() == "nll"))
+        return int(min(n_cal, n - 2))
+
+    @staticmethod
+    def _can_stratify(y, n_cal: int) -> bool:
+        """A stratified split needs two rows of every class and room for every class on both sides."""
+        _, counts = np.unique(y, return_counts=True)
+        return counts.min() >= 2 and len(counts) <= min(n_cal, len(y) - n_cal)
