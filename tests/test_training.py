@@ -15,6 +15,7 @@ from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceR
 from glas_sklearn.estimators import _training
 from glas_sklearn.estimators._training import (
     auto_batch_size,
+    auto_lr,
     auto_subsample,
     batch_slices,
     build_optimizer,
@@ -54,9 +55,41 @@ def test_batches_cover_every_row_once_and_never_leave_one_row_alone(n, size):
 
 
 @pytest.mark.parametrize("n, expected", [(10, 10), (100, 64), (1280, 64), (1299, 64), (1300, 65), (2000, 100),
-                                         (4000, 200), (36_000, 200)])
-def test_auto_batch_size_gives_about_twenty_steps_per_epoch_within_64_and_200(n, expected):
+                                         (4000, 200), (8191, 200), (8192, 1024), (36_000, 1024)])
+def test_auto_batch_size_gives_about_twenty_steps_per_epoch_within_64_and_200_then_1024_on_large_data(n, expected):
+    """⌊n/20⌋ within [64, 200] below 8,192 rows trained on; 1,024 rows a step (≥ 8 steps an epoch) from there."""
     assert auto_batch_size(n) == expected
+
+
+@pytest.mark.parametrize("n, batch, expected", [
+    (100, None, 1e-3), (1999, None, 1e-3), (1999, 1024, 1e-3), (1999, 4096, 1e-3),  # small data: always 1e-3
+    (5000, None, 1e-3), (8191, 1024, 1e-3), (8191, None, 1e-3),                      # below 8,192 rows trained on
+    (8192, 200, 1e-3), (36_000, 200, 1e-3), (36_000, 1023, 1e-3),                    # small steps on large data
+    (8192, 1024, 3e-3), (36_000, 1024, 3e-3), (36_000, 4096, 3e-3), (36_000, None, 3e-3)])
+def test_auto_lr_is_1e3_except_for_steps_of_1024_rows_or_more_on_large_data(n, batch, expected):
+    assert auto_lr(n, batch) == expected
+
+
+def test_lr_auto_resolves_with_the_batch_size_and_an_explicit_lr_is_kept():
+    assert LaplaceActiveSubspaceRegressor().lr == "auto"
+    est = LaplaceActiveSubspaceRegressor()
+    assert (est._batch_size(1999), est._lr(1999)) == (99, 1e-3)
+    assert (est._batch_size(36_000), est._lr(36_000)) == (1024, 3e-3)
+    assert LaplaceActiveSubspaceRegressor(batch_size=200)._lr(36_000) == 1e-3  # the user's batch size: 1e-3
+    assert LaplaceActiveSubspaceRegressor(lr=5e-4)._lr(36_000) == 5e-4          # the user's lr: as given
+    assert LaplaceActiveSubspaceClassifier()._lr(36_000) == 3e-3
+
+
+def test_lr_auto_trains_small_data_as_lr_1e3():
+    """Below 2,000 rows ``lr="auto"`` is 1e-3: the same fit as ``lr=1e-3`` (same seed, same steps)."""
+    X, y = _data(n=200)
+    settings = dict(FAST, early_stopping="auto", max_epochs=20)
+    a = LaplaceActiveSubspaceRegressor(**settings).fit(X, y)
+    b = LaplaceActiveSubspaceRegressor(lr=1e-3, **settings).fit(X, y)
+    c = LaplaceActiveSubspaceRegressor(lr=3e-3, **settings).fit(X, y)
+    tol = 1e-10 * len(X)  # float64, the same arithmetic on both paths
+    np.testing.assert_allclose(a.loss_curve_, b.loss_curve_, rtol=tol)
+    assert not np.allclose(a.loss_curve_, c.loss_curve_, rtol=1e-3)  # the comparison can tell rates apart
 
 
 def test_batchnorm_network_trains_with_a_one_row_last_batch():

@@ -51,7 +51,7 @@ from ._prefit import (
 )
 from ._report import calibration_line, fit_line, posterior_line, training_line
 from ._sigma0 import Sigma0PolicyMixin
-from ._training import AUTO_EARLY_STOPPING_ROWS, OPTIMIZERS, auto_batch_size, auto_subsample, train_module
+from ._training import AUTO_EARLY_STOPPING_ROWS, OPTIMIZERS, auto_batch_size, auto_lr, auto_subsample, train_module
 from ._validation import (
     BOOLEAN,
     NO_VALIDATION,
@@ -140,7 +140,7 @@ class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRow
                                                        "0 and 1 (e.g. 0.9 for 90 % intervals)")],
         "calibration_size": [Interval(numbers.Real, 0, 1, closed="neither"), Interval(numbers.Integral, 1, None)],
         "max_epochs": [Interval(numbers.Integral, 0, None)],
-        "lr": [Interval(numbers.Real, 0, None, closed="neither")],
+        "lr": [Options("auto"), Interval(numbers.Real, 0, None, closed="neither")],
         "batch_size": [None, Options("auto"), Interval(numbers.Integral, 1, None)],
         "weight_decay": [Interval(numbers.Real, 0, None)],
         "optimizer": [Options(*OPTIMIZERS), Satisfies(_is_optimizer_class, "a torch.optim.Optimizer subclass")],
@@ -164,7 +164,7 @@ class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRow
     def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="auto", n_components="auto",
                  max_components=50, sigma0="auto", posterior="low_rank", calibration="conformal",
                  predictive="auto", n_samples=1000, confidence_level=0.9,
-                 calibration_size=0.1, max_epochs=500, lr=1e-3, batch_size="auto", weight_decay=0.0,
+                 calibration_size=0.1, max_epochs=500, lr="auto", batch_size="auto", weight_decay=0.0,
                  optimizer="adam", standardize="auto", padding_idx=None, subsample="auto", eigen_method="lanczos",
                  device="auto", dtype="auto", random_state=None, verbose=0, early_stopping="auto",
                  validation_fraction=0.1, n_iter_no_change=10, tol=1e-4, n_threads="auto",
@@ -419,7 +419,7 @@ class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRow
             sample_weight = None if sample_weight is None else sample_weight[fit_index]
         batch_size = self._batch_size(len(Xt))
         result = train_module(
-            module, Xt, yt, self.likelihood_.loss, optimizer=self.optimizer, lr=self.lr,
+            module, Xt, yt, self.likelihood_.loss, optimizer=self.optimizer, lr=self._lr(len(Xt)),
             weight_decay=self.weight_decay, batch_size=batch_size, max_epochs=self.max_epochs, seed=seed,
             verbose=self.verbose, owner=type(self).__name__, sample_weight=sample_weight, validation=validation,
             validation_loss=self.likelihood_.held_out_loss, n_iter_no_change=self.n_iter_no_change, tol=self.tol,
@@ -438,6 +438,10 @@ class LaplaceActiveSubspaceBase(PicklingMixin, Sigma0PolicyMixin, CalibrationRow
     def _batch_size(self, n_rows: int) -> int | None:
         """Rows per training step on ``n_rows`` rows: ``batch_size``, with "auto" resolved (None: all rows)."""
         return auto_batch_size(n_rows) if self.batch_size == "auto" else self.batch_size
+
+    def _lr(self, n_rows: int) -> float:
+        """The learning rate on ``n_rows`` rows trained on: ``lr``, with "auto" resolved (:func:`auto_lr`)."""
+        return auto_lr(n_rows, self._batch_size(n_rows)) if self.lr == "auto" else self.lr
 
     def _split_off_validation_rows(self, yt: torch.Tensor, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
         """Positions among the n training rows of the rows trained on and of the ``validation_fraction`` held out

@@ -20,8 +20,8 @@ from torch.func import vmap
 from .._progress import progress
 
 __all__ = ["ACTIVATIONS", "AUTO_EARLY_STOPPING_ROWS", "AUTO_SUBSAMPLE_ROWS", "OPTIMIZERS", "TrainingResult",
-           "auto_batch_size", "auto_subsample", "batch_slices", "build_optimizer", "default_mlp", "held_out_loss",
-           "seeded_torch", "train_module"]
+           "auto_batch_size", "auto_lr", "auto_subsample", "batch_slices", "build_optimizer", "default_mlp",
+           "held_out_loss", "seeded_torch", "train_module"]
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +30,11 @@ PATIENCE_STEPS = 50
 #: ``batch_size="auto"``: ⌊n / AUTO_STEPS⌋ rows per batch (about ``AUTO_STEPS`` steps per epoch),
 #: within [AUTO_MIN_BATCH, AUTO_MAX_BATCH] and at most n.
 AUTO_STEPS, AUTO_MIN_BATCH, AUTO_MAX_BATCH = 20, 64, 200
+#: ``batch_size="auto"`` on large data: AUTO_LARGE_BATCH rows per step from AUTO_LARGE_BATCH_ROWS rows trained on
+#: (at least 8 steps per epoch), with ``lr="auto"`` at AUTO_LARGE_LR there (benchmarks/results/default_fit.md).
+AUTO_LARGE_BATCH, AUTO_LARGE_BATCH_ROWS = 1024, 8 * 1024
+#: ``lr="auto"``: AUTO_LR, or AUTO_LARGE_LR for steps of ≥ AUTO_LARGE_BATCH rows on ≥ AUTO_LARGE_BATCH_ROWS rows.
+AUTO_LR, AUTO_LARGE_LR = 1e-3, 3e-3
 #: ``early_stopping="auto"`` holds validation rows out from this many training rows on (below, the rows are worth
 #: more to the network than a stopping rule: benchmarks/results/default_fit.md).
 AUTO_EARLY_STOPPING_ROWS = 2000
@@ -41,8 +46,19 @@ _FUSABLE = ("adam", "adamw")
 
 
 def auto_batch_size(n: int) -> int:
-    """The rows per step of ``batch_size="auto"`` for n training rows."""
+    """The rows per step of ``batch_size="auto"`` for n rows trained on: ``AUTO_LARGE_BATCH`` from
+    ``AUTO_LARGE_BATCH_ROWS`` rows on, else ⌊n / AUTO_STEPS⌋ within [AUTO_MIN_BATCH, AUTO_MAX_BATCH] (and ≤ n)."""
+    if n >= AUTO_LARGE_BATCH_ROWS:
+        return AUTO_LARGE_BATCH
     return int(min(n, max(AUTO_MIN_BATCH, min(AUTO_MAX_BATCH, n // AUTO_STEPS))))
+
+
+def auto_lr(n: int, batch_size: int | None) -> float:
+    """The learning rate of ``lr="auto"`` for n rows trained on in steps of ``batch_size`` rows (None: all):
+    ``AUTO_LARGE_LR`` for steps of at least ``AUTO_LARGE_BATCH`` rows on at least ``AUTO_LARGE_BATCH_ROWS`` rows
+    (larger steps, larger rate), else ``AUTO_LR`` (1e-3, exactly, on every smaller data set)."""
+    step = n if batch_size is None else min(batch_size, n)
+    return AUTO_LARGE_LR if n >= AUTO_LARGE_BATCH_ROWS and step >= AUTO_LARGE_BATCH else AUTO_LR
 
 
 def auto_subsample(n: int) -> int | None:
