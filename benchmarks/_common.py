@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import datetime as _dt
 import json
 import os
 import platform
@@ -267,6 +268,13 @@ def command_line(script: str, argv: Sequence[str] | None) -> str:
 
 
 # ----------------------------------------------------------------------------------------------- results
+def new_results(args: argparse.Namespace) -> dict:
+    """The head of a results dict: the run's date and its options (``vars(args)``, non-JSON values as strings)."""
+    return {"date": _dt.datetime.now().isoformat(timespec="seconds"),
+            "config": {k: str(v) if not isinstance(v, (int, float, bool, type(None))) else v
+                       for k, v in vars(args).items()}}
+
+
 def machine_info(device: str | torch.device = "cpu") -> dict:
     """Where a run happened: CPU, cores, torch threads and version, device, Python."""
     return {"machine": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),

@@ -30,7 +30,6 @@ Usage
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import time
 import warnings
 
@@ -182,10 +181,7 @@ def main(argv=None) -> dict:
         print(text)
         return R
     torch.set_num_threads(args.threads)
-    results = {"date": _dt.datetime.now().isoformat(timespec="seconds"),
-               "config": {k: str(v) if not isinstance(v, (int, float, bool, type(None))) else v
-                          for k, v in vars(args).items()},
-               "runs": []}
+    results = {**_common.new_results(args), "runs": []}
     for seed in range(1 if args.quick else args.seeds):
         results["runs"].append(run_seed(seed, args))
         results["summary"] = summarise(results["runs"])

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import datetime as _dt
 import time
 import warnings
 from pathlib import Path
@@ -368,9 +367,7 @@ def main(argv=None) -> dict:
         print(text)
         return R
     torch.set_num_threads(args.threads)
-    results = {"date": _dt.datetime.now().isoformat(timespec="seconds"),
-               "config": {k: str(v) if not isinstance(v, (int, float, bool, type(None))) else v
-                          for k, v in vars(args).items()}}
+    results = _common.new_results(args)
     results["run"] = run(args)
     command = _common.command_line(__file__, argv)
     R, text = _common.write_results_and_report(json_path, md_path, results, render, command=command)
