@@ -1,9 +1,13 @@
-"""Stub regressors whose prediction intervals are known by hand, for the compose and metrics tests."""
+"""Stubs whose results are known by hand: regressors with fixed prediction intervals (the compose and metrics tests)
+and a user-defined conformity score (the likelihood and calibrator plug-in tests)."""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 from sklearn.base import BaseEstimator, RegressorMixin
+
+from glas_sklearn.conformity_scores import RegressionScore
 
 
 class IntervalStub(RegressorMixin, BaseEstimator):
@@ -49,3 +53,16 @@ class FixedLevelStub(IntervalStub):
 
     def predict_interval(self, X):
         return super().predict_interval(X, self.confidence_level)
+
+
+class AbsoluteResidual(RegressionScore):
+    """A user's score from outside the package: |y − ŷ|, whose regions are ŷ ± q (plain split conformal)."""
+
+    def score(self, y, prediction):
+        return (y - prediction.mean).abs().to(torch.float64)
+
+    def region(self, prediction, quantiles):
+        q = torch.as_tensor(np.asarray(quantiles), dtype=prediction.mean.dtype)
+        q = q.T if q.ndim == 2 else q
+        mu = prediction.mean.unsqueeze(-1)
+        return torch.stack([mu - q, mu + q], -2)

@@ -20,10 +20,11 @@ from glas_sklearn.calibration import (
     ClassificationScore,
     ConformalCalibrator,
     CoverageCalibrator,
-    RegressionScore,
     StdNormalizedResidual,
     resolve_calibration,
 )
+
+from .stubs import AbsoluteResidual
 
 SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=30, lr=0.05, batch_size=None,
              n_samples=50, max_components=3, dtype="float64", random_state=0)
@@ -46,19 +47,6 @@ def _labels(n, seed=0):
 def _rank(n, level):
     """⌈(n + 1) · level⌉: the rank of the split-conformal quantile among n sorted scores."""
     return int(math.ceil((n + 1) * level - 1e-9))
-
-
-class AbsoluteResidual(RegressionScore):
-    """|y − ŷ| (not normalised): intervals ŷ ± q."""
-
-    def score(self, y, prediction):
-        return (y - prediction.mean).abs().to(torch.float64)
-
-    def region(self, prediction, quantiles):
-        q = torch.as_tensor(np.asarray(quantiles), dtype=prediction.mean.dtype)
-        q = q.T if q.ndim == 2 else q  # (M, k) or (k,)
-        mu = prediction.mean.unsqueeze(-1)
-        return torch.stack([mu - q, mu + q], -2)
 
 
 class TopMass(ClassificationScore):

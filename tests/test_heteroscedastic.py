@@ -16,6 +16,8 @@ from glas_sklearn import LaplaceActiveSubspaceRegressor
 from glas_sklearn.ggn import GGNOperator
 from glas_sklearn.likelihoods import Categorical, HeteroscedasticGaussian, NaturalParameterHead, resolve_likelihood
 
+from .stubs import AbsoluteResidual
+
 LAYOUTS = ("mean_logvar", "natural")
 EPS64 = torch.finfo(torch.float64).eps
 
@@ -316,17 +318,7 @@ def test_user_conformity_score_coverage_curve_and_display_under_the_heteroscedas
     N(μ̂, σ² + σ_epi²) at every d by hand; the coverage Display draws from the estimator."""
     from scipy import stats
 
-    from glas_sklearn.calibration import ConformalCalibrator, RegressionScore
-
-    class AbsoluteResidual(RegressionScore):
-        def score(self, y, prediction):
-            return (y - prediction.mean).abs().to(torch.float64)
-
-        def region(self, prediction, quantiles):
-            q = torch.as_tensor(np.asarray(quantiles), dtype=prediction.mean.dtype)
-            q = q.T if q.ndim == 2 else q
-            mu = prediction.mean.unsqueeze(-1)
-            return torch.stack([mu - q, mu + q], -2)
+    from glas_sklearn.calibration import ConformalCalibrator
 
     het, _ = fitted_pair
     assert isinstance(het.calibrator_, ConformalCalibrator)  # the default, not None

@@ -20,6 +20,7 @@ from glas_sklearn.laplace import fit_laplace_subspace
 from glas_sklearn.likelihoods import Categorical, Gaussian, Likelihood, resolve_likelihood
 
 from .reference import dense_jacobian, mlp
+from .stubs import AbsoluteResidual
 
 EPS64 = torch.finfo(torch.float64).eps
 
@@ -500,18 +501,6 @@ def test_a_likelihood_and_a_score_from_outside_the_package_plug_into_the_regress
     fits, calibrates and predicts through the regressor with no edit in the package: its intervals are ŷ ± q with q
     the ⌈(n + 1) 0.9⌉-th smallest |y − ŷ| of the calibration rows, computed here by hand."""
     import math
-
-    from glas_sklearn.conformity_scores import RegressionScore
-
-    class AbsoluteResidual(RegressionScore):
-        def score(self, y, prediction):
-            return (y - prediction.mean).abs().to(torch.float64)
-
-        def region(self, prediction, quantiles):
-            q = torch.as_tensor(np.asarray(quantiles), dtype=prediction.mean.dtype)
-            q = q.T if q.ndim == 2 else q
-            mu = prediction.mean.unsqueeze(-1)
-            return torch.stack([mu - q, mu + q], -2)
 
     class HalfSquared(Likelihood):
         name = "half_squared"
