@@ -13,6 +13,22 @@ from pathlib import Path
 __all__ = ["main"]
 
 
+def _pyplot_and_output_dir(args):
+    """matplotlib's pyplot on the Agg backend and the created ``--output-dir``; (None, None) with a note when
+    matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("\n(matplotlib is not installed, so no plot: pip install 'glas-sklearn[plot]')")
+        return None, None
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    return plt, out
+
+
 def _demo(args) -> int:
     """The main job: the default regressor on the shipped concrete data, its intervals, their coverage on
     held-out rows, and a plot."""
@@ -60,18 +76,11 @@ def _demo(args) -> int:
     for k, level in enumerate(levels):
         print(f"  {level:.0%} intervals: coverage {coverage[k]:.1%}, mean width {width[k]:.1f} MPa")
 
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-
-        from .plotting import plot_intervals
-    except ImportError:
-        print("\n(matplotlib is not installed, so no plot: pip install 'glas-sklearn[plot]')")
+    plt, out = _pyplot_and_output_dir(args)
+    if plt is None:
         return 0
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
+    from .plotting import plot_intervals
+
     fig, ax = plt.subplots(figsize=(6, 5))
     plot_intervals(reg, X_test, y_test, ax=ax, confidence_level=args.level)
     ax.set_xlabel("predicted compressive strength (MPa)")
@@ -138,18 +147,11 @@ def _paper_demo(args) -> int:
         print(f"\nstandard scaling (β = N/σ²) contracts the posterior: even d = {std.n_components_} covers only "
               f"{table.loc['standard', 'cal. coverage']:.0%} of the calibration rows; mean scaling (β = 1/σ²) "
               f"needs d = {table.loc['mean', 'd']}.")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        from .plotting import plot_calibration, plot_intervals
-    except ImportError:
-        print("\n(matplotlib not installed: no plots; pip install glas-sklearn[plot])")
+    plt, out = _pyplot_and_output_dir(args)
+    if plt is None:
         return 0
-    import matplotlib.pyplot as plt
+    from .plotting import plot_calibration, plot_intervals
 
-    out = Path(args.output_dir)
-    out.mkdir(parents=True, exist_ok=True)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4))
     for ax, scaling in zip(axes, ("mean", "standard"), strict=True):
         plot_calibration(fitted[scaling], ax=ax)
