@@ -16,6 +16,8 @@ class PlacementMixin:
     parameters and the user's module)."""
 
     def _resolve_device(self) -> torch.device:
+        """``device`` as a torch device; "auto" is where a prefit module lives, else CUDA when available, else
+        the CPU."""
         if self.device == "auto":
             user = self._user_module() if self.prefit else None
             params = [] if user is None else list(user.parameters())

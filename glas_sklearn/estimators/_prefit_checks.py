@@ -44,7 +44,6 @@ def _prefit_needs_calibration_rows(name: str, classification: bool) -> str:
             "X_cal, y_cal; X stays the network's training rows (the curvature is built on them).")
 
 
-
 class PrefitChecksMixin:
     """The prefit checks and registry calls of ``LaplaceActiveSubspaceBase`` (which provides ``likelihood_``
     and sets ``_prefit_fingerprint`` to None at the start of every fit)."""
