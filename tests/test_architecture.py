@@ -235,3 +235,52 @@ def test_the_kind_check_sees_strings_isinstance_and_lik(tmp_path):
         "    return 'coverage' in col or p in ('x', 'sampled')\n")
     found = kind_branches(tmp_path)
     assert [line.split(":")[0] for line in found["m.py"]] == ["2", "2", "2", "7"]
+
+
+# ------------------------------------------------------------------------------------------- size budgets
+#: The most lines a class (its ``class`` statement to its last line, docstring included) and a module may have.
+MAX_CLASS_LINES, MAX_MODULE_LINES = 300, 600
+
+
+def size_offenders(root: Path = ROOT, max_class: int = MAX_CLASS_LINES,
+                   max_module: int = MAX_MODULE_LINES) -> list[str]:
+    """'file: N lines' for every module over ``max_module`` lines and 'file:line class Name: N lines' for every
+    class (nested ones included) over ``max_class`` lines, files relative to ``root``."""
+    out = []
+    for path in sorted(root.rglob("*.py")):
+        text = path.read_text(encoding="utf-8")
+        rel = path.relative_to(root).as_posix()
+        n_lines = len(text.splitlines())
+        if n_lines > max_module:
+            out.append(f"{rel}: {n_lines} lines (at most {max_module})")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef) and node.end_lineno - node.lineno + 1 > max_class:
+                out.append(f"{rel}:{node.lineno} class {node.name}: {node.end_lineno - node.lineno + 1} lines "
+                           f"(at most {max_class})")
+    return out
+
+
+def test_no_class_or_module_over_its_size_budget():
+    """A class that does one job stays under 300 lines, a module under 600 (issue 26): split a larger one along
+    its seams (a helper module, a mixin of one concept), not by packing lines."""
+    offenders = size_offenders()
+    assert not offenders, "over the size budget:\n" + "\n".join(offenders)
+
+
+def test_the_size_check_counts_classes_and_modules(tmp_path):
+    """The checker itself: a class of 4 lines (decorator excluded, docstring and nested class included) and a module
+    of 7 lines, against budgets just under and at those sizes."""
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "m.py").write_text(
+        "import os\n"
+        "@decorated\n"
+        "class Big:\n"
+        '    """Doc."""\n'
+        "    class Inner:\n"
+        "        x = 1\n"
+        "y = 2\n")
+    assert size_offenders(tmp_path, max_class=4, max_module=7) == []
+    assert size_offenders(tmp_path, max_class=3, max_module=6) == [
+        "sub/m.py: 7 lines (at most 6)", "sub/m.py:3 class Big: 4 lines (at most 3)"]
+    assert size_offenders(tmp_path, max_class=1, max_module=7) == [
+        "sub/m.py:3 class Big: 4 lines (at most 1)", "sub/m.py:5 class Inner: 2 lines (at most 1)"]

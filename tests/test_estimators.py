@@ -991,11 +991,22 @@ def test_every_hook_the_base_calls_is_declared_on_the_base():
     import ast
     import inspect
 
-    from glas_sklearn.estimators import _base, _inputs, _network
+    from glas_sklearn.estimators import (
+        _base,
+        _calibration_fit,
+        _inputs,
+        _network,
+        _network_training,
+        _placement,
+        _posterior_fit,
+        _prefit_checks,
+        _thread_choice,
+    )
     from glas_sklearn.estimators._base import LaplaceActiveSubspaceBase
 
     called = set()
-    for module in (_base, _inputs, _network):
+    for module in (_base, _inputs, _network, _network_training, _posterior_fit, _calibration_fit, _prefit_checks,
+                   _placement, _thread_choice):
         for node in ast.walk(ast.parse(inspect.getsource(module))):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"):

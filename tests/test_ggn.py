@@ -395,13 +395,13 @@ def test_block_product_masked_and_trimmed_sequences(reuse):
 
 
 def test_block_product_is_chunked_to_its_memory_budget(monkeypatch):
-    import glas_sklearn.ggn as ggn
+    import glas_sklearn.ggn._blocks as blocks
 
     net = mlp(n_out=2)
     X = torch.randn(30, 3, dtype=torch.float64)
     op = GGNOperator(net, X, batch_size=8)
     op.matmat(torch.zeros(op.shape[0], 2, dtype=torch.float64))  # measures the bytes per column
-    monkeypatch.setattr(ggn, "_BLOCK_BYTES", int(2.5 * op._column_bytes))
+    monkeypatch.setattr(blocks, "_BLOCK_BYTES", int(2.5 * op._column_bytes))
     widths = []
     original = op._product_block
 
@@ -475,7 +475,7 @@ def test_to_scipy_passes_whole_blocks(monkeypatch):
 
 
 def test_vectorize_blocks_choices_agree_and_auto_follows_its_rule(monkeypatch):
-    import glas_sklearn.ggn as ggn
+    import glas_sklearn.ggn._blocks as blocks
 
     net = mlp(n_out=2)
     X = _randn(30, 3, seed=40)
@@ -492,10 +492,10 @@ def test_vectorize_blocks_choices_agree_and_auto_follows_its_rule(monkeypatch):
     assert paths(GGNOperator(net, X, vectorize_blocks=True)) == [4]
     assert paths(GGNOperator(net, X, vectorize_blocks=False)) == []
     assert paths(GGNOperator(net, X)) == [4]  # auto, CPU, small columns: vectorised
-    monkeypatch.setattr(ggn, "_VECTORIZE_MAX_COLUMN_BYTES", {"cached": 0, "streamed": 1 << 40})
+    monkeypatch.setattr(blocks, "_VECTORIZE_MAX_COLUMN_BYTES", {"cached": 0, "streamed": 1 << 40})
     assert paths(GGNOperator(net, X, reuse_linearization=True)) == []  # auto, large cached columns: one by one
     assert paths(GGNOperator(net, X, reuse_linearization=False)) == [4]  # auto, small streamed columns: vectorised
-    monkeypatch.setattr(ggn, "_VECTORIZE_MAX_COLUMN_BYTES", {"cached": 1 << 40, "streamed": 0})
+    monkeypatch.setattr(blocks, "_VECTORIZE_MAX_COLUMN_BYTES", {"cached": 1 << 40, "streamed": 0})
     assert paths(GGNOperator(net, X, reuse_linearization=True)) == [4]
     assert paths(GGNOperator(net, X, reuse_linearization=False)) == []
     with pytest.raises(ValueError, match="vectorize_blocks"):

@@ -1,7 +1,8 @@
 """numpydoc fragments shared by both estimators' docstrings: each parameter and attribute is documented once
 (the estimators' ``__doc__`` are f-strings around them)."""
 
-__all__ = ["ATTRIBUTES_DOC", "NOTES_DOC", "PARAMETERS_DOC", "SAMPLE_WEIGHT_DOC"]
+__all__ = ["ATTRIBUTES_DOC", "NOTES_DOC", "PARAMETERS_DOC", "REGRESSOR_ATTRIBUTES_DOC", "REGRESSOR_PARAMETERS_DOC",
+           "SAMPLE_WEIGHT_DOC"]
 
 PARAMETERS_DOC = """\
     module : None, torch.nn.Module, skorch net or callable, default=None
@@ -291,6 +292,64 @@ ATTRIBUTES_DOC = """\
         The number of values in one row, ``prod(input_shape_)`` (the number of columns for a table).
     feature_names_in_ : ndarray of str
         Only when ``X`` has string column names (a pandas DataFrame)."""
+
+# The regressor's own parameters (after PARAMETERS_DOC) and fitted attributes (after ATTRIBUTES_DOC).
+REGRESSOR_PARAMETERS_DOC = """\
+    likelihood : "gaussian", "heteroscedastic", "student_t", "auto" or Likelihood, default="gaussian"
+        "auto": "heteroscedastic" when the estimator builds the network (``module=None``), "gaussian" for a
+        module of your own (benchmarks/results/mondrian_shift.md, variance_head.md; opt-in: no test of the
+        data's support for a varying σ(x) yet). "gaussian": y = f(x) + ε with one noise level σ per output (the
+        paper's). "heteroscedastic"
+        (:class:`~glas_sklearn.likelihoods.HeteroscedasticGaussian`): per target the network outputs a mean μ(x)
+        and a variance parameter, so the noise level σ(x) varies with x. The default MLP then has 2k outputs
+        [μ_1 … μ_k, log σ²_1 … log σ²_k] and is trained with β-NLL (Seitzer et al. 2022; ``beta_nll=0.5`` of the
+        likelihood object; the plain NLL starves the mean of gradient where σ is large). A module of your own
+        (trained here, or ``prefit``) must output 2k columns in the layout it declares:
+        ``HeteroscedasticGaussian(output="mean_logvar")`` (means, then log-variances) or ``output="natural"``
+        (η1 = μ/σ², then η2 = −1/(2σ²) < 0; end the module with
+        :class:`~glas_sklearn.likelihoods.NaturalParameterHead` to map free outputs there). The curvature is
+        the GGN with the Fisher output Hessian diag(1/σ², ½) (exact Hessian in natural parameters), β = N under
+        ``scaling="auto"``, and the predictive for y is N(μ(x), σ²(x) + σ_epi²(x)), σ_epi² the posterior
+        variance of the mean output (linearised J_μ Σ J_μᵀ, or sampled); conformal scores are normalised by
+        that total σ̂, and ``calibration="coverage"`` chooses d on its Gaussian intervals. ``include_noise``
+        does not apply (σ(x) is always included). "student_t"
+        (:class:`~glas_sklearn.likelihoods.StudentT`, ν = 4 by name; pass ``StudentT(df=...)`` for another ν):
+        heavy-tailed noise; its intervals for y (``include_noise=True``) are the quantiles of f + s t_ν. Any
+        :class:`~glas_sklearn.likelihoods.Likelihood` of regression that names its default conformity score plugs
+        in the same way (the regressor asks the object, never its kind).
+    noise_std : "auto", "calibration", "training" or float, default="auto"
+        Observation-noise standard deviation σ in β: from the residuals of the held-out calibration rows
+        ("calibration"), from the training residuals ("training", the paper's choice), or given (in the
+        units of y). "auto" takes the calibration residuals when there are at least 30 calibration rows and
+        the training residuals otherwise: a network that fits its training data closely understates σ from
+        its training residuals (11–22× in σ² for the paper's 10⁶-weight concrete network), which inflates β and d
+        and under-covers new data (benchmarks/results/paper_concrete.md). For small, well-regularised networks
+        the training residuals are unbiased enough and give somewhat narrower intervals (benchmarks/results/uci.md:
+        about 7 % better interval scores), so "training" is the better choice there. The same calibration rows
+        also choose d. With ``calibration="conformal"``, "auto" is "training": σ from the calibration rows
+        would make the scores depend on those rows and void the finite-sample guarantee (a warning says so
+        when "calibration" is asked for).
+    include_noise : bool, default=False
+        False (the paper): intervals, ``predict(return_std=True)`` and ``sample_y`` describe the network
+        output f(x; θ) under the weight posterior, and d is chosen so that these intervals cover y.
+        True: they describe y = f(x; θ) + ε with ε ~ N(0, σ²), σ = ``noise_std_`` per output (exact
+        Gaussian-mixture quantiles for the sampled predictive), and d is chosen for those intervals:
+        prediction intervals in the usual statistical sense, usually reaching the level at a smaller d.
+        With ``calibration="conformal"`` the intervals are for y either way; ``include_noise`` sets the
+        scale the scores are normalised by, σ̂² = σ_f² (False) or σ_f² + σ² (True), which
+        ``predict(return_std=True)`` returns (times ``std_scale_``)."""
+
+REGRESSOR_ATTRIBUTES_DOC = """\
+    noise_source_ : {"calibration", "training", "given", "heteroscedastic"}
+        Where σ came from ("heteroscedastic": the network's own σ(x), see :meth:`predict_noise_std`).
+    noise_std_ : float or ndarray
+        σ in the units of y (per output for multi-output y); heteroscedastic: the root mean σ²(x) over the
+        training rows.
+    std_scale_ : ndarray of shape (n_outputs,)
+        With ``calibration="conformal"``: the root mean square of the calibration scores ``|y − ŷ|/σ̂``, the
+        Gaussian maximum-likelihood scale by which ``predict(return_std=True)`` multiplies σ̂ (ones otherwise).
+    y_mean_, y_scale_ : ndarray
+        The internal standardisation of the targets (zeros and ones when off or prefit)."""
 
 # The sample_weight parameter of both estimators' fit.
 SAMPLE_WEIGHT_DOC = """\

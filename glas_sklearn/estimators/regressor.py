@@ -3,33 +3,38 @@
 from __future__ import annotations
 
 import numbers
-import warnings
 
 import numpy as np
 import torch
 from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
-from torch import nn
 
 from .._checks import make_generator, numpy_rng
-from .._functional import eval_view, model_outputs
+from .._functional import model_outputs
 from .._threads import scoped_threads
-from ..laplace import residual_noise_variance
 from ..likelihoods import REGRESSION_LIKELIHOODS, Likelihood, resolve_likelihood
 from ._base import LaplaceActiveSubspaceBase
-from ._docs import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, SAMPLE_WEIGHT_DOC
+from ._docs import (
+    ATTRIBUTES_DOC,
+    NOTES_DOC,
+    PARAMETERS_DOC,
+    REGRESSOR_ATTRIBUTES_DOC,
+    REGRESSOR_PARAMETERS_DOC,
+    SAMPLE_WEIGHT_DOC,
+)
+from ._observation_noise import NOISE_SOURCES, ObservationNoiseMixin
+from ._output_layout import OutputLayoutMixin
+from ._regression_targets import RegressionTargetsMixin
 from ._validation import BOOLEAN, InstanceOf, Interval, Options
 
 __all__ = ["LaplaceActiveSubspaceRegressor"]
 
-_NOISE_SOURCES = ("auto", "calibration", "training")
 # The likelihood names the regressor takes (resolve_likelihood turns them into objects).
 _LIKELIHOODS = (*REGRESSION_LIKELIHOODS, "auto")
-# Below this many held-out rows the residual variance is too noisy to prefer it over the training residuals.
-_MIN_CALIBRATION_ROWS_FOR_NOISE = 30
 
 
-class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
+class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMixin, OutputLayoutMixin, RegressorMixin,
+                                     LaplaceActiveSubspaceBase):
     __doc__ = f"""Regression with a torch network and generalized Laplace active-subspace uncertainty.
 
     ``fit`` trains the network (unless ``prefit``), builds the generalized Gauss-Newton matrix of the
@@ -43,62 +48,11 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     Parameters
     ----------
 {PARAMETERS_DOC}
-    likelihood : "gaussian", "heteroscedastic", "student_t", "auto" or Likelihood, default="gaussian"
-        "auto": "heteroscedastic" when the estimator builds the network (``module=None``), "gaussian" for a
-        module of your own (benchmarks/results/mondrian_shift.md, variance_head.md; opt-in: no test of the
-        data's support for a varying σ(x) yet). "gaussian": y = f(x) + ε with one noise level σ per output (the
-        paper's). "heteroscedastic"
-        (:class:`~glas_sklearn.likelihoods.HeteroscedasticGaussian`): per target the network outputs a mean μ(x)
-        and a variance parameter, so the noise level σ(x) varies with x. The default MLP then has 2k outputs
-        [μ_1 … μ_k, log σ²_1 … log σ²_k] and is trained with β-NLL (Seitzer et al. 2022; ``beta_nll=0.5`` of the
-        likelihood object; the plain NLL starves the mean of gradient where σ is large). A module of your own
-        (trained here, or ``prefit``) must output 2k columns in the layout it declares:
-        ``HeteroscedasticGaussian(output="mean_logvar")`` (means, then log-variances) or ``output="natural"``
-        (η1 = μ/σ², then η2 = −1/(2σ²) < 0; end the module with
-        :class:`~glas_sklearn.likelihoods.NaturalParameterHead` to map free outputs there). The curvature is
-        the GGN with the Fisher output Hessian diag(1/σ², ½) (exact Hessian in natural parameters), β = N under
-        ``scaling="auto"``, and the predictive for y is N(μ(x), σ²(x) + σ_epi²(x)), σ_epi² the posterior
-        variance of the mean output (linearised J_μ Σ J_μᵀ, or sampled); conformal scores are normalised by
-        that total σ̂, and ``calibration="coverage"`` chooses d on its Gaussian intervals. ``include_noise``
-        does not apply (σ(x) is always included). "student_t"
-        (:class:`~glas_sklearn.likelihoods.StudentT`, ν = 4 by name; pass ``StudentT(df=...)`` for another ν):
-        heavy-tailed noise; its intervals for y (``include_noise=True``) are the quantiles of f + s t_ν. Any
-        :class:`~glas_sklearn.likelihoods.Likelihood` of regression that names its default conformity score plugs
-        in the same way (the regressor asks the object, never its kind).
-    noise_std : "auto", "calibration", "training" or float, default="auto"
-        Observation-noise standard deviation σ in β: from the residuals of the held-out calibration rows
-        ("calibration"), from the training residuals ("training", the paper's choice), or given (in the
-        units of y). "auto" takes the calibration residuals when there are at least 30 calibration rows and
-        the training residuals otherwise: a network that fits its training data closely understates σ from
-        its training residuals (11–22× in σ² for the paper's 10⁶-weight concrete network), which inflates β and d
-        and under-covers new data (benchmarks/results/paper_concrete.md). For small, well-regularised networks
-        the training residuals are unbiased enough and give somewhat narrower intervals (benchmarks/results/uci.md:
-        about 7 % better interval scores), so "training" is the better choice there. The same calibration rows
-        also choose d. With ``calibration="conformal"``, "auto" is "training": σ from the calibration rows
-        would make the scores depend on those rows and void the finite-sample guarantee (a warning says so
-        when "calibration" is asked for).
-    include_noise : bool, default=False
-        False (the paper): intervals, ``predict(return_std=True)`` and ``sample_y`` describe the network
-        output f(x; θ) under the weight posterior, and d is chosen so that these intervals cover y.
-        True: they describe y = f(x; θ) + ε with ε ~ N(0, σ²), σ = ``noise_std_`` per output (exact
-        Gaussian-mixture quantiles for the sampled predictive), and d is chosen for those intervals:
-        prediction intervals in the usual statistical sense, usually reaching the level at a smaller d.
-        With ``calibration="conformal"`` the intervals are for y either way; ``include_noise`` sets the
-        scale the scores are normalised by, σ̂² = σ_f² (False) or σ_f² + σ² (True), which
-        ``predict(return_std=True)`` returns (times ``std_scale_``).
+{REGRESSOR_PARAMETERS_DOC}
     Attributes
     ----------
 {ATTRIBUTES_DOC}
-    noise_source_ : {{"calibration", "training", "given", "heteroscedastic"}}
-        Where σ came from ("heteroscedastic": the network's own σ(x), see :meth:`predict_noise_std`).
-    noise_std_ : float or ndarray
-        σ in the units of y (per output for multi-output y); heteroscedastic: the root mean σ²(x) over the
-        training rows.
-    std_scale_ : ndarray of shape (n_outputs,)
-        With ``calibration="conformal"``: the root mean square of the calibration scores ``|y − ŷ|/σ̂``, the
-        Gaussian maximum-likelihood scale by which ``predict(return_std=True)`` multiplies σ̂ (ones otherwise).
-    y_mean_, y_scale_ : ndarray
-        The internal standardisation of the targets (zeros and ones when off or prefit).
+{REGRESSOR_ATTRIBUTES_DOC}
 
     Notes
     -----
@@ -120,7 +74,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     _parameter_constraints: dict = {
         **LaplaceActiveSubspaceBase._parameter_constraints,
         "likelihood": [Options(*_LIKELIHOODS), InstanceOf(Likelihood, "a glas_sklearn.likelihoods.Likelihood")],
-        "noise_std": [Options(*_NOISE_SOURCES), Interval(numbers.Real, 0, None, closed="neither")],
+        "noise_std": [Options(*NOISE_SOURCES), Interval(numbers.Real, 0, None, closed="neither")],
         "include_noise": [BOOLEAN],
     }
 
@@ -177,113 +131,6 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         # (benchmarks/results/uci_intervals.md, uci_shift.md).
         return "eb_subspace"
 
-    def _validate_train(self, X, y):
-        X, y = self._validate_X(X, y, reset=True, multi_output=True, y_numeric=True)
-        if X.shape[0] < 3:
-            raise ValueError(f"LaplaceActiveSubspaceRegressor needs at least 3 samples (training and calibration "
-                             f"rows), got n_samples={X.shape[0]}.")
-        y = np.asarray(y, dtype=np.float64)
-        if y.ndim == 2 and y.shape[1] == 0:
-            raise ValueError("y has 0 columns; at least one target is needed.")
-        self._y_1d = y.ndim == 1
-        self._n_out = 1 if y.ndim == 1 else y.shape[1]
-        if self.include_noise and self.likelihood_.noise_in_outputs:
-            raise ValueError("LaplaceActiveSubspaceRegressor: include_noise applies to a likelihood with a constant "
-                             f"noise; with likelihood={self.likelihood!r} the intervals and std are always for y (the "
-                             "network's σ(x) is the noise): leave include_noise=False.")
-        return X, y
-
-    def _validate_calibration(self, X_cal, y_cal):
-        X_cal, y_cal = self._validate_X(X_cal, y_cal, reset=False, multi_output=True, y_numeric=True)
-        y_cal = np.asarray(y_cal, dtype=np.float64)
-        expected = (X_cal.shape[0],) if self._y_1d else (X_cal.shape[0], self._n_out)
-        if y_cal.shape != expected and not (self._y_1d and y_cal.shape == (X_cal.shape[0], 1)):
-            raise ValueError(f"y_cal has shape {y_cal.shape}, but y had {self._n_out} output(s): expected {expected}.")
-        return X_cal, y_cal.reshape(expected)
-
-    def _n_outputs(self, y) -> int:
-        return self.likelihood_.n_outputs(1 if y.ndim == 1 else y.shape[1])
-
-    def _build_module(self, n_features: int, n_outputs: int, seed: int) -> nn.Module:
-        module = super()._build_module(n_features, n_outputs, seed)
-        return module if self.module is not None else self.likelihood_.wrap_module(module)
-
-    def _check_output_shape(self, module, x1, n_outputs) -> None:
-        try:
-            with torch.no_grad():
-                out = eval_view(module)(x1)
-        except (RuntimeError, TypeError, IndexError, ValueError):  # reported by the base check
-            out = None
-        if isinstance(out, torch.Tensor):
-            try:
-                self.likelihood_.check_module_output(out, n_outputs)
-            except ValueError as err:
-                raise ValueError(f"LaplaceActiveSubspaceRegressor: {err}") from err
-        super()._check_output_shape(module, x1, n_outputs)
-
-    def _fit_scalers(self, X, y, sample_weight=None) -> None:
-        super()._fit_scalers(X, y, sample_weight)
-        Y = y.reshape(len(y), -1)
-        if self.standardize is not False and not self.prefit:
-            self.y_mean_, scale = self._standardisation(Y, sample_weight, "y")
-            scale[~(scale > 0)] = 1.0
-            self.y_scale_ = scale
-        else:
-            self.y_mean_ = np.zeros(Y.shape[1])
-            self.y_scale_ = np.ones(Y.shape[1])
-
-    def _target_tensor(self, y, device, dtype) -> torch.Tensor:
-        Y = (y.reshape(len(y), -1) - self.y_mean_) / self.y_scale_
-        return self._to_tensor(Y, device, dtype, "y")
-
-    _calibration_targets = _target_tensor
-
-    def _table_in_user_units(self, table):
-        if len(self.y_scale_) == 1 and "mean_width" in table:
-            table = table.assign(mean_width=table["mean_width"] * float(self.y_scale_[0]))
-        return table
-
-    def _noise_var(self, module, Xt, yt, Xc, yc, sample_weight=None):
-        """σ² for β (pooled over outputs, internal units; training residuals weighted by ``sample_weight``,
-        calibration residuals unweighted); the per-output values are kept for intervals. Heteroscedastic: no σ²
-        enters β; the mean of σ²(x) over the training rows is kept for ``noise_std_``."""
-        if self.likelihood_.noise_in_outputs:
-            out = model_outputs(module, Xt)
-            self.likelihood_.check_output(out, "the module")
-            self.noise_source_ = self.likelihood_.name
-            var = self.likelihood_.noise_variance(out).to(torch.float64)
-            self._noise_var_out = var.reshape(len(out), -1).mean(0).cpu().numpy()
-            return None
-        source = self.noise_std
-        if source == "auto":
-            enough = len(Xc) >= _MIN_CALIBRATION_ROWS_FOR_NOISE
-            source = "calibration" if enough and not self._calibrator().requires_fixed_predictor else "training"
-        elif source == "calibration" and self._calibrator().requires_fixed_predictor:
-            warnings.warn("LaplaceActiveSubspaceRegressor: noise_std='calibration' with calibration='conformal' "
-                          "estimates σ from the calibration rows, so the conformal scores depend on those rows "
-                          "and the coverage guarantee is only approximate; use noise_std='training' or a "
-                          "given σ for the exact guarantee.", UserWarning, stacklevel=4)
-        self.noise_source_ = source if isinstance(source, str) else "given"
-        if source == "training":
-            per_output = residual_noise_variance(module, Xt, yt, per_output=True, sample_weight=sample_weight)
-        elif source == "calibration":
-            if len(Xc) < 2:
-                raise ValueError(f"noise_std='calibration' needs at least 2 calibration rows, got {len(Xc)}.")
-            per_output = residual_noise_variance(module, Xc, yc, per_output=True)
-        else:
-            per_output = (float(self.noise_std) / self.y_scale_) ** 2
-        self._noise_var_out = np.asarray(per_output, dtype=np.float64)
-        return float(np.mean(self._noise_var_out))
-
-    def _set_noise(self) -> None:
-        std = np.sqrt(self._noise_var_out) * self.y_scale_
-        if not isinstance(self.noise_std, str):
-            std = np.full_like(std, float(self.noise_std))  # a given σ is reported exactly as given
-        self.noise_std_ = float(std[0]) if self._y_1d else std
-
-    def _interval_noise_var(self):
-        return self._noise_var_out if self.include_noise else 0.0
-
     def _choose_dimension(self, Xc, yc, seed: int) -> None:
         super()._choose_dimension(Xc, yc, seed)
         self._set_std_scale()
@@ -337,12 +184,6 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         mean, std, bounds = self._predict_in_chunks(rows, self._n_out, lambda rows: self._predictive(rows, levels),
                                                     finite=lambda part: torch.stack([part[0], part[1]]))
         return mean, std, bounds
-
-    def _to_user_units(self, t: torch.Tensor, shift: bool = True) -> np.ndarray:
-        out = t.detach().cpu().double().numpy() * self.y_scale_.reshape((-1,) + (1,) * (t.ndim - 2))
-        if shift:
-            out = out + self.y_mean_.reshape((-1,) + (1,) * (t.ndim - 2))
-        return out
 
     @scoped_threads
     def predict(self, X, return_std: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
