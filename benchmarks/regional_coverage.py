@@ -11,22 +11,31 @@ Two studies, each method's intervals scored overall and per region with :mod:`gl
 - ``uci``: the four dev sets, standard splits (``--splits``); the training rows split 90/10 into fitting and
   calibration rows (seeded by the split, as ``uci_heteroscedastic.py``); coverage per σ̂ quintile pooled over splits.
 
-Methods (one calibration set each, level 0.9): ``default`` (``LaplaceActiveSubspaceRegressor()`` with its own training,
-homoscedastic, conformal) and ``het`` (``likelihood="heteroscedastic"``), each also with Mondrian conformal over σ̂
-bins (``*_mondrian``: ``MondrianConformalCalibrator()``, n_bins "auto" with ``min_bin_size=100``; ``*_mondrian30``:
-``min_bin_size=30``), computed from the fitted estimator's moments on the same calibration rows (the same numbers as
+Methods (one calibration set each, level 0.9; :data:`METHODS` describes every row): ``default``
+(``LaplaceActiveSubspaceRegressor(random_state=seed)``: whatever the default is when the script runs) and
+``default_before`` (the default of 03f817a pinned argument by argument: homoscedastic Gaussian, split conformal on
+``|y − ŷ|/σ̂``), ``het`` (``likelihood="heteroscedastic"``), each GLAS row also with Mondrian conformal over σ̂ bins
+(``*_mondrian``: ``MondrianConformalCalibrator()``, n_bins "auto" with ``min_bin_size=100``; ``*_mondrian30``:
+``min_bin_size=30``) computed from the fitted estimator's moments on the same calibration rows (the same numbers as
 ``calibration=MondrianConformalCalibrator(...)``: checked on the first synthetic seed, ``mondrian_check`` in the
-JSON); ``split_nn``: MAPIE split conformal (absolute residual) around the default's network; ``split_hgb`` and
-``cqr_hgb``: MAPIE split conformal and CQR around HistGradientBoosting (mean; quantiles 0.05 / 0.95 / 0.5).
-Per region: the method's own σ̂ (the half-width for the MAPIE rows), the default's σ̂ (``ref``, the same regions for
-every method), the true σ(x) (``noise``, synthetic); the worst-slab coverage over standardised test inputs (2000
-rows, δ = 0.1, 100 directions).
+JSON); the anchors: ``split_nn`` (MAPIE split conformal around ``default_before``'s network, the reference of every
+IS ratio), ``norm_nn`` / ``norm_mapie`` (MAPIE's ``ResidualNormalisedScore`` around the same network, its residual
+model a network the size of ours fitted on the fitting rows / MAPIE's default), ``cqr_nn`` (CQR with a quantile
+network the size of ours), ``ensemble`` / ``ensemble_cp`` (5 mean/log-variance networks the size of ours, raw
+Gaussian mixture / std-normalised conformal), ``laplace_kron`` / ``laplace_kron_cp`` (laplace-torch Kron on
+``default_before``'s network, raw / std-normalised conformal), ``split_hgb`` and ``cqr_hgb`` (MAPIE around
+HistGradientBoosting). Per region: the method's own σ̂ (the half-width for rows without one), ``default_before``'s σ̂
+(``ref``, the same regions for every method), the true σ(x) (``noise``, synthetic); the worst-slab coverage over
+standardised test inputs (2000 rows, δ = 0.1, 100 directions). ``--methods`` picks rows, ``--sets`` shapes or data
+sets. Timing: one full run of each study on an idle 2-core machine, 1 torch thread: see the report of issue 27's
+benchmark branch (CPU seconds per method and run are in the JSON, ``cpu_seconds``).
 
 Usage::
 
     python benchmarks/regional_coverage.py --study synthetic --seeds 3 --tag synthetic
     python benchmarks/regional_coverage.py --study uci --splits 20 --tag uci
     python benchmarks/regional_coverage.py --merge synthetic uci      # → regional_coverage.json / .md
+    python benchmarks/regional_coverage.py --study uci --quick --methods default default_before split_nn --tag x
     python benchmarks/regional_coverage.py --report-only
 """
 
@@ -70,8 +79,12 @@ METHODS = [
     ("het_mondrian", "heteroscedastic + Mondrian (min_bin_size 100)"),
     ("het_mondrian30", "heteroscedastic + Mondrian (min_bin_size 30)"),
     ("split_nn", "split conformal (MAPIE, absolute residual) around `default_before`'s network"),
-    ("norm_nn", "MAPIE's residual-normalised score (`ResidualNormalisedScore()`: LinearRegression on log|residual|, "
-                "fitted on 25 % of the calibration rows, the rest conformalise) around `default_before`'s network"),
+    ("norm_nn", "MAPIE's residual-normalised score around `default_before`'s network, the residual model a network "
+                "the size of ours fitted to log|y − ŷ| of the fitting rows (prefit; Lei et al. 2018 / Romano et al.'s "
+                "\"MAD network\" recipe in MAPIE's log form)"),
+    ("norm_mapie", "MAPIE's residual-normalised score with MAPIE's defaults (`ResidualNormalisedScore()`: "
+                   "LinearRegression on log|y − ŷ| of 25 % of the calibration rows, the rest conformalise) around "
+                   "`default_before`'s network"),
     ("cqr_nn", "CQR (MAPIE) with a quantile network the size of ours (50-50 tanh, outputs q0.05 / q0.95 / q0.5, "
                "pinball loss)"),
     ("ensemble", "deep ensemble: 5 mean/log-variance networks the size of ours, Gaussian NLL, mixture "
@@ -197,11 +210,19 @@ def split_conformal(predict, X_cal, y_cal, X_te, score="absolute"):
     return scr.predict_interval(X_te)[1][:, :, 0]
 
 
-def normalised_conformal(predict, X_cal, y_cal, X_te, seed):
-    """MAPIE's ``ResidualNormalisedScore`` with its defaults (a LinearRegression of log|y − ŷ| fitted on a random
-    25 % of the calibration rows, the other 75 % conformalise)."""
+def normalised_conformal(predict, X_cal, y_cal, X_te, seed, X_fit=None, y_fit=None):
+    """MAPIE's ``ResidualNormalisedScore`` around ``predict``: with ``X_fit, y_fit``, its residual model is a network
+    the size of ours fitted to log|y − ŷ| of those rows (prefit: all calibration rows conformalise); without, MAPIE's
+    defaults (a LinearRegression of log|y − ŷ| fitted on a random 25 % of the calibration rows, the rest
+    conformalise)."""
     from mapie.conformity_scores import ResidualNormalisedScore
-    return split_conformal(predict, X_cal, y_cal, X_te, score=ResidualNormalisedScore(random_state=seed))
+    if X_fit is None:
+        return split_conformal(predict, X_cal, y_cal, X_te, score=ResidualNormalisedScore(random_state=seed))
+    target = np.log(np.maximum(np.abs(y_fit - predict(X_fit)), 1e-12))
+    nets, (mx, sx, my, sy), _ = train_anchor_nets(X_fit, target, 1, 1, _common.members_loss, seed + 7)
+    log_mad = _common.OutputColumn(nets[0], 0, mx, sx, my, sy)
+    mad = _Prefit(lambda X: np.exp(log_mad.predict(X)), X_fit.shape[1])  # MAPIE's prefit model predicts |y − ŷ|
+    return split_conformal(predict, X_cal, y_cal, X_te, score=ResidualNormalisedScore(mad, prefit=True))
 
 
 def _standardise(X_fit, y_fit):
@@ -366,7 +387,9 @@ def run_methods(X_fit, y_fit, X_cal, y_cal, X_te, y_te, seed, extra_columns, che
     if "split_nn" in want:
         put("split_nn", timed("split_nn", split_conformal, before.predict, X_cal, y_cal, X_te))
     if "norm_nn" in want:
-        put("norm_nn", timed("norm_nn", normalised_conformal, before.predict, X_cal, y_cal, X_te, seed))
+        put("norm_nn", timed("norm_nn", normalised_conformal, before.predict, X_cal, y_cal, X_te, seed, X_fit, y_fit))
+    if "norm_mapie" in want:
+        put("norm_mapie", timed("norm_mapie", normalised_conformal, before.predict, X_cal, y_cal, X_te, seed))
     if "cqr_nn" in want:
         put("cqr_nn", timed("cqr_nn", cqr_nn, X_fit, y_fit, X_cal, y_cal, X_te, seed))
     if want & {"ensemble", "ensemble_cp"}:
