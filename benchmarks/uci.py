@@ -432,7 +432,8 @@ def table_markdown(name: str, summary: dict, n_splits: int, train_seconds: tuple
     lines.append("")
     if regional:
         lines.append("Per-region columns: coverage in the quintiles of the interval width (the σ̂ quintiles for "
-                     "intervals ŷ ± q σ̂; one bin of ties for a constant width), averaged over the splits, lowest and "
+                     "intervals ŷ ± q σ̂; for a constant width, as split conformal's, they follow the row order and "
+                     "say nothing), averaged over the splits, lowest and "
                      "highest; worst-slab coverage over the standardised test inputs (slabs of ≥ 10 % of the test "
                      "rows, 100 directions), mean over the splits.")
         lines.append("")
