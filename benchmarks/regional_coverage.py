@@ -513,7 +513,10 @@ def _methods_header(results):
 
 
 def render(results) -> str:
-    lines = ["# Coverage per region (90 % intervals)", "", f"`{results['command']}`", "",
+    size = [f"{len({r['seed'] for r in results.get('synthetic', [])})} synthetic seed(s)"] if results.get("synthetic") \
+        else []
+    size += [f"{len({r['split'] for r in results['uci']})} UCI split(s)"] if results.get("uci") else []
+    lines = ["# Coverage per region (90 % intervals): " + ", ".join(size), "", f"`{results['command']}`", "",
              _common.machine_line(results["machine"]), "",
              f"Date {results['date']}. 1 torch thread. Methods: " + _methods_header(results) + ".", "",
              f"Per region: coverage (%) per quintile of the method's own σ̂ (the half-width for the rows without one; "
