@@ -13,6 +13,7 @@ import argparse
 import copy
 import datetime as _dt
 import json
+import math
 import os
 import platform
 import sys
@@ -23,6 +24,7 @@ from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
+from sklearn.base import BaseEstimator, RegressorMixin
 from torch import nn
 
 HERE = Path(__file__).resolve().parent
@@ -100,6 +102,220 @@ def n_weights(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
+
+class BatchedMLP(nn.Module):
+    """E independent tanh MLPs ``n_in → hidden → n_out`` evaluated together: member e sees its own inputs x[e].
+
+    ``hidden`` is one width (one hidden layer) or a sequence of widths. The weights are drawn as
+    ``torch.nn.Linear``'s default initialisation, layer by layer (W then b), from a generator seeded with ``seed``.
+    """
+
+    def __init__(self, n_members: int, n_in: int, hidden: int | Sequence[int], seed: int, n_out: int = 1):
+        super().__init__()
+        g = torch.Generator().manual_seed(seed)
+        self.widths = [n_in, *((hidden,) if isinstance(hidden, int) else tuple(hidden)), n_out]
+
+        def uniform(shape, fan_in):  # torch.nn.Linear's default initialisation
+            bound = 1.0 / math.sqrt(fan_in)
+            return nn.Parameter((torch.rand(shape, generator=g) * 2 - 1) * bound)
+
+        for i, (a, b) in enumerate(zip(self.widths[:-1], self.widths[1:], strict=True), start=1):
+            setattr(self, f"W{i}", uniform((n_members, a, b), a))
+            setattr(self, f"b{i}", uniform((n_members, 1, b), a))
+
+    def forward(self, x):  # x: (E, n, p) -> (E, n, n_out)
+        n_layers = len(self.widths) - 1
+        for i in range(1, n_layers + 1):
+            x = torch.baddbmm(getattr(self, f"b{i}"), x, getattr(self, f"W{i}"))
+            if i < n_layers:
+                x = torch.tanh(x)
+        return x
+
+    def member(self, e: int) -> nn.Sequential:
+        """Member e as a plain ``nn.Sequential`` (:func:`mlp`), in eval mode."""
+        net = mlp(self.widths[0], self.widths[1:-1], self.widths[-1])
+        linears = [m for m in net if isinstance(m, nn.Linear)]
+        with torch.no_grad():
+            for i, lin in enumerate(linears, start=1):
+                lin.weight.copy_(getattr(self, f"W{i}")[e].T)
+                lin.bias.copy_(getattr(self, f"b{i}")[e, 0])
+        return net.eval()
+
+
+def members_loss(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """The sum of the members' mean squared errors (pred, target: (E, b, 1))."""
+    return ((pred - target) ** 2).mean(dim=(1, 2)).sum()
+
+
+def het_members_loss(likelihood):
+    """The sum of the members' mean (β-)NLL of a ``HeteroscedasticGaussian`` likelihood (outputs (E, b, 2):
+    mean and log-variance)."""
+    def loss(pred, target):
+        terms = likelihood.nll_terms(pred, target)
+        if likelihood.beta_nll > 0:
+            terms = terms * likelihood.noise_variance(pred).detach() ** likelihood.beta_nll
+        return terms.mean(dim=(1, 2)).sum()
+    return loss
+
+
+def pinball_loss(quantiles: Sequence[float]):
+    """The members' summed mean pinball loss of outputs (E, b, len(quantiles)), one column per quantile (the mean
+    over the columns times their number: each quantile's loss at full weight)."""
+    def loss(pred, target):
+        q = torch.tensor(quantiles, dtype=pred.dtype)
+        r = target - pred
+        return torch.maximum(q * r, (q - 1) * r).mean(dim=(1, 2)).sum() * len(quantiles)
+    return loss
+
+
+class InOriginalUnits(nn.Module):
+    """A network trained on standardised data, seen in the original units: x ↦ net((x − mx)/sx)·sy + my.
+    The standardisation is held in buffers, so the weights (and D) are those of ``net``."""
+
+    def __init__(self, net: nn.Module, mx, sx, my: float, sy: float):
+        super().__init__()
+        self.net = net
+        self.register_buffer("mx", torch.as_tensor(mx, dtype=torch.float32))
+        self.register_buffer("sx", torch.as_tensor(sx, dtype=torch.float32))
+        self.register_buffer("my", torch.tensor(float(my), dtype=torch.float32))
+        self.register_buffer("sy", torch.tensor(float(sy), dtype=torch.float32))
+
+    def forward(self, x):
+        return self.net((x - self.mx) / self.sx) * self.sy + self.my
+
+
+class HetInOriginalUnits(nn.Module):
+    """A mean/log-variance network trained on standardised data, in the original units: μ·sy + my, s + 2 log sy."""
+
+    def __init__(self, net, mx, sx, my, sy):
+        super().__init__()
+        self.net = net
+        self.register_buffer("mx", torch.as_tensor(mx, dtype=torch.float32))
+        self.register_buffer("sx", torch.as_tensor(sx, dtype=torch.float32))
+        self.register_buffer("shift", torch.tensor([float(my), 2 * math.log(sy)], dtype=torch.float32))
+        self.register_buffer("scale", torch.tensor([float(sy), 1.0], dtype=torch.float32))
+
+    def forward(self, x):
+        return self.net((x - self.mx) / self.sx) * self.scale + self.shift
+
+
+def predict_module(module: nn.Module, X: np.ndarray) -> np.ndarray:
+    """Output 0 of a float32 torch module on numpy rows, as float64 numpy."""
+    with torch.no_grad():
+        return module(torch.as_tensor(X, dtype=torch.float32))[:, 0].double().numpy()
+
+
+def het_outputs(net: nn.Module, X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and variance of a mean/log-variance network (:class:`HetInOriginalUnits`) on numpy rows."""
+    with torch.no_grad():
+        out = net(torch.as_tensor(X, dtype=torch.float32)).double().numpy()
+    return out[:, 0], np.exp(np.clip(out[:, 1], -30, 30))
+
+
+def mixture_moments(nets: Sequence[nn.Module], X: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Mean and variance of the equal mixture of the members' Gaussians N(μ_e, σ_e²) (a deep ensemble of
+    mean/log-variance networks, Lakshminarayanan et al. 2017): mean of μ_e, mean of (σ_e² + μ_e²) − mean²."""
+    outs = [het_outputs(n, X) for n in nets]
+    mus = np.stack([m for m, _ in outs])
+    mu = mus.mean(0)
+    return mu, np.maximum(np.mean([v + m ** 2 for m, v in outs], axis=0) - mu ** 2, 1e-300)
+
+
+class TorchPrefitRegressor(RegressorMixin, BaseEstimator):
+    """The smallest scikit-learn regressor around an already-trained torch module (for MAPIE, prefit)."""
+
+    def __init__(self, module=None):
+        self.module = module
+
+    def fit(self, X, y):  # never called with prefit=True
+        raise NotImplementedError("TorchPrefitRegressor wraps an already trained network.")
+
+    def predict(self, X):
+        return predict_module(self.module, np.asarray(X, dtype=np.float64))
+
+    def __sklearn_is_fitted__(self):
+        return True
+
+
+class OutputColumn(RegressorMixin, BaseEstimator):
+    """One output column of a trained torch module in original units, as a fitted scikit-learn regressor."""
+
+    def __init__(self, module=None, column=0, mx=None, sx=None, my=0.0, sy=1.0):
+        self.module, self.column, self.mx, self.sx, self.my, self.sy = module, column, mx, sx, my, sy
+
+    def fit(self, X, y):
+        raise NotImplementedError("OutputColumn wraps an already trained network.")
+
+    def predict(self, X):
+        x = torch.as_tensor((np.asarray(X, dtype=np.float64) - self.mx) / self.sx, dtype=torch.float32)
+        with torch.no_grad():
+            return self.module(x)[:, self.column].double().numpy() * self.sy + self.my
+
+    def __sklearn_is_fitted__(self):
+        return True
+
+
+# ------------------------------------------------------------------------------------------------- peers
+def package_version(name: str) -> str | None:
+    """The installed version of a distribution, or None."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return None
+
+
+def import_laplace_torch():
+    """laplace-torch's ``Laplace``, or None. torchmetrics (which laplace-torch imports) imports torchvision whenever
+    its distribution is installed, and a torchvision built for another torch fails at import with a RuntimeError;
+    torchvision is not needed here, so it is hidden from that availability check before importing."""
+    try:
+        if "torchvision" not in sys.modules:
+            try:
+                import torchvision  # noqa: F401
+            except Exception:  # noqa: BLE001 - a broken build: hide it
+                sys.modules["torchvision"] = None  # later `import torchvision` raises ImportError
+                try:
+                    import lightning_utilities.core.imports as lui
+                    original = lui.RequirementCache.__bool__
+
+                    def _without_torchvision(self, _orig=original):
+                        name = str(getattr(self, "requirement", None) or getattr(self, "module", None) or "")
+                        return False if name.startswith("torchvision") else _orig(self)
+
+                    lui.RequirementCache.__bool__ = _without_torchvision
+                except ImportError:
+                    pass
+        import laplace  # noqa: F401
+        from laplace import Laplace
+        return Laplace
+    except Exception as err:  # noqa: BLE001
+        print(f"laplace-torch not available ({type(err).__name__}: {err}); skipping it.", flush=True)
+        return None
+
+
+def laplace_kron(Laplace, net: nn.Module, X_fit: np.ndarray, y_fit: np.ndarray, noise_std: float):
+    """laplace-torch's full-network Kronecker-factored GGN Laplace on ``net`` (a copy), σ fixed to ``noise_std``,
+    prior precision by marginal likelihood; returns ``predict(X) -> (mean, variance of f)`` (GLM predictive) and
+    the fitted prior precision (mean over its entries)."""
+    from torch.utils.data import DataLoader, TensorDataset
+    model = copy.deepcopy(net)  # laplace-torch may hook into the model; keep ours untouched
+    loader = DataLoader(TensorDataset(torch.as_tensor(X_fit, dtype=torch.float32),
+                                      torch.as_tensor(y_fit, dtype=torch.float32)[:, None]), batch_size=128)
+    la = Laplace(model, "regression", subset_of_weights="all", hessian_structure="kron", sigma_noise=noise_std)
+    la.fit(loader)
+    la.optimize_prior_precision(method="marglik", pred_type="glm", link_approx="probit")
+
+    def predict(X, chunk=128):  # in chunks: laplace-torch's GLM predictive grows faster than linearly in the rows
+        mus, variances = [], []
+        for i in range(0, len(X), chunk):
+            f_mu, f_var = la(torch.as_tensor(X[i:i + chunk], dtype=torch.float32), pred_type="glm")
+            mus.append(f_mu.detach().reshape(-1).double().numpy())
+            variances.append(f_var.detach().reshape(-1).double().numpy())
+        return np.concatenate(mus), np.concatenate(variances)
+
+    return predict, float(torch.as_tensor(la.prior_precision).mean())
+
 # ------------------------------------------------------------------------------------------------- training
 def mse(pred: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
     """Mean squared error."""
@@ -120,13 +336,17 @@ class Training:
     history: list[tuple[int, float]] = field(default_factory=list)
     last_loss: float = float("nan")
     snapshots: dict[int, nn.Module] = field(default_factory=dict)
+    best_epochs: list[int] = field(default_factory=list)
 
 
 def train_adam(model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, lr: float = 1e-3, steps: int | None = None,
                epochs: int | None = None, batch_size: int | None = None, members: int | None = None,
                seed: int = 0, loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = mse,
                stop_below: float | None = None, record_every: int = 0, snapshot_steps: Iterable[int] = (),
-               log: Callable[[str], None] | None = None, log_every: int = 0) -> Training:
+               log: Callable[[str], None] | None = None, log_every: int = 0,
+               validation: tuple[torch.Tensor, torch.Tensor] | None = None,
+               validation_loss: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+               n_iter_no_change: int = 10) -> Training:
     """Train ``model`` in place with Adam on ``loss(model(X_batch), y_batch)``; the model ends in eval mode.
 
     Full batch (``batch_size=None``): ``steps`` steps on all of ``(X, y)``. Mini-batches: ``epochs`` passes over
@@ -138,6 +358,11 @@ def train_adam(model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, lr: float 
     value (full batch only). ``record_every=k``: record ``(step, loss)`` after every k-th step.
     ``snapshot_steps``: keep an eval-mode deep copy of the model after these steps. ``log(text)`` is called every
     ``log_every`` steps.
+
+    Early stopping (mini-batches with ``members`` only): ``validation=(X_val, y_val)`` and ``validation_loss``
+    mapping the batched outputs (E, n_val, k) and targets to the members' held-out losses (E,); after every epoch
+    each member whose held-out loss improved has its weights kept; training stops once no member has improved for
+    ``n_iter_no_change`` epochs, and every member ends with its best weights (``Training.best_epochs``).
     """
     full_batch = batch_size is None
     if full_batch == (steps is None) or full_batch == (epochs is not None):
@@ -164,6 +389,15 @@ def train_adam(model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, lr: float 
                 yield perm[..., i:i + batch_size]
 
     total = steps if full_batch else epochs * -(-n // batch_size)
+    steps_per_epoch = None if full_batch else -(-n // batch_size)
+    early = validation is not None
+    if early and (full_batch or members is None or validation_loss is None):
+        raise ValueError("train_adam: early stopping needs mini-batches, members and a validation_loss.")
+    if early:
+        best_loss = torch.full((members,), float("inf"))
+        best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+        best_epoch = torch.zeros(members, dtype=torch.long)
+        since = 0
     model.train()
     for idx in batches():
         opt.zero_grad(set_to_none=True)
@@ -180,6 +414,26 @@ def train_adam(model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, lr: float 
             out.snapshots[out.steps] = copy.deepcopy(model).eval()
         if log is not None and log_every and out.steps % log_every == 0:
             log(f"  step {out.steps}/{total}: loss {out.last_loss:.5f}")
+        if early and out.steps % steps_per_epoch == 0:
+            with torch.no_grad():
+                model.eval()
+                held = validation_loss(model(validation[0].expand(members, *validation[0].shape)),
+                                       validation[1].expand(members, *validation[1].shape)).detach().reshape(members)
+                model.train()
+            better = held < best_loss
+            if bool(better.any()):
+                since = 0
+                best_loss = torch.where(better, held, best_loss)
+                best_epoch[better] = out.steps // steps_per_epoch
+                for k, v in model.state_dict().items():  # every parameter has the members on its first axis
+                    best_state[k][better] = v.detach()[better]
+            else:
+                since += 1
+                if since >= n_iter_no_change:
+                    break
+    if early:
+        model.load_state_dict(best_state)
+        out.best_epochs = best_epoch.tolist()
     model.eval()
     for p in model.parameters():
         p.grad = None

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
-import math
 import time
 import warnings
 
@@ -40,8 +39,6 @@ import _common
 import numpy as np
 import torch
 import uci
-from sklearn.base import BaseEstimator, RegressorMixin
-from torch import nn
 
 from glas_sklearn import LaplaceActiveSubspaceRegressor
 from glas_sklearn.calibration import conformal_quantile
@@ -84,58 +81,11 @@ def _train(X, y, n_members, n_out, loss, cfg, seed):
     return [model.member(e) for e in range(n_members)], time.perf_counter() - t0
 
 
-def het_members_loss(lik: HeteroscedasticGaussian):
-    def loss(pred, target):  # (E, b, 2), (E, b, 1): the sum of the members' mean (β-)NLL
-        terms = lik.nll_terms(pred, target)
-        if lik.beta_nll > 0:
-            terms = terms * lik.noise_variance(pred).detach() ** lik.beta_nll
-        return terms.mean(dim=(1, 2)).sum()
-    return loss
-
-
-def pinball_loss(pred, target):  # (1, b, 3), (1, b, 1)
-    q = torch.tensor(QUANTILES, dtype=pred.dtype)
-    r = target - pred
-    return torch.maximum(q * r, (q - 1) * r).mean(dim=(1, 2)).sum() * 3
-
-
-class HetInOriginalUnits(nn.Module):
-    """A mean/log-variance network trained on standardised data, in the original units: μ·sy + my, s + 2 log sy."""
-
-    def __init__(self, net, mx, sx, my, sy):
-        super().__init__()
-        self.net = net
-        self.register_buffer("mx", torch.as_tensor(mx, dtype=torch.float32))
-        self.register_buffer("sx", torch.as_tensor(sx, dtype=torch.float32))
-        self.register_buffer("shift", torch.tensor([float(my), 2 * math.log(sy)], dtype=torch.float32))
-        self.register_buffer("scale", torch.tensor([float(sy), 1.0], dtype=torch.float32))
-
-    def forward(self, x):
-        return self.net((x - self.mx) / self.sx) * self.scale + self.shift
-
-
-class OutputColumn(RegressorMixin, BaseEstimator):
-    """One output column of a trained torch module in original units, as a fitted scikit-learn regressor."""
-
-    def __init__(self, module=None, column=0, mx=None, sx=None, my=0.0, sy=1.0):
-        self.module, self.column, self.mx, self.sx, self.my, self.sy = module, column, mx, sx, my, sy
-
-    def fit(self, X, y):
-        raise NotImplementedError("OutputColumn wraps an already trained network.")
-
-    def predict(self, X):
-        x = torch.as_tensor((np.asarray(X, dtype=np.float64) - self.mx) / self.sx, dtype=torch.float32)
-        with torch.no_grad():
-            return self.module(x)[:, self.column].double().numpy() * self.sy + self.my
-
-    def __sklearn_is_fitted__(self):
-        return True
-
-
-def _het_outputs(net, X):
-    with torch.no_grad():
-        out = net(torch.as_tensor(X, dtype=torch.float32)).double().numpy()
-    return out[:, 0], np.exp(np.clip(out[:, 1], -30, 30))
+het_members_loss = _common.het_members_loss
+pinball_loss = _common.pinball_loss(QUANTILES)
+HetInOriginalUnits = _common.HetInOriginalUnits
+OutputColumn = _common.OutputColumn
+_het_outputs = _common.het_outputs
 
 
 # ------------------------------------------------------------------------------------------------------ methods
@@ -206,10 +156,7 @@ def run_hgb_cqr(X_fit, y_fit, X_cal, y_cal, X_te, y_te, dist, seed):
 
 def run_mvn_ensemble(nets, X_te, y_te, dist, seconds):
     t0 = time.perf_counter()
-    outs = [_het_outputs(n, X_te) for n in nets]
-    mus = np.stack([m for m, _ in outs])
-    var = np.mean([v + m**2 for m, v in outs], axis=0) - mus.mean(0) ** 2
-    mu = mus.mean(0)
+    mu, var = _common.mixture_moments(nets, X_te)
     half = Z * np.sqrt(var)
     return uci.metrics(y_te, mu, mu - half, mu + half, var, seconds + time.perf_counter() - t0, dist)
 
