@@ -43,7 +43,7 @@ import torch
 from sklearn.base import clone
 
 from glas_sklearn import LaplaceActiveSubspaceRegressor
-from glas_sklearn.calibration import MondrianConformalCalibrator
+from glas_sklearn.calibration import ConformalCalibrator, MondrianConformalCalibrator
 from glas_sklearn.predictive import RegressionMoments
 from glas_sklearn.regional_coverage import regional_coverage_from_predictions, worst_slab_coverage
 
@@ -57,6 +57,8 @@ METHODS = [
     ("default_mondrian", "default + Mondrian over σ̂ bins (min_bin_size 100)"),
     ("default_mondrian30", "default + Mondrian over σ̂ bins (min_bin_size 30)"),
     ("het", "GLAS likelihood='heteroscedastic' (conformal)"),
+    ("het_lambda1", "heteroscedastic, conformal over σ_ale² + σ_epi² as it is "
+                    "(`ConformalCalibrator(epistemic_weight=1.0)`; the calibration before λ was fitted)"),
     ("het_mondrian", "heteroscedastic + Mondrian (min_bin_size 100)"),
     ("het_mondrian30", "heteroscedastic + Mondrian (min_bin_size 30)"),
     ("split_nn", "split conformal (MAPIE) around the default's network"),
@@ -196,6 +198,10 @@ def run_methods(X_fit, y_fit, X_cal, y_cal, X_te, y_te, seed, extra_columns, che
                 direct = fit_glas(est.likelihood, X_fit, y_fit, X_cal, y_cal, seed, calibration=calibrator)
                 dp = direct.predict_interval(X_te)[1][:, :, 0]
                 diag.setdefault("mondrian_check", {})[name] = float(np.max(np.abs(dp - mp)) / np.std(y_te))
+    het1 = fit_glas("heteroscedastic", X_fit, y_fit, X_cal, y_cal, seed, calibration=ConformalCalibrator(
+        epistemic_weight=1.0))
+    res["het_lambda1"] = score(y_te, het1.predict_interval(X_te)[1][:, :, 0], het1.predict(X_te, return_std=True)[1],
+                               columns, X_slab, n_slab)
     res["split_nn"] = score(y_te, split_conformal(default.predict, X_cal, y_cal, X_te), None, columns, X_slab, n_slab)
     for k, pis in hgb_methods(X_fit, y_fit, X_cal, y_cal, X_te, seed).items():
         res[k] = score(y_te, pis, None, columns, X_slab, n_slab)

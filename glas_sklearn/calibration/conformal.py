@@ -396,7 +396,7 @@ class ConformalCalibrator(Calibrator):
     added noise variance, the posterior's epistemic variance). ``epistemic_weight="fit"`` chooses λ per output on
     the calibration rows (:func:`fit_epistemic_weight`, by the Gaussian likelihood of the residuals): the
     Laplace σ_epi² is often many times the mean's actual error in distribution (on the synthetic shapes of
-    ``benchmarks/results/regional_calibration.md`` it is 2–4× the noise σ in the quietest fifth), which makes
+    ``benchmarks/results/regional_calibration_i27d.md`` it is 2–4× the noise σ in the quietest fifth), which makes
     σ̂(x) flat where the noise is small and the intervals over-cover there and under-cover where it is large.
     λ is chosen from the calibration rows' targets, so the scores are no longer exactly exchangeable with a new
     row's: the marginal level is met up to a small deficit, measured by simulation in
