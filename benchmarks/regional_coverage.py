@@ -283,7 +283,9 @@ def render(results) -> str:
     lines = ["# Coverage per region (90 % intervals)", "", f"`{results['command']}`", "",
              _common.machine_line(results["machine"]), "",
              f"Date {results['date']}. 1 torch thread. Methods: "
-             + "; ".join(f"`{k}` {v}" for k, v in METHODS) + ".", ""]
+             + "; ".join(f"`{k}` {v}" for k, v in METHODS
+                         if any(k in r["methods"] for r in results.get("synthetic", []) + results.get("uci", [])))
+             + ".", ""]
     synth = results.get("synthetic", [])
     if synth:
         cfg = results["config"].get("synthetic", {})
