@@ -47,6 +47,8 @@ METHODS = [
     ("het_mondrian", "heteroscedastic, λ = 1, Mondrian over σ̂ bins (min_bin_size 100)"),
     ("het_fit_mondrian", "`het_fit` + Mondrian over σ̂ bins (min_bin_size 100)"),
     ("het_fit_mondrian30", "`het_fit` + Mondrian over σ̂ bins (min_bin_size 30)"),
+    ("het_fit_mondrian9", "`het_fit` + Mondrian over σ̂ bins (min_bin_size 9 = ⌈1/γ⌉ − 1: as many bins as finite "
+                          "quantiles allow, at most 10)"),
     ("het_gamma", "heteroscedastic, score |y − ŷ| / σ̂^γ, γ = least-squares slope of log|r| on log σ̂ on the "
                   "calibration rows, clipped to [0, 2]"),
     ("split_nn", "split conformal |y − ŷ| around the default's network (the reference)"),
@@ -140,7 +142,7 @@ def intervals(method, d):
         mc, mt = weighted_moments(pc, 0.0, lam, cap), weighted_moments(pt, 0.0, lam, cap)
         mu_c, sd_c, mu_t, sd_t = (a.numpy()[:, 0] for a in (mc.mean, mc.std, mt.mean, mt.std))
         if "mondrian" in method:
-            cal = MondrianConformalCalibrator(min_bin_size=30 if method.endswith("30") else 100)
+            cal = MondrianConformalCalibrator(min_bin_size=int(method.rsplit("mondrian", 1)[1] or 100))
             cal.calibrate_predictions(RegressionMoments(_t(mu_c), _t(sd_c)), _t(y_cal), LEVEL)
             b = cal.region(RegressionMoments(_t(mu_t), _t(sd_t)), LEVEL)[:, 0, :, 0].numpy()
             return b[:, 0], b[:, 1]
