@@ -8,10 +8,15 @@ rows are cached (``--stage fit``). ``--stage eval`` then applies each calibratio
 the package's calibrators (``calibrate_predictions`` / ``region``) and scores the intervals per region
 (:func:`glas_sklearn.regional_coverage.regional_coverage_from_predictions`), as ``regional_coverage.py`` does.
 
+The ``shift`` study holds out the top third of feature f = 0..3 of each dev set (``uci.shift_indices``, the runs
+of ``mondrian_shift.py``). The cache (``benchmarks/results/cache_regional_calibration/``, not committed) is
+rebuilt by the fit stage; the eval stage reads every cached run.
+
 Usage::
 
-    python benchmarks/regional_calibration.py --stage fit --study synthetic --seeds 3 --tag i27d
-    python benchmarks/regional_calibration.py --stage fit --study uci --splits 20 --tag i27d
+    python benchmarks/regional_calibration.py --stage fit --study synthetic --seeds 3
+    python benchmarks/regional_calibration.py --stage fit --study uci --splits 20
+    python benchmarks/regional_calibration.py --stage fit --study shift
     python benchmarks/regional_calibration.py --stage eval --tag i27d
 """
 
@@ -252,7 +257,8 @@ def render(results) -> str:
                 own, ref, noise = (_pooled(rs, m, k) for k in ("own", "ref", "noise"))
                 target = noise if study == "synthetic" else own
                 summary.setdefault(m, []).append((ratio, _ok(target)))
-                rows.append([f"`{m}`", f"{cov:.1f}", f"{ratio:.3f}", _q(noise), _q(own), _q(ref),
+                rows.append([f"`{m}`", f"{cov:.1f}", f"{ratio:.3f}", _q(noise),
+                             "one width" if m == "split_nn" else _q(own), _q(ref),
                              "yes" if _ok(target) else "no"])
             lines += _common.markdown_table(["method", "coverage %", "IS / split_nn", "per true-σ quintile",
                                              "per own-σ̂ quintile", "per default-σ̂ quintile",
