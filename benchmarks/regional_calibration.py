@@ -290,7 +290,10 @@ def main(argv=None):
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
-    if args.stage == "fit":
+    if args.report_only:
+        json_path = _common.RESULTS / f"{STEM}{'_' + args.tag if args.tag else ''}.json"
+        print(_common.report_from_results(json_path, json_path.with_suffix(".md"), render)[1])
+    elif args.stage == "fit":
         stage_fit(args)
     else:
         stage_eval(args)
