@@ -857,7 +857,12 @@ def test_conformal_include_noise_multi_output_and_small_calibration_sets():
     _, std_f = f_only.predict(X[:5], return_std=True)
     mean, std = est.predict(X[:5], return_std=True)
     std, std_f = std / est.std_scale_, std_f / f_only.std_scale_  # the conformal normalisations σ̂
-    np.testing.assert_allclose(std, np.sqrt(std_f**2 + est.noise_std_**2), rtol=1e-10)
+    # σ̂² = σ² + λ min(σ_f², m) + max(λ, 1) (σ_f² − m)₊: the epistemic weight λ fitted per output on the calibration
+    # rows, m their largest σ_f² (internal units: scaled by y_scale_² here)
+    lam, cap = est.calibrator_.epistemic_weight_, est.calibrator_.epistemic_cap_ * est.y_scale_**2
+    v = std_f**2
+    expected = est.noise_std_**2 + lam * np.minimum(v, cap) + np.maximum(lam, 1) * np.maximum(v - cap, 0)
+    np.testing.assert_allclose(std, np.sqrt(expected), rtol=1e-10)
     q = est.conformity_scores_[_rank(9, 0.9) - 1]  # one quantile per output
     _, pis = est.predict_interval(X[:5])
     np.testing.assert_allclose(pis[:, :, 1, 0] - pis[:, :, 0, 0], 2 * q * std, rtol=1e-9)

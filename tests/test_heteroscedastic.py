@@ -186,7 +186,9 @@ def test_calibrated_std_has_the_maximum_likelihood_scale_and_a_better_held_out_n
 
 
 def test_heteroscedastic_predictive_moments_by_hand(fitted_pair):
-    """ŷ = μ(x; θ0) and std² = std_scale_² (σ²(x; θ0) + J_μ Σ J_μᵀ), from the network and the posterior directly."""
+    """ŷ = μ(x; θ0) and std² = std_scale_² (σ²(x; θ0) + λ min(v, m) + max(λ, 1) (v − m)₊), v = J_μ Σ J_μᵀ (the
+    epistemic variance weighted by the calibration's λ up to its cap m), from the network and the posterior
+    directly."""
     het, _ = fitted_pair
     X, _, _ = _hetero_data(6, 3)
     Xt = torch.as_tensor((X - het.x_mean_) / het.x_scale_)
@@ -196,12 +198,15 @@ def test_heteroscedastic_predictive_moments_by_hand(fitted_pair):
     y_pred, std = het.predict(X, return_std=True)
     s = het.y_scale_[0]
     np.testing.assert_allclose(y_pred, out[:, 0].numpy() * s + het.y_mean_[0], rtol=1e-12)
-    expected = het.std_scale_[0] * np.sqrt(out[:, 1].exp().numpy() + var_f.numpy()) * s
+    lam, m = het.calibrator_.epistemic_weight_[0], het.calibrator_.epistemic_cap_[0]
+    v = var_f.numpy()
+    expected = het.std_scale_[0] * np.sqrt(out[:, 1].exp().numpy() + lam * np.minimum(v, m)
+                                            + max(lam, 1.0) * np.maximum(v - m, 0)) * s
     np.testing.assert_allclose(std, expected, rtol=1e-10)
     np.testing.assert_allclose(het.predict_noise_std(X), out[:, 1].mul(0.5).exp().numpy() * s, rtol=1e-12)
     # sample_y draws y: over many draws, mean ŷ and variance σ² + σ_epi² (law of total variance), 5 s.e.
     draws = het.sample_y(X, n_samples=6000, random_state=4)
-    raw_var = (std / het.std_scale_[0]) ** 2
+    raw_var = (out[:, 1].exp().numpy() + v) * s**2  # the posterior predictive's own variance (not calibrated)
     assert np.all(np.abs(draws.mean(1) - y_pred) < 5 * np.sqrt(raw_var / 6000))
     assert np.all(np.abs(draws.var(1) / raw_var - 1) < 5 * math.sqrt(2 / 6000) * 1.5)
 

@@ -143,14 +143,19 @@ def test_regressor_with_mondrian_end_to_end():
     y_pred, pis = reg.predict_interval(X_new, confidence_level=[0.5, 0.9])
     assert pis.shape == (50, 2, 2) and np.all(pis[:, 1, 1] - pis[:, 0, 1] >= pis[:, 1, 0] - pis[:, 0, 0])
     np.testing.assert_allclose(pis, obj.predict_interval(X_new, confidence_level=[0.5, 0.9])[1], rtol=1e-12)
-    # the intervals by hand: ŷ ± q_b σ̂, with σ̂ = the returned std / std_scale_ and q_b of the row's bin
-    _, std = reg.predict(X_new, return_std=True)
-    sd_internal = std / reg.std_scale_[0] / reg.y_scale_[0]
+    # the intervals by hand: ŷ ± q_b σ̂, with σ̂ the pooled conformal fit's std / std_scale_ (same network, same
+    # rows, same predictive) and q_b of the row's bin
+    plain = LaplaceActiveSubspaceRegressor(calibration="conformal", calibration_size=0.5, **SMALL).fit(X, y)
+    sd_user = plain.predict(X_new, return_std=True)[1] / plain.std_scale_[0]
+    sd_internal = sd_user / reg.y_scale_[0]
     b = np.searchsorted(reg.calibrator_.edges_[0], sd_internal, side="left")
     q = np.array([conformal_quantile(reg.calibrator_.bin_scores_[0][i], 0.9)[0] for i in b])
     np.testing.assert_allclose(pis[:, 1, 1] - y_pred, q * sd_internal * reg.y_scale_[0], rtol=1e-9)
+    # predict(return_std=True): σ̂ times the root mean square score of its own bin (not one pooled scale)
+    rms = np.array([np.sqrt(np.mean(reg.calibrator_.bin_scores_[0][i] ** 2)) for i in b])
+    np.testing.assert_allclose(reg.predict(X_new, return_std=True)[1], rms * sd_user, rtol=1e-9)
+    assert len(set(np.round(rms, 12))) == 2  # two bins, two scales
     # a per-region calibration changes the intervals of plain conformal (same network, same rows)
-    plain = LaplaceActiveSubspaceRegressor(calibration="conformal", calibration_size=0.5, **SMALL).fit(X, y)
     assert not np.allclose(plain.predict_interval(X_new)[1], reg.predict_interval(X_new)[1])
     assert "n_bins" in reg.calibration_.columns
 
@@ -172,12 +177,12 @@ def test_regressor_mondrian_multi_output_weights_and_heteroscedastic():
     _, pm = m.predict_interval(X[:20], confidence_level=[0.5, 0.9])
     _, pc = c.predict_interval(X[:20], confidence_level=[0.5, 0.9])
     assert pm.shape == pc.shape == (20, 2, 2) and not np.allclose(pm, pc)
-    # within each σ̂ bin the heteroscedastic intervals are μ̂ ± q_b σ̂ (the std of predict is σ̂ · std_scale_)
+    # within each σ̂ bin the heteroscedastic intervals are μ̂ ± q_b σ̂ and the std of predict is σ̂ · rms_b (the root
+    # mean square score of the bin), so their ratio is q_b / rms_b, one value per bin
     mu, std = m.predict(X[:20], return_std=True)
     ratio = (pm[:, 1, 1] - mu) / std
-    b = np.searchsorted(m.calibrator_.edges_[0], std / m.std_scale_[0] / m.y_scale_[0], side="left")
-    for i in np.unique(b):
-        assert np.ptp(ratio[b == i]) < 1e-9
+    per_bin = [conformal_quantile(s, 0.9)[0] / np.sqrt(np.mean(s**2)) for s in m.calibrator_.bin_scores_[0]]
+    assert np.min(np.abs(ratio[:, None] - np.asarray(per_bin)[None, :]), axis=1).max() < 1e-9
 
 
 def test_class_conditional_sets_by_hand_and_end_to_end():

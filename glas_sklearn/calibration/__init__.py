@@ -35,7 +35,9 @@ from .conformal import (
     StdNormalizedResidual,
     conformal_calibrate,
     conformal_quantile,
+    fit_epistemic_weight,
     resolve_conformity_score,
+    weighted_moments,
 )
 from .coverage import CalibrationResult, CalibrationWarning, CoverageCalibrator, choose_dimension
 from .mondrian import MondrianConformalCalibrator, std_bin_edges
@@ -61,12 +63,14 @@ __all__ = [
     "class_probabilities",
     "conformal_calibrate",
     "conformal_quantile",
+    "fit_epistemic_weight",
     "predictive_nll",
     "regression_moments",
     "resolve_calibration",
     "resolve_conformity_score",
     "std_bin_edges",
     "tune_sigma0",
+    "weighted_moments",
 ]
 
 # The built-in calibration methods by name.

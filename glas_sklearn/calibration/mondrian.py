@@ -37,7 +37,6 @@ import torch
 from .._checks import check_confidence_levels
 from ..likelihoods import Categorical, Gaussian, Likelihood
 from ..predictive import RegressionMoments
-from ._base import check_targets
 from .conformal import ConformalCalibrator, conformal_quantile, resolve_conformity_score
 
 __all__ = ["MondrianConformalCalibrator", "std_bin_edges"]
@@ -109,6 +108,9 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         The most bins "auto" takes.
     conformity_score : ConformityScore, optional
         As for :class:`ConformalCalibrator`; a regression score's regions are taken per bin.
+    epistemic_weight : float or "fit", default="fit"
+        As for :class:`ConformalCalibrator`: the weight of the epistemic variance in the σ̂ that normalises the
+        scores and defines the bins.
 
     Attributes
     ----------
@@ -129,26 +131,16 @@ class MondrianConformalCalibrator(ConformalCalibrator):
     3
     """
 
-    def __init__(self, n_bins="auto", min_bin_size: int = 100, max_bins: int = 10, conformity_score=None) -> None:
-        super().__init__(conformity_score=conformity_score)
+    def __init__(self, n_bins="auto", min_bin_size: int = 100, max_bins: int = 10, conformity_score=None,
+                 epistemic_weight="fit") -> None:
+        super().__init__(conformity_score=conformity_score, epistemic_weight=epistemic_weight)
         self.n_bins = n_bins
         self.min_bin_size = min_bin_size
         self.max_bins = max_bins
 
     # ------------------------------------------------------------------------------------------- fit
-    def fit(self, posterior, X_cal, y_cal, *, n_components="auto", confidence_levels=0.9,
-            predictive="linearized", n_samples=1000, noise_var=0.0, random_state=None,
-            verbose=0, likelihood=None) -> MondrianConformalCalibrator:
-        super().fit(posterior, X_cal, y_cal, n_components=n_components,
-                    confidence_levels=confidence_levels, predictive=predictive, n_samples=n_samples,
-                    noise_var=noise_var, random_state=random_state, verbose=verbose, likelihood=likelihood)
-        X_cal = posterior.functional_model.check_inputs(X_cal)
-        y = check_targets(y_cal, self.likelihood_, X_cal.shape[0], posterior.device)
-        # the likelihood's predictive on the calibration rows (moments of y, or class probabilities), as scored
-        prediction = self.likelihood_.calibration_prediction(posterior, X_cal, self.n_components_,
-                                                             predictive=predictive, n_samples=n_samples,
-                                                             noise_var=noise_var, random_state=self.sample_seed_)
-        target = self.likelihood_.calibration_targets(y, prediction)
+    def _fit_groups(self, prediction, target, confidence_levels) -> None:
+        # the groups from the prediction the pooled scores were computed from (the predictive is computed once)
         self.calibrate_predictions(prediction, target, confidence_levels, self.likelihood_)
         table = self.table_.copy()
         cov, width = self._calibration_summary(prediction, target, confidence_levels)
@@ -157,7 +149,6 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         table["n_bins"] = max(len(e) + 1 for e in self.edges_) if not self.conformity_score_.classification else \
             len(self.bin_scores_[0])
         self.table_ = table
-        return self
 
     def _check_settings(self) -> None:
         if not (self.n_bins == "auto" or (isinstance(self.n_bins, numbers.Integral)
@@ -278,12 +269,32 @@ class MondrianConformalCalibrator(ConformalCalibrator):
                 bounds[at, j] = part[:, j]
         return bounds.reshape(*prediction.mean.shape, 2, len(levels))
 
+    def bin_std_factors(self, std) -> np.ndarray:
+        """Per row and output, the root mean square of the scores of the row's σ̂ bin over that of all calibration
+        scores, (n, M): ``std`` (σ̂, shape (n, M)) times it, times the pooled scale (the regressor's
+        ``std_scale_``), is σ̂ times its own bin's maximum-likelihood scale."""
+        sd = np.asarray(std.detach().cpu() if isinstance(std, torch.Tensor) else std, dtype=np.float64)
+        sd = sd.reshape(sd.shape[0], -1)
+        pooled = np.sqrt(np.mean(np.asarray(self.scores_, dtype=np.float64).reshape(len(self.scores_), -1) ** 2,
+                                 axis=0))
+        out = np.ones_like(sd)
+        for j in range(sd.shape[1]):
+            rms = np.array([np.sqrt(np.mean(s**2)) if s.size else pooled[j] for s in self.bin_scores_[j]])
+            out[:, j] = rms[np.searchsorted(self.edges_[j], sd[:, j], side="left")] / max(pooled[j], 1e-300)
+        return out
+
     def predict_interval(self, posterior, X, confidence_levels=None, *, batch_size=None):
-        moments = self.likelihood_.predictive_moments(posterior, X, self.n_components_, predictive=self.predictive_,
-                                                      n_samples=self.n_samples_, noise_var=self.noise_var_,
-                                                      random_state=self.sample_seed_, batch_size=batch_size)
+        """``(mean, std, bounds)`` as :class:`ConformalCalibrator`'s, but ``std`` is σ̂ times
+        :meth:`bin_std_factors` (one scale per σ̂ bin, not one pooled scale: the regressor's
+        ``predict(return_std=True)`` multiplies it by ``std_scale_``, the pooled root mean square score), and the
+        bounds take each bin's quantile."""
+        moments = self.predictive_moments(posterior, X, batch_size=batch_size)
         bounds = None if confidence_levels is None else self.region(moments, confidence_levels)
-        return moments.mean, moments.std, bounds
+        if moments.mean.shape[0] == 0:
+            return moments.mean, moments.std, bounds
+        factor = torch.as_tensor(self.bin_std_factors(moments.std), dtype=moments.std.dtype,
+                                 device=moments.std.device).reshape(moments.std.shape)
+        return moments.mean, moments.std * factor, bounds
 
     def predict_set(self, probs, confidence_levels):
         return self.region(probs, confidence_levels)

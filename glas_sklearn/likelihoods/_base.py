@@ -26,6 +26,7 @@ from ..predictive import (
     mean_interval_width,
     predictive_interval,
     regression_moments,
+    resolve_predictive,
 )
 
 __all__ = ["SCALINGS", "Likelihood", "match_regression"]
@@ -160,6 +161,17 @@ class Likelihood(abc.ABC):
         predictive mode asks this). The default: f(x; θ0), no aleatoric part, J Σ Jᵀ's diagonal."""
         mean = posterior.predict_mean(X, batch_size=batch_size)
         return mean, torch.zeros_like(mean), posterior.linearized_variance(X, d, batch_size=batch_size).clamp_min(0)
+
+    def predictive_parts(self, posterior, X: torch.Tensor, d: int, *, predictive="linearized",
+                         n_samples: int = 1000, random_state=None,
+                         batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(mean, aleatoric variance, epistemic variance) of y, (n, M) each, under the predictive mode
+        (:meth:`linearized_parts` or :meth:`sampled_parts`; an added ``noise_var`` is the caller's). With the noise
+        variance added to the aleatoric part they sum to :meth:`predictive_moments`' σ̂² for the built-in
+        regression likelihoods; calibrations that weigh the two parts ask this
+        (:class:`~glas_sklearn.calibration.ConformalCalibrator` with ``epistemic_weight``)."""
+        return resolve_predictive(predictive).likelihood_parts(self, posterior, X, d, n_samples=n_samples,
+                                                               random_state=random_state, batch_size=batch_size)
 
     def predictive_moments(self, posterior, X: torch.Tensor, d: int, *, predictive="linearized",
                            n_samples: int = 1000, noise_var=0.0, random_state=None,
