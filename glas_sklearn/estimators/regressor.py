@@ -18,6 +18,7 @@ from ..laplace import residual_noise_variance
 from ..likelihoods import REGRESSION_LIKELIHOODS, Likelihood, resolve_likelihood
 from ._base import LaplaceActiveSubspaceBase
 from ._docs import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, SAMPLE_WEIGHT_DOC
+from ._likelihood_choice import choose_auto_likelihood
 from ._validation import BOOLEAN, InstanceOf, Interval, Options
 
 __all__ = ["LaplaceActiveSubspaceRegressor"]
@@ -149,7 +150,9 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     # ------------------------------------------------------------------ hooks
     def _resolve_likelihood(self) -> Likelihood:
         likelihood = self.likelihood
-        if isinstance(likelihood, str) and likelihood == "auto":  # a variance head only on a network built here
+        # "auto": a variance head only on a network built here, kept when held-out rows support it (_theta0_module)
+        self._choose_likelihood = isinstance(likelihood, str) and likelihood == "auto" and self.module is None
+        if isinstance(likelihood, str) and likelihood == "auto":
             likelihood = "heteroscedastic" if self.module is None else "gaussian"
         likelihood = resolve_likelihood(likelihood)
         if likelihood.is_classification:
@@ -165,6 +168,12 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
                              "predictive_interval) and names its default conformity score (default_conformity_score), "
                              "as 'gaussian', 'heteroscedastic' and 'student_t' do.") from err
         return likelihood
+
+    def _theta0_module(self, Xt, yt, n_outputs, seed, dtype, sample_weight=None) -> nn.Module:
+        self.likelihood_support_ = None  # "auto" on a network built here: both trained, the support tested
+        if self._choose_likelihood:
+            return choose_auto_likelihood(self, super()._theta0_module, Xt, yt, seed, dtype, sample_weight)
+        return super()._theta0_module(Xt, yt, n_outputs, seed, dtype, sample_weight)
 
     def _resolved_scaling(self):
         if self.scaling == "auto":
