@@ -89,9 +89,16 @@ def run_synthetic(seeds):
             n_cal = int(round(cal_share * n_train))
             a = _auto(X[n_cal:], y[n_cal:], X[:n_cal], y[:n_cal], X_te, y_te, seed)
             m = ref[(shape, seed)]["methods"]
-            yield {"group": shape, "run": seed, "auto": a,
-                   **{k: {"is": m[k]["interval_score"], "cov": m[k]["coverage"]} for k in ("default", "het",
-                                                                                         "split_hgb")}}
+            # the committed default and het ran 500 epochs; today's early_stopping="auto" trains these 2,000 rows
+            # differently: both refitted here on the same rows
+            fresh = {}
+            for tag, lik in (("default", "gaussian"), ("het", "heteroscedastic")):
+                est = rc.fit_glas(lik, X[n_cal:], y[n_cal:], X[:n_cal], y[:n_cal], seed)
+                pis = est.predict_interval(X_te)[1][:, :, 0]
+                fresh[tag] = {"is": ms.interval_score(y_te, pis),
+                              "cov": float(np.mean((y_te >= pis[:, 0]) & (y_te <= pis[:, 1])))}
+            yield {"group": shape, "run": seed, "auto": a, **fresh,
+                   "split_hgb": {"is": m["split_hgb"]["interval_score"], "cov": m["split_hgb"]["coverage"]}}
 
 
 def chosen(run, z):
@@ -106,8 +113,9 @@ def render(parts) -> str:
              "(`glas_sklearn/estimators/_likelihood_choice.py`): on rows neither network was trained on (the "
              "early-stopping validation rows from 2,000 training rows, else 20 % of the training rows held out of two "
              "extra trainings), the per-row NLL of N(μ_h, c σ_h²(x)) against N(μ_g, s²), one scale each fitted "
-             "there; heteroscedastic when the mean gain exceeds z standard errors (shipped z = 1.645). `auto` is "
-             "the fitted estimator (z = 1.645); `auto z=…` the decision at another z from the recorded gain, with "
+             "there; heteroscedastic when the mean gain exceeds z standard errors (shipped z = 1). `auto` is "
+             "the fitted estimator as it was run (z = 1.645, the first candidate); `auto z=…` the decision"
+             " at another z from the recorded gain, with "
              "the committed interval score of the option it picks. IS relative to `split_nn` (split conformal "
              "around the default's network, MAPIE) for the dev sets and the shift, to `split_hgb` for the "
              "synthetic shapes; geometric mean over runs; coverage % mean over runs; het chosen = runs where "
@@ -145,7 +153,7 @@ def render(parts) -> str:
             n_het = sum(r["auto"]["support"]["chosen"] == "heteroscedastic" for r in rs)
             gains = ", ".join(f"{r['auto']['support']['nll_gain']:.3f}±{r['auto']['support']['nll_gain_se']:.3f}"
                               for r in rs)
-            match = sum(abs(r["auto"]["is"] - r[chosen(r, 1.645)]["is"]) <= 1e-6 * r["auto"]["is"] for r in rs)
+            match = sum(abs(r["auto"]["is"] - r[chosen(r, 1.645)]["is"]) <= 1e-3 * r["auto"]["is"] for r in rs)
             lines.append(f"| {g} | {n_het}/{len(rs)} | {gains} | {rs[0]['auto']['support']['n_rows']} | "
                          f"{match}/{len(rs)} | {np.mean([r['auto']['fit_seconds'] for r in rs]):.0f} |")
         lines.append("")

@@ -122,3 +122,19 @@ def test_auto_is_gaussian_on_a_user_module():
                                          random_state=0, device="cpu").fit(X, y)
     assert isinstance(est.likelihood_, Gaussian) and est.likelihood_support_ is None
     assert np.ptp(est.predict_noise_std(X)) == 0  # one noise level
+
+
+@pytest.mark.parametrize("setting", [{"include_noise": True}, {"calibration": "coverage", "posterior": "subspace"}])
+def test_auto_is_gaussian_under_the_papers_settings(setting):
+    # the paper's calibration (d chosen by coverage) and intervals with the constant noise are the Gaussian's
+    X, y = _data(lambda X: 0.02 + 0.6 * (X[:, 1] > 0), n=150)
+    est = LaplaceActiveSubspaceRegressor(max_epochs=5, n_components=3, random_state=0, device="cpu", **setting)
+    est.fit(X, y)
+    assert est.likelihood == "auto" and isinstance(est.likelihood_, Gaussian) and est.likelihood_support_ is None
+
+
+def test_auto_is_gaussian_without_rows_to_test_on():
+    X, y = _data(lambda X: 0.02 + 0.6 * (X[:, 1] > 0), n=90)
+    est = LaplaceActiveSubspaceRegressor(max_epochs=5, n_components=3, random_state=0, device="cpu").fit(X, y)
+    assert isinstance(est.likelihood_, Gaussian)
+    assert est.likelihood_support_["n_rows"] == 0 and not est.likelihood_support_["supported"]

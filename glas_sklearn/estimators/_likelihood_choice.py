@@ -10,15 +10,24 @@ negative log-likelihood of
 - N(μ_g(x_i), s²), s² = mean of r_g² (the same: one fitted constant),
 
 so that each model has one parameter fitted on the rows it is judged on. The data *support* the heteroscedastic
-model when the mean per-row gain d̄ = mean(NLL_g − NLL_h) exceeds ``SUPPORT_Z`` standard errors (a one-sided paired
-test at 5 %): σ(x) must explain the held-out residuals better than a constant noise around the better-fitting
-homoscedastic mean. The test judges both the noise model and the mean, because a variance head can cost the mean
+model when the mean per-row gain d̄ = mean(NLL_g − NLL_h) exceeds ``SUPPORT_Z`` = 1 standard error (a paired
+test, one-sided at about 16 %): σ(x) must explain the held-out residuals better than a constant noise around the
+homoscedastic network's mean. z = 1 rather than 1.645 (5 %) because the two errors cost differently: on the dev sets
+(20 % held out, 37–259 rows) z = 1.645 fell back to the Gaussian on splits where the heteroscedastic intervals were
+much better (yacht under extrapolation: 0.41× against 0.30× the default's), while z = 1 kept it and still chose the
+Gaussian on every near noise-free and constant-noise case measured (benchmarks/results/likelihood_auto.md). The
+test judges both the noise model and the mean, because a variance head can cost the mean
 (near noise-free targets: the residuals are approximation error, benchmarks/results/naval_like.md).
 
 The rows are the early-stopping validation rows when training holds some out (from 2,000 training rows under
 ``early_stopping="auto"``). Below that, ``SUPPORT_FRACTION`` (20 %) of the training rows is held out, both networks
 are trained on the rest and compared there, and the chosen one is trained again on all the training rows. The
 calibration rows are never looked at, so the conformal guarantee is exact whichever likelihood is chosen.
+
+The test runs only where the choice is the estimator's to make: a network it builds, intervals from the conformal
+calibrator (which normalises by σ̂(x)). A module of the user's, ``include_noise=True`` (intervals with one noise
+level) and the paper's ``calibration="coverage"`` take the Gaussian; so do fewer than 100 training rows (fewer than
+``MIN_SUPPORT_ROWS`` held-out rows: too few to tell).
 
 Cost: a second training from 2,000 rows (2× the training time), three trainings below (two on 80 % of the rows);
 the curvature, the posterior and the calibration are built once, for the chosen likelihood.
@@ -37,12 +46,14 @@ from .._checks import numpy_rng
 from .._functional import model_outputs
 from ..likelihoods import Gaussian, Likelihood
 
-__all__ = ["SUPPORT_FRACTION", "SUPPORT_Z", "choose_auto_likelihood", "likelihood_support"]
+__all__ = ["MIN_SUPPORT_ROWS", "SUPPORT_FRACTION", "SUPPORT_Z", "choose_auto_likelihood", "likelihood_support"]
 
-#: Standard errors by which the heteroscedastic model's mean held-out NLL gain must exceed zero (one-sided 5 %).
-SUPPORT_Z = 1.645
+#: Standard errors by which the heteroscedastic model's mean held-out NLL gain must exceed zero.
+SUPPORT_Z = 1.0
 #: Share of the training rows held out for the test when training holds no validation rows out (below 2,000 rows).
 SUPPORT_FRACTION = 0.2
+#: Fewer held-out rows than this (fewer than 100 training rows): no test, the Gaussian.
+MIN_SUPPORT_ROWS = 20
 # Offset of the seed of that split (within the training rows).
 _SUPPORT_SPLIT = 7919
 # The training record of a network, kept for the one that is chosen.
@@ -121,9 +132,14 @@ def choose_auto_likelihood(est, train: Callable, Xt: torch.Tensor, yt: torch.Ten
             for name, value in het_record[0].items():
                 setattr(est, name, value)
             est.timings_["training"] = het_record[1]
+    elif int(np.ceil(SUPPORT_FRACTION * len(yt))) < MIN_SUPPORT_ROWS:  # too few rows to tell: the Gaussian
+        est.likelihood_ = gaussian
+        module = train(Xt, yt, gaussian.n_outputs(k), seed, dtype, sample_weight)
+        support = {"supported": False, "nll_gain": float("nan"), "nll_gain_se": float("nan"), "z": SUPPORT_Z,
+                   "n_rows": 0, "rows": f"none (fewer than {MIN_SUPPORT_ROWS / SUPPORT_FRACTION:.0f} training rows)"}
     else:
         n = len(yt)
-        n_held = max(2, int(np.ceil(SUPPORT_FRACTION * n)))
+        n_held = int(np.ceil(SUPPORT_FRACTION * n))
         perm = numpy_rng((seed + _SUPPORT_SPLIT) % 2**31).permutation(n)
         fit, held = (torch.as_tensor(np.sort(p), device=Xt.device) for p in (perm[n_held:], perm[:n_held]))
         w = None if sample_weight is None else sample_weight[fit]
@@ -143,9 +159,11 @@ def choose_auto_likelihood(est, train: Callable, Xt: torch.Tensor, yt: torch.Ten
 
 
 def support_line(support: dict) -> str:
-    """The fit's line on the choice, e.g. "likelihood: auto chose heteroscedastic: on 716 validation rows its
-    held-out NLL is 0.31 ± 0.04 nats per row below the Gaussian network's (needed: > 1.645 standard errors), 5.1 s
-    (second network and test)"."""
+    """The fit's line on the choice, e.g. "likelihood: auto chose heteroscedastic: on 716 validation rows the
+    heteroscedastic network's held-out NLL is 0.31 ± 0.04 nats per row below the Gaussian network's
+    (heteroscedastic when more than 1 standard errors below), 5.1 s (second network and test)"."""
+    if not support["n_rows"]:
+        return f"likelihood: auto chose {support['chosen']}: no test on {support['rows']}"
     sign = "below" if support["nll_gain"] >= 0 else "above"
     return (f"likelihood: auto chose {support['chosen']}: on {support['n_rows']} {support['rows']} rows the "
             f"heteroscedastic network's held-out NLL is {abs(support['nll_gain']):.3g} ± {support['nll_gain_se']:.2g} "

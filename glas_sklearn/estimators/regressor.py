@@ -44,11 +44,16 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     Parameters
     ----------
 {PARAMETERS_DOC}
-    likelihood : "gaussian", "heteroscedastic", "student_t", "auto" or Likelihood, default="gaussian"
-        "auto": "heteroscedastic" when the estimator builds the network (``module=None``), "gaussian" for a
-        module of your own (benchmarks/results/mondrian_shift.md, variance_head.md; opt-in: no test of the
-        data's support for a varying σ(x) yet). "gaussian": y = f(x) + ε with one noise level σ per output (the
-        paper's). "heteroscedastic"
+    likelihood : "auto", "gaussian", "heteroscedastic", "student_t" or Likelihood, default="auto"
+        "auto": "heteroscedastic" when the data support a noise level that varies with x, "gaussian" otherwise.
+        On a network the estimator builds, with conformal intervals, ``fit`` trains both networks and compares
+        their negative log-likelihood on rows neither was trained on (the early-stopping validation rows, else 20 %
+        of the training rows, after which the chosen network is trained on all of them; never the calibration
+        rows): heteroscedastic when it is lower by more than one standard error (``likelihood_support_``;
+        fewer than 100 training rows: "gaussian"). A module of your own, ``include_noise=True`` and the
+        paper's ``calibration="coverage"`` take "gaussian" (benchmarks/results/likelihood_auto.md,
+        naval_like.md). "gaussian": y = f(x) + ε with one noise level σ per output (the paper's).
+        "heteroscedastic"
         (:class:`~glas_sklearn.likelihoods.HeteroscedasticGaussian`): per target the network outputs a mean μ(x)
         and a variance parameter, so the noise level σ(x) varies with x. The default MLP then has 2k outputs
         [μ_1 … μ_k, log σ²_1 … log σ²_k] and is trained with β-NLL (Seitzer et al. 2022; ``beta_nll=0.5`` of the
@@ -100,6 +105,11 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         Gaussian maximum-likelihood scale by which ``predict(return_std=True)`` multiplies σ̂ (ones otherwise).
     y_mean_, y_scale_ : ndarray
         The internal standardisation of the targets (zeros and ones when off or prefit).
+    likelihood_support_ : dict or None
+        With ``likelihood="auto"`` on a network built here: the evidence of the choice, ``chosen`` (the
+        likelihood's name), ``supported``, ``nll_gain`` (mean held-out NLL of the Gaussian network minus that of
+        the heteroscedastic one, nats per row, each with one noise scale fitted on those rows), ``nll_gain_se``,
+        ``z``, ``n_rows``, ``rows`` (which rows), the fitted scales and ``seconds``; None otherwise.
 
     Notes
     -----
@@ -128,7 +138,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="auto", n_components="auto",
                  max_components=50, sigma0="auto", posterior="low_rank", calibration="conformal",
                  predictive="auto", n_samples=1000, confidence_level=0.9, calibration_size=0.1,
-                 likelihood="gaussian", noise_std="auto", include_noise=False, max_epochs=500, lr="auto",
+                 likelihood="auto", noise_std="auto", include_noise=False, max_epochs=500, lr="auto",
                  batch_size="auto", weight_decay=0.0, optimizer="adam", standardize="auto", padding_idx=None,
                  subsample="auto", eigen_method="lanczos", device="auto", dtype="auto", random_state=None, verbose=0,
                  early_stopping="auto", validation_fraction=0.1, n_iter_no_change=10, tol=1e-4,
@@ -150,10 +160,12 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     # ------------------------------------------------------------------ hooks
     def _resolve_likelihood(self) -> Likelihood:
         likelihood = self.likelihood
-        # "auto": a variance head only on a network built here, kept when held-out rows support it (_theta0_module)
-        self._choose_likelihood = isinstance(likelihood, str) and likelihood == "auto" and self.module is None
+        # "auto": a variance head only on a network built here, for intervals the conformal calibrator makes from σ̂,
+        # kept when held-out rows support it (_theta0_module); the Gaussian under the paper's calibration or noise
+        self._choose_likelihood = (isinstance(likelihood, str) and likelihood == "auto" and self.module is None
+                                   and not self.include_noise and not self._calibrator().chooses_dimension)
         if isinstance(likelihood, str) and likelihood == "auto":
-            likelihood = "heteroscedastic" if self.module is None else "gaussian"
+            likelihood = "heteroscedastic" if self._choose_likelihood else "gaussian"
         likelihood = resolve_likelihood(likelihood)
         if likelihood.is_classification:
             raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood={self.likelihood!r} is a likelihood of class "
