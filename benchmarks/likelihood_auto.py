@@ -14,6 +14,7 @@ Usage::
     python benchmarks/likelihood_auto.py --study uci --splits 0 1 2 3 4 --tag uci_a
     python benchmarks/likelihood_auto.py --study shift --tag shift
     python benchmarks/likelihood_auto.py --study synthetic --tag syn
+    python benchmarks/likelihood_auto.py --study constant --tag const
     python benchmarks/likelihood_auto.py --report uci_a shift syn      # → likelihood_auto.md
 """
 
@@ -101,6 +102,28 @@ def run_synthetic(seeds):
                    "split_hgb": {"is": m["split_hgb"]["interval_score"], "cov": m["split_hgb"]["coverage"]}}
 
 
+def run_constant(seeds):
+    """Constant noise (Friedman #1, σ = 1, 5 features of 10 inert) at 600 and 2,500 rows: σ(x) has nothing to
+    follow; auto should take the Gaussian, and what choosing the heteroscedastic network would cost is measured."""
+    from sklearn.datasets import make_friedman1
+    for n in (600, 2500):
+        for seed in seeds:
+            X, y = make_friedman1(n + 5000, noise=1.0, random_state=seed)
+            n_cal = n // 10
+            Xf, yf, Xc, yc, Xt, yt = X[n_cal:n], y[n_cal:n], X[:n_cal], y[:n_cal], X[n:], y[n:]
+            a = _auto(Xf, yf, Xc, yc, Xt, yt, seed)
+            out, fitted = {}, {}
+            for tag, lik in (("default", "gaussian"), ("het", "heteroscedastic")):
+                est = fitted[tag] = rc.fit_glas(lik, Xf, yf, Xc, yc, seed)
+                pis = est.predict_interval(Xt)[1][:, :, 0]
+                out[tag] = {"is": ms.interval_score(yt, pis), "cov": float(np.mean((yt >= pis[:, 0]) &
+                                                                                   (yt <= pis[:, 1])))}
+            sc = rc.split_conformal(fitted["default"].predict, Xc, yc, Xt)
+            out["split_nn"] = {"is": ms.interval_score(yt, sc), "cov": float(np.mean((yt >= sc[:, 0]) &
+                                                                                     (yt <= sc[:, 1])))}
+            yield {"group": f"friedman σ=1, {n} rows", "run": seed, "auto": a, **out}
+
+
 def chosen(run, z):
     s = run["auto"]["support"]
     return "het" if s["n_rows"] > 1 and s["nll_gain"] - z * s["nll_gain_se"] > 0 else "default"
@@ -162,7 +185,7 @@ def render(parts) -> str:
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--study", choices=["uci", "shift", "synthetic"])
+    p.add_argument("--study", choices=["uci", "shift", "synthetic", "constant"])
     p.add_argument("--splits", type=int, nargs="+", default=list(range(20)))
     p.add_argument("--features", type=int, default=4)
     p.add_argument("--tag", default="run")
@@ -174,7 +197,7 @@ def main():
         return
     torch.set_num_threads(1)
     gen = {"uci": lambda: run_uci(a.splits), "shift": lambda: run_shift(a.features),
-           "synthetic": lambda: run_synthetic(a.splits[:3])}[a.study]()
+           "synthetic": lambda: run_synthetic(a.splits[:3]), "constant": lambda: run_constant(a.splits[:3])}[a.study]()
     runs = []
     for r in gen:
         s = r["auto"]["support"]
