@@ -192,8 +192,16 @@ def main():
     p.add_argument("--report", nargs="+", help="render results/likelihood_auto_TAG.json files to likelihood_auto.md")
     a = p.parse_args()
     if a.report:
-        parts = [committed(f"likelihood_auto_{t}.json") for t in a.report]
-        (_common.RESULTS / "likelihood_auto.md").write_text(render(parts))
+        parts = {}
+        for t in a.report:  # parts of one study (e.g. splits 0-4 and 5-9) are merged
+            part = committed(f"likelihood_auto_{t}.json")
+            if part["study"] in parts:
+                parts[part["study"]]["runs"] += part["runs"]
+                parts[part["study"]]["command"] += "` and `" + part["command"]
+            else:
+                parts[part["study"]] = part
+        parts = list(parts.values())
+        _common.write_report(_common.RESULTS / "likelihood_auto.md", render(parts))
         return
     torch.set_num_threads(1)
     gen = {"uci": lambda: run_uci(a.splits), "shift": lambda: run_shift(a.features),

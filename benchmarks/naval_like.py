@@ -179,7 +179,7 @@ def main():
     a = p.parse_args()
     if a.report:
         res = json.loads((_common.RESULTS / f"naval_like_{a.report}.json").read_text())
-        (_common.RESULTS / "naval_like.md").write_text(render(res))
+        _common.write_report(_common.RESULTS / "naval_like.md", render(res))
         return
     torch.set_num_threads(1)
     runs = []
@@ -193,7 +193,7 @@ def main():
                 runs.append(r)
                 res = {"command": "python " + " ".join(sys.argv), "runs": runs, "machine": _common.machine_info("cpu")}
                 (_common.RESULTS / f"naval_like_{a.tag}.json").write_text(json.dumps(res, indent=1))
-    (_common.RESULTS / "naval_like.md").write_text(render(res))
+    _common.write_report(_common.RESULTS / "naval_like.md", render(res))
 
 
 if __name__ == "__main__":
