@@ -138,7 +138,7 @@ def fitted_pair():
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         het = LaplaceActiveSubspaceRegressor(likelihood="heteroscedastic", calibration_size=0.25, **FAST).fit(X, y)
-        hom = LaplaceActiveSubspaceRegressor(calibration_size=0.25, **FAST).fit(X, y)
+        hom = LaplaceActiveSubspaceRegressor(likelihood="gaussian", calibration_size=0.25, **FAST).fit(X, y)
     return het, hom
 
 

@@ -107,6 +107,11 @@ def test_fit_log_in_a_pipe_is_one_line_per_stage(cls, capsys):
     assert "\r" not in err
     lines = err.splitlines()
     stages = [line.split(":")[0] for line in lines]
+    if getattr(est, "likelihood_support_", None) is not None:  # likelihood="auto": the choice's trainings, its line
+        k = stages.index("likelihood")
+        assert stages[:k] == ["training"] * k and k == 3 and "auto chose" in lines[k], lines
+        lines = lines[k - 1:k] + lines[k + 1:]  # the last training is the chosen network's, on all the rows
+        stages = [line.split(":")[0] for line in lines]
     expected = ["training", "lanczos", "posterior"]
     expected += ["sigma0"] if est.n_sigma0_rows_ else []
     assert stages == expected + ["calibration", cls.__name__], lines

@@ -295,11 +295,16 @@ ATTRIBUTES_DOC = """\
 
 # The regressor's own parameters (after PARAMETERS_DOC) and fitted attributes (after ATTRIBUTES_DOC).
 REGRESSOR_PARAMETERS_DOC = """\
-    likelihood : "gaussian", "heteroscedastic", "student_t", "auto" or Likelihood, default="gaussian"
-        "auto": "heteroscedastic" when the estimator builds the network (``module=None``), "gaussian" for a
-        module of your own (benchmarks/results/mondrian_shift.md, variance_head.md; opt-in: no test of the
-        data's support for a varying σ(x) yet). "gaussian": y = f(x) + ε with one noise level σ per output (the
-        paper's). "heteroscedastic"
+    likelihood : "auto", "gaussian", "heteroscedastic", "student_t" or Likelihood, default="auto"
+        "auto": "heteroscedastic" when the data support a noise level that varies with x, "gaussian" otherwise.
+        On a network the estimator builds, with conformal intervals, ``fit`` trains both networks and compares
+        their negative log-likelihood on rows neither was trained on (the early-stopping validation rows, else 20 %
+        of the training rows, after which the chosen network is trained on all of them; never the calibration
+        rows): heteroscedastic when it is lower by more than one standard error (``likelihood_support_``;
+        fewer than 100 training rows: "gaussian"). A module of your own, ``include_noise=True`` and the
+        paper's ``calibration="coverage"`` take "gaussian" (benchmarks/results/likelihood_auto.md,
+        naval_like.md). "gaussian": y = f(x) + ε with one noise level σ per output (the paper's).
+        "heteroscedastic"
         (:class:`~glas_sklearn.likelihoods.HeteroscedasticGaussian`): per target the network outputs a mean μ(x)
         and a variance parameter, so the noise level σ(x) varies with x. The default MLP then has 2k outputs
         [μ_1 … μ_k, log σ²_1 … log σ²_k] and is trained with β-NLL (Seitzer et al. 2022; ``beta_nll=0.5`` of the
@@ -349,7 +354,12 @@ REGRESSOR_ATTRIBUTES_DOC = """\
         With ``calibration="conformal"``: the root mean square of the calibration scores ``|y − ŷ|/σ̂``, the
         Gaussian maximum-likelihood scale by which ``predict(return_std=True)`` multiplies σ̂ (ones otherwise).
     y_mean_, y_scale_ : ndarray
-        The internal standardisation of the targets (zeros and ones when off or prefit)."""
+        The internal standardisation of the targets (zeros and ones when off or prefit).
+    likelihood_support_ : dict or None
+        With ``likelihood="auto"`` on a network built here: the evidence of the choice, ``chosen`` (the
+        likelihood's name), ``supported``, ``nll_gain`` (mean held-out NLL of the Gaussian network minus that of
+        the heteroscedastic one, nats per row, each with one noise scale fitted on those rows), ``nll_gain_se``,
+        ``z``, ``n_rows``, ``rows`` (which rows), the fitted scales and ``seconds``; None otherwise."""
 
 # The sample_weight parameter of both estimators' fit.
 SAMPLE_WEIGHT_DOC = """\

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
+from torch import nn
 
 from .._checks import make_generator, numpy_rng
 from .._functional import model_outputs
@@ -22,6 +23,7 @@ from ._docs import (
     REGRESSOR_PARAMETERS_DOC,
     SAMPLE_WEIGHT_DOC,
 )
+from ._likelihood_choice import choose_auto_likelihood
 from ._observation_noise import NOISE_SOURCES, ObservationNoiseMixin
 from ._output_layout import OutputLayoutMixin
 from ._regression_targets import RegressionTargetsMixin
@@ -81,7 +83,7 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
     def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="auto", n_components="auto",
                  max_components=50, sigma0="auto", posterior="low_rank", calibration="conformal",
                  predictive="auto", n_samples=1000, confidence_level=0.9, calibration_size=0.1,
-                 likelihood="gaussian", noise_std="auto", include_noise=False, max_epochs=500, lr="auto",
+                 likelihood="auto", noise_std="auto", include_noise=False, max_epochs=500, lr="auto",
                  batch_size="auto", weight_decay=0.0, optimizer="adam", standardize="auto", padding_idx=None,
                  subsample="auto", eigen_method="lanczos", device="auto", dtype="auto", random_state=None, verbose=0,
                  early_stopping="auto", validation_fraction=0.1, n_iter_no_change=10, tol=1e-4,
@@ -103,8 +105,12 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
     # ------------------------------------------------------------------ hooks
     def _resolve_likelihood(self) -> Likelihood:
         likelihood = self.likelihood
-        if isinstance(likelihood, str) and likelihood == "auto":  # a variance head only on a network built here
-            likelihood = "heteroscedastic" if self.module is None else "gaussian"
+        # "auto": a variance head only on a network built here, for intervals the conformal calibrator makes from σ̂,
+        # kept when held-out rows support it (_theta0_module); the Gaussian under the paper's calibration or noise
+        self._choose_likelihood = (isinstance(likelihood, str) and likelihood == "auto" and self.module is None
+                                   and not self.include_noise and not self._calibrator().chooses_dimension)
+        if isinstance(likelihood, str) and likelihood == "auto":
+            likelihood = "heteroscedastic" if self._choose_likelihood else "gaussian"
         likelihood = resolve_likelihood(likelihood)
         if likelihood.is_classification:
             raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood={self.likelihood!r} is a likelihood of class "
@@ -119,6 +125,12 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
                              "predictive_interval) and names its default conformity score (default_conformity_score), "
                              "as 'gaussian', 'heteroscedastic' and 'student_t' do.") from err
         return likelihood
+
+    def _theta0_module(self, Xt, yt, n_outputs, seed, dtype, sample_weight=None) -> nn.Module:
+        self.likelihood_support_ = None  # "auto" on a network built here: both trained, the support tested
+        if self._choose_likelihood:
+            return choose_auto_likelihood(self, super()._theta0_module, Xt, yt, seed, dtype, sample_weight)
+        return super()._theta0_module(Xt, yt, n_outputs, seed, dtype, sample_weight)
 
     def _resolved_scaling(self):
         if self.scaling == "auto":

@@ -1,0 +1,171 @@
+"""``likelihood="auto"``: the heteroscedastic Gaussian when held-out rows support it, the Gaussian otherwise.
+
+*Support* is measured, not assumed. With ``likelihood="auto"`` on a network the estimator builds, ``fit`` trains
+two networks on the same rows (same seed, same early-stopping split): one with a variance head (mean μ_h(x) and
+noise σ_h²(x), the :class:`~glas_sklearn.likelihoods.HeteroscedasticGaussian`) and one homoscedastic (mean μ_g(x),
+the :class:`~glas_sklearn.likelihoods.Gaussian`). On rows neither was trained on it compares, per row i, the
+negative log-likelihood of
+
+- N(μ_h(x_i), c σ_h²(x_i)), c = mean of r_h²/σ_h² (the one scale that maximises the likelihood on these rows), and
+- N(μ_g(x_i), s²), s² = mean of r_g² (the same: one fitted constant),
+
+so that each model has one parameter fitted on the rows it is judged on. The data *support* the heteroscedastic
+model when the mean per-row gain d̄ = mean(NLL_g − NLL_h) exceeds ``SUPPORT_Z`` = 1 standard error (a paired
+test, one-sided at about 16 %): σ(x) must explain the held-out residuals better than a constant noise around the
+homoscedastic network's mean. z = 1 rather than 1.645 (5 %) because the two errors cost differently: on the dev sets
+(20 % held out, 37–259 rows) z = 1.645 fell back to the Gaussian on splits where the heteroscedastic intervals were
+much better (yacht under extrapolation: 0.41× against 0.30× the default's), while z = 1 kept it and still chose the
+Gaussian on every near noise-free and constant-noise case measured (benchmarks/results/likelihood_auto.md). The
+test judges both the noise model and the mean, because a variance head can cost the mean
+(near noise-free targets: the residuals are approximation error, benchmarks/results/naval_like.md).
+
+The rows are the early-stopping validation rows when training holds some out (from 2,000 training rows under
+``early_stopping="auto"``). Below that, ``SUPPORT_FRACTION`` (20 %) of the training rows is held out, both networks
+are trained on the rest and compared there, and the chosen one is trained again on all the training rows. The
+calibration rows are never looked at, so the conformal guarantee is exact whichever likelihood is chosen.
+
+The test runs only where the choice is the estimator's to make: a network it builds, intervals from the conformal
+calibrator (which normalises by σ̂(x)). A module of the user's, ``include_noise=True`` (intervals with one noise
+level) and the paper's ``calibration="coverage"`` take the Gaussian; so do fewer than 100 training rows (fewer than
+``MIN_SUPPORT_ROWS`` held-out rows: too few to tell).
+
+Cost: a second training from 2,000 rows (2× the training time), three trainings below (two on 80 % of the rows);
+the curvature, the posterior and the calibration are built once, for the chosen likelihood.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable
+
+import numpy as np
+import torch
+from torch import nn
+
+from .._checks import numpy_rng
+from .._functional import model_outputs
+from ..likelihoods import Gaussian, Likelihood
+
+__all__ = ["MIN_SUPPORT_ROWS", "SUPPORT_FRACTION", "SUPPORT_Z", "choose_auto_likelihood", "likelihood_support"]
+
+#: Standard errors by which the heteroscedastic model's mean held-out NLL gain must exceed zero.
+SUPPORT_Z = 1.0
+#: Share of the training rows held out for the test when training holds no validation rows out (below 2,000 rows).
+SUPPORT_FRACTION = 0.2
+#: Fewer held-out rows than this (fewer than 100 training rows): no test, the Gaussian.
+MIN_SUPPORT_ROWS = 20
+# Offset of the seed of that split (within the training rows).
+_SUPPORT_SPLIT = 7919
+# The training record of a network, kept for the one that is chosen.
+_TRAINING_ATTRS = ("n_iter_", "loss_curve_", "training_loss_", "validation_scores_", "best_validation_score_",
+                   "validation_indices_", "n_threads_")
+
+
+def likelihood_support(heteroscedastic: Likelihood, heteroscedastic_outputs: torch.Tensor,
+                       gaussian_outputs: torch.Tensor, y: torch.Tensor, z: float = SUPPORT_Z) -> dict:
+    """Whether held-out rows support a noise level that varies with x (see the module docstring).
+
+    Parameters
+    ----------
+    heteroscedastic : Likelihood
+        A likelihood with ``noise_in_outputs`` (it reads μ_h and σ_h² from ``heteroscedastic_outputs``).
+    heteroscedastic_outputs : torch.Tensor of shape (m, 2k)
+        The heteroscedastic network's outputs on the held-out rows.
+    gaussian_outputs : torch.Tensor of shape (m, k)
+        The homoscedastic network's outputs (means) on the same rows.
+    y : torch.Tensor of shape (m, k)
+        The targets of those rows, in the networks' units.
+    z : float, default=SUPPORT_Z
+        The one-sided threshold in standard errors of the mean gain.
+
+    Returns
+    -------
+    dict
+        ``supported`` (bool), ``nll_gain`` (mean NLL_g − NLL_h per row, nats; > 0 favours the heteroscedastic
+        model), ``nll_gain_se`` (its standard error), ``z``, ``n_rows``, ``heteroscedastic_scale`` (c per target)
+        and ``gaussian_std`` (s per target, in the networks' units).
+    """
+    y = y.detach().to(torch.float64).reshape(len(y), -1)
+    mu_h = heteroscedastic.mean_output(heteroscedastic_outputs).detach().to(torch.float64).reshape(y.shape)
+    var_h = heteroscedastic.noise_variance(heteroscedastic_outputs).detach().to(torch.float64).reshape(y.shape)
+    mu_g = gaussian_outputs.detach().to(torch.float64).reshape(y.shape)
+    tiny = torch.finfo(torch.float64).tiny
+    var_h = var_h.clamp_min(tiny)
+    r_h2, r_g2 = (y - mu_h) ** 2, (y - mu_g) ** 2
+    c = (r_h2 / var_h).mean(0).clamp_min(tiny)
+    s2 = r_g2.mean(0).clamp_min(tiny)
+    nll_h = 0.5 * (r_h2 / (c * var_h) + torch.log(c * var_h)).sum(-1)
+    nll_g = 0.5 * (r_g2 / s2 + torch.log(s2)).sum(-1)
+    d = (nll_g - nll_h).cpu().numpy()
+    m = len(d)
+    gain = float(d.mean()) if m else 0.0
+    se = float(d.std(ddof=1) / np.sqrt(m)) if m > 1 else float("inf")
+    return {"supported": bool(m > 1 and gain - z * se > 0), "nll_gain": gain, "nll_gain_se": se, "z": float(z),
+            "n_rows": int(m), "heteroscedastic_scale": c.cpu().numpy(), "gaussian_std": s2.sqrt().cpu().numpy()}
+
+
+def choose_auto_likelihood(est, train: Callable, Xt: torch.Tensor, yt: torch.Tensor, seed: int, dtype: torch.dtype,
+                           sample_weight: torch.Tensor | None = None) -> nn.Module:
+    """θ0 for ``likelihood="auto"``: the heteroscedastic and the homoscedastic network trained on the same rows,
+    the support tested on rows neither was trained on, the chosen network returned with ``est.likelihood_`` and the
+    training record (``n_iter_``, ``loss_curve_``, ...) its own; the evidence is ``est.likelihood_support_``
+    (:func:`likelihood_support`'s dict with ``rows``, ``chosen`` and ``seconds`` added). ``train(Xt, yt, n_outputs,
+    seed, dtype, sample_weight)`` trains one network for ``est.likelihood_`` (the estimator's own θ0 step).
+
+    With early-stopping validation rows (from 2,000 training rows under ``early_stopping="auto"``) both networks
+    are trained once and compared there. Without, ``SUPPORT_FRACTION`` of the training rows is held out, both
+    networks are trained on the rest and compared on it, and the chosen one is trained again on all the rows.
+    The calibration rows are never used, so the conformal guarantee is untouched."""
+    t0 = time.perf_counter()
+    het, gaussian, k = est.likelihood_, Gaussian(), yt.shape[1]
+    if est._split_off_validation_rows(yt, seed)[1] is not None:  # training will hold validation rows out
+        het_module = train(Xt, yt, het.n_outputs(k), seed, dtype, sample_weight)
+        het_record = ({a: getattr(est, a, None) for a in _TRAINING_ATTRS}, est.timings_.get("training"))
+        est.likelihood_ = gaussian
+        module = train(Xt, yt, gaussian.n_outputs(k), seed, dtype, sample_weight)
+        index = torch.as_tensor(est.validation_indices_, device=Xt.device)
+        support = likelihood_support(het, model_outputs(het_module, Xt[index]), model_outputs(module, Xt[index]),
+                                     yt[index])
+        support["rows"] = "validation"
+        if support["supported"]:
+            est.likelihood_, module = het, het_module
+            for name, value in het_record[0].items():
+                setattr(est, name, value)
+            est.timings_["training"] = het_record[1]
+    elif int(np.ceil(SUPPORT_FRACTION * len(yt))) < MIN_SUPPORT_ROWS:  # too few rows to tell: the Gaussian
+        est.likelihood_ = gaussian
+        module = train(Xt, yt, gaussian.n_outputs(k), seed, dtype, sample_weight)
+        support = {"supported": False, "nll_gain": float("nan"), "nll_gain_se": float("nan"), "z": SUPPORT_Z,
+                   "n_rows": 0, "rows": f"none (fewer than {MIN_SUPPORT_ROWS / SUPPORT_FRACTION:.0f} training rows)"}
+    else:
+        n = len(yt)
+        n_held = int(np.ceil(SUPPORT_FRACTION * n))
+        perm = numpy_rng((seed + _SUPPORT_SPLIT) % 2**31).permutation(n)
+        fit, held = (torch.as_tensor(np.sort(p), device=Xt.device) for p in (perm[n_held:], perm[:n_held]))
+        w = None if sample_weight is None else sample_weight[fit]
+        het_part = train(Xt[fit], yt[fit], het.n_outputs(k), seed, dtype, w)
+        est.likelihood_ = gaussian
+        gaussian_part = train(Xt[fit], yt[fit], gaussian.n_outputs(k), seed, dtype, w)
+        support = likelihood_support(het, model_outputs(het_part, Xt[held]), model_outputs(gaussian_part, Xt[held]),
+                                     yt[held])
+        support["rows"] = "held-out training"
+        est.likelihood_ = het if support["supported"] else gaussian
+        module = train(Xt, yt, est.likelihood_.n_outputs(k), seed, dtype, sample_weight)
+    support.update(chosen=est.likelihood_.name, seconds=time.perf_counter() - t0)
+    est.timings_["likelihood_choice"] = support["seconds"] - (est.timings_.get("training") or 0.0)
+    est.likelihood_support_ = support
+    est._report(support_line(support))
+    return module
+
+
+def support_line(support: dict) -> str:
+    """The fit's line on the choice, e.g. "likelihood: auto chose heteroscedastic: on 716 validation rows the
+    heteroscedastic network's held-out NLL is 0.31 ± 0.04 nats per row below the Gaussian network's
+    (heteroscedastic when more than 1 standard errors below), 5.1 s (second network and test)"."""
+    if not support["n_rows"]:
+        return f"likelihood: auto chose {support['chosen']}: no test on {support['rows']}"
+    sign = "below" if support["nll_gain"] >= 0 else "above"
+    return (f"likelihood: auto chose {support['chosen']}: on {support['n_rows']} {support['rows']} rows the "
+            f"heteroscedastic network's held-out NLL is {abs(support['nll_gain']):.3g} ± {support['nll_gain_se']:.2g} "
+            f"nats per row {sign} the Gaussian network's (heteroscedastic when more than {support['z']:g} standard "
+            f"errors below), {support['seconds']:.1f} s (second network and test)")
