@@ -122,6 +122,18 @@ def test_fit_log_in_a_pipe_is_one_line_per_stage(cls, capsys):
     assert all(" s" in line for line in lines)  # each with its time
 
 
+def test_closing_line_counts_the_rows_trained_on_not_the_curvature_subsample(capsys):
+    """With ``subsample`` the curvature sees fewer records than training did; the closing line names the rows the
+    network was trained on (the training line's count), not ``n_records_``."""
+    X, y = _blobs_or_wave(False)
+    est = LaplaceActiveSubspaceRegressor(likelihood="gaussian", max_epochs=5, max_components=4, subsample=40,
+                                         random_state=0, verbose=1).fit(X, y)
+    lines = capsys.readouterr().err.splitlines()
+    n_train = len(est.train_indices_)
+    assert est.n_records_ == 40 < n_train
+    assert f"epochs on {n_train} rows" in lines[-1] and "on 40 rows" not in lines[-1], lines[-1]
+
+
 def test_fit_is_silent_with_verbose_zero(capsys):
     X, y = _blobs_or_wave(False)
     LaplaceActiveSubspaceRegressor(max_epochs=5, max_components=4, n_samples=20, random_state=0).fit(X, y)

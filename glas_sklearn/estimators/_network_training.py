@@ -47,6 +47,8 @@ class NetworkTrainingMixin:
             t0 = time.perf_counter()
             self._train(module, Xt, yt, seed, sample_weight)
             self.timings_["training"] = time.perf_counter() - t0
+            held = self.validation_indices_
+            self._n_rows_trained = Xt.shape[0] - (0 if held is None else len(held))  # for the closing line
             self._report(training_line(self, Xt.shape[0], self.timings_["training"]))
         self._check_output_shape(module, Xt[:1], n_outputs)
         if self.prefit:

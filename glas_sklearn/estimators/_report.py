@@ -87,7 +87,7 @@ def fit_line(est) -> str:
         network = f"used the prefit network ({est.n_weights_:,} trainable weights) as it is"
     else:
         network = (f"trained the network ({est.n_weights_:,} weights) for {len(est.training_loss_)} epochs on "
-                   f"{est.n_records_:,} rows")
+                   f"{getattr(est, '_n_rows_trained', est.n_records_):,} rows")
     kind = est.posterior if isinstance(est.posterior, str) else est.posterior.__name__
     levels = ", ".join(_pct(v) for v in est._levels(None))
     return (f"{name}: fitted in {est.timings_['total']:.1f} s: {network}; posterior {kind}, d = {est.n_components_}; "
