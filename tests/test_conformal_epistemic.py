@@ -211,9 +211,9 @@ def test_regressor_default_fits_the_weight_for_the_heteroscedastic_likelihood_on
     np.testing.assert_allclose(het.predict(X_new), one.predict(X_new), rtol=1e-12)  # the mean is untouched
     if abs(lam[0] - 1) > 0.05:
         assert not np.allclose(het.predict_interval(X_new)[1], one.predict_interval(X_new)[1])
-    # the homoscedastic default (σ̂ = σ_f, one part): λ = 1, the same intervals as before
-    hom = _fit(data=data)
-    hom1 = _fit(data=data, calibration=ConformalCalibrator(epistemic_weight=1.0))
+    # the homoscedastic Gaussian (σ̂ = σ_f, one part): λ = 1, the same intervals as before
+    hom = _fit(data=data, likelihood="gaussian")
+    hom1 = _fit(data=data, likelihood="gaussian", calibration=ConformalCalibrator(epistemic_weight=1.0))
     assert hom.calibrator_.epistemic_weight_.tolist() == [1.0]
     np.testing.assert_allclose(hom.predict_interval(X_new)[1], hom1.predict_interval(X_new)[1], rtol=1e-10)
     # the paper's method stays one argument away and knows no weight
