@@ -12,6 +12,9 @@ from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceR
 from glas_sklearn.calibration import CalibrationWarning
 from tests.reference import assert_unchanged, mlp, snapshot
 
+#: Prefit networks here are often untrained on purpose; the warning saying so is tested in test_messages.py.
+pytestmark = pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitUnderfitWarning")
+
 TINY = dict(max_components=2, n_samples=20, random_state=0)
 
 

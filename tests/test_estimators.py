@@ -19,6 +19,9 @@ from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceR
 from glas_sklearn.calibration import CalibrationWarning
 from tests.reference import assert_unchanged, mlp, snapshot
 
+#: Prefit networks here are often untrained on purpose; the warning saying so is tested in test_messages.py.
+pytestmark = pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitUnderfitWarning")
+
 # The tests of the paper's method pass its settings explicitly (the defaults are the low-rank posterior with
 # conformal calibration, tested in their own section below).
 PAPER = dict(calibration="coverage", posterior="subspace")

@@ -22,6 +22,9 @@ from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceR
 from glas_sklearn.calibration import CalibrationWarning
 from glas_sklearn.posterior import ActiveSubspacePosterior
 
+#: Prefit networks here are often untrained on purpose; the warning saying so is tested in test_messages.py.
+pytestmark = pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitUnderfitWarning")
+
 SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(16,)), max_epochs=20, lr=0.02, max_components=5, n_samples=40,
              random_state=0)
 N_THREADS, N_CALLS = 4, 6  # every thread calls each of up to 6 methods once

@@ -18,6 +18,9 @@ from glas_sklearn.likelihoods import Categorical, HeteroscedasticGaussian, Natur
 
 from .stubs import AbsoluteResidual
 
+#: Prefit networks here are often untrained on purpose; the warning saying so is tested in test_messages.py.
+pytestmark = pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitUnderfitWarning")
+
 LAYOUTS = ("mean_logvar", "natural")
 EPS64 = torch.finfo(torch.float64).eps
 

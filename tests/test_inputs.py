@@ -18,6 +18,9 @@ from glas_sklearn.laplace import fit_laplace_subspace
 
 from .reference import assert_unchanged, dense_ggn, snapshot
 
+#: Prefit networks here are often untrained on purpose; the warning saying so is tested in test_messages.py.
+pytestmark = pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitUnderfitWarning")
+
 FAST = dict(n_samples=20, max_components=3, dtype="float64", random_state=0)
 
 

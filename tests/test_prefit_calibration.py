@@ -29,6 +29,9 @@ from glas_sklearn.estimators._prefit import PrefitRowRegistry, module_fingerprin
 from glas_sklearn.metrics import make_interval_scorer
 from tests.reference import assert_unchanged, snapshot
 
+#: Prefit networks here are often untrained on purpose; the warning saying so is tested in test_messages.py.
+pytestmark = pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitUnderfitWarning")
+
 LEVEL = 0.9
 
 

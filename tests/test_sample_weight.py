@@ -23,6 +23,9 @@ from glas_sklearn.laplace import fit_laplace_subspace, residual_noise_variance
 
 from .reference import TinyLSTM, assert_unchanged, dense_ggn, mlp, snapshot
 
+#: Prefit networks here are often untrained on purpose; the warning saying so is tested in test_messages.py.
+pytestmark = pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitUnderfitWarning")
+
 EPS = torch.finfo(torch.float64).eps
 
 

@@ -36,6 +36,9 @@ from glas_sklearn import (
 )
 from glas_sklearn.calibration import CalibrationWarning
 
+#: Prefit networks here are often untrained on purpose; the warning saying so is tested in test_messages.py.
+pytestmark = pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitUnderfitWarning")
+
 # Small, fast and exact: float64 so that results do not depend on how many rows share a matrix product
 # (subset / sample-order invariance), full-batch training so that 50 epochs reach the train-score thresholds.
 SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=50, lr=0.05, batch_size=None,

@@ -24,6 +24,9 @@ from glas_sklearn.estimators._training import (
 )
 from glas_sklearn.likelihoods import HeteroscedasticGaussian
 
+#: Prefit networks here are often untrained on purpose; the warning saying so is tested in test_messages.py.
+pytestmark = pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitUnderfitWarning")
+
 # likelihood="gaussian": one network per fit (likelihood="auto" trains two or three to choose between them)
 FAST = dict(module_kwargs=dict(hidden_layer_sizes=(16,)), n_samples=50, max_components=3, dtype="float64",
             random_state=0, early_stopping=True, likelihood="gaussian")

@@ -33,6 +33,9 @@ from glas_sklearn.ggn import GGNOperator  # noqa: E402
 from glas_sklearn.laplace import fit_laplace_subspace  # noqa: E402
 from glas_sklearn.sampling import perturbed_copy, sample_parameters  # noqa: E402
 
+#: Prefit networks here are often untrained on purpose; the warning saying so is tested in test_messages.py.
+pytestmark = pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitUnderfitWarning")
+
 VOCAB, LENGTH, MARKER, PAD = 30, 10, 1, 0
 
 
