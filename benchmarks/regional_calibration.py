@@ -35,6 +35,7 @@ import torch
 from glas_sklearn.calibration import (
     MondrianConformalCalibrator,
     conformal_quantile,
+    epistemic_cap,
     fit_epistemic_weight,
     weighted_moments,
 )
@@ -46,8 +47,10 @@ LEVEL = rc.LEVEL
 METHODS = [
     ("default", "GLAS homoscedastic default (conformal; one variance part, so λ is moot)"),
     ("het", "heteroscedastic, split conformal with σ̂² = σ_ale² + σ_epi² (λ = 1: the calibration before this change)"),
-    ("het_fit", "heteroscedastic, λ fitted on the calibration rows, epistemic excess beyond their largest σ_epi² "
-                "counted in full (the new default, `ConformalCalibrator()`)"),
+    ("het_fit", "heteroscedastic, λ fitted on the calibration rows in the capped form, epistemic excess beyond "
+                "their median σ_epi² counted at least in full (the default, `ConformalCalibrator()`, since i27f)"),
+    ("het_fit_max", "as `het_fit` with the cap at the calibration rows' largest σ_epi² and λ fitted without it "
+                    "(the default of i27d)"),
     ("het_fit_nocap", "as `het_fit` without the cap (σ̂² = σ_ale² + λ σ_epi² everywhere)"),
     ("het_mondrian", "heteroscedastic, λ = 1, Mondrian over σ̂ bins (min_bin_size 100)"),
     ("het_fit_mondrian", "`het_fit` + Mondrian over σ̂ bins (min_bin_size 100)"),
@@ -67,8 +70,7 @@ VARIANTS = {
     "het_fit_q50_capfit": (0.5, 0.0, True), "het_fit_q25_capfit": (0.25, 0.0, True),
     "het_fit_q90_floor0.1": (0.9, 0.1, False), "het_fit_q75_floor0.1": (0.75, 0.1, False),
 }
-VARIANT_METHODS = [("default", dict(METHODS)["default"]), ("het", dict(METHODS)["het"]),
-                   ("het_fit", dict(METHODS)["het_fit"])] + [
+VARIANT_METHODS = [(k, dict(METHODS)[k]) for k in ("default", "het", "het_fit", "het_fit_max")] + [
     (k, f"`het_fit` with m = the {q:g} quantile of the calibration rows' σ_epi², λ ≥ {f:g}"
         + (", λ fitted by the profile NLL of the capped σ̂² itself" if c else "")) for k, (q, f, c) in VARIANTS.items()
 ] + [("split_nn", dict(METHODS)["split_nn"])]
@@ -175,6 +177,9 @@ def intervals(method, d):
             else:
                 lam = fit_epistemic_weight(y_cal - d["het_mu_cal"], pc[1].numpy(), pc[2].numpy())
             lam = np.maximum(lam, floor)
+        elif method.startswith("het_fit") and method not in ("het_fit_nocap", "het_fit_max"):  # the default
+            cap = epistemic_cap(pc[2].numpy())
+            lam = fit_epistemic_weight(y_cal - d["het_mu_cal"], pc[1].numpy(), pc[2].numpy(), cap)
         else:
             lam = fit_epistemic_weight(y_cal - d["het_mu_cal"], pc[1].numpy(), pc[2].numpy())
             cap = None if method == "het_fit_nocap" else pc[2].amax(0).numpy()
@@ -220,7 +225,7 @@ def evaluate(path, methods=METHODS):
             e["noise"] = _quintile_counts(d["noise_te"], cov)
         out[m] = e
     pc = _parts(d, "cal")
-    lam = fit_epistemic_weight(d["y_cal"] - d["het_mu_cal"], pc[1].numpy(), pc[2].numpy())
+    lam = fit_epistemic_weight(d["y_cal"] - d["het_mu_cal"], pc[1].numpy(), pc[2].numpy(), epistemic_cap(pc[2].numpy()))
     return out, {"lambda": float(lam[0]), "n_cal": int(len(d["y_cal"]))}
 
 
