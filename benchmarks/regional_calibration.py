@@ -35,6 +35,7 @@ import torch
 from glas_sklearn.calibration import (
     MondrianConformalCalibrator,
     conformal_quantile,
+    epistemic_cap,
     fit_epistemic_weight,
     weighted_moments,
 )
@@ -46,8 +47,10 @@ LEVEL = rc.LEVEL
 METHODS = [
     ("default", "GLAS homoscedastic default (conformal; one variance part, so λ is moot)"),
     ("het", "heteroscedastic, split conformal with σ̂² = σ_ale² + σ_epi² (λ = 1: the calibration before this change)"),
-    ("het_fit", "heteroscedastic, λ fitted on the calibration rows, epistemic excess beyond their largest σ_epi² "
-                "counted in full (the new default, `ConformalCalibrator()`)"),
+    ("het_fit", "heteroscedastic, λ fitted on the calibration rows in the capped form, epistemic excess beyond "
+                "their median σ_epi² counted at least in full (the default, `ConformalCalibrator()`, since i27f)"),
+    ("het_fit_max", "as `het_fit` with the cap at the calibration rows' largest σ_epi² and λ fitted without it "
+                    "(the default of i27d)"),
     ("het_fit_nocap", "as `het_fit` without the cap (σ̂² = σ_ale² + λ σ_epi² everywhere)"),
     ("het_mondrian", "heteroscedastic, λ = 1, Mondrian over σ̂ bins (min_bin_size 100)"),
     ("het_fit_mondrian", "`het_fit` + Mondrian over σ̂ bins (min_bin_size 100)"),
@@ -58,6 +61,31 @@ METHODS = [
                   "calibration rows, clipped to [0, 2]"),
     ("split_nn", "split conformal |y − ŷ| around the default's network (the reference)"),
 ]
+# ``--variants``: variants of the cap m and the weight λ of ``het_fit``
+# (name: (cap quantile, λ floor, λ fitted in the capped form))
+VARIANTS = {
+    "het_fit_q90": (0.9, 0.0, False), "het_fit_q75": (0.75, 0.0, False), "het_fit_q50": (0.5, 0.0, False),
+    "het_fit_floor0.1": (1.0, 0.1, False), "het_fit_floor0.2": (1.0, 0.2, False),
+    "het_fit_q90_capfit": (0.9, 0.0, True), "het_fit_q75_capfit": (0.75, 0.0, True),
+    "het_fit_q50_capfit": (0.5, 0.0, True), "het_fit_q25_capfit": (0.25, 0.0, True),
+    "het_fit_q90_floor0.1": (0.9, 0.1, False), "het_fit_q75_floor0.1": (0.75, 0.1, False),
+}
+VARIANT_METHODS = [(k, dict(METHODS)[k]) for k in ("default", "het", "het_fit", "het_fit_max")] + [
+    (k, f"`het_fit` with m = the {q:g} quantile of the calibration rows' σ_epi², λ ≥ {f:g}"
+        + (", λ fitted by the profile NLL of the capped σ̂² itself" if c else "")) for k, (q, f, c) in VARIANTS.items()
+] + [("split_nn", dict(METHODS)["split_nn"])]
+
+
+def _fit_weight_capped(r, vn, ve, m):
+    """λ minimising the profile NLL of σ̂² = vn + λ min(ve, m) + max(λ, 1)(ve − m)₊ (the form it is applied in)."""
+    from glas_sklearn.calibration.conformal import EPISTEMIC_WEIGHTS, _profile_nll
+    lo, ex = np.minimum(ve, m), np.maximum(ve - m, 0.0)
+    best, out = _profile_nll(r, vn + lo + ex), 1.0
+    for lam in EPISTEMIC_WEIGHTS:
+        nll = _profile_nll(r, vn + lam * lo + max(lam, 1.0) * ex)
+        if nll < best - 1e-9 * abs(best) - 1e-12:
+            best, out = nll, float(lam)
+    return np.array([out])
 
 
 def _moments(est, X):
@@ -141,6 +169,17 @@ def intervals(method, d):
         pc, pt = _parts(d, "cal"), _parts(d, "te")
         if method in ("het", "het_mondrian", "het_gamma"):
             lam, cap = np.ones(1), None
+        elif method in VARIANTS:
+            q, floor, capfit = VARIANTS[method]
+            cap = np.quantile(pc[2].numpy(), q, axis=0)
+            if capfit:
+                lam = _fit_weight_capped(y_cal - d["het_mu_cal"], pc[1].numpy()[:, 0], pc[2].numpy()[:, 0], cap[0])
+            else:
+                lam = fit_epistemic_weight(y_cal - d["het_mu_cal"], pc[1].numpy(), pc[2].numpy())
+            lam = np.maximum(lam, floor)
+        elif method.startswith("het_fit") and method not in ("het_fit_nocap", "het_fit_max"):  # the default
+            cap = epistemic_cap(pc[2].numpy())
+            lam = fit_epistemic_weight(y_cal - d["het_mu_cal"], pc[1].numpy(), pc[2].numpy(), cap)
         else:
             lam = fit_epistemic_weight(y_cal - d["het_mu_cal"], pc[1].numpy(), pc[2].numpy())
             cap = None if method == "het_fit_nocap" else pc[2].amax(0).numpy()
@@ -169,11 +208,11 @@ def _quintile_counts(values, covered):
     return [int(covered[b == i].sum()) for i in range(5)], [int((b == i).sum()) for i in range(5)]
 
 
-def evaluate(path):
+def evaluate(path, methods=METHODS):
     d = dict(np.load(path))
     y = d["y_te"]
     out = {}
-    for m, _ in METHODS:
+    for m, _ in methods:
         lo, hi = intervals(m, d)
         cov = (lo <= y) & (y <= hi)
         width = hi - lo
@@ -186,7 +225,7 @@ def evaluate(path):
             e["noise"] = _quintile_counts(d["noise_te"], cov)
         out[m] = e
     pc = _parts(d, "cal")
-    lam = fit_epistemic_weight(d["y_cal"] - d["het_mu_cal"], pc[1].numpy(), pc[2].numpy())
+    lam = fit_epistemic_weight(d["y_cal"] - d["het_mu_cal"], pc[1].numpy(), pc[2].numpy(), epistemic_cap(pc[2].numpy()))
     return out, {"lambda": float(lam[0]), "n_cal": int(len(d["y_cal"]))}
 
 
@@ -196,7 +235,7 @@ def stage_eval(args):
         runs = []
         for path in sorted(CACHE.glob(f"{study}_*.npz")):
             group, index = path.stem[len(study) + 1:].rsplit("_", 1)
-            res, diag = evaluate(path)
+            res, diag = evaluate(path, VARIANT_METHODS if args.variants else METHODS)
             runs.append({"group": group, "index": int(index), "methods": res, "diagnostics": diag})
         results[study] = runs
     json_path = _common.RESULTS / f"{STEM}{'_' + args.tag if args.tag else ''}.json"
@@ -228,7 +267,8 @@ def render(results) -> str:
              "seeds and partitions; 1 torch thread), cached; every calibration below is then applied to the same "
              "cached moments with the package's functions (`fit_epistemic_weight`, `weighted_moments`, "
              "`MondrianConformalCalibrator.calibrate_predictions`, `conformal_quantile`). 90 % intervals. "
-             "Methods: " + "; ".join(f"`{k}` {v}" for k, v in METHODS) + ".", "",
+             "Methods: " + "; ".join(f"`{k}` {v}" for k, v in dict(METHODS + VARIANT_METHODS).items()
+                                      if k in results["synthetic"][0]["methods"]) + ".", "",
              "Coverage per quintile (%) pooled over runs: of the true noise σ(x) (synthetic), of the method's own "
              "half-width (a monotone map of its σ̂: the σ̂ quintiles of the issue's target), of the default's σ̂ "
              "(`ref`, the same regions for every method). IS: mean interval score relative to `split_nn`, "
@@ -250,7 +290,7 @@ def render(results) -> str:
             lines += [f"### {g} ({len(rs)} runs, {rs[0]['diagnostics']['n_cal']} calibration rows; fitted λ median "
                       f"{np.median(lam):.3g}, range {min(lam):.3g}–{max(lam):.3g})", ""]
             rows = []
-            for m, _ in METHODS:
+            for m in [k for k in dict(METHODS + VARIANT_METHODS) if k in rs[0]["methods"]]:
                 ratio = float(np.exp(np.mean([np.log(r["methods"][m]["interval_score"]
                                                      / r["methods"]["split_nn"]["interval_score"]) for r in rs])))
                 cov = 100 * float(np.mean([r["methods"][m]["coverage"] for r in rs]))
@@ -287,6 +327,8 @@ def main(argv=None):
     p.add_argument("--cal-share", type=float, default=0.2)
     p.add_argument("--data-dir", type=Path, default=_common.data_dir("uci"))
     p.add_argument("--tag", default=None)
+    p.add_argument("--variants", action="store_true",
+                   help="evaluate the variants of the cap / weight of `het_fit` (VARIANTS) instead of METHODS")
     args = p.parse_args(argv)
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")

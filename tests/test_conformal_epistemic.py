@@ -21,6 +21,7 @@ from glas_sklearn.calibration import (
     MondrianConformalCalibrator,
     conformal_calibrate,
     conformal_quantile,
+    epistemic_cap,
     fit_epistemic_weight,
     weighted_moments,
 )
@@ -66,6 +67,29 @@ def test_weighted_moments_by_hand():
     # λ = 3 > 1: beyond the cap the excess counts with weight λ (never less than in full)
     m = weighted_moments((mean, ale, epi), 0.0, np.array([3.0]), np.array([2.0]))
     np.testing.assert_allclose(m.std.numpy()[:, 0] ** 2, [1.75, 7.0, 24.04], rtol=1e-14)
+    # the cap: the median σ_epi² of the calibration rows, per output (even n: the mean of the middle two)
+    assert epistemic_cap(np.array([0.5, 8.0, 2.0])).tolist() == [2.0]
+    np.testing.assert_allclose(epistemic_cap(np.array([[1.0, 4.0], [3.0, 0.0], [9.0, 1.0], [2.0, 2.0]])), [2.5, 1.5])
+
+
+def test_fit_epistemic_weight_with_a_cap_fits_the_capped_form():
+    """With a cap, λ minimises the profile NLL of σ_n² + λ min(σ_epi², m) + max(λ, 1)(σ_epi² − m)₊ (a grid search
+    by hand); data drawn from that form with λ = 0.1 give λ ≈ 0.1, where the uncapped form, which must explain the
+    rows above m with the same λ, does not."""
+    rng = np.random.default_rng(3)
+    n = 20000
+    ale, epi = rng.uniform(0.2, 1.0, n), rng.uniform(0.1, 3.0, n)
+    cap = epistemic_cap(epi)
+    v_true = ale + 0.1 * np.minimum(epi, cap) + 1.0 * np.maximum(epi - cap, 0)
+    r = np.sqrt(2.0 * v_true) * rng.standard_normal(n)
+    got = float(fit_epistemic_weight(r, ale, epi, cap)[0])
+    grid = np.r_[0.0, np.exp(np.linspace(np.log(1e-4), np.log(1e4), 161))]
+    v = [ale + g * np.minimum(epi, cap) + max(g, 1.0) * np.maximum(epi - cap, 0) for g in grid]
+    nll = [0.5 * np.mean(np.log(vi)) + 0.5 * np.log(np.mean(r**2 / vi)) for vi in v]
+    one = 0.5 * np.mean(np.log(ale + epi)) + 0.5 * np.log(np.mean(r**2 / (ale + epi)))
+    assert got == (grid[int(np.argmin(nll))] if min(nll) < one else 1.0)
+    assert abs(math.log(got / 0.1)) < 0.3, got
+    assert abs(math.log(float(fit_epistemic_weight(r, ale, epi)[0]) / 0.1)) > 0.5  # the uncapped form is off
 
 
 def _trained_posterior(seed=0, n=120):
@@ -96,18 +120,25 @@ def test_conformal_calibrate_with_a_fitted_weight_matches_the_hand_computation()
     d, n = 4, 40
     res = conformal_calibrate(post, xp[:n], yp[:n], d=d, confidence_level=[0.9, 0.5], likelihood=lik,
                               epistemic_weight="fit")
-    # by hand: the parts from the network and the posterior directly, λ by the profile NLL over the grid
+    # by hand: the parts from the network and the posterior directly, the cap m their median σ_epi², λ by the
+    # profile NLL over the grid of σ̂² = σ_ale² + λ min(σ_epi², m) + max(λ, 1)(σ_epi² − m)₊
     with torch.no_grad():
         out = post.predict_mean(xp[:n])
     mu, ale = out[:, 0].numpy(), out[:, 1].exp().numpy()
     epi = post.linearized_variance(xp[:n], d)[:, 0].numpy()
     r = yp[:n].numpy() - mu
+    m = float(np.sort(epi)[19:21].mean())  # the median of 40 rows
     grid = np.r_[0.0, np.exp(np.linspace(np.log(1e-4), np.log(1e4), 161))]
-    nll = [0.5 * np.mean(np.log(ale + g * epi)) + 0.5 * np.log(np.mean(r**2 / (ale + g * epi))) for g in grid]
+
+    def var(g):
+        return ale + g * np.minimum(epi, m) + max(g, 1.0) * np.maximum(epi - m, 0)
+
+    nll = [0.5 * np.mean(np.log(var(g))) + 0.5 * np.log(np.mean(r**2 / var(g))) for g in grid]
     lam = grid[int(np.argmin(nll))]
+    assert np.sum(epi > m) == 20 and lam != 1.0  # the cap and the weight both act here
     assert res.epistemic_weight[0] == pytest.approx(lam, rel=1e-12)
-    assert res.epistemic_cap[0] == pytest.approx(epi.max(), rel=1e-12)
-    scores = np.sort(np.abs(r) / np.sqrt(ale + lam * epi))
+    assert res.epistemic_cap[0] == pytest.approx(m, rel=1e-12)
+    scores = np.sort(np.abs(r) / np.sqrt(var(lam)))
     np.testing.assert_allclose(res.scores[:, 0], scores, rtol=1e-10)
     # ⌈41 · 0.9⌉ = 37th and ⌈41 · 0.5⌉ = 21st smallest
     np.testing.assert_allclose(res.quantiles[:, 0], [scores[36], scores[20]], rtol=1e-10)
@@ -148,8 +179,8 @@ def test_coverage_per_noise_quintile_by_simulation():
         r = sd * rng.standard_normal(500)
         sd_t, ale_t, epi_t = _simulated(4000, rng)
         for key in per:
-            lam = fit_epistemic_weight(r, ale, epi) if key == "fit" else np.ones(1)
-            cap = np.array([epi.max()])
+            cap = epistemic_cap(epi)
+            lam = fit_epistemic_weight(r, ale, epi, cap) if key == "fit" else np.ones(1)
             s_cal = weighted_moments((_t(r), _t(ale), _t(epi)), 0.0, lam, cap).std.numpy()[:, 0]
             q = conformal_quantile(np.abs(r) / s_cal, 0.9)[0]
             s_t = weighted_moments((_t(sd_t), _t(ale_t), _t(epi_t)), 0.0, lam, cap).std.numpy()[:, 0]
@@ -173,8 +204,10 @@ def test_marginal_level_with_the_weight_fitted_on_the_calibration_rows(n):
     for _ in range(1500):
         sd, ale, epi = _simulated(n, rng)
         r = sd * rng.standard_normal(n)
-        lam, cap = fit_epistemic_weight(r, ale, epi), np.array([epi.max()])
-        q = conformal_quantile(np.abs(r) / np.sqrt(ale + lam[0] * epi), 0.9)[0]
+        cap = epistemic_cap(epi)
+        lam = fit_epistemic_weight(r, ale, epi, cap)
+        s_cal = weighted_moments((_t(r), _t(ale), _t(epi)), 0.0, lam, cap).std.numpy()[:, 0]
+        q = conformal_quantile(np.abs(r) / s_cal, 0.9)[0]
         s_t = weighted_moments((_t(sd_t), _t(ale_t), _t(epi_t)), 0.0, lam, cap).std.numpy()[:, 0]
         covs.append(np.mean(2 * norm.cdf(q * s_t / sd_t) - 1))
     exact = math.ceil((n + 1) * 0.9 - 1e-9) / (n + 1)

@@ -861,7 +861,7 @@ def test_conformal_include_noise_multi_output_and_small_calibration_sets():
     mean, std = est.predict(X[:5], return_std=True)
     std, std_f = std / est.std_scale_, std_f / f_only.std_scale_  # the conformal normalisations σ̂
     # σ̂² = σ² + λ min(σ_f², m) + max(λ, 1) (σ_f² − m)₊: the epistemic weight λ fitted per output on the calibration
-    # rows, m their largest σ_f² (internal units: scaled by y_scale_² here)
+    # rows, m their median σ_f² (internal units: scaled by y_scale_² here)
     lam, cap = est.calibrator_.epistemic_weight_, est.calibrator_.epistemic_cap_ * est.y_scale_**2
     v = std_f**2
     expected = est.noise_std_**2 + lam * np.minimum(v, cap) + np.maximum(lam, 1) * np.maximum(v - cap, 0)
