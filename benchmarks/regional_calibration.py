@@ -260,8 +260,18 @@ def _ok(v):
     return bool(v) and min(v) >= 0.85 - 1e-12 and max(v) <= 0.95 + 1e-12
 
 
+def _subtitle(results) -> str:
+    """Tells the reports of one study apart: the cap variants, or which ``het_fit`` the run measured."""
+    if "--variants" in results["command"]:
+        return " (variants of the cap and the weight)"
+    methods = {m for study in ("synthetic", "uci", "shift") for run in results.get(study, [])
+               for m in run.get("methods", {})}
+    return " (median cap)" if "het_fit_max" in methods else " (cap at the largest σ_epi²)"
+
+
 def render(results) -> str:
-    lines = ["# Calibration per region: weighing the epistemic variance, Mondrian, a fitted exponent", "",
+    lines = [f"# Calibration per region: the epistemic weight, Mondrian, a fitted exponent{_subtitle(results)}",
+             "",
              f"`{results['command']}`", "", _common.machine_line(results["machine"]), "",
              "Per partition one heteroscedastic fit and one homoscedastic default fit (`regional_coverage.py`'s "
              "seeds and partitions; 1 torch thread), cached; every calibration below is then applied to the same "
