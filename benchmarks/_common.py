@@ -634,6 +634,13 @@ def write_results_and_report(json_path: str | Path, md_path: str | Path, results
     return payload, text
 
 
+def output_paths(args: argparse.Namespace, stem: str) -> tuple[Path, Path]:
+    """The results JSON and the markdown report of ``stem`` in ``args.out_dir``; ``--quick`` runs write
+    ``<stem>_quick.*`` so that they never overwrite the committed full runs."""
+    stem = stem + ("_quick" if args.quick else "")
+    return args.out_dir / f"{stem}.json", args.out_dir / f"{stem}.md"
+
+
 def report_from_results(json_path: str | Path, md_path: str | Path,
                         render: Callable[[dict], str]) -> tuple[dict, str]:
     """``--report-only``: read the results JSON, render the report from it and write it.

@@ -80,8 +80,7 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=None, help="default 500, the regressor's (quick 100)")
     args = p.parse_args(argv)
     args.epochs = args.epochs or (100 if args.quick else 500)
-    stem = STEM + ("_quick" if args.quick else "")
-    json_path, md_path = args.out_dir / f"{stem}.json", args.out_dir / f"{stem}.md"
+    json_path, md_path = _common.output_paths(args, STEM)
     if args.report_only:
         print(_common.report_from_results(json_path, md_path, render)[1])
         return

@@ -360,8 +360,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    stem = "hf_lora_quick" if args.quick else "hf_lora"
-    json_path, md_path = args.out_dir / f"{stem}.json", args.out_dir / f"{stem}.md"
+    json_path, md_path = _common.output_paths(args, "hf_lora")
     if args.report_only:
         R, text = _common.report_from_results(json_path, md_path, render)
         print(text)

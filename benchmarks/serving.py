@@ -214,8 +214,7 @@ def main(argv=None):
     if args.memory_child:
         _peak_child(args.memory_child, args.rows, args.threads, args.model)
         return
-    stem = STEM + ("_quick" if args.quick else "")
-    json_path, md_path = args.out_dir / f"{stem}.json", args.out_dir / f"{stem}.md"
+    json_path, md_path = _common.output_paths(args, STEM)
     if args.report_only:
         print(_common.report_from_results(json_path, md_path, render)[1])
         return

@@ -151,8 +151,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    stem = "student_t_quick" if args.quick else "student_t"
-    json_path, md_path = args.out_dir / f"{stem}.json", args.out_dir / f"{stem}.md"
+    json_path, md_path = _common.output_paths(args, "student_t")
     if args.report_only:
         R, text = _common.report_from_results(json_path, md_path, render)
         print(text)

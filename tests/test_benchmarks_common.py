@@ -292,3 +292,11 @@ def test_ece_against_a_hand_computed_value():
     assert common.ece(probs, labels, bins=2) == pytest.approx(low + high, rel=1e-12)
     perfect = np.eye(3)[[0, 1, 2]]
     assert common.ece(perfect, np.array([0, 1, 2])) == 0.0
+
+
+def test_output_paths_keep_quick_runs_apart(tmp_path):
+    import argparse
+    full = common.output_paths(argparse.Namespace(out_dir=tmp_path, quick=False), "student_t")
+    quick = common.output_paths(argparse.Namespace(out_dir=tmp_path, quick=True), "student_t")
+    assert full == (tmp_path / "student_t.json", tmp_path / "student_t.md")
+    assert quick == (tmp_path / "student_t_quick.json", tmp_path / "student_t_quick.md")
