@@ -212,3 +212,34 @@ def test_resolve_and_settings():
         MondrianConformalCalibrator(n_bins=0).bins_for(100, 0.9)
     m = MondrianConformalCalibrator(n_bins=3, conformity_score=StdNormalizedResidual())
     assert m.get_params()["n_bins"] == 3
+
+
+def test_regressor_default_is_mondrian_over_sigma_bands_and_plain_conformal_below_200_rows():
+    """The regressor's default calibration: one band (the pooled conformal quantile, the same intervals and std as
+    calibration="conformal" on the same network and rows) below 2 × 100 calibration rows; ⌊n / 100⌋ bands of σ̂
+    above, each with its own quantile (by hand from the band's scores)."""
+    X, y = _hetero(300)
+    kw = dict(SMALL, likelihood="gaussian")
+    small = LaplaceActiveSubspaceRegressor(calibration_size=0.5, **kw).fit(X, y)  # 150 calibration rows
+    plain = LaplaceActiveSubspaceRegressor(calibration="conformal", calibration_size=0.5, **kw).fit(X, y)
+    assert LaplaceActiveSubspaceRegressor().calibration == "mondrian"
+    assert isinstance(small.calibrator_, MondrianConformalCalibrator) and len(small.calibrator_.edges_[0]) == 0
+    X_new, _ = _hetero(40, seed=3)
+    # the same network and predictive in float64: only round-off in the order of the operations differs
+    tol = dict(rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(small.predict_interval(X_new)[1], plain.predict_interval(X_new)[1], **tol)
+    np.testing.assert_allclose(small.predict(X_new, return_std=True)[1], plain.predict(X_new, return_std=True)[1],
+                               **tol)
+
+    X, y = _hetero(1000, seed=5)
+    big = LaplaceActiveSubspaceRegressor(calibration_size=0.35, **kw).fit(X, y)  # 350 rows: ⌊350 / 100⌋ = 3 bands
+    assert big.n_calibration_rows_ == 350 and len(big.calibrator_.edges_[0]) == 2
+    bins = big.calibrator_.bins_
+    assert list(bins["n"]) == [117, 117, 116] or sorted(bins["n"]) == [116, 117, 117]
+    y_pred, pis = big.predict_interval(X_new)
+    raw = LaplaceActiveSubspaceRegressor(calibration="conformal", calibration_size=0.35, **kw).fit(X, y)
+    sd = raw.predict(X_new, return_std=True)[1] / raw.std_scale_[0] / big.y_scale_[0]  # σ̂, internal units
+    band = np.searchsorted(big.calibrator_.edges_[0], sd, side="left")
+    q = np.array([np.sort(big.calibrator_.bin_scores_[0][b])[_rank(len(big.calibrator_.bin_scores_[0][b]), 0.9) - 1]
+                  for b in band])
+    np.testing.assert_allclose(pis[:, 1, 0] - y_pred, q * sd * big.y_scale_[0], rtol=1e-9)

@@ -231,10 +231,18 @@ class MondrianConformalCalibrator(ConformalCalibrator):
             return (hit.to(torch.float64).mean(0).cpu().numpy(),
                     sets.sum(1).to(torch.float64).mean(0).cpu().numpy())
         bounds = self.region(prediction, levels)  # (n, M, 2, k)
-        t = target.reshape(bounds.shape[:2]).unsqueeze(-1)
-        inside = (bounds[:, :, 0] <= t) & (t <= bounds[:, :, 1])
         width = (bounds[:, :, 1] - bounds[:, :, 0]).to(torch.float64)
-        return (inside.to(torch.float64).mean((0, 1)).cpu().numpy(), width.mean((0, 1)).cpu().numpy())
+        # inside: a row's score at most its bin's quantile (as the pooled calibrator counts it); comparing y with
+        # the bounds instead could drop the row whose score is the quantile itself by round-off
+        raw = np.asarray(self.conformity_score_.score(target, prediction).detach().cpu(), dtype=np.float64)
+        raw = raw.reshape(raw.shape[0], -1)
+        sd = prediction.std.to(torch.float64).reshape(raw.shape[0], -1).cpu().numpy()
+        inside = np.zeros((raw.shape[0], raw.shape[1], len(levels)), dtype=bool)
+        for j in range(raw.shape[1]):
+            q = np.stack([conformal_quantile(s, levels) for s in self.bin_scores_[j]])  # (B, k)
+            index = np.searchsorted(self.edges_[j], sd[:, j], side="left")
+            inside[:, j] = raw[:, j, None] <= q[index]
+        return inside.mean((0, 1)), width.mean((0, 1)).cpu().numpy()
 
     # ------------------------------------------------------------------------------------- predict
     def region(self, prediction, confidence_levels):
