@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceR
 from glas_sklearn.calibration import (
     LAC,
     ConformalCalibrator,
+    ConformalWarning,
     MondrianConformalCalibrator,
     StdNormalizedResidual,
     conformal_quantile,
@@ -63,6 +65,31 @@ def test_bins_and_quantiles_by_hand():
     # another level from the stored scores
     q_half = np.sort(np.abs(resid[20:]) / 2.0)[_rank(20, 0.5) - 1]
     assert float(bounds[3, 0, 1, 1]) == pytest.approx(3.0 + 3.0 * q_half)
+
+
+def test_a_level_higher_than_the_bins_were_made_for_merges_neighbouring_bins():
+    """Bins of 20 rows serve 90 % (≥ 9 rows); at predict time 97.5 % needs ⌈1/0.025⌉ − 1 = 39 rows, so bins are
+    merged in neighbouring pairs and each pair's quantile (by hand) is used, finite, without a warning; 99.5 %
+    needs 199 rows, more than there are: infinite, with the warning."""
+    rng = np.random.default_rng(1)
+    n = 80
+    std = np.repeat([1.0, 2.0, 3.0, 4.0], n // 4)
+    resid = rng.standard_normal(n) * std * np.repeat([1.0, 2.0, 0.5, 1.5], n // 4)
+    cal = MondrianConformalCalibrator(n_bins=4).calibrate_predictions(
+        _moments(np.zeros(n), std), torch.as_tensor(resid[:, None]), 0.9)
+    assert len(cal.edges_[0]) == 3
+    scores = np.abs(resid) / std
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a finite quantile everywhere: no warning
+        bounds = cal.region(_moments(np.zeros(4), [1.0, 2.0, 3.0, 4.0]), [0.9, 0.975])
+    for row, pair in enumerate((slice(0, 40), slice(0, 40), slice(40, 80), slice(40, 80))):
+        q_pair = np.sort(scores[pair])[_rank(40, 0.975) - 1]
+        assert float(bounds[row, 0, 1, 1]) == pytest.approx((row + 1.0) * q_pair)
+        own = np.sort(scores[20 * row:20 * (row + 1)])[_rank(20, 0.9) - 1]  # 90 %: each bin its own
+        assert float(bounds[row, 0, 1, 0]) == pytest.approx((row + 1.0) * own)
+    with pytest.warns(ConformalWarning, match="too few"):
+        wide = cal.region(_moments(np.zeros(1), [1.0]), 0.995)
+    assert np.isinf(float(wide[0, 0, 1, 0]))
 
 
 def test_bins_are_merged_until_each_has_a_finite_quantile():

@@ -48,6 +48,24 @@ def _min_rows(confidence_levels) -> int:
     return max(1, int(np.ceil(1.0 / (1.0 - top) - 1e-9)) - 1)
 
 
+def _merged_bins(counts, min_rows: int) -> list[list[int]]:
+    """Consecutive bins merged, left to right, into groups of at least ``min_rows`` rows (a short last group joins
+    the one before it; with fewer rows in all, one group)."""
+    groups, current, size = [], [], 0
+    for b, c in enumerate(counts):
+        current.append(b)
+        size += int(c)
+        if size >= min_rows:
+            groups.append(current)
+            current, size = [], 0
+    if current:
+        if groups:
+            groups[-1].extend(current)
+        else:
+            groups.append(current)
+    return groups
+
+
 def std_bin_edges(std, n_bins: int, min_rows: int = 1) -> np.ndarray:
     """Inner edges of equal-count bins of ``std`` (n,), merged until every bin holds ≥ ``min_rows`` rows.
 
@@ -239,7 +257,7 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         sd = prediction.std.to(torch.float64).reshape(raw.shape[0], -1).cpu().numpy()
         inside = np.zeros((raw.shape[0], raw.shape[1], len(levels)), dtype=bool)
         for j in range(raw.shape[1]):
-            q = np.stack([conformal_quantile(s, levels) for s in self.bin_scores_[j]])  # (B, k)
+            q = self.band_quantiles(j, levels)  # (B, k)
             index = np.searchsorted(self.edges_[j], sd[:, j], side="left")
             inside[:, j] = raw[:, j, None] <= q[index]
         return inside.mean((0, 1)), width.mean((0, 1)).cpu().numpy()
@@ -264,11 +282,12 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         bounds = None
         for j in range(M):
             index = np.searchsorted(self.edges_[j], sd[:, j], side="left")
-            for b, s in enumerate(self.bin_scores_[j]):
+            band_q = self.band_quantiles(j, levels)
+            for b in range(len(self.bin_scores_[j])):
                 rows = np.flatnonzero(index == b)
                 if rows.size == 0:
                     continue
-                q = np.repeat(conformal_quantile(s, levels)[:, None], M, axis=1)  # (k, M): output j's column used
+                q = np.repeat(band_q[b][:, None], M, axis=1)  # (k, M): output j's column used
                 at = torch.as_tensor(rows, device=prediction.mean.device)
                 part = score.region(RegressionMoments(prediction.mean[at], prediction.std[at]), q)
                 part = part.reshape(rows.size, M, 2, len(levels))
@@ -276,6 +295,23 @@ class MondrianConformalCalibrator(ConformalCalibrator):
                     bounds = torch.empty((n, M, 2, len(levels)), dtype=part.dtype, device=part.device)
                 bounds[at, j] = part[:, j]
         return bounds.reshape(*prediction.mean.shape, 2, len(levels))
+
+    def band_quantiles(self, output: int, confidence_levels) -> np.ndarray:
+        """The conformal quantile of each σ̂ bin of ``output`` per level, (B, k).
+
+        A level higher than the bins were made for (a bin with fewer than ⌈1/γ⌉ − 1 rows, e.g. 99.5 % asked of
+        bins of 100 rows) takes the quantile of the group of neighbouring bins merged until each group has that
+        many rows: the level then holds within the coarser groups, and the interval stays finite wherever the
+        pooled quantile would be."""
+        levels = check_confidence_levels(confidence_levels)
+        scores = self.bin_scores_[output]
+        counts = [s.size for s in scores]
+        out = np.empty((len(scores), len(levels)))
+        for k, level in enumerate(levels):
+            for group in _merged_bins(counts, _min_rows(level)):
+                pooled = scores[group[0]] if len(group) == 1 else np.concatenate([scores[b] for b in group])
+                out[group, k] = conformal_quantile(pooled, level)[0]
+        return out
 
     def bin_std_factors(self, std) -> np.ndarray:
         """Per row and output, the root mean square of the scores of the row's σ̂ bin over that of all calibration
