@@ -110,9 +110,10 @@ class MondrianConformalCalibrator(ConformalCalibrator):
 
     ``calibration=MondrianConformalCalibrator()`` or ``calibration="mondrian"`` of the estimators; see the
     module's text for the rule behind ``n_bins="auto"`` and the guarantee. Intervals are ŷ ± q_b σ̂ with q_b the
-    conformal quantile of the bin of σ̂(x); any level works at predict time (a bin too small for it gives infinite
-    intervals, with a :class:`~glas_sklearn.calibration.ConformalWarning`). Calibration rows are unweighted, as for
-    :class:`ConformalCalibrator`.
+    conformal quantile of the bin of σ̂(x); any level works at predict time (bins too small for it are merged
+    with their neighbours, :meth:`band_quantiles`; infinite intervals, with a
+    :class:`~glas_sklearn.calibration.ConformalWarning`, only where all rows together are too few). Calibration
+    rows are unweighted, as for :class:`ConformalCalibrator`. The regressor's default calibration.
 
     Parameters
     ----------
