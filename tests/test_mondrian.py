@@ -130,7 +130,7 @@ def test_simulation_within_bin_coverage_holds_where_pooled_conformal_fails():
         noise = lambda x: (0.5 + x) ** 3  # noqa: E731  (the true noise: 1/8 … 27/8, under-stated at high σ̂)
         y_cal = noise(x_cal) * rng.standard_normal(n_cal)
         y_test = noise(x_test) * rng.standard_normal(n_test)
-        cal = MondrianConformalCalibrator().calibrate_predictions(_moments(np.zeros(n_cal), sd(x_cal)),
+        cal = MondrianConformalCalibrator(min_bin_size=100).calibrate_predictions(_moments(np.zeros(n_cal), sd(x_cal)),
                                                                   torch.as_tensor(y_cal[:, None]), level)
         assert len(cal.edges_[0]) == B - 1
         bounds = cal.region(_moments(np.zeros(n_test), sd(x_test)), level)[:, 0, :, 0].numpy()
@@ -159,13 +159,13 @@ def _hetero(n, seed=0, outputs=1):
 
 
 def test_regressor_with_mondrian_end_to_end():
-    X, y = _hetero(400)
+    X, y = _hetero(800)
     reg = LaplaceActiveSubspaceRegressor(calibration="mondrian", calibration_size=0.5, **SMALL).fit(X, y)
     obj = LaplaceActiveSubspaceRegressor(calibration=MondrianConformalCalibrator(), calibration_size=0.5,
                                          **SMALL).fit(X, y)
     assert isinstance(reg.calibrator_, MondrianConformalCalibrator)
-    assert int(reg.calibrator_.bins_["n"].sum()) == reg.n_calibration_rows_ == 200
-    assert len(reg.calibrator_.edges_[0]) == 1  # "auto": ⌊200 / 100⌋ = 2 bins
+    assert int(reg.calibrator_.bins_["n"].sum()) == reg.n_calibration_rows_ == 400
+    assert len(reg.calibrator_.edges_[0]) == 1  # "auto": ⌊400 / 200⌋ = 2 bins
     X_new, _ = _hetero(50, seed=1)
     y_pred, pis = reg.predict_interval(X_new, confidence_level=[0.5, 0.9])
     assert pis.shape == (50, 2, 2) and np.all(pis[:, 1, 1] - pis[:, 0, 1] >= pis[:, 1, 0] - pis[:, 0, 0])
@@ -243,11 +243,11 @@ def test_resolve_and_settings():
 
 def test_regressor_default_is_mondrian_over_sigma_bands_and_plain_conformal_below_200_rows():
     """The regressor's default calibration: one band (the pooled conformal quantile, the same intervals and std as
-    calibration="conformal" on the same network and rows) below 2 × 100 calibration rows; ⌊n / 100⌋ bands of σ̂
+    calibration="conformal" on the same network and rows) below 2 × 200 calibration rows; ⌊n / 200⌋ bands of σ̂
     above, each with its own quantile (by hand from the band's scores)."""
-    X, y = _hetero(300)
+    X, y = _hetero(600)
     kw = dict(SMALL, likelihood="gaussian")
-    small = LaplaceActiveSubspaceRegressor(calibration_size=0.5, **kw).fit(X, y)  # 150 calibration rows
+    small = LaplaceActiveSubspaceRegressor(calibration_size=0.5, **kw).fit(X, y)  # 300 calibration rows
     plain = LaplaceActiveSubspaceRegressor(calibration="conformal", calibration_size=0.5, **kw).fit(X, y)
     assert LaplaceActiveSubspaceRegressor().calibration == "mondrian"
     assert isinstance(small.calibrator_, MondrianConformalCalibrator) and len(small.calibrator_.edges_[0]) == 0
@@ -258,13 +258,12 @@ def test_regressor_default_is_mondrian_over_sigma_bands_and_plain_conformal_belo
     np.testing.assert_allclose(small.predict(X_new, return_std=True)[1], plain.predict(X_new, return_std=True)[1],
                                **tol)
 
-    X, y = _hetero(1000, seed=5)
-    big = LaplaceActiveSubspaceRegressor(calibration_size=0.35, **kw).fit(X, y)  # 350 rows: ⌊350 / 100⌋ = 3 bands
-    assert big.n_calibration_rows_ == 350 and len(big.calibrator_.edges_[0]) == 2
-    bins = big.calibrator_.bins_
-    assert list(bins["n"]) == [117, 117, 116] or sorted(bins["n"]) == [116, 117, 117]
+    X, y = _hetero(1400, seed=5)
+    big = LaplaceActiveSubspaceRegressor(calibration_size=0.45, **kw).fit(X, y)  # 630 rows: ⌊630 / 200⌋ = 3 bands
+    assert big.n_calibration_rows_ == 630 and len(big.calibrator_.edges_[0]) == 2
+    assert sorted(big.calibrator_.bins_["n"]) == [210, 210, 210]
     y_pred, pis = big.predict_interval(X_new)
-    raw = LaplaceActiveSubspaceRegressor(calibration="conformal", calibration_size=0.35, **kw).fit(X, y)
+    raw = LaplaceActiveSubspaceRegressor(calibration="conformal", calibration_size=0.45, **kw).fit(X, y)
     sd = raw.predict(X_new, return_std=True)[1] / raw.std_scale_[0] / big.y_scale_[0]  # σ̂, internal units
     band = np.searchsorted(big.calibrator_.edges_[0], sd, side="left")
     q = np.array([np.sort(big.calibrator_.bin_scores_[0][b])[_rank(len(big.calibrator_.bin_scores_[0][b]), 0.9) - 1]

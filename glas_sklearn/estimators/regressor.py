@@ -44,7 +44,7 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
     By default (``posterior="low_rank", calibration="mondrian"``) the posterior keeps the prior's variance
     off the top-d eigenvectors and the intervals ŷ ± q σ̂ are split-conformal on the calibration rows
     (coverage ≥ ``confidence_level`` for exchangeable data), with one q per band of σ̂ once there are enough
-    calibration rows (at least 100 a band) so that the level also holds where σ̂ is small or large; the paper's method,
+    calibration rows (at least 200 a band) so that the level also holds where σ̂ is small or large; the paper's method,
     ``posterior="subspace", calibration="coverage"``, instead chooses the subspace dimension d as the smallest
     one whose intervals cover ``confidence_level`` of the calibration data.
 
