@@ -309,7 +309,7 @@ def evaluate(path, methods=METHODS):
     d = dict(np.load(path))
     y = d["y_te"]
     # the pre-calibration σ̂ of `het_fit` (fitted λ, median cap): the σ̂ its Mondrian bins are built on
-    *_, sd_pre, lam = _het_fit_moments(d)
+    _, sd_pre_cal, _, sd_pre, lam = _het_fit_moments(d)
     out = {}
     for m, _ in methods:
         lo, hi = intervals(m, d)
@@ -325,8 +325,10 @@ def evaluate(path, methods=METHODS):
             e["noise"] = _quintile_counts(d["noise_te"], cov)
         out[m] = e
     n_cal = int(len(d["y_cal"]))
-    return out, {"lambda": lam, "n_cal": n_cal, "n_te": int(len(y)),
-                 "mondrian_bins": MondrianConformalCalibrator().bins_for(n_cal, LEVEL)}
+    n_bins = MondrianConformalCalibrator().bins_for(n_cal, LEVEL)
+    # the share of test rows above the calibration rows' (1 − 1/B) quantile of σ̂: in the top Mondrian bin
+    top = float(np.mean(sd_pre > np.quantile(sd_pre_cal, 1 - 1 / n_bins))) if n_bins > 1 else 1.0
+    return out, {"lambda": lam, "n_cal": n_cal, "n_te": int(len(y)), "mondrian_bins": n_bins, "top_bin_share": top}
 
 
 def _cached_runs(study):
@@ -483,8 +485,11 @@ def render(results) -> str:
             lam = [r["diagnostics"]["lambda"] for r in rs]
             n_cal = sorted({r["diagnostics"]["n_cal"] for r in rs})
             n_cal = str(n_cal[0]) if len(n_cal) == 1 else f"{n_cal[0]}–{n_cal[-1]}"
+            top = [r["diagnostics"].get("top_bin_share") for r in rs]
+            top = f"; test rows in the top Mondrian bin {100 * np.mean(top):.0f} %" \
+                if None not in top and rs[0]["diagnostics"]["mondrian_bins"] > 1 else ""
             lines += [f"### {g} ({len(rs)} runs, {n_cal} calibration rows; fitted λ median "
-                      f"{np.median(lam):.3g}, range {min(lam):.3g}–{max(lam):.3g})", ""]
+                      f"{np.median(lam):.3g}, range {min(lam):.3g}–{max(lam):.3g}{top})", ""]
             rows = []
             order = list(rs[0]["methods"]) if has_pre else list(dict(METHODS + VARIANT_METHODS))  # as evaluated
             for m in [k for k in order if k in rs[0]["methods"]]:
