@@ -23,8 +23,8 @@ Usage::
     python benchmarks/regional_calibration.py --stage fit --study synthetic --seeds 3
     python benchmarks/regional_calibration.py --stage fit --study uci --splits 20
     python benchmarks/regional_calibration.py --stage fit --study shift
-    python benchmarks/regional_calibration.py --stage fit --study synthetic_shift --seeds 5
-    python benchmarks/regional_calibration.py --stage fit --study synthetic_large --seeds 5
+    python benchmarks/regional_calibration.py --stage fit --study synthetic_shift --seeds 10
+    python benchmarks/regional_calibration.py --stage fit --study synthetic_large --seeds 10
     python benchmarks/regional_calibration.py --stage eval --tag i27d
     python benchmarks/regional_calibration.py --stage eval --methods default het_fit het_fit_mondrian split_nn \
         --tag i27g
