@@ -66,6 +66,8 @@ METHODS = [
     ("het_fit_nocap", "as `het_fit` without the cap (σ̂² = σ_ale² + λ σ_epi² everywhere)"),
     ("het_mondrian", "heteroscedastic, λ = 1, Mondrian over σ̂ bins (min_bin_size 100)"),
     ("het_fit_mondrian", "`het_fit` + Mondrian over σ̂ bins (min_bin_size 100)"),
+    ("het_fit_mondrian200", "`het_fit` + Mondrian over σ̂ bins (min_bin_size 200: `MondrianConformalCalibrator()`, "
+                            "the regressor's default calibration since i27h)"),
     ("het_fit_mondrian30", "`het_fit` + Mondrian over σ̂ bins (min_bin_size 30)"),
     ("het_fit_mondrian9", "`het_fit` + Mondrian over σ̂ bins (min_bin_size 9 = ⌈1/γ⌉ − 1: as many bins as finite "
                           "quantiles allow, at most 10)"),
@@ -325,10 +327,11 @@ def evaluate(path, methods=METHODS):
             e["noise"] = _quintile_counts(d["noise_te"], cov)
         out[m] = e
     n_cal = int(len(d["y_cal"]))
-    n_bins = MondrianConformalCalibrator().bins_for(n_cal, LEVEL)
+    n_bins = MondrianConformalCalibrator(min_bin_size=100).bins_for(n_cal, LEVEL)
     # the share of test rows above the calibration rows' (1 − 1/B) quantile of σ̂: in the top Mondrian bin
     top = float(np.mean(sd_pre > np.quantile(sd_pre_cal, 1 - 1 / n_bins))) if n_bins > 1 else 1.0
-    return out, {"lambda": lam, "n_cal": n_cal, "n_te": int(len(y)), "mondrian_bins": n_bins, "top_bin_share": top}
+    return out, {"lambda": lam, "n_cal": n_cal, "n_te": int(len(y)), "mondrian_bins": n_bins, "top_bin_share": top,
+                 "mondrian200_bins": MondrianConformalCalibrator(min_bin_size=200).bins_for(n_cal, LEVEL)}
 
 
 def _cached_runs(study):
@@ -427,6 +430,7 @@ def _head_to_head(results, a="het_fit", b="het_fit_mondrian"):
                 continue  # one group: no study line
             lower = sum(r["methods"][b]["interval_score"] < r["methods"][a]["interval_score"] for r in rs)
             bins = {r["diagnostics"]["mondrian_bins"] if b == "het_fit_mondrian" else
+                    r["diagnostics"].get("mondrian200_bins", "–") if b == "het_fit_mondrian200" else
                     max(1, min(5, r["diagnostics"]["n_cal"] // 14)) if b == "het_fit_mondrian14_interp" else "–"
                     for r in rs}
             cells = [f"{study} / {g}" if g else f"**{study}, all runs**", ", ".join(str(x) for x in sorted(bins)),
@@ -513,7 +517,7 @@ def render(results) -> str:
               " / ".join("yes" if x[1] else "no" for x in v)] for m, v in summary.items()], "lrll")
         lines += [""]
     small = [m for m, _ in SMALL_METHODS[3:-1] if m in present]
-    for b in small or ["het_fit_mondrian"]:
+    for b in small or [m for m in ("het_fit_mondrian", "het_fit_mondrian200") if m in present]:
         h2h = _head_to_head(results, b=b)
         if h2h:
             lines += [f"## `{b}` against `het_fit`, per study and group", "",
@@ -522,6 +526,7 @@ def render(results) -> str:
                       "lowest–highest of the five quintile coverages pooled over the runs (the group's; for a study "
                       "line, over all its runs, each run's own quintiles). Bins: "
                       + ("⌊n_cal/100⌋ ≤ 10 (1 bin: the same intervals as `het_fit`)." if b == "het_fit_mondrian"
+                         else "⌊n_cal/200⌋ ≤ 10 (1 bin: the same intervals as `het_fit`)." if b == "het_fit_mondrian200"
                          else "⌊n_cal/14⌋ ≤ 5." if "mondrian" in b else "none (one pooled or localized quantile)."),
                       ""] + h2h + [""]
     return "\n".join(lines) + "\n"

@@ -15,7 +15,7 @@ Methods (one calibration set each, level 0.9; :data:`METHODS` describes every ro
 (``LaplaceActiveSubspaceRegressor(random_state=seed)``: whatever the default is when the script runs) and
 ``default_before`` (the default of 03f817a pinned argument by argument: homoscedastic Gaussian, split conformal on
 ``|y − ŷ|/σ̂``), ``het`` (``likelihood="heteroscedastic"``), each GLAS row also with Mondrian conformal over σ̂ bins
-(``*_mondrian``: ``MondrianConformalCalibrator()``, n_bins "auto" with ``min_bin_size=100``; ``*_mondrian30``:
+(``*_mondrian``: ``MondrianConformalCalibrator(min_bin_size=100)``, n_bins "auto"; ``*_mondrian30``:
 ``min_bin_size=30``) computed from the fitted estimator's moments on the same calibration rows (the same numbers as
 ``calibration=MondrianConformalCalibrator(...)``: checked on the first synthetic seed, ``mondrian_check`` in the
 JSON); the anchors: ``split_nn`` (MAPIE split conformal around ``default_before``'s network, the reference of every
@@ -100,7 +100,8 @@ METHODS = [
     ("cqr_hgb", "CQR (MAPIE) around HistGradientBoosting quantiles"),
 ]
 REFERENCE = "split_nn"  # the issue's "split conformal": IS ratios are to it
-MONDRIAN = {"mondrian": MondrianConformalCalibrator(), "mondrian30": MondrianConformalCalibrator(min_bin_size=30)}
+MONDRIAN = {"mondrian": MondrianConformalCalibrator(min_bin_size=100),
+            "mondrian30": MondrianConformalCalibrator(min_bin_size=30)}
 
 
 # ------------------------------------------------------------------------------------------------------- data
@@ -135,12 +136,26 @@ def _t(a):
 
 def mondrian_intervals(est, calibrator, X_cal, y_cal, X_te):
     """The calibrator on the fitted estimator's predictive moments (user units; σ̂ · std_scale_ is σ̂ up to a
-    constant, which moves neither the bins nor the intervals) of the calibration rows, applied to the test rows."""
+    constant, which moves neither the bins nor the intervals) of the calibration rows, applied to the test rows.
+    An estimator calibrated within σ̂ bands itself (the default since i27h, with 400 or more calibration rows) scales
+    σ̂ per band in ``predict``; its σ̂ with the one pooled scale is taken instead (:func:`_pooled_std`)."""
     mu_c, sd_c = est.predict(X_cal, return_std=True)
     mu_t, sd_t = est.predict(X_te, return_std=True)
+    sd_c, sd_t = _pooled_std(est, X_cal, sd_c), _pooled_std(est, X_te, sd_t)
     cal = clone(calibrator).calibrate_predictions(RegressionMoments(_t(mu_c), _t(sd_c)), _t(y_cal), LEVEL)
     pis = cal.region(RegressionMoments(_t(mu_t), _t(sd_t)), LEVEL)[:, 0, :, 0].numpy()
     return pis, sd_t, len(cal.edges_[0]) + 1
+
+
+def _pooled_std(est, X, std):
+    """``std`` of ``est.predict(X, return_std=True)`` with the per-band factors of a Mondrian calibrator divided
+    out: σ̂ times the one pooled scale ``std_scale_``, as a one-quantile calibrator returns it."""
+    cal = getattr(est, "calibrator_", None)
+    if not isinstance(cal, MondrianConformalCalibrator):
+        return std
+    internal = cal.predictive_moments(est.posterior_, est._rows_tensor(est._fitted_rows(X))).std
+    factor = cal.bin_std_factors(internal)
+    return std / factor.reshape(std.shape)
 
 
 def _quiet_fit(est, X_fit, y_fit, X_cal, y_cal):
@@ -662,7 +677,9 @@ def parse_args(argv=None):
     p.add_argument("--methods", nargs="+", default=None, choices=[m for m, _ in METHODS], metavar="METHOD",
                    help="the rows to compute (default: all): " + ", ".join(m for m, _ in METHODS))
     p.add_argument("--tag", default=None)
-    p.add_argument("--merge", nargs="*", default=None, help="no computation: merge the tagged part files")
+    p.add_argument("--merge", nargs="*", default=None,
+                   help="no computation: merge the tagged part files (a run in several parts: the later part's "
+                        "rows replace the earlier ones', e.g. one method rerun)")
     return p.parse_args(argv)
 
 
@@ -681,8 +698,14 @@ def main(argv=None):
                 if p.get(k):
                     ident = (lambda r: (r["shape"], r["seed"])) if k == "synthetic" else \
                         (lambda r: (r["dataset"], r["split"]))
-                    seen = {ident(r) for r in results.get(k, [])}
-                    results[k] = results.get(k, []) + [r for r in p[k] if ident(r) not in seen]
+                    seen = {ident(r): r for r in results.get(k, [])}
+                    for r in p[k]:  # a run seen before: a later part's rows (methods) replace or add to its own
+                        if ident(r) in seen:
+                            for key in ("methods", "seconds", "cpu_seconds"):
+                                if isinstance(r.get(key), dict):
+                                    seen[ident(r)].setdefault(key, {}).update(r[key])
+                        else:
+                            results[k] = results.get(k, []) + [r]
                     results["config"].setdefault(k, p["config"][k])
         command = " ; ".join(p["command"] for p in parts)
         print(_common.write_results_and_report(json_path, md_path, results, render, command=command)[1])

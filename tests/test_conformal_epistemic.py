@@ -234,7 +234,7 @@ def _fit(**kw):
 
 def test_regressor_default_fits_the_weight_for_the_heteroscedastic_likelihood_only_where_it_matters():
     data = _hetero(400)
-    het = _fit(data=data, likelihood="heteroscedastic")
+    het = _fit(data=data, likelihood="heteroscedastic", calibration="conformal")
     assert type(het.calibrator_) is ConformalCalibrator and het.calibrator_.epistemic_weight == "fit"
     lam = het.calibrator_.epistemic_weight_
     assert lam.shape == (1,) and lam[0] >= 0
@@ -245,7 +245,7 @@ def test_regressor_default_fits_the_weight_for_the_heteroscedastic_likelihood_on
     if abs(lam[0] - 1) > 0.05:
         assert not np.allclose(het.predict_interval(X_new)[1], one.predict_interval(X_new)[1])
     # the homoscedastic Gaussian (σ̂ = σ_f, one part): λ = 1, the same intervals as before
-    hom = _fit(data=data, likelihood="gaussian")
+    hom = _fit(data=data, likelihood="gaussian", calibration="conformal")
     hom1 = _fit(data=data, likelihood="gaussian", calibration=ConformalCalibrator(epistemic_weight=1.0))
     assert hom.calibrator_.epistemic_weight_.tolist() == [1.0]
     np.testing.assert_allclose(hom.predict_interval(X_new)[1], hom1.predict_interval(X_new)[1], rtol=1e-10)

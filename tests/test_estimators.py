@@ -16,7 +16,7 @@ from sklearn.exceptions import NotFittedError
 from torch import nn
 
 from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
-from glas_sklearn.calibration import CalibrationWarning
+from glas_sklearn.calibration import CalibrationWarning, MondrianConformalCalibrator
 from tests.reference import assert_unchanged, mlp, snapshot
 
 #: Prefit networks here are often untrained on purpose; the warning saying so is tested in test_messages.py.
@@ -495,6 +495,9 @@ def test_regressor_signature_repeats_the_shared_defaults():
     reg = inspect.signature(LaplaceActiveSubspaceRegressor.__init__).parameters
     assert set(reg) - set(base) == {"likelihood", "noise_std", "include_noise"}
     for name, p in base.items():
+        if name == "calibration":  # the regressor's own default: conformal within bands of σ̂ (the classifier's
+            assert (reg[name].default, p.default) == ("mondrian", "conformal")  # "mondrian" is per class)
+            continue
         assert (reg[name].default, reg[name].kind) == (p.default, p.kind), name
 
 
@@ -825,7 +828,10 @@ def test_default_regressor_is_low_rank_conformal_with_hand_checked_intervals():
     assert est.posterior_.posterior == "low_rank" and est.posterior_.sigma0_method == "eb_subspace"
     assert est.predictive_.name == "linearized" and est.n_components_ == 3 and est.calibration_reached_ is None
     assert est.noise_source_ == "training"  # "auto" under conformal: the scores must not depend on the cal rows
-    assert list(est.calibration_.columns) == ["level", "d", "quantile", "coverage", "mean_width", "sigma0"]
+    # the default is conformal within bands of σ̂; 30 calibration rows make one band: the pooled quantile
+    assert isinstance(est.calibrator_, MondrianConformalCalibrator) and len(est.calibrator_.edges_[0]) == 0
+    assert list(est.calibration_.columns) == ["level", "d", "quantile", "coverage", "mean_width", "sigma0",
+                                              "n_bins"]
     mean_c, std_c = est.predict(X_cal, return_std=True)
     std_c = std_c / est.std_scale_[0]  # return_std is calibrated: σ̂ times the RMS calibration score
     scores = np.abs(y_cal - mean_c) / std_c  # the normalised scores, by hand, in the units of y

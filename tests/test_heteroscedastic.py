@@ -140,8 +140,11 @@ def fitted_pair():
     X, y, _ = _hetero_data(800, 0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        het = LaplaceActiveSubspaceRegressor(likelihood="heteroscedastic", calibration_size=0.25, **FAST).fit(X, y)
-        hom = LaplaceActiveSubspaceRegressor(likelihood="gaussian", calibration_size=0.25, **FAST).fit(X, y)
+        # the pooled conformal calibrator: the formulas below are those of one quantile and one scale (the
+        # default, conformal within bands of σ̂, is tested in test_mondrian.py)
+        kw = dict(calibration="conformal", calibration_size=0.25, **FAST)
+        het = LaplaceActiveSubspaceRegressor(likelihood="heteroscedastic", **kw).fit(X, y)
+        hom = LaplaceActiveSubspaceRegressor(likelihood="gaussian", **kw).fit(X, y)
     return het, hom
 
 

@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceR
 from glas_sklearn.calibration import (
     LAC,
     ConformalCalibrator,
+    ConformalWarning,
     MondrianConformalCalibrator,
     StdNormalizedResidual,
     conformal_quantile,
@@ -65,6 +67,31 @@ def test_bins_and_quantiles_by_hand():
     assert float(bounds[3, 0, 1, 1]) == pytest.approx(3.0 + 3.0 * q_half)
 
 
+def test_a_level_higher_than_the_bins_were_made_for_merges_neighbouring_bins():
+    """Bins of 20 rows serve 90 % (≥ 9 rows); at predict time 97.5 % needs ⌈1/0.025⌉ − 1 = 39 rows, so bins are
+    merged in neighbouring pairs and each pair's quantile (by hand) is used, finite, without a warning; 99.5 %
+    needs 199 rows, more than there are: infinite, with the warning."""
+    rng = np.random.default_rng(1)
+    n = 80
+    std = np.repeat([1.0, 2.0, 3.0, 4.0], n // 4)
+    resid = rng.standard_normal(n) * std * np.repeat([1.0, 2.0, 0.5, 1.5], n // 4)
+    cal = MondrianConformalCalibrator(n_bins=4).calibrate_predictions(
+        _moments(np.zeros(n), std), torch.as_tensor(resid[:, None]), 0.9)
+    assert len(cal.edges_[0]) == 3
+    scores = np.abs(resid) / std
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a finite quantile everywhere: no warning
+        bounds = cal.region(_moments(np.zeros(4), [1.0, 2.0, 3.0, 4.0]), [0.9, 0.975])
+    for row, pair in enumerate((slice(0, 40), slice(0, 40), slice(40, 80), slice(40, 80))):
+        q_pair = np.sort(scores[pair])[_rank(40, 0.975) - 1]
+        assert float(bounds[row, 0, 1, 1]) == pytest.approx((row + 1.0) * q_pair)
+        own = np.sort(scores[20 * row:20 * (row + 1)])[_rank(20, 0.9) - 1]  # 90 %: each bin its own
+        assert float(bounds[row, 0, 1, 0]) == pytest.approx((row + 1.0) * own)
+    with pytest.warns(ConformalWarning, match="too few"):
+        wide = cal.region(_moments(np.zeros(1), [1.0]), 0.995)
+    assert np.isinf(float(wide[0, 0, 1, 0]))
+
+
 def test_bins_are_merged_until_each_has_a_finite_quantile():
     std = np.r_[np.ones(30), np.linspace(2, 3, 10)]  # 30 ties, then 10 distinct
     edges = std_bin_edges(std, 4, min_rows=9)
@@ -103,7 +130,7 @@ def test_simulation_within_bin_coverage_holds_where_pooled_conformal_fails():
         noise = lambda x: (0.5 + x) ** 3  # noqa: E731  (the true noise: 1/8 … 27/8, under-stated at high σ̂)
         y_cal = noise(x_cal) * rng.standard_normal(n_cal)
         y_test = noise(x_test) * rng.standard_normal(n_test)
-        cal = MondrianConformalCalibrator().calibrate_predictions(_moments(np.zeros(n_cal), sd(x_cal)),
+        cal = MondrianConformalCalibrator(min_bin_size=100).calibrate_predictions(_moments(np.zeros(n_cal), sd(x_cal)),
                                                                   torch.as_tensor(y_cal[:, None]), level)
         assert len(cal.edges_[0]) == B - 1
         bounds = cal.region(_moments(np.zeros(n_test), sd(x_test)), level)[:, 0, :, 0].numpy()
@@ -132,13 +159,13 @@ def _hetero(n, seed=0, outputs=1):
 
 
 def test_regressor_with_mondrian_end_to_end():
-    X, y = _hetero(400)
+    X, y = _hetero(800)
     reg = LaplaceActiveSubspaceRegressor(calibration="mondrian", calibration_size=0.5, **SMALL).fit(X, y)
     obj = LaplaceActiveSubspaceRegressor(calibration=MondrianConformalCalibrator(), calibration_size=0.5,
                                          **SMALL).fit(X, y)
     assert isinstance(reg.calibrator_, MondrianConformalCalibrator)
-    assert int(reg.calibrator_.bins_["n"].sum()) == reg.n_calibration_rows_ == 200
-    assert len(reg.calibrator_.edges_[0]) == 1  # "auto": ⌊200 / 100⌋ = 2 bins
+    assert int(reg.calibrator_.bins_["n"].sum()) == reg.n_calibration_rows_ == 400
+    assert len(reg.calibrator_.edges_[0]) == 1  # "auto": ⌊400 / 200⌋ = 2 bins
     X_new, _ = _hetero(50, seed=1)
     y_pred, pis = reg.predict_interval(X_new, confidence_level=[0.5, 0.9])
     assert pis.shape == (50, 2, 2) and np.all(pis[:, 1, 1] - pis[:, 0, 1] >= pis[:, 1, 0] - pis[:, 0, 0])
@@ -212,3 +239,33 @@ def test_resolve_and_settings():
         MondrianConformalCalibrator(n_bins=0).bins_for(100, 0.9)
     m = MondrianConformalCalibrator(n_bins=3, conformity_score=StdNormalizedResidual())
     assert m.get_params()["n_bins"] == 3
+
+
+def test_regressor_default_is_mondrian_over_sigma_bands_and_plain_conformal_below_200_rows():
+    """The regressor's default calibration: one band (the pooled conformal quantile, the same intervals and std as
+    calibration="conformal" on the same network and rows) below 2 × 200 calibration rows; ⌊n / 200⌋ bands of σ̂
+    above, each with its own quantile (by hand from the band's scores)."""
+    X, y = _hetero(600)
+    kw = dict(SMALL, likelihood="gaussian")
+    small = LaplaceActiveSubspaceRegressor(calibration_size=0.5, **kw).fit(X, y)  # 300 calibration rows
+    plain = LaplaceActiveSubspaceRegressor(calibration="conformal", calibration_size=0.5, **kw).fit(X, y)
+    assert LaplaceActiveSubspaceRegressor().calibration == "mondrian"
+    assert isinstance(small.calibrator_, MondrianConformalCalibrator) and len(small.calibrator_.edges_[0]) == 0
+    X_new, _ = _hetero(40, seed=3)
+    # the same network and predictive in float64: only round-off in the order of the operations differs
+    tol = dict(rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(small.predict_interval(X_new)[1], plain.predict_interval(X_new)[1], **tol)
+    np.testing.assert_allclose(small.predict(X_new, return_std=True)[1], plain.predict(X_new, return_std=True)[1],
+                               **tol)
+
+    X, y = _hetero(1400, seed=5)
+    big = LaplaceActiveSubspaceRegressor(calibration_size=0.45, **kw).fit(X, y)  # 630 rows: ⌊630 / 200⌋ = 3 bands
+    assert big.n_calibration_rows_ == 630 and len(big.calibrator_.edges_[0]) == 2
+    assert sorted(big.calibrator_.bins_["n"]) == [210, 210, 210]
+    y_pred, pis = big.predict_interval(X_new)
+    raw = LaplaceActiveSubspaceRegressor(calibration="conformal", calibration_size=0.45, **kw).fit(X, y)
+    sd = raw.predict(X_new, return_std=True)[1] / raw.std_scale_[0] / big.y_scale_[0]  # σ̂, internal units
+    band = np.searchsorted(big.calibrator_.edges_[0], sd, side="left")
+    q = np.array([np.sort(big.calibrator_.bin_scores_[0][b])[_rank(len(big.calibrator_.bin_scores_[0][b]), 0.9) - 1]
+                  for b in band])
+    np.testing.assert_allclose(pis[:, 1, 0] - y_pred, q * sd * big.y_scale_[0], rtol=1e-9)

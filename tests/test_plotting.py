@@ -431,7 +431,7 @@ def test_activity_display_holds_kappa(plt):
 def test_conformal_estimator_has_no_coverage_curve_over_d(plt, data_1d):
     settings = {k: v for k, v in TINY.items() if k not in ("calibration", "posterior")}
     conformal = _fit_quietly(LaplaceActiveSubspaceRegressor(**settings), *data_1d)
-    with pytest.raises(ValueError, match="calibration='conformal'"):
+    with pytest.raises(ValueError, match="calibration='mondrian'"):
         CoverageDisplay.from_estimator(conformal)
     X, y = data_1d
     plot_intervals(conformal, X, y)  # the intervals themselves plot as for any estimator

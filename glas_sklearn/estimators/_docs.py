@@ -68,7 +68,12 @@ PARAMETERS_DOC = """\
         (exact, from per-record Jacobians of the training rows), Σ by Woodbury; σ0 and the predictive
         resolve as for "low_rank". A subclass of :class:`~glas_sklearn.posterior.ActiveSubspacePosterior` (a kind's
         class, e.g. a user's own kind) is used as it is (:func:`~glas_sklearn.posterior.resolve_posterior`).
-    calibration : {"conformal", "coverage"} or Calibrator, default="conformal"
+    calibration : {"mondrian", "conformal", "coverage"} or Calibrator, default="mondrian" (classifier: "conformal")
+        "mondrian" (:class:`~glas_sklearn.calibration.MondrianConformalCalibrator`, the regressor's default): split
+        conformal within equal-count bins of the predictive std σ̂(x), ⌊n / 200⌋ of them (at most 10) for n
+        calibration rows, so that the level holds within each band of σ̂, not only on average; with fewer than
+        400 calibration rows it is one bin, the same intervals as "conformal". For the classifier the groups are
+        the classes (class-conditional sets).
         "conformal" (:class:`~glas_sklearn.calibration.ConformalCalibrator`): split conformal on the calibration
         rows at a fixed d, with coverage ≥ 1 − γ for exchangeable data at any number of rows: regression
         intervals ŷ ± q σ̂ with q the ⌈(n + 1)(1 − γ)⌉-th smallest ``|y − ŷ|`` / σ̂ (per output), classification

@@ -41,9 +41,10 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
 
     ``fit`` trains the network (unless ``prefit``), builds the generalized Gauss-Newton matrix of the
     ½-squared loss matrix-free, takes its top eigenpairs and sets the prior scale σ0 by empirical Bayes.
-    By default (``posterior="low_rank", calibration="conformal"``) the posterior keeps the prior's variance
+    By default (``posterior="low_rank", calibration="mondrian"``) the posterior keeps the prior's variance
     off the top-d eigenvectors and the intervals ŷ ± q σ̂ are split-conformal on the calibration rows
-    (coverage ≥ ``confidence_level`` for exchangeable data); the paper's method,
+    (coverage ≥ ``confidence_level`` for exchangeable data), with one q per band of σ̂ once there are enough
+    calibration rows (at least 200 a band) so that the level also holds where σ̂ is small or large; the paper's method,
     ``posterior="subspace", calibration="coverage"``, instead chooses the subspace dimension d as the smallest
     one whose intervals cover ``confidence_level`` of the calibration data.
 
@@ -81,7 +82,7 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
     }
 
     def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="auto", n_components="auto",
-                 max_components=50, sigma0="auto", posterior="low_rank", calibration="conformal",
+                 max_components=50, sigma0="auto", posterior="low_rank", calibration="mondrian",
                  predictive="auto", n_samples=1000, confidence_level=0.9, calibration_size=0.1,
                  likelihood="auto", noise_std="auto", include_noise=False, max_epochs=500, lr="auto",
                  batch_size="auto", weight_decay=0.0, optimizer="adam", standardize="auto", padding_idx=None,
@@ -205,10 +206,11 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
         ----------
         X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         return_std : bool, default=False
-            Also return the predictive standard deviation of y. With ``calibration="conformal"`` it is calibrated:
+            Also return the predictive standard deviation of y. With conformal calibration it is calibrated:
             the conformal normalisation σ̂(x) (heteroscedastic: sqrt(σ_ale²(x) + σ_epi²(x)); homoscedastic: σ_f,
             or σ_f ⊕ σ with ``include_noise``) times ``std_scale_``, the root mean square of the calibration
-            scores ``|y − ŷ|/σ̂``, so that N(ŷ, std²) has the maximum-likelihood scale on the calibration rows.
+            scores ``|y − ŷ|/σ̂``, so that N(ŷ, std²) has the maximum-likelihood scale on the calibration rows
+            (``calibration="mondrian"``, the default: the scale of the row's σ̂ band, one per band).
             With ``calibration="coverage"`` (the paper) it is the posterior's own: of f, or of y (``noise_std_``
             added in quadrature) with ``include_noise=True``, or heteroscedastic sqrt(σ_ale² + σ_epi²).
 
@@ -226,7 +228,8 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
 
     @scoped_threads
     def predict_interval(self, X, confidence_level=None) -> tuple[np.ndarray, np.ndarray]:
-        """Central (1 − γ) intervals: split-conformal ŷ ± q σ̂ for y (``calibration="conformal"``), or those of
+        """Central (1 − γ) intervals: split-conformal ŷ ± q σ̂ for y (``calibration="mondrian"``: q per band of σ̂;
+        ``"conformal"``: one q), or those of
         the GLAS predictive (for f, or for y with ``include_noise=True``; ``calibration="coverage"``).
 
         A level the estimator was not fitted with works too: conformal quantiles are computed from the stored
