@@ -70,6 +70,7 @@ SUPPORT_SUBSAMPLE_ROWS = 8000
 SUPPORT_SUBSAMPLE_FIT = 4000
 # Offset of the seed of that split (within the training rows).
 _SUPPORT_SPLIT = 7919
+_SUBSAMPLE_AS_FULL = True
 # Offset of the seed of the subsample.
 _SUPPORT_SUBSAMPLE = 6151
 # The training record of a network, kept for the one that is chosen.
@@ -142,10 +143,15 @@ def choose_auto_likelihood(est, train: Callable, Xt: torch.Tensor, yt: torch.Ten
         part = torch.as_tensor(np.sort(numpy_rng((seed + _SUPPORT_SUBSAMPLE) % 2**31).choice(
             n, SUPPORT_SUBSAMPLE_FIT, replace=False)), device=Xt.device)
         w = None if sample_weight is None else sample_weight[part]
-        if est._split_off_validation_rows(yt[part], seed)[1] is not None:
-            support = _validation_test(est, train, Xt[part], yt[part], seed, dtype, w)[0]
-        else:
-            support = _held_out_test(est, train, Xt[part], yt[part], seed, dtype, w)
+        if _SUBSAMPLE_AS_FULL:
+            est._settings_rows = len(est._split_off_validation_rows(yt, seed)[0])  # the steps of the full table
+        try:
+            if est._split_off_validation_rows(yt[part], seed)[1] is not None:
+                support = _validation_test(est, train, Xt[part], yt[part], seed, dtype, w)[0]
+            else:
+                support = _held_out_test(est, train, Xt[part], yt[part], seed, dtype, w)
+        finally:
+            est._settings_rows = None
         support.update(rows=f"{support['rows']} ({SUPPORT_SUBSAMPLE_FIT:,}-row subsample of {n:,} training rows)",
                        subsample_rows=SUPPORT_SUBSAMPLE_FIT)
         est.likelihood_ = het if support["supported"] else gaussian
