@@ -9,9 +9,7 @@ import torch
 from torch import nn
 
 from glas_sklearn import LaplaceActiveSubspaceRegressor
-from glas_sklearn.estimators import _likelihood_choice
 from glas_sklearn.estimators._likelihood_choice import SUPPORT_Z, likelihood_support
-from glas_sklearn.estimators._network_training import NetworkTrainingMixin
 from glas_sklearn.likelihoods import Gaussian, HeteroscedasticGaussian
 
 
@@ -140,99 +138,3 @@ def test_auto_is_gaussian_without_rows_to_test_on():
     est = LaplaceActiveSubspaceRegressor(max_epochs=5, n_components=3, random_state=0, device="cpu").fit(X, y)
     assert isinstance(est.likelihood_, Gaussian)
     assert est.likelihood_support_["n_rows"] == 0 and not est.likelihood_support_["supported"]
-
-
-# ---------------------------------------------------------------------------- the test on a subsample of large tables
-@pytest.fixture
-def trainings(monkeypatch):
-    """Every network training of a fit, as (rows trained on, their sample weights or None, X rows)."""
-    calls, train = [], NetworkTrainingMixin._theta0_module
-
-    def counted(self, Xt, yt, n_outputs, seed, dtype, sample_weight=None):
-        calls.append((len(yt), None if sample_weight is None else sample_weight.clone(), Xt.clone()))
-        return train(self, Xt, yt, n_outputs, seed, dtype, sample_weight)
-
-    monkeypatch.setattr(NetworkTrainingMixin, "_theta0_module", counted)
-    return calls
-
-
-def _small_thresholds(monkeypatch, rows=500, fit=300):
-    # the large-table path on small data: a subsample of `fit` rows above `rows` training rows
-    monkeypatch.setattr(_likelihood_choice, "SUPPORT_SUBSAMPLE_ROWS", rows)
-    monkeypatch.setattr(_likelihood_choice, "SUPPORT_SUBSAMPLE_FIT", fit)
-
-
-def test_auto_tests_on_a_subsample_above_the_threshold_heteroscedastic(monkeypatch, trainings, caplog):
-    _small_thresholds(monkeypatch)
-    X, y = _data(lambda X: 0.02 + 0.6 * (X[:, 1] > 0), n=800)
-    with caplog.at_level(logging.INFO, logger="glas_sklearn"):
-        est = _fit(X, y, early_stopping=True)  # as from 2,000 rows: the subsample holds its validation rows out
-    n = est.n_records_
-    assert n > 500 and [c[0] for c in trainings] == [300, 300, n]  # two on the subsample, the chosen one on all
-    s = est.likelihood_support_
-    assert s["supported"] and s["chosen"] == "heteroscedastic" and isinstance(est.likelihood_, HeteroscedasticGaussian)
-    assert s["rows"] == f"validation (300-row subsample of {n} training rows)" and s["subsample_rows"] == 300
-    assert s["n_rows"] == 30  # ⌈0.1 · 300⌉ validation rows of the subsample
-    line = next(r.getMessage() for r in caplog.records if "likelihood: auto chose" in r.getMessage())
-    assert f"on 30 validation rows (300-row subsample of {n} training rows) the heteroscedastic" in line
-    # the final network's own training record: all the training rows, less their validation rows
-    assert len(est.validation_indices_) == int(np.ceil(0.1 * n)) and len(est.loss_curve_) == est.n_iter_
-    # ... and the network likelihood="heteroscedastic" trains on the same rows with the same seed: same intervals
-    het = _fit(X, y, likelihood="heteroscedastic", early_stopping=True)
-    np.testing.assert_allclose(est.predict_interval(X[:50])[1], het.predict_interval(X[:50])[1], rtol=1e-5,
-                               atol=1e-6 * np.std(y))
-
-
-def test_auto_tests_on_a_subsample_above_the_threshold_gaussian(monkeypatch, trainings):
-    _small_thresholds(monkeypatch, fit=500)
-    X, y = _data(lambda X: 0.3, n=800)
-    est = _fit(X, y)  # no early stopping (below 2,000 rows): the subsample's 20 % held out
-    n = est.n_records_
-    assert [c[0] for c in trainings] == [400, 400, n]  # 80 % of the subsample twice, the chosen one on all
-    s = est.likelihood_support_
-    assert not s["supported"] and s["chosen"] == "gaussian" and isinstance(est.likelihood_, Gaussian)
-    assert s["rows"] == f"held-out training (500-row subsample of {n} training rows)" and s["n_rows"] == 100
-    assert len(est.loss_curve_) == 60 and est.validation_indices_ is None
-    gauss = _fit(X, y, likelihood="gaussian")
-    np.testing.assert_allclose(est.predict_interval(X[:50])[1], gauss.predict_interval(X[:50])[1], rtol=1e-5,
-                               atol=1e-6 * np.std(y))
-
-
-@pytest.mark.parametrize("early_stopping", [False, True])
-def test_auto_at_the_threshold_takes_the_full_path(monkeypatch, trainings, early_stopping):
-    # n training rows == SUPPORT_SUBSAMPLE_ROWS: no subsample, the same fit as without the subsample path
-    X, y = _data(lambda X: 0.02 + 0.6 * (X[:, 1] > 0), n=400)
-    monkeypatch.setattr(_likelihood_choice, "SUPPORT_SUBSAMPLE_ROWS", 10**9)  # the path before the subsample
-    ref = _fit(X, y, early_stopping=early_stopping)
-    n = ref.n_records_
-    expected = [n, n] if early_stopping else [n - int(np.ceil(0.2 * n))] * 2 + [n]
-    assert [c[0] for c in trainings] == expected
-    trainings.clear()
-    _small_thresholds(monkeypatch, rows=n, fit=n // 2)
-    est = _fit(X, y, early_stopping=early_stopping)
-    assert [c[0] for c in trainings] == expected and "subsample" not in est.likelihood_support_["rows"]
-    assert est.likelihood_support_["nll_gain"] == pytest.approx(ref.likelihood_support_["nll_gain"], rel=1e-6)
-    assert est.likelihood_support_["chosen"] == ref.likelihood_support_["chosen"] == "heteroscedastic"
-    np.testing.assert_allclose(est.predict_interval(X[:50])[1], ref.predict_interval(X[:50])[1], rtol=1e-5,
-                               atol=1e-6 * np.std(y))
-    # one row more: the subsample
-    trainings.clear()
-    _small_thresholds(monkeypatch, rows=n - 1, fit=n // 2)
-    _fit(X, y, early_stopping=early_stopping)
-    assert trainings[0][0] == (n // 2 if early_stopping else n // 2 - int(np.ceil(0.2 * (n // 2))))
-
-
-def test_auto_subsample_keeps_the_rows_sample_weights(monkeypatch, trainings):
-    _small_thresholds(monkeypatch)
-    X, y = _data(lambda X: 0.02 + 0.6 * (X[:, 1] > 0), n=800)
-    w = np.linspace(0.5, 2.0, len(y))  # one weight per row: which row carries which weight is checkable
-    est = LaplaceActiveSubspaceRegressor(max_epochs=60, n_components=5, random_state=0, device="cpu", n_threads=1,
-                                         early_stopping=True).fit(X, y, sample_weight=w)
-    (n_sub, w_sub, X_sub), _, (n_all, w_all, X_all) = trainings
-    assert n_sub == 300 and n_all == est.n_records_ and torch.equal(w_all, w_all.new_tensor(w[est.train_indices_]))
-    # each subsample row carries the weight that row has among all the training rows
-    match = (X_sub[:, None, :] == X_all[None, :, :]).all(-1)
-    assert (match.sum(1) == 1).all()
-    torch.testing.assert_close(w_sub, w_all[match.float().argmax(1)], rtol=0, atol=0)
-    assert trainings[1][1] is not None and torch.equal(trainings[1][1], w_sub)
-    assert est.likelihood_support_["chosen"] == "heteroscedastic"

@@ -29,17 +29,8 @@ calibrator (which normalises by σ̂(x)). A module of the user's, ``include_nois
 level) and the paper's ``calibration="coverage"`` take the Gaussian; so do fewer than 100 training rows (fewer than
 ``MIN_SUPPORT_ROWS`` held-out rows: too few to tell).
 
-Above ``SUPPORT_SUBSAMPLE_ROWS`` (8,000) training rows the test runs on a random subsample of
-``SUPPORT_SUBSAMPLE_FIT`` (4,000) of them, seeded from the estimator's seed (sample weights subset with them),
-exactly as it runs on 4,000 rows (both networks with early stopping, compared on the subsample's 400 validation
-rows), and only the chosen network is trained on all the training rows; ``likelihood_support_["rows"]`` says so.
-The same statistic and threshold decide; the 400 rows are twice the fewest the test uses from 2,000 rows (200).
-
-Cost: from 2,000 to 8,000 training rows a second training (2× the training time); above, two trainings on 4,000
-rows and one on all of them (at 8,000 rows the two on half the rows cost about one on all, so the cost does not jump
-at the threshold; at 10,000 rows about 1.8× instead of 2×, at 50,000 about 1.2×); three trainings below 2,000 rows
-(two on 80 % of the rows). The curvature, the posterior and the calibration are built once, for the chosen
-likelihood.
+Cost: a second training from 2,000 rows (2× the training time), three trainings below (two on 80 % of the rows);
+the curvature, the posterior and the calibration are built once, for the chosen likelihood.
 """
 
 from __future__ import annotations
@@ -55,8 +46,7 @@ from .._checks import numpy_rng
 from .._functional import model_outputs
 from ..likelihoods import Gaussian, Likelihood
 
-__all__ = ["MIN_SUPPORT_ROWS", "SUPPORT_FRACTION", "SUPPORT_SUBSAMPLE_FIT", "SUPPORT_SUBSAMPLE_ROWS", "SUPPORT_Z",
-           "choose_auto_likelihood", "likelihood_support"]
+__all__ = ["MIN_SUPPORT_ROWS", "SUPPORT_FRACTION", "SUPPORT_Z", "choose_auto_likelihood", "likelihood_support"]
 
 #: Standard errors by which the heteroscedastic model's mean held-out NLL gain must exceed zero.
 SUPPORT_Z = 1.0
@@ -64,15 +54,8 @@ SUPPORT_Z = 1.0
 SUPPORT_FRACTION = 0.2
 #: Fewer held-out rows than this (fewer than 100 training rows): no test, the Gaussian.
 MIN_SUPPORT_ROWS = 20
-#: Above this many training rows the test runs on a subsample of ``SUPPORT_SUBSAMPLE_FIT`` rows (see the docstring).
-SUPPORT_SUBSAMPLE_ROWS = 8000
-#: Rows of that subsample: 400 early-stopping validation rows to test on, twice the fewest the test uses otherwise.
-SUPPORT_SUBSAMPLE_FIT = 4000
 # Offset of the seed of that split (within the training rows).
 _SUPPORT_SPLIT = 7919
-_SUBSAMPLE_AS_FULL = True
-# Offset of the seed of the subsample.
-_SUPPORT_SUBSAMPLE = 6151
 # The training record of a network, kept for the one that is chosen.
 _TRAINING_ATTRS = ("n_iter_", "loss_curve_", "training_loss_", "validation_scores_", "best_validation_score_",
                    "validation_indices_", "n_threads_")
@@ -129,47 +112,43 @@ def choose_auto_likelihood(est, train: Callable, Xt: torch.Tensor, yt: torch.Ten
     (:func:`likelihood_support`'s dict with ``rows``, ``chosen`` and ``seconds`` added). ``train(Xt, yt, n_outputs,
     seed, dtype, sample_weight)`` trains one network for ``est.likelihood_`` (the estimator's own θ0 step).
 
-    Above ``SUPPORT_SUBSAMPLE_ROWS`` training rows the test runs on a random subsample of ``SUPPORT_SUBSAMPLE_FIT``
-    of them (seeded from ``seed``, their sample weights with them), as it would on that many rows, and only the
-    chosen network is trained on all the rows. Otherwise, with early-stopping validation rows (from 2,000 training
-    rows under ``early_stopping="auto"``) both networks are trained once and compared there. Without,
-    ``SUPPORT_FRACTION`` of the training rows is held out, both networks are trained on the rest and compared on
-    it, and the chosen one is trained again on all the rows. The calibration rows are never used, so the conformal
-    guarantee is untouched."""
+    With early-stopping validation rows (from 2,000 training rows under ``early_stopping="auto"``) both networks
+    are trained once and compared there. Without, ``SUPPORT_FRACTION`` of the training rows is held out, both
+    networks are trained on the rest and compared on it, and the chosen one is trained again on all the rows.
+    The calibration rows are never used, so the conformal guarantee is untouched."""
     t0 = time.perf_counter()
     het, gaussian, k = est.likelihood_, Gaussian(), yt.shape[1]
-    n = len(yt)
-    if n > SUPPORT_SUBSAMPLE_ROWS:  # the test on a subsample, the chosen network on all the rows
-        part = torch.as_tensor(np.sort(numpy_rng((seed + _SUPPORT_SUBSAMPLE) % 2**31).choice(
-            n, SUPPORT_SUBSAMPLE_FIT, replace=False)), device=Xt.device)
-        w = None if sample_weight is None else sample_weight[part]
-        if _SUBSAMPLE_AS_FULL:
-            est._settings_rows = len(est._split_off_validation_rows(yt, seed)[0])  # the steps of the full table
-        try:
-            if est._split_off_validation_rows(yt[part], seed)[1] is not None:
-                support = _validation_test(est, train, Xt[part], yt[part], seed, dtype, w)[0]
-            else:
-                support = _held_out_test(est, train, Xt[part], yt[part], seed, dtype, w)
-        finally:
-            est._settings_rows = None
-        support.update(rows=f"{support['rows']} ({SUPPORT_SUBSAMPLE_FIT:,}-row subsample of {n:,} training rows)",
-                       subsample_rows=SUPPORT_SUBSAMPLE_FIT)
-        est.likelihood_ = het if support["supported"] else gaussian
-        module = train(Xt, yt, est.likelihood_.n_outputs(k), seed, dtype, sample_weight)
-    elif est._split_off_validation_rows(yt, seed)[1] is not None:  # training will hold validation rows out
-        support, het_module, het_record, module = _validation_test(est, train, Xt, yt, seed, dtype, sample_weight)
+    if est._split_off_validation_rows(yt, seed)[1] is not None:  # training will hold validation rows out
+        het_module = train(Xt, yt, het.n_outputs(k), seed, dtype, sample_weight)
+        het_record = ({a: getattr(est, a, None) for a in _TRAINING_ATTRS}, est.timings_.get("training"))
+        est.likelihood_ = gaussian
+        module = train(Xt, yt, gaussian.n_outputs(k), seed, dtype, sample_weight)
+        index = torch.as_tensor(est.validation_indices_, device=Xt.device)
+        support = likelihood_support(het, model_outputs(het_module, Xt[index]), model_outputs(module, Xt[index]),
+                                     yt[index])
+        support["rows"] = "validation"
         if support["supported"]:
             est.likelihood_, module = het, het_module
             for name, value in het_record[0].items():
                 setattr(est, name, value)
             est.timings_["training"] = het_record[1]
-    elif int(np.ceil(SUPPORT_FRACTION * n)) < MIN_SUPPORT_ROWS:  # too few rows to tell: the Gaussian
+    elif int(np.ceil(SUPPORT_FRACTION * len(yt))) < MIN_SUPPORT_ROWS:  # too few rows to tell: the Gaussian
         est.likelihood_ = gaussian
         module = train(Xt, yt, gaussian.n_outputs(k), seed, dtype, sample_weight)
         support = {"supported": False, "nll_gain": float("nan"), "nll_gain_se": float("nan"), "z": SUPPORT_Z,
                    "n_rows": 0, "rows": f"none (fewer than {MIN_SUPPORT_ROWS / SUPPORT_FRACTION:.0f} training rows)"}
     else:
-        support = _held_out_test(est, train, Xt, yt, seed, dtype, sample_weight)
+        n = len(yt)
+        n_held = int(np.ceil(SUPPORT_FRACTION * n))
+        perm = numpy_rng((seed + _SUPPORT_SPLIT) % 2**31).permutation(n)
+        fit, held = (torch.as_tensor(np.sort(p), device=Xt.device) for p in (perm[n_held:], perm[:n_held]))
+        w = None if sample_weight is None else sample_weight[fit]
+        het_part = train(Xt[fit], yt[fit], het.n_outputs(k), seed, dtype, w)
+        est.likelihood_ = gaussian
+        gaussian_part = train(Xt[fit], yt[fit], gaussian.n_outputs(k), seed, dtype, w)
+        support = likelihood_support(het, model_outputs(het_part, Xt[held]), model_outputs(gaussian_part, Xt[held]),
+                                     yt[held])
+        support["rows"] = "held-out training"
         est.likelihood_ = het if support["supported"] else gaussian
         module = train(Xt, yt, est.likelihood_.n_outputs(k), seed, dtype, sample_weight)
     support.update(chosen=est.likelihood_.name, seconds=time.perf_counter() - t0)
@@ -179,41 +158,6 @@ def choose_auto_likelihood(est, train: Callable, Xt: torch.Tensor, yt: torch.Ten
     return module
 
 
-def _validation_test(est, train: Callable, Xt: torch.Tensor, yt: torch.Tensor, seed: int, dtype: torch.dtype,
-                     sample_weight: torch.Tensor | None) -> tuple[dict, nn.Module, tuple, nn.Module]:
-    """Both networks trained on ``Xt`` (training holds its validation rows out), compared on the validation rows:
-    the support, the heteroscedastic network and its training record (attributes, seconds), the Gaussian network
-    (``est.likelihood_`` is then the Gaussian, with the Gaussian network's training record)."""
-    het, k = est.likelihood_, yt.shape[1]
-    het_module = train(Xt, yt, het.n_outputs(k), seed, dtype, sample_weight)
-    het_record = ({a: getattr(est, a, None) for a in _TRAINING_ATTRS}, est.timings_.get("training"))
-    est.likelihood_ = Gaussian()
-    module = train(Xt, yt, est.likelihood_.n_outputs(k), seed, dtype, sample_weight)
-    index = torch.as_tensor(est.validation_indices_, device=Xt.device)
-    support = likelihood_support(het, model_outputs(het_module, Xt[index]), model_outputs(module, Xt[index]),
-                                 yt[index])
-    support["rows"] = "validation"
-    return support, het_module, het_record, module
-
-
-def _held_out_test(est, train: Callable, Xt: torch.Tensor, yt: torch.Tensor, seed: int, dtype: torch.dtype,
-                   sample_weight: torch.Tensor | None) -> dict:
-    """Both networks trained on 1 − ``SUPPORT_FRACTION`` of the rows of ``Xt`` (seeded), compared on the rest: the
-    support (``est.likelihood_`` is then the Gaussian)."""
-    het, n, k = est.likelihood_, len(yt), yt.shape[1]
-    n_held = int(np.ceil(SUPPORT_FRACTION * n))
-    perm = numpy_rng((seed + _SUPPORT_SPLIT) % 2**31).permutation(n)
-    fit, held = (torch.as_tensor(np.sort(p), device=Xt.device) for p in (perm[n_held:], perm[:n_held]))
-    w = None if sample_weight is None else sample_weight[fit]
-    het_part = train(Xt[fit], yt[fit], het.n_outputs(k), seed, dtype, w)
-    est.likelihood_ = Gaussian()
-    gaussian_part = train(Xt[fit], yt[fit], est.likelihood_.n_outputs(k), seed, dtype, w)
-    support = likelihood_support(het, model_outputs(het_part, Xt[held]), model_outputs(gaussian_part, Xt[held]),
-                                 yt[held])
-    support["rows"] = "held-out training"
-    return support
-
-
 def support_line(support: dict) -> str:
     """The fit's line on the choice, e.g. "likelihood: auto chose heteroscedastic: on 716 validation rows the
     heteroscedastic network's held-out NLL is 0.31 ± 0.04 nats per row below the Gaussian network's
@@ -221,10 +165,7 @@ def support_line(support: dict) -> str:
     if not support["n_rows"]:
         return f"likelihood: auto chose {support['chosen']}: no test on {support['rows']}"
     sign = "below" if support["nll_gain"] >= 0 else "above"
-    kind, _, note = support["rows"].partition(" (")  # "validation (4,000-row subsample of ...)"
-    rows = f"{support['n_rows']} {kind} rows" + (f" ({note}" if note else "")
-    cost = "test on the subsample, chosen network" if "subsample_rows" in support else "second network and test"
-    return (f"likelihood: auto chose {support['chosen']}: on {rows} the "
+    return (f"likelihood: auto chose {support['chosen']}: on {support['n_rows']} {support['rows']} rows the "
             f"heteroscedastic network's held-out NLL is {abs(support['nll_gain']):.3g} ± {support['nll_gain_se']:.2g} "
             f"nats per row {sign} the Gaussian network's (heteroscedastic when more than {support['z']:g} standard "
-            f"errors below), {support['seconds']:.1f} s ({cost})")
+            f"errors below), {support['seconds']:.1f} s (second network and test)")

@@ -81,17 +81,12 @@ class NetworkTrainingMixin:
         self.best_validation_score_ = result.best_validation_score
         self.validation_indices_ = val_rows
 
-    # When set, the rows "auto" batch size and learning rate are resolved for instead of the rows trained on (the
-    # subsample of the likelihood test trains with the full table's steps: estimators/_likelihood_choice.py).
-    _settings_rows: int | None = None
-
     def _batch_size(self, n_rows: int) -> int | None:
         """Rows per training step on ``n_rows`` rows: ``batch_size``, with "auto" resolved (None: all rows)."""
-        return auto_batch_size(self._settings_rows or n_rows) if self.batch_size == "auto" else self.batch_size
+        return auto_batch_size(n_rows) if self.batch_size == "auto" else self.batch_size
 
     def _lr(self, n_rows: int) -> float:
         """The learning rate on ``n_rows`` rows trained on: ``lr``, with "auto" resolved (:func:`auto_lr`)."""
-        n_rows = self._settings_rows or n_rows
         return auto_lr(n_rows, self._batch_size(n_rows)) if self.lr == "auto" else self.lr
 
     def _split_off_validation_rows(self, yt: torch.Tensor, seed: int) -> tuple[np.ndarray, np.ndarray | None]:
