@@ -136,6 +136,10 @@ def run_ours(method: str, X, y, X_te, y_te, seed: int) -> dict:
            **scores(y_te, pis[:, 0, 0], pis[:, 1, 0])}
     if hasattr(est, "best_validation_score_"):
         out["best_validation_score"] = est.best_validation_score_
+    support = getattr(est, "likelihood_support_", None)  # likelihood="auto": the choice and its evidence
+    if support:
+        out["likelihood"] = support["chosen"]
+        out["support"] = {k: support[k] for k in ("nll_gain", "nll_gain_se", "n_rows", "rows", "seconds")}
     return out
 
 
@@ -353,7 +357,9 @@ def main(argv=None) -> None:
                 results.setdefault(name, {}).setdefault(str(split), {})[method] = res
                 print(f"[default_fit] {name} split {split} {method}: fit {res['fit_s']:.2f} s"
                       + (f" (training {res['training_s']:.2f}, epochs {res['epochs']})" if "epochs" in res else "")
-                      + f", coverage {res['coverage']:.3f}, interval score {res['interval_score']:.4f}", flush=True)
+                      + f", coverage {res['coverage']:.3f}, interval score {res['interval_score']:.4f}"
+                      + (f", likelihood {res['likelihood']} ({res['support']})" if "likelihood" in res else ""),
+                      flush=True)
                 _common.write_results_and_report(json_path, md_path, {"results": results, "n_rows": n_rows,
                                                                       "runs": runs}, render, command=command)
     print(render(json.loads(json_path.read_text())))
