@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from glas_sklearn import LaplaceActiveSubspaceRegressor
-from glas_sklearn.estimators._likelihood_choice import SUPPORT_Z, likelihood_support
+from glas_sklearn.estimators._likelihood_choice import MIN_SUPPORT_GAIN, SUPPORT_Z, likelihood_support
 from glas_sklearn.likelihoods import Gaussian, HeteroscedasticGaussian
 
 
@@ -48,6 +48,28 @@ def test_support_statistic_matches_its_definition_and_decides_by_the_noise():
     wobble = 0.09 * np.exp(0.3 * rng.standard_normal(400))
     out0 = likelihood_support(lik, _outputs(mu, wobble), torch.tensor(mu[:, None]), torch.tensor(y0[:, None]))
     assert not out0["supported"] and out0["nll_gain"] < SUPPORT_Z * out0["nll_gain_se"]
+
+
+def test_a_significant_but_negligible_gain_is_not_support():
+    """On many rows a σ(x) that varies by ±5 % passes the z test, but its expected gain, Var(log σ) ≈ 0.0025
+    nats (log σ normal: ½ log E σ² − E log σ), is below the floor: the Gaussian (the variance head would cost a
+    second, 2–3× dearer training for nothing). The same rows with ±40 % variation (gain ≈ 0.16) are supported."""
+    rng = np.random.default_rng(3)
+    m = 200_000
+    mu = np.zeros(m)
+    lik = HeteroscedasticGaussian()
+    for spread, expected in ((0.05, False), (0.4, True)):
+        sigma = np.exp(spread * rng.standard_normal(m))
+        y = sigma * rng.standard_normal(m)
+        out = likelihood_support(lik, _outputs(mu, sigma**2), torch.tensor(mu[:, None]), torch.tensor(y[:, None]))
+        gain, se = _reference_gain(y, mu, sigma**2, mu)
+        assert out["nll_gain"] == pytest.approx(gain, rel=1e-9)
+        assert gain == pytest.approx(spread**2, rel=0.25)  # Var(log σ)
+        assert gain > SUPPORT_Z * se  # the z test alone would take the head both times
+        assert out["supported"] is expected and out["min_gain"] == MIN_SUPPORT_GAIN
+    # the floor is a parameter: 0 gives the z test alone
+    assert likelihood_support(lik, _outputs(mu, sigma**2), torch.tensor(mu[:, None]), torch.tensor(y[:, None]),
+                              min_gain=0.0)["supported"]
 
 
 def test_support_judges_the_mean_too():

@@ -305,7 +305,8 @@ REGRESSOR_PARAMETERS_DOC = """\
         On a network the estimator builds, with conformal intervals, ``fit`` trains both networks and compares
         their negative log-likelihood on rows neither was trained on (the early-stopping validation rows, else 20 %
         of the training rows, after which the chosen network is trained on all of them; never the calibration
-        rows): heteroscedastic when it is lower by more than one standard error (``likelihood_support_``;
+        rows): heteroscedastic when it is lower by more than one standard error and 0.02 nats per row
+        (``likelihood_support_``;
         fewer than 100 training rows: "gaussian"). A module of your own, ``include_noise=True`` and the
         paper's ``calibration="coverage"`` take "gaussian" (benchmarks/results/likelihood_auto.md,
         naval_like.md). "gaussian": y = f(x) + ε with one noise level σ per output (the paper's).
