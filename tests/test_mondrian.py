@@ -269,3 +269,34 @@ def test_regressor_default_is_mondrian_over_sigma_bands_and_plain_conformal_belo
     q = np.array([np.sort(big.calibrator_.bin_scores_[0][b])[_rank(len(big.calibrator_.bin_scores_[0][b]), 0.9) - 1]
                   for b in band])
     np.testing.assert_allclose(pis[:, 1, 0] - y_pred, q * sd * big.y_scale_[0], rtol=1e-9)
+
+
+def test_band_calibrated_estimator_served_from_threads():
+    """The default calibration with several σ̂ bands is read-only at predict time: eight threads calling
+    predict_interval (at two levels, one beyond the bands' own, which merges neighbours) and predict(return_std)
+    on one fitted estimator get the one-at-a-time results (float64, the same operations: round-off only)."""
+    import threading
+
+    X, y = _hetero(900, seed=2)
+    reg = LaplaceActiveSubspaceRegressor(calibration_size=0.5, **dict(SMALL, likelihood="gaussian")).fit(X, y)
+    assert len(reg.calibrator_.edges_[0]) == 1  # 450 calibration rows: two bands of 225
+    X_new, _ = _hetero(300, seed=4)
+    levels = [0.9, 0.997]  # 0.997 needs 332 rows a band: the two bands merged (the pooled quantile), finite
+    ref_pis = reg.predict_interval(X_new, confidence_level=levels)[1]
+    assert np.isfinite(ref_pis).all()
+    ref_std = reg.predict(X_new, return_std=True)[1]
+    out, start = [None] * 8, threading.Barrier(8)
+
+    def work(i):
+        start.wait()
+        for _ in range(3):
+            out[i] = (reg.predict_interval(X_new, confidence_level=levels)[1], reg.predict(X_new, return_std=True)[1])
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for pis, std in out:
+        np.testing.assert_allclose(pis, ref_pis, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(std, ref_std, rtol=1e-12, atol=1e-12)
