@@ -13,7 +13,9 @@ of ``mondrian_shift.py``). Two synthetic studies serve Mondrian over σ̂ bins w
 enough for it to act (≥ 200 rows): ``synthetic_shift`` (per shape and seed the synthetic study's 2500 + 5000 rows;
 for feature f = 0, 1 the test rows are those above the training rows' 2/3 quantile of x_f, the fitting and
 calibration rows (20 %) those at or below it: about 333 calibration rows, 3 Mondrian bins) and ``synthetic_large``
-(6000 rows, 1200 of them calibration rows: 10 Mondrian bins of 120). ``--small-variants`` evaluates calibrations
+(6000 rows, 1200 of them calibration rows: 10 Mondrian bins of 120). ``synthetic_shift_large`` holds out the top
+third of x_f as ``synthetic_shift`` does from 6000 rows: 800 calibration rows, 4 bands of the regressor's default
+(200-row) Mondrian bins, 8 of 100 rows. ``--small-variants`` evaluates calibrations
 aimed at tiny calibration sets (:data:`SMALL_METHODS`) on the ``uci`` and ``shift`` caches. The cache
 (``benchmarks/results/cache_regional_calibration/``, not committed) is rebuilt by the fit stage; the eval stage
 reads every cached run.
@@ -25,10 +27,13 @@ Usage::
     python benchmarks/regional_calibration.py --stage fit --study shift
     python benchmarks/regional_calibration.py --stage fit --study synthetic_shift --seeds 10
     python benchmarks/regional_calibration.py --stage fit --study synthetic_large --seeds 10
+    python benchmarks/regional_calibration.py --stage fit --study synthetic_shift_large --seeds 10
     python benchmarks/regional_calibration.py --stage eval --tag i27d
     python benchmarks/regional_calibration.py --stage eval --methods default het_fit het_fit_mondrian split_nn \
         --tag i27g
     python benchmarks/regional_calibration.py --stage eval --small-variants --tag i27g_small
+    python benchmarks/regional_calibration.py --stage eval --studies synthetic_shift_large \
+        --methods default het_fit het_fit_mondrian het_fit_mondrian200 split_nn --tag i27l
 """
 
 from __future__ import annotations
@@ -54,7 +59,8 @@ from glas_sklearn.predictive import RegressionMoments
 
 CACHE = _common.RESULTS / "cache_regional_calibration"
 STEM = "regional_calibration"
-STUDIES = ("synthetic", "uci", "shift", "synthetic_shift", "synthetic_large")
+STUDIES = ("synthetic", "uci", "shift", "synthetic_shift", "synthetic_large", "synthetic_shift_large")
+SHIFT_STUDIES = ("synthetic_shift", "synthetic_shift_large")  # the top third of x0 / x1 held out
 LEVEL = rc.LEVEL
 METHODS = [
     ("default", "GLAS homoscedastic default (conformal; one variance part, so λ is moot)"),
@@ -136,7 +142,7 @@ def stage_fit(args):
     CACHE.mkdir(parents=True, exist_ok=True)
     if args.study in ("synthetic", "synthetic_large"):
         jobs = [(shape, seed) for seed in range(args.seeds) for shape in args.shapes]
-    elif args.study == "synthetic_shift":  # the top third of feature f = 0, 1 held out (group "<shape>_f<f>")
+    elif args.study in SHIFT_STUDIES:  # the top third of feature f = 0, 1 held out (group "<shape>_f<f>")
         jobs = [(f"{shape}_f{f}", seed) for seed in range(args.seeds) for shape in args.shapes for f in (0, 1)]
     elif args.study == "shift":  # mondrian_shift.py's runs: the top third of feature f held out, f = 0..3
         jobs = [(name, f) for name in args.datasets for f in range(4)]
@@ -148,8 +154,8 @@ def stage_fit(args):
             continue
         t0 = time.perf_counter()
         if args.study.startswith("synthetic"):
-            shape, f = a.rsplit("_f", 1) if args.study == "synthetic_shift" else (a, None)
-            n_train = args.n_train or (6000 if args.study == "synthetic_large" else 2500)
+            shape, f = a.rsplit("_f", 1) if args.study in SHIFT_STUDIES else (a, None)
+            n_train = args.n_train or (6000 if args.study in ("synthetic_large", "synthetic_shift_large") else 2500)
             rng = np.random.default_rng(7919 * b + len(shape))
             X, y, s = rc.draw(shape, n_train, rng)
             X_te, y_te, s_te = rc.draw(shape, 5000, rng)
@@ -330,15 +336,23 @@ def evaluate(path, methods=METHODS):
     n_bins = MondrianConformalCalibrator(min_bin_size=100).bins_for(n_cal, LEVEL)
     # the share of test rows above the calibration rows' (1 − 1/B) quantile of σ̂: in the top Mondrian bin
     top = float(np.mean(sd_pre > np.quantile(sd_pre_cal, 1 - 1 / n_bins))) if n_bins > 1 else 1.0
-    return out, {"lambda": lam, "n_cal": n_cal, "n_te": int(len(y)), "mondrian_bins": n_bins, "top_bin_share": top,
-                 "mondrian200_bins": MondrianConformalCalibrator(min_bin_size=200).bins_for(n_cal, LEVEL)}
+    n_bins200 = MondrianConformalCalibrator(min_bin_size=200).bins_for(n_cal, LEVEL)
+    diag = {"lambda": lam, "n_cal": n_cal, "n_te": int(len(y)), "mondrian_bins": n_bins, "top_bin_share": top,
+            "mondrian200_bins": n_bins200}
+    if n_bins200 > 1:  # and in the top band of the 200-row bins (the regressor's default)
+        diag["top200_bin_share"] = float(np.mean(sd_pre > np.quantile(sd_pre_cal, 1 - 1 / n_bins200)))
+    return out, diag
 
 
 def _cached_runs(study):
     """(group, index, path) of the cached runs of one study (``synthetic_*`` files of the other synthetic studies
-    excluded)."""
+    excluded: those of a study whose name extends this one's, e.g. ``synthetic_shift_large`` for
+    ``synthetic_shift``)."""
+    longer = [s for s in STUDIES if s.startswith(study + "_")]
     out = []
     for path in sorted(CACHE.glob(f"{study}_*.npz")):
+        if any(path.stem.startswith(s + "_") for s in longer):
+            continue
         group, index = path.stem[len(study) + 1:].rsplit("_", 1)
         if study == "synthetic" and group not in rc.SHAPES:
             continue
@@ -394,7 +408,9 @@ def _subtitle(results) -> str:
     if "--small-variants" in results["command"]:
         return " (calibrations for small calibration sets)"
     if "--methods" in results["command"]:
-        return " (Mondrian over σ̂ against the conformal default, median cap)"
+        studies = [s for s in STUDIES if results.get(s)] if "--studies" in results["command"] else []
+        return (" (Mondrian over σ̂ against the conformal default, median cap"
+                + (f"; {', '.join(f'`{s}`' for s in studies)}" if studies else "") + ")")
     methods = {m for study in STUDIES for run in results.get(study, []) for m in run.get("methods", {})}
     return " (median cap)" if "het_fit_max" in methods else " (cap at the largest σ_epi²)"
 
@@ -404,6 +420,9 @@ TITLES = {"synthetic": "Synthetic noise shapes (in distribution)",
           "synthetic_shift": "Synthetic noise shapes, top-third extrapolation (group `<shape>_f<f>`: the test rows "
                              "above the training rows' 2/3 quantile of feature f, fitted and calibrated at or below "
                              "it)",
+          "synthetic_shift_large": "Synthetic noise shapes, 6000 rows, top-third extrapolation (group "
+                                   "`<shape>_f<f>` as in the 2500-row study: about 800 calibration rows, 4 bins of "
+                                   "200 and 8 of 100)",
           "uci": "UCI dev sets, standard splits, in distribution",
           "shift": "UCI dev sets, top-third extrapolation (feature f = 0..3 held out above its 2/3 quantile)"}
 KEYS = ("noise", "pre", "own", "ref")
@@ -492,6 +511,8 @@ def render(results) -> str:
             top = [r["diagnostics"].get("top_bin_share") for r in rs]
             top = f"; test rows in the top Mondrian bin {100 * np.mean(top):.0f} %" \
                 if None not in top and rs[0]["diagnostics"]["mondrian_bins"] > 1 else ""
+            top200 = [r["diagnostics"].get("top200_bin_share") for r in rs]
+            top += f", in the top 200-row band {100 * np.mean(top200):.0f} %" if top and None not in top200 else ""
             lines += [f"### {g} ({len(rs)} runs, {n_cal} calibration rows; fitted λ median "
                       f"{np.median(lam):.3g}, range {min(lam):.3g}–{max(lam):.3g}{top})", ""]
             rows = []
@@ -543,7 +564,8 @@ def main(argv=None):
     p.add_argument("--shapes", nargs="+", default=list(rc.SHAPES))
     p.add_argument("--datasets", nargs="+", default=rc.UCI_SETS)
     p.add_argument("--n-train", type=int, default=None,
-                   help="synthetic rows (fitting + calibration; default 2500, 6000 for synthetic_large)")
+                   help="synthetic rows before the hold-out (fitting + calibration; default 2500, 6000 for "
+                        "synthetic_large and synthetic_shift_large)")
     p.add_argument("--cal-share", type=float, default=0.2)
     p.add_argument("--data-dir", type=Path, default=_common.data_dir("uci"))
     p.add_argument("--tag", default=None)
