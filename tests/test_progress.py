@@ -134,6 +134,29 @@ def test_closing_line_counts_the_rows_trained_on_not_the_curvature_subsample(cap
     assert f"epochs on {n_train} rows" in lines[-1] and "on 40 rows" not in lines[-1], lines[-1]
 
 
+@pytest.mark.parametrize(("n", "expected"),
+                         [(28, "93.1 %"), (18, "94.7 %"), (9, None), (30, None), (200, None), (8, None)])
+def test_expected_coverage_note_for_few_calibration_rows(n, expected):
+    """⌈(n + 1)(1 − γ)⌉ / (n + 1) at 90 %: 27/29 from 28 rows, 18/19 from 18; a point or less above the level
+    (9 rows: 9/10; 30: 28/31) says nothing, nor does a level the rows cannot reach (8 rows: infinite intervals,
+    warned elsewhere)."""
+    from glas_sklearn.estimators._report import _expected_coverage
+
+    note = _expected_coverage(n, 0.9)
+    if expected is None:
+        assert note == ""
+    else:
+        assert f"with {n} rows conformal intervals cover {expected} on average" in note
+
+
+def test_calibration_line_says_the_bands_and_the_overshoot(capsys):
+    X, y = _blobs_or_wave(False)
+    LaplaceActiveSubspaceRegressor(likelihood="gaussian", max_epochs=5, max_components=4, calibration_size=28,
+                                   random_state=0, verbose=1).fit(X, y)
+    line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("calibration: "))
+    assert "one band of σ̂" in line and "cover 93.1 % on average" in line, line
+
+
 def test_fit_is_silent_with_verbose_zero(capsys):
     X, y = _blobs_or_wave(False)
     LaplaceActiveSubspaceRegressor(max_epochs=5, max_components=4, n_samples=20, random_state=0).fit(X, y)
