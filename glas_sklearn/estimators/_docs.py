@@ -357,8 +357,10 @@ REGRESSOR_ATTRIBUTES_DOC = """\
         σ in the units of y (per output for multi-output y); heteroscedastic: the root mean σ²(x) over the
         training rows.
     std_scale_ : ndarray of shape (n_outputs,)
-        With ``calibration="conformal"``: the root mean square of the calibration scores ``|y − ŷ|/σ̂``, the
-        Gaussian maximum-likelihood scale by which ``predict(return_std=True)`` multiplies σ̂ (ones otherwise).
+        With conformal calibration ("mondrian", the default, or "conformal"): the root mean square of the
+        calibration scores ``|y − ŷ|/σ̂``, the Gaussian maximum-likelihood scale by which
+        ``predict(return_std=True)`` multiplies σ̂ (with several σ̂ bands, times the band's own RMS score over this
+        pooled one); ones otherwise.
     y_mean_, y_scale_ : ndarray
         The internal standardisation of the targets (zeros and ones when off or prefit).
     likelihood_support_ : dict or None
