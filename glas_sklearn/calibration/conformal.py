@@ -38,6 +38,7 @@ __all__ = [
     "StdNormalizedResidual",
     "conformal_calibrate",
     "conformal_quantile",
+    "conformal_rank",
     "epistemic_cap",
     "fit_epistemic_weight",
     "resolve_conformity_score",
@@ -84,6 +85,19 @@ def _score_array(raw, n: int, conformity_score) -> np.ndarray:
 # ------------------------------------------------------------------------------------------ quantiles
 
 
+def conformal_rank(n: int, confidence_levels) -> np.ndarray:
+    """⌈(n + 1)(1 − γ)⌉ per level: the rank, among n calibration scores, of the split-conformal quantile (above n:
+    too few rows for a finite one), with the round-off of e.g. 100 · 0.9 = 90.00000000000001 absorbed.
+
+    Examples
+    --------
+    >>> conformal_rank(28, 0.9).tolist()  # the 27th of 28: coverage 27/29 = 93.1 % on average
+    [27]
+    """
+    levels = check_confidence_levels(confidence_levels)
+    return np.ceil((n + 1) * levels - 1e-9 * (n + 1)).astype(np.int64)
+
+
 def conformal_quantile(scores, confidence_levels) -> np.ndarray:
     """Split-conformal quantiles: the ⌈(n + 1)(1 − γ)⌉-th smallest of the n calibration scores, per level.
 
@@ -116,8 +130,7 @@ def conformal_quantile(scores, confidence_levels) -> np.ndarray:
         raise ValueError("scores contains NaN values.")
     n = s.shape[0]
     s = np.sort(s, axis=0)
-    # ⌈(n + 1)(1 − γ)⌉, with the round-off of e.g. 100 · 0.9 = 90.00000000000001 absorbed
-    ranks = np.ceil((n + 1) * levels - 1e-9 * (n + 1)).astype(np.int64)
+    ranks = conformal_rank(n, levels)
     out = np.full((len(levels),) + s.shape[1:], np.inf)
     finite = ranks <= n
     if not finite.all():

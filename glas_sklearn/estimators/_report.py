@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numbers
 
-import numpy as np
+from ..calibration.conformal import conformal_rank
 
 __all__ = ["calibration_line", "fit_line", "posterior_line", "sigma0_line", "training_line"]
 
@@ -74,7 +74,7 @@ def calibration_line(est, seconds: float) -> str:
         if "n_bins" in table and len(table) and not est.likelihood_.is_classification:
             bands = int(table["n_bins"].iloc[0])
             text += f" (pooled; {bands} bands of σ̂, each with its own quantile)" if bands > 1 else \
-                " (one band of σ̂: bands need 400 calibration rows)"
+                f" (one band of σ̂: bands need {2 * est.calibrator_.min_bin_size} calibration rows)"
         text += _expected_coverage(n, float(table["level"].iloc[0]))
     elif "coverage" in table and len(table):
         level = est._levels(None)[0]
@@ -89,7 +89,7 @@ def _expected_coverage(n: int, level: float) -> str:
     said when that is a point or more (e.g. 93.1 % from 28 rows at 90 %), so that the overshoot is not a surprise."""
     if n < 1:
         return ""
-    k = int(np.ceil((n + 1) * level - 1e-9 * (n + 1)))
+    k = int(conformal_rank(n, level)[0])
     expected = k / (n + 1)
     if k > n or expected - level < 0.01:
         return ""
