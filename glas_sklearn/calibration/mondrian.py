@@ -236,8 +236,8 @@ class MondrianConformalCalibrator(ConformalCalibrator):
             self.edges_, self.bin_scores_ = [], []
             for j in range(raw.shape[1]):
                 edges = std_bin_edges(sd[:, j], n_bins, min_rows)
-                index = np.searchsorted(edges, sd[:, j], side="left")
                 self.edges_.append(edges)
+                index = self._bands_of(j, sd[:, j])
                 self.bin_scores_.append([np.sort(raw[index == b, j]) for b in range(len(edges) + 1)])
                 for b, s in enumerate(self.bin_scores_[-1]):
                     in_bin = sd[index == b, j]
@@ -264,7 +264,7 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         inside = np.zeros((raw.shape[0], raw.shape[1], len(levels)), dtype=bool)
         for j in range(raw.shape[1]):
             q = self.band_quantiles(j, levels)  # (B, k)
-            index = np.searchsorted(self.edges_[j], sd[:, j], side="left")
+            index = self._bands_of(j, sd[:, j])
             inside[:, j] = raw[:, j, None] <= q[index]
         return inside.mean((0, 1)), width.mean((0, 1)).cpu().numpy()
 
@@ -287,7 +287,7 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         M = sd.shape[1]
         bounds = None
         for j in range(M):
-            index = np.searchsorted(self.edges_[j], sd[:, j], side="left")
+            index = self._bands_of(j, sd[:, j])
             band_q = self.band_quantiles(j, levels)
             for b in range(len(self.bin_scores_[j])):
                 rows = np.flatnonzero(index == b)
@@ -301,6 +301,11 @@ class MondrianConformalCalibrator(ConformalCalibrator):
                     bounds = torch.empty((n, M, 2, len(levels)), dtype=part.dtype, device=part.device)
                 bounds[at, j] = part[:, j]
         return bounds.reshape(*prediction.mean.shape, 2, len(levels))
+
+    def _bands_of(self, output: int, std) -> np.ndarray:
+        """The σ̂ bin of each value of ``std`` (n,) for ``output``: right-closed, as :func:`std_bin_edges` cuts
+        them."""
+        return np.searchsorted(self.edges_[output], std, side="left")
 
     def band_quantiles(self, output: int, confidence_levels) -> np.ndarray:
         """The conformal quantile of each σ̂ bin of ``output`` per level, (B, k).
@@ -330,7 +335,7 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         out = np.ones_like(sd)
         for j in range(sd.shape[1]):
             rms = np.array([np.sqrt(np.mean(s**2)) if s.size else pooled[j] for s in self.bin_scores_[j]])
-            out[:, j] = rms[np.searchsorted(self.edges_[j], sd[:, j], side="left")] / max(pooled[j], 1e-300)
+            out[:, j] = rms[self._bands_of(j, sd[:, j])] / max(pooled[j], 1e-300)
         return out
 
     def predict_interval(self, posterior, X, confidence_levels=None, *, batch_size=None):

@@ -182,5 +182,5 @@ def support_line(support: dict) -> str:
     return (f"likelihood: auto chose {support['chosen']}: on {support['n_rows']} {support['rows']} rows the "
             f"heteroscedastic network's held-out NLL is {abs(support['nll_gain']):.3g} ± {support['nll_gain_se']:.2g} "
             f"nats per row {sign} the Gaussian network's (heteroscedastic when more than {support['z']:g} standard "
-            f"errors and {support.get('min_gain', MIN_SUPPORT_GAIN):g} nats below), {support['seconds']:.1f} s "
+            f"errors and {support['min_gain']:g} nats below), {support['seconds']:.1f} s "
             "(second network and test)")
