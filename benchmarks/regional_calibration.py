@@ -378,9 +378,14 @@ def stage_eval(args):
             res, diag = evaluate(path, _method_set(args))
             runs.append({"group": group, "index": index, "methods": res, "diagnostics": diag})
         results[study] = runs
-    json_path = _common.RESULTS / f"{STEM}{'_' + args.tag if args.tag else ''}.json"
+    json_path = _results_path(args.tag)
     print(_common.write_results_and_report(json_path, json_path.with_suffix(".md"), results, render,
                                            command=_common.command_line(__file__, None))[1])
+
+
+def _results_path(tag):
+    """The results JSON of ``--tag`` (its report: the same name, .md)."""
+    return _common.RESULTS / f"{STEM}{'_' + tag if tag else ''}.json"
 
 
 def _pooled(runs, m, key):
@@ -582,7 +587,7 @@ def main(argv=None):
     torch.set_num_threads(args.threads)
     warnings.simplefilter("ignore")
     if args.report_only:
-        json_path = _common.RESULTS / f"{STEM}{'_' + args.tag if args.tag else ''}.json"
+        json_path = _results_path(args.tag)
         print(_common.report_from_results(json_path, json_path.with_suffix(".md"), render)[1])
     elif args.stage == "fit":
         stage_fit(args)

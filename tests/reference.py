@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 from torch.func import functional_call, jacrev
@@ -82,3 +83,13 @@ def mlp(n_in=3, hidden=5, n_out=1, dtype=torch.float64, seed=0, act=nn.Tanh):
     torch.manual_seed(seed)
     return nn.Sequential(nn.Linear(n_in, hidden), act(), nn.Linear(hidden, hidden), act(),
                          nn.Linear(hidden, n_out)).to(dtype)
+
+
+def step_noise_data(n: int, seed: int = 0, outputs: int = 1):
+    """X uniform on [−1, 1]³ and y = sin(2 x₀) + k (output k) with Gaussian noise of std 0.05, or 0.65 where
+    x₁ > 0.3: a noise level that jumps 13× across the input space; y of shape (n,) for one output."""
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-1, 1, size=(n, 3))
+    noise = 0.05 + 0.6 * (X[:, 1] > 0.3)
+    cols = [np.sin(2 * X[:, 0]) + k + noise * rng.standard_normal(n) for k in range(outputs)]
+    return X, (cols[0] if outputs == 1 else np.stack(cols, axis=1))

@@ -27,6 +27,7 @@ from glas_sklearn.calibration import (
 )
 from glas_sklearn.laplace import fit_laplace_subspace
 from glas_sklearn.likelihoods import HeteroscedasticGaussian
+from tests.reference import step_noise_data
 
 SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(16,)), max_epochs=60, lr=0.02, batch_size=None,
              max_components=6, random_state=0, dtype="float64")
@@ -216,14 +217,6 @@ def test_marginal_level_with_the_weight_fitted_on_the_calibration_rows(n):
 
 
 # ------------------------------------------------------------------------------------------ calibrators end to end
-def _hetero(n, seed=0, outputs=1):
-    rng = np.random.default_rng(seed)
-    X = rng.uniform(-1, 1, size=(n, 3))
-    noise = 0.05 + 0.6 * (X[:, 1] > 0.3)
-    cols = [np.sin(2 * X[:, 0]) + k + noise * rng.standard_normal(n) for k in range(outputs)]
-    return X, (cols[0] if outputs == 1 else np.stack(cols, axis=1))
-
-
 def _fit(**kw):
     X, y = kw.pop("data")
     weight = kw.pop("sample_weight", None)
@@ -233,14 +226,14 @@ def _fit(**kw):
 
 
 def test_regressor_default_fits_the_weight_for_the_heteroscedastic_likelihood_only_where_it_matters():
-    data = _hetero(400)
+    data = step_noise_data(400)
     het = _fit(data=data, likelihood="heteroscedastic", calibration="conformal")
     assert type(het.calibrator_) is ConformalCalibrator and het.calibrator_.epistemic_weight == "fit"
     lam = het.calibrator_.epistemic_weight_
     assert lam.shape == (1,) and lam[0] >= 0
     one = _fit(data=data, likelihood="heteroscedastic", calibration=ConformalCalibrator(epistemic_weight=1.0))
     assert one.calibrator_.epistemic_weight_ is None
-    X_new, _ = _hetero(60, seed=1)
+    X_new, _ = step_noise_data(60, seed=1)
     np.testing.assert_allclose(het.predict(X_new), one.predict(X_new), rtol=1e-12)  # the mean is untouched
     if abs(lam[0] - 1) > 0.05:
         assert not np.allclose(het.predict_interval(X_new)[1], one.predict_interval(X_new)[1])
@@ -255,7 +248,7 @@ def test_regressor_default_fits_the_weight_for_the_heteroscedastic_likelihood_on
 
 
 def test_every_regression_likelihood_multi_output_weights_and_levels():
-    X, Y = _hetero(300, outputs=2)
+    X, Y = step_noise_data(300, outputs=2)
     w = np.linspace(0.5, 2.0, 300)
     for lik in ("heteroscedastic", "gaussian", "student_t"):
         extra = {} if lik == "heteroscedastic" else {"include_noise": True}

@@ -30,6 +30,7 @@ from glas_sklearn.calibration import (
     std_bin_edges,
 )
 from glas_sklearn.predictive import RegressionMoments
+from tests.reference import step_noise_data
 
 SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=30, lr=0.05, batch_size=None,
              n_samples=50, max_components=3, dtype="float64", random_state=0)
@@ -150,23 +151,15 @@ def test_simulation_within_bin_coverage_holds_where_pooled_conformal_fails():
     assert pooled.mean(0)[-1] < level - 0.05  # pooled split conformal under-covers where σ̂ under-states the noise
 
 
-def _hetero(n, seed=0, outputs=1):
-    rng = np.random.default_rng(seed)
-    X = rng.uniform(-1, 1, size=(n, 3))
-    noise = 0.05 + 0.6 * (X[:, 1] > 0.3)
-    cols = [np.sin(2 * X[:, 0]) + k + noise * rng.standard_normal(n) for k in range(outputs)]
-    return X, (cols[0] if outputs == 1 else np.stack(cols, axis=1))
-
-
 def test_regressor_with_mondrian_end_to_end():
-    X, y = _hetero(800)
+    X, y = step_noise_data(800)
     reg = LaplaceActiveSubspaceRegressor(calibration="mondrian", calibration_size=0.5, **SMALL).fit(X, y)
     obj = LaplaceActiveSubspaceRegressor(calibration=MondrianConformalCalibrator(), calibration_size=0.5,
                                          **SMALL).fit(X, y)
     assert isinstance(reg.calibrator_, MondrianConformalCalibrator)
     assert int(reg.calibrator_.bins_["n"].sum()) == reg.n_calibration_rows_ == 400
     assert len(reg.calibrator_.edges_[0]) == 1  # "auto": ⌊400 / 200⌋ = 2 bins
-    X_new, _ = _hetero(50, seed=1)
+    X_new, _ = step_noise_data(50, seed=1)
     y_pred, pis = reg.predict_interval(X_new, confidence_level=[0.5, 0.9])
     assert pis.shape == (50, 2, 2) and np.all(pis[:, 1, 1] - pis[:, 0, 1] >= pis[:, 1, 0] - pis[:, 0, 0])
     np.testing.assert_allclose(pis, obj.predict_interval(X_new, confidence_level=[0.5, 0.9])[1], rtol=1e-12)
@@ -188,14 +181,14 @@ def test_regressor_with_mondrian_end_to_end():
 
 
 def test_regressor_mondrian_multi_output_weights_and_heteroscedastic():
-    X, Y = _hetero(300, outputs=2)
+    X, Y = step_noise_data(300, outputs=2)
     reg = LaplaceActiveSubspaceRegressor(calibration="mondrian", calibration_size=0.5, **SMALL)
     reg.fit(X, Y, sample_weight=np.linspace(0.5, 2.0, 300))
     _, pis = reg.predict_interval(X[:7], confidence_level=[0.8, 0.9])
     assert pis.shape == (7, 2, 2, 2) and len(reg.calibrator_.edges_) == 2
     assert set(reg.calibrator_.bins_["output"]) == {0, 1}
 
-    X, y = _hetero(300)
+    X, y = step_noise_data(300)
     het = dict(SMALL, likelihood="heteroscedastic", calibration_size=0.5)
     m = LaplaceActiveSubspaceRegressor(calibration=MondrianConformalCalibrator(n_bins=3), **het).fit(X, y)
     c = LaplaceActiveSubspaceRegressor(calibration="conformal", **het).fit(X, y)
@@ -245,20 +238,20 @@ def test_regressor_default_is_mondrian_over_sigma_bands_and_plain_conformal_belo
     """The regressor's default calibration: one band (the pooled conformal quantile, the same intervals and std as
     calibration="conformal" on the same network and rows) below 2 × 200 calibration rows; ⌊n / 200⌋ bands of σ̂
     above, each with its own quantile (by hand from the band's scores)."""
-    X, y = _hetero(600)
+    X, y = step_noise_data(600)
     kw = dict(SMALL, likelihood="gaussian")
     small = LaplaceActiveSubspaceRegressor(calibration_size=0.5, **kw).fit(X, y)  # 300 calibration rows
     plain = LaplaceActiveSubspaceRegressor(calibration="conformal", calibration_size=0.5, **kw).fit(X, y)
     assert LaplaceActiveSubspaceRegressor().calibration == "mondrian"
     assert isinstance(small.calibrator_, MondrianConformalCalibrator) and len(small.calibrator_.edges_[0]) == 0
-    X_new, _ = _hetero(40, seed=3)
+    X_new, _ = step_noise_data(40, seed=3)
     # the same network and predictive in float64: only round-off in the order of the operations differs
     tol = dict(rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(small.predict_interval(X_new)[1], plain.predict_interval(X_new)[1], **tol)
     np.testing.assert_allclose(small.predict(X_new, return_std=True)[1], plain.predict(X_new, return_std=True)[1],
                                **tol)
 
-    X, y = _hetero(1400, seed=5)
+    X, y = step_noise_data(1400, seed=5)
     big = LaplaceActiveSubspaceRegressor(calibration_size=0.45, **kw).fit(X, y)  # 630 rows: ⌊630 / 200⌋ = 3 bands
     assert big.n_calibration_rows_ == 630 and len(big.calibrator_.edges_[0]) == 2
     assert sorted(big.calibrator_.bins_["n"]) == [210, 210, 210]
@@ -277,10 +270,10 @@ def test_band_calibrated_estimator_served_from_threads():
     on one fitted estimator get the one-at-a-time results (float64, the same operations: round-off only)."""
     import threading
 
-    X, y = _hetero(900, seed=2)
+    X, y = step_noise_data(900, seed=2)
     reg = LaplaceActiveSubspaceRegressor(calibration_size=0.5, **dict(SMALL, likelihood="gaussian")).fit(X, y)
     assert len(reg.calibrator_.edges_[0]) == 1  # 450 calibration rows: two bands of 225
-    X_new, _ = _hetero(300, seed=4)
+    X_new, _ = step_noise_data(300, seed=4)
     levels = [0.9, 0.997]  # 0.997 needs 332 rows a band: the two bands merged (the pooled quantile), finite
     ref_pis = reg.predict_interval(X_new, confidence_level=levels)[1]
     assert np.isfinite(ref_pis).all()
