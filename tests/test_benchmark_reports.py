@@ -39,7 +39,8 @@ def _report(stem):
 
 
 @pytest.mark.parametrize("stem", ["bench_ggn", "bench_fit", "bench_calibration", "uci", "uci_epochs500", "paper_1d",
-                                  "prefit_calibration", "threads_under_load"])
+                                  "prefit_calibration", "threads_under_load",
+                                  "quintile_sampling"])
 def test_report_is_rendered_from_its_json(stem, script):
     module = script(stem.split("_epochs")[0])
     assert module.render(_results(stem)) == _report(stem)
@@ -101,3 +102,26 @@ def test_results_carry_command_and_machine():
 def test_interval_studies_are_rendered_from_their_json(stem, module_name, renderer, script):
     module = script(module_name)
     assert getattr(module, renderer)(_results(stem)) == _report(stem)
+
+
+def test_quintile_oracle_matches_a_direct_simulation(script):
+    """quintile_sampling's oracle draws the conformal quantile from its Beta law and the covered rows per quintile
+    as binomials; a direct simulation (uniform calibration and test scores, the ⌈(n+1)γ⌉-th smallest as the
+    quantile) must give the same mean coverage, ⌈(n+1)γ⌉/(n+1), and the same spread of the pooled quintiles."""
+    import numpy as np
+
+    module = script("quintile_sampling")
+    rng = np.random.default_rng(0)
+    n_cal, counts, reps = [28] * 20, [[6, 6, 7, 6, 6]] * 20, 4000
+    fast = module.oracle_quintiles(n_cal, counts, reps, rng)
+    direct = np.zeros((reps, 5))
+    k = 27  # ⌈29 × 0.9⌉
+    for _ in range(20):
+        q = np.sort(rng.random((reps, 28)), axis=1)[:, k - 1]
+        direct += np.stack([(rng.random((reps, c)) <= q[:, None]).sum(1) for c in counts[0]], axis=1)
+    direct /= 20 * np.asarray(counts[0])
+    se = 0.1 / np.sqrt(reps)  # a generous bound on the standard error of a mean coverage over reps studies
+    assert abs(fast.mean() - 27 / 29) < 5 * se and abs(direct.mean() - 27 / 29) < 5 * se
+    # the spread of the highest quintile: the same law, so medians agree within Monte Carlo error
+    assert abs(np.median(fast.max(1)) - np.median(direct.max(1))) < 0.01
+    assert abs(fast.std(0).mean() - direct.std(0).mean()) < 0.1 * direct.std(0).mean()
