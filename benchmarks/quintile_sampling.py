@@ -107,7 +107,7 @@ def render(p):
     c = p["config"]
     lines = [f"# Per-quintile coverage by chance alone: an oracle beside the dev-set results ({int(c['reps'])} "
              "simulated studies)", "",
-             f"`{p['command']}`; numpy only. Reference: `{_common.repo_path(c['reference'])}`, row "
+             f"`{p['command']}`; numpy only. Reference: `{c['reference']}`, row "
              f"`{c['method']}`.", "",
              "The oracle is a split-conformal method whose scores are exchangeable and independent of σ̂, so every "
              "σ̂ region's conditional coverage equals the marginal one (the best any σ̂ ranking can do). It runs "
@@ -156,6 +156,7 @@ def main(argv=None):
         _, text = _common.report_from_results(json_path, md_path, render)
     else:
         results = _common.new_results(args) | run(args)
+        results["config"]["reference"] = _common.repo_path(args.reference)  # travels with the repository
         _, text = _common.write_results_and_report(json_path, md_path, results, render,
                                                    command=_common.command_line(__file__, argv))
     print(text)
