@@ -5,7 +5,8 @@
 #
 # 1. a `Pipeline` with a `ColumnTransformer` on a pandas frame (numeric and string columns);
 # 2. `GridSearchCV` over the posterior scaling, scored by the interval (Winkler) score with `make_interval_scorer`;
-# 3. MAPIE: conformalising our intervals with `SplitConformalRegressor(conformity_score="std_normalized")`;
+# 3. MAPIE: conformalising our intervals with `SplitConformalRegressor(conformity_score="std_normalized")`, and the
+#    regressor's defaults, which calibrate conformally themselves;
 # 4. an existing, trained torch model wrapped with `prefit=True` (and left untouched);
 # 5. the classifier: `predict_proba` and prediction sets on data with string labels.
 
@@ -83,7 +84,8 @@ features = ColumnTransformer([
     ("curing", OneHotEncoder(sparse_output=False), ["curing"]),
 ]).set_output(transform="pandas")  # DataFrames between the steps: the regressor sees feature names
 # The paper's method (d chosen by coverage in the active subspace), which this notebook walks through; the
-# estimators' defaults are the low-rank posterior with split-conformal intervals (README, "Which settings when").
+# regressor's defaults (a likelihood chosen on held-out rows, the low-rank posterior, split-conformal intervals
+# within bands of σ̂) are at the end of section 3 (README, "Which settings when").
 PAPER = dict(calibration="coverage", posterior="subspace")
 pipe = Pipeline([
     ("features", features),
@@ -159,6 +161,36 @@ pd.DataFrame([
      "interval score": interval_score(y_test, pis, 0.9)[0]}
     for name, pis in [("GLAS (calibrated d)", y_pis), ("GLAS + MAPIE std_normalized", pis_conformal)]
 ]).round(3)
+
+# %% [markdown]
+# **The regressor's defaults.** Without the paper's settings, `LaplaceActiveSubspaceRegressor()` trains the
+# network twice, with and without a variance head, and keeps the heteroscedastic one only if its NLL on held-out
+# training rows is clearly lower (`likelihood="auto"`; the fit log, `verbose=1`, names the choice and
+# `likelihood_support_` keeps the evidence). Its intervals are split-conformal within bands of σ̂
+# (`calibration="mondrian"`; one band, i.e. plain split conformal, below 400 calibration rows), calibrated on 10 %
+# of the training part, not on the conformalisation part MAPIE used above.
+
+# %%
+default_pipe = Pipeline([
+    ("features", clone(features)),
+    ("glas", LaplaceActiveSubspaceRegressor(max_epochs=MAX_EPOCHS, max_components=MAX_COMPONENTS,
+                                            random_state=SEED, verbose=1)),
+]).fit(X_train, y_train)
+
+# %%
+_, pis_default = predict_interval(default_pipe, X_test)
+print("likelihood_:", default_pipe[-1].likelihood_)
+pd.DataFrame([
+    {"intervals": name, "test coverage": coverage_score(y_test, pis)[0], "mean width (MPa)": mean_width_score(pis)[0],
+     "interval score": interval_score(y_test, pis, 0.9)[0]}
+    for name, pis in [("GLAS (calibrated d)", y_pis), ("GLAS + MAPIE std_normalized", pis_conformal),
+                      ("GLAS defaults", pis_default)]
+]).round(3)
+
+# %% [markdown]
+# In full mode `likelihood="auto"` keeps the variance head here (the log's line: its held-out NLL is 0.10 nats per
+# row lower), and the default intervals cover 0.90 of the test rows with a mean width of 17 MPa, narrower than
+# the paper's method with or without MAPIE (interval score 25.6 against 29.2 and 28.0).
 
 # %% [markdown]
 # ## 4. An existing torch model: `prefit=True`
