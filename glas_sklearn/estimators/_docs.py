@@ -94,9 +94,10 @@ PARAMETERS_DOC = """\
         Share (or number) of rows held out of ``X`` for calibration, and out of the network's training, when
         ``X_cal`` is not passed to ``fit`` (``train_indices_`` and ``calibration_indices_`` say which);
         unused with ``prefit=True``, which needs ``X_cal``.
-        With ``calibration="conformal"`` a share is raised, if need be, to the ⌈1/γ⌉ − 1 rows (9 at 90 %)
-        that a finite conformal quantile needs at the highest level (one more with σ0 by "nll"; as far as the
-        data allow).
+        With a conformal calibration ("mondrian", the regressor's default, or "conformal") a share is raised,
+        if need be, to the ⌈1/γ⌉ − 1 rows (9 at 90 %) that a finite conformal quantile needs at the highest
+        level (one more with σ0 by "nll"; as far as the data allow). σ̂ bands need 400 rows: a share is not
+        raised for them.
     max_epochs : int, default=500
         The most training epochs when ``prefit=False`` (all of them with ``early_stopping=False``).
     lr : "auto" or float, default="auto"
