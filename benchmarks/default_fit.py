@@ -225,7 +225,6 @@ def _row_values(row: dict) -> dict:
 # (key, method, reference): paired interval-score comparisons on the splits both were run on
 PAIRS = [("paired_gaussian_default", "gaussian_default", "old_default"),
          ("paired_early_stopping_on", "early_stopping_on", "old_default"),
-         ("paired_new_default", "new_default", "old_default"),
          ("paired_new_vs_gaussian", "new_default", "gaussian_default"),
          ("paired_previous", "gaussian_default", "previous_default"),
          ("paired_second", "gaussian_default", "second_default")]
