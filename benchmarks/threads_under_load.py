@@ -190,10 +190,15 @@ def render(results: dict) -> str:
             for r in results["sweep"]]
     lines += _common.markdown_table(["width", "weights", "work", "busy load", "1 thread", "2 threads",
                                      "speed-up of 2"], rows)
-    lines += ["", "On this shared machine a second thread paid at no size. The rule keeps one thread below twice 2²⁶ "
-              "of work (about two million weights at 64 rows per batch: width 800 above gets one thread, width "
-              "1600 two), beyond which a step is long enough to split on a machine with idle cores (not "
-              "measured here: no idle machine was available); `n_threads=` sets the count either way."]
+    paid = {loaded: [str(r["width"]) for r in results["sweep"] if r["loaded"] is loaded
+                     and r["step_ms_1"] > r["step_ms_2"]] for loaded in (False, True)}
+    where = "; ".join(f"{'under our load' if loaded else 'without our load'}: "
+                      + (f"width {', '.join(widths)}" if widths else "at no width")
+                      for loaded, widths in paid.items())
+    lines += ["", f"A second thread paid (speed-up above 1) {where}. The rule keeps one thread below twice 2²⁶ of "
+              "work (about two million weights at 64 rows per batch: width 800 above gets one thread, width 1600 "
+              "two), beyond which a step is long enough to split when a core is free; on a machine shared with "
+              "other work, as this one, even that can lose; `n_threads=` sets the count either way."]
     return "\n".join(lines) + "\n"
 
 

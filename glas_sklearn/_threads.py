@@ -2,7 +2,7 @@
 
 A small network gains nothing from intra-op threads: each operation is too short to be split, and when the
 cores are shared with other work, a thread that the operating system has descheduled holds up the others at
-every operation's barrier (the README example took 9–18× its one-thread time on two busy cores). A large
+every operation's barrier (the README example took 7–10× its one-thread time on two busy cores). A large
 network's operations are long enough to split. :func:`auto_threads` chooses by the work of one training step,
 the number of trainable weights times the rows of a batch (benchmarks/results/threads_under_load.md); the
 estimators apply it with :func:`torch_threads` around ``fit``, ``predict``, ``predict_interval`` and their other

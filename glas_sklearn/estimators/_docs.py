@@ -192,7 +192,7 @@ PARAMETERS_DOC = """\
         batch (``batch_size``), so one thread up to about two million weights at ``batch_size=64``, and never
         more than torch's count outside the call (``torch.get_num_threads()``, e.g. as set by ``OMP_NUM_THREADS``).
         A small network gains nothing from threads and loses up to 10× when the cores are shared with other work
-        (the README example: 8.5× on two busy cores, benchmarks/results/threads_under_load.md). An int sets the
+        (the README example: 6.8× on two busy cores, benchmarks/results/threads_under_load.md). An int sets the
         count; None leaves torch's setting alone. The setting is process-wide: calls running at once (threads
         serving one estimator, nested calls) share the count of the first to start, and the last to finish
         restores the previous one.
