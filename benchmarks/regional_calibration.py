@@ -34,6 +34,8 @@ Usage::
     python benchmarks/regional_calibration.py --stage eval --small-variants --tag i27g_small
     python benchmarks/regional_calibration.py --stage eval --studies synthetic_shift_large \
         --methods default het_fit het_fit_mondrian het_fit_mondrian200 split_nn --tag i27l
+    python benchmarks/regional_calibration.py --stage eval --ranking-variants --studies uci shift synthetic_large \
+        --tag i27o_ranking
 """
 
 from __future__ import annotations
@@ -91,6 +93,17 @@ SMALL_METHODS = [(k, dict(METHODS)[k]) for k in ("default", "het_fit", "het_fit_
                       "max(15 rows, 0.3 n), weighted quantile of the scores at level (1 − γ)(1 + 1/n_eff) "
                       "(n_eff = (Σw)²/Σw²), linearly interpolated on the mid-point weighted ECDF"),
     ("split_nn", dict(METHODS)["split_nn"])]
+# ``--ranking-variants``: other shapes of σ̂ from the same two parts (σ_ale of the variance head, σ_epi of the
+# posterior), each fitted on the calibration rows by the Gaussian profile NLL (one scale left to the conformal
+# quantile), pooled conformal; asked on the dev sets whether any σ̂ of these parts ranks energy's errors better
+RANKING_METHODS = [(k, dict(METHODS)[k]) for k in ("default", "het_fit")] + [
+    ("het_fit_power", "`het_fit`'s σ̂ raised to a power β ∈ [0, 2] fitted by the profile NLL of the calibration "
+                      "residuals under σ = c σ̂^β (β < 1 compresses σ̂, β = 0 is split conformal around the same mean)"),
+    ("het_loglin", "σ̂ = σ_ale^a σ_epi^b, (a, b) ∈ [0, 1.5]² fitted by the profile NLL on the calibration rows"),
+    ("het_add", "σ̂ = σ_ale + λ σ_epi (standard deviations added, not variances), λ ∈ {0, 0.03, …, 3} fitted by "
+                "the profile NLL on the calibration rows"),
+    ("het_fit_mondrian30", dict(METHODS)["het_fit_mondrian30"]),
+    ("split_nn", dict(METHODS)["split_nn"])]
 # ``--variants``: variants of the cap m and the weight λ of ``het_fit``
 # (name: (cap quantile, λ floor, λ fitted in the capped form))
 VARIANTS = {
@@ -104,6 +117,9 @@ VARIANT_METHODS = [(k, dict(METHODS)[k]) for k in ("default", "het", "het_fit", 
     (k, f"`het_fit` with m = the {q:g} quantile of the calibration rows' σ_epi², λ ≥ {f:g}"
         + (", λ fitted by the profile NLL of the capped σ̂² itself" if c else "")) for k, (q, f, c) in VARIANTS.items()
 ] + [("split_nn", dict(METHODS)["split_nn"])]
+
+#: Every method a report may hold, with its description.
+ALL_METHODS = dict(METHODS + VARIANT_METHODS + SMALL_METHODS + RANKING_METHODS)
 
 
 def _fit_weight_capped(r, vn, ve, m):
@@ -256,6 +272,8 @@ def intervals(method, d):
         return d["default_mu_te"] - q, d["default_mu_te"] + q
     if method == "default":
         mu_c, sd_c, mu_t, sd_t = d["default_mu_cal"], d["default_sdn_cal"], d["default_mu_te"], d["default_sdn_te"]
+    elif method in ("het_loglin", "het_add"):
+        return _two_part_intervals(method, d)
     else:
         pc, pt = _parts(d, "cal"), _parts(d, "te")
         if method in ("het", "het_mondrian", "het_gamma"):
@@ -295,6 +313,12 @@ def intervals(method, d):
             cal.calibrate_predictions(RegressionMoments(_t(mu_c), _t(sd_c)), _t(y_cal), LEVEL)
             b = cal.region(RegressionMoments(_t(mu_t), _t(sd_t)), LEVEL)[:, 0, :, 0].numpy()
             return b[:, 0], b[:, 1]
+        if method == "het_fit_power":
+            ref = np.exp(np.log(sd_c).mean())
+            b = _profile_argmin(np.abs(y_cal - mu_c), [np.log(sd_c / ref)], [np.linspace(0.0, 2.0, 81)])[0]
+            q = conformal_quantile(np.abs(y_cal - mu_c) / (sd_c / ref) ** b, LEVEL)[0]
+            w = q * (sd_t / ref) ** b
+            return mu_t - w, mu_t + w
         if method == "het_gamma":
             r, ls = np.log(np.abs(y_cal - mu_c) + 1e-300), np.log(sd_c)
             c = ls - ls.mean()
@@ -305,6 +329,41 @@ def intervals(method, d):
             return mu_t - w, mu_t + w
     q = conformal_quantile(np.abs(y_cal - mu_c) / sd_c, LEVEL)[0]
     return mu_t - q * sd_t, mu_t + q * sd_t
+
+
+def _profile_argmin(abs_r, log_parts, grids):
+    """The exponents e (one per log part) on the grid minimising the Gaussian profile NLL of the residuals under
+    σ = c exp(Σ e_j log_part_j), c in closed form: mean log σ + ½ log mean(r² / σ²) up to constants."""
+    best, arg = np.inf, None
+    for e in np.array(np.meshgrid(*grids, indexing="ij")).reshape(len(grids), -1).T:
+        ls = sum(ej * lp for ej, lp in zip(e, log_parts, strict=True))
+        nll = ls.mean() + 0.5 * np.log(np.mean(abs_r**2 * np.exp(-2 * ls)) + 1e-300)
+        if nll < best:
+            best, arg = nll, e
+    return arg
+
+
+def _two_part_intervals(method, d):
+    """`het_loglin` and `het_add`: σ̂ built from σ_ale and σ_epi of the heteroscedastic fit in another shape, its
+    parameters fitted by the profile NLL on the calibration rows, pooled conformal quantile."""
+    tiny = 1e-12
+    ale = {p: np.maximum(d[f"het_ale_{p}"], tiny) for p in ("cal", "te")}
+    epi = {p: np.maximum(np.sqrt(np.maximum(d[f"het_sdn_{p}"] ** 2 - d[f"het_ale_{p}"] ** 2, 0.0)), tiny)
+           for p in ("cal", "te")}
+    abs_r = np.abs(d["y_cal"] - d["het_mu_cal"])
+    if method == "het_loglin":
+        ra, re = np.exp(np.log(ale["cal"]).mean()), np.exp(np.log(epi["cal"]).mean())
+        grid = np.linspace(0.0, 1.5, 31)
+        a, b = _profile_argmin(abs_r, [np.log(ale["cal"] / ra), np.log(epi["cal"] / re)], [grid, grid])
+        sd = {p: (ale[p] / ra) ** a * (epi[p] / re) ** b for p in ("cal", "te")}
+    else:
+        lams = np.array([0.0, 0.03, 0.1, 0.3, 1.0, 3.0])
+        nll = [np.log(ale["cal"] + lam * epi["cal"]).mean()
+               + 0.5 * np.log(np.mean(abs_r**2 / (ale["cal"] + lam * epi["cal"]) ** 2)) for lam in lams]
+        lam = lams[int(np.argmin(nll))]
+        sd = {p: ale[p] + lam * epi[p] for p in ("cal", "te")}
+    w = conformal_quantile(abs_r / sd["cal"], LEVEL)[0] * sd["te"]
+    return d["het_mu_te"] - w, d["het_mu_te"] + w
 
 
 def _quintile_counts(values, covered):
@@ -363,6 +422,8 @@ def _cached_runs(study):
 def _method_set(args):
     if args.variants:
         return VARIANT_METHODS
+    if args.ranking_variants:
+        return RANKING_METHODS
     methods = SMALL_METHODS if args.small_variants else METHODS
     if args.methods:  # split_nn always: the reference of the IS ratios
         methods = [(k, v) for k, v in dict(METHODS + SMALL_METHODS).items() if k in args.methods + ["split_nn"]]
@@ -412,6 +473,8 @@ def _subtitle(results) -> str:
         return " (variants of the cap and the weight)"
     if "--small-variants" in results["command"]:
         return " (calibrations for small calibration sets)"
+    if "--ranking-variants" in results["command"]:
+        return " (other shapes of σ̂ from σ_ale and σ_epi)"
     if "--methods" in results["command"]:
         studies = [s for s in STUDIES if results.get(s)] if "--studies" in results["command"] else []
         return (" (Mondrian over σ̂ against the conformal default, median cap"
@@ -483,8 +546,7 @@ def render(results) -> str:
              "`MondrianConformalCalibrator.calibrate_predictions`, `conformal_quantile`)"
              + (" or, for the small-set calibrations, this script's" if present & set(dict(SMALL_METHODS[3:-1]))
                 else "") + ". 90 % intervals. "
-             "Methods: " + "; ".join(f"`{k}` {v}" for k, v in dict(METHODS + VARIANT_METHODS + SMALL_METHODS).items()
-                                      if k in present) + ".", ""]
+             "Methods: " + "; ".join(f"`{k}` {v}" for k, v in ALL_METHODS.items() if k in present) + ".", ""]
     if any("pre" in m for study in STUDIES for run in results.get(study, []) for m in run["methods"].values()):
         lines += ["Coverage per quintile (%) pooled over runs: of the true noise σ(x) (synthetic), of `het_fit`'s "
                   "pre-calibration σ̂ (`pre`: λ fitted, median cap, before the conformal quantile; the σ̂ the "
@@ -521,7 +583,7 @@ def render(results) -> str:
             lines += [f"### {g} ({len(rs)} runs, {n_cal} calibration rows; fitted λ median "
                       f"{np.median(lam):.3g}, range {min(lam):.3g}–{max(lam):.3g}{top})", ""]
             rows = []
-            order = list(rs[0]["methods"]) if has_pre else list(dict(METHODS + VARIANT_METHODS))  # as evaluated
+            order = list(rs[0]["methods"]) if has_pre else list(ALL_METHODS)  # as evaluated
             for m in [k for k in order if k in rs[0]["methods"]]:
                 ratio = _geo_ratio(rs, m, "split_nn")
                 cov = 100 * float(np.mean([r["methods"][m]["coverage"] for r in rs]))
@@ -576,6 +638,8 @@ def main(argv=None):
     p.add_argument("--tag", default=None)
     p.add_argument("--variants", action="store_true",
                    help="evaluate the variants of the cap / weight of `het_fit` (VARIANTS) instead of METHODS")
+    p.add_argument("--ranking-variants", action="store_true",
+                   help="evaluate other shapes of σ̂ from σ_ale and σ_epi (RANKING_METHODS) instead of METHODS")
     p.add_argument("--small-variants", action="store_true",
                    help="evaluate the calibrations for tiny calibration sets (SMALL_METHODS; default studies uci, "
                         "shift) instead of METHODS")
