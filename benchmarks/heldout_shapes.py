@@ -77,17 +77,6 @@ def run(args):
     return {"runs": runs}
 
 
-def _fifths(runs, method):
-    c, n = np.zeros(5), np.zeros(5)
-    for r in runs:
-        b = r["methods"][method]["bins"]["noise"]
-        for i, bi in enumerate(b["bin"]):
-            c[bi] += b["covered"][i]
-            n[bi] += b["n"][i]
-    keep = n > 0
-    return (c[keep] / n[keep]).tolist()
-
-
 def render(p):
     c = p["config"]
     lines = [f"# Noise shapes the defaults were never tuned on: coverage per true-noise fifth ({c['n_train']:,} rows)",
@@ -106,7 +95,7 @@ def render(p):
             cov = 100 * float(np.mean([r["methods"][m]["coverage"] for r in rs]))
             ratio = float(np.exp(np.mean([np.log(r["methods"][m]["interval_score"]
                                                  / r["methods"]["split_nn"]["interval_score"]) for r in rs])))
-            f = _fifths(rs, m)
+            f = rc.pooled_bins(rs, m, "noise")[0]
             ok = all(0.85 <= v <= 0.95 for v in f)
             lines.append(f"| {shape} | `{m}` | {cov:.1f} | {' / '.join(f'{100 * v:.0f}' for v in f)} | "
                          f"{ratio:.3f} | {'yes' if ok else 'no'} |")

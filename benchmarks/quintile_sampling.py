@@ -12,7 +12,7 @@ For each dev set it reports the probability that the oracle meets the target, th
 highest quintile, and where the committed ``default`` row of ``results/regional_coverage.json`` falls in those
 distributions; then, for the smallest set, the number of calibration rows at which the oracle would meet the
 target nine times in ten. Writes ``results/quintile_sampling.{json,md}``. Run from the repository root:
-``python benchmarks/quintile_sampling.py`` (a few seconds; numpy only).
+``python benchmarks/quintile_sampling.py`` (a few seconds; the simulation is numpy only).
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
+import regional_coverage as rc  # noqa: E402
 
 LEVEL = 0.9
 BAND = (0.85, 0.95)
@@ -51,12 +52,12 @@ def oracle_quintiles(n_cal, bin_counts, reps, rng):
 
 
 def summary(cov):
+    """The oracle's record from its pooled quintile coverages ``cov`` (reps, 5)."""
     lo, hi = cov.min(1), cov.max(1)
     return {"p_target": float(np.mean((lo >= BAND[0]) & (hi <= BAND[1]))),
             "mean_coverage": float(cov.mean()),
             "lowest_quintile": {"q05": float(np.quantile(lo, 0.05)), "median": float(np.median(lo))},
-            "highest_quintile": {"median": float(np.median(hi)), "q95": float(np.quantile(hi, 0.95))},
-            "_lo": lo, "_hi": hi}
+            "highest_quintile": {"median": float(np.median(hi)), "q95": float(np.quantile(hi, 0.95))}}
 
 
 def run(args):
@@ -69,16 +70,9 @@ def run(args):
     for name, runs in runs_by_set.items():
         n_cal = [r["n_cal"] for r in runs]
         counts = [r["methods"][args.method]["bins"]["own"]["n"] for r in runs]
-        s = summary(oracle_quintiles(n_cal, counts, args.reps, rng))
-        obs_c = np.zeros(5)
-        obs_n = np.zeros(5)
-        for r in runs:
-            b = r["methods"][args.method]["bins"]["own"]
-            for i, bi in enumerate(b["bin"]):
-                obs_n[bi] += b["n"][i]
-                obs_c[bi] += b["covered"][i]
-        obs = obs_c / obs_n
-        lo, hi = s.pop("_lo"), s.pop("_hi")
+        cov = oracle_quintiles(n_cal, counts, args.reps, rng)
+        s, lo, hi = summary(cov), cov.min(1), cov.max(1)
+        obs = np.asarray(rc.pooled_bins(runs, args.method, "own")[0])
         s.update(splits=len(runs), n_cal=sorted(set(n_cal)), test_rows=int(sum(map(sum, counts))),
                  expected_coverage=float(np.mean([math.ceil((n + 1) * LEVEL) / (n + 1) for n in n_cal])),
                  observed=obs.tolist(),
@@ -92,7 +86,6 @@ def run(args):
     counts = [r["methods"][args.method]["bins"]["own"]["n"] for r in runs]
     for n in args.sweep:
         s = summary(oracle_quintiles([n] * len(runs), counts, args.reps, rng))
-        s.pop("_lo"), s.pop("_hi")
         s["expected_coverage"] = math.ceil((n + 1) * LEVEL) / (n + 1)
         out["sweep"][str(n)] = s
     out["sweep_set"] = small

@@ -313,17 +313,13 @@ def intervals(method, d):
             cal.calibrate_predictions(RegressionMoments(_t(mu_c), _t(sd_c)), _t(y_cal), LEVEL)
             b = cal.region(RegressionMoments(_t(mu_t), _t(sd_t)), LEVEL)[:, 0, :, 0].numpy()
             return b[:, 0], b[:, 1]
-        if method == "het_fit_power":
+        if method in ("het_fit_power", "het_gamma"):
             ref = np.exp(np.log(sd_c).mean())
-            b = _profile_argmin(np.abs(y_cal - mu_c), [np.log(sd_c / ref)], [np.linspace(0.0, 2.0, 81)])[0]
-            q = conformal_quantile(np.abs(y_cal - mu_c) / (sd_c / ref) ** b, LEVEL)[0]
-            w = q * (sd_t / ref) ** b
-            return mu_t - w, mu_t + w
-        if method == "het_gamma":
-            r, ls = np.log(np.abs(y_cal - mu_c) + 1e-300), np.log(sd_c)
-            c = ls - ls.mean()
-            g = float(np.clip((c * (r - r.mean())).sum() / max((c**2).sum(), 1e-300), 0.0, 2.0))
-            ref = np.exp(ls.mean())
+            if method == "het_fit_power":  # the profile-NLL exponent
+                g = _profile_argmin(np.abs(y_cal - mu_c), [np.log(sd_c / ref)], [np.linspace(0.0, 2.0, 81)])[0]
+            else:  # the least-squares slope of log|r| on log σ̂
+                r, c = np.log(np.abs(y_cal - mu_c) + 1e-300), np.log(sd_c / ref)
+                g = float(np.clip((c * (r - r.mean())).sum() / max((c**2).sum(), 1e-300), 0.0, 2.0))
             q = conformal_quantile(np.abs(y_cal - mu_c) / (sd_c / ref) ** g, LEVEL)[0]
             w = q * (sd_t / ref) ** g
             return mu_t - w, mu_t + w

@@ -43,12 +43,6 @@ from .conformal import ConformalCalibrator, conformal_quantile, resolve_conformi
 __all__ = ["MondrianConformalCalibrator", "std_bin_edges"]
 
 
-def _min_rows(confidence_levels) -> int:
-    """⌈1/γ⌉ − 1 at the highest level: the fewest rows with a finite conformal quantile."""
-    top = float(np.max(check_confidence_levels(confidence_levels)))
-    return max(1, int(np.ceil(1.0 / (1.0 - top) - 1e-9)) - 1)
-
-
 def _merged_bins(counts, min_rows: int) -> list[list[int]]:
     """Consecutive bins merged, left to right, into groups of at least ``min_rows`` rows (a short last group joins
     the one before it; with fewer rows in all, one group)."""
@@ -188,7 +182,7 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         self._check_settings()
         if self.n_bins != "auto":
             return int(self.n_bins)
-        per_bin = max(int(self.min_bin_size), _min_rows(confidence_levels))
+        per_bin = max(int(self.min_bin_size), self._min_rows(confidence_levels))
         return int(max(1, min(int(self.max_bins), n_rows // per_bin)))
 
     def calibrate_predictions(self, prediction, y: torch.Tensor, confidence_levels,
@@ -217,7 +211,7 @@ class MondrianConformalCalibrator(ConformalCalibrator):
                 likelihood = Gaussian() if isinstance(prediction, RegressionMoments) else Categorical()
             self.conformity_score_ = resolve_conformity_score(self.conformity_score, likelihood)
         raw = np.asarray(self.conformity_score_.score(y, prediction).detach().cpu(), dtype=np.float64)
-        min_rows = _min_rows(confidence_levels)
+        min_rows = self._min_rows(confidence_levels)
         levels = check_confidence_levels(confidence_levels)
         records = []
         if self.conformity_score_.classification:
@@ -302,6 +296,11 @@ class MondrianConformalCalibrator(ConformalCalibrator):
                 bounds[at, j] = part[:, j]
         return bounds.reshape(*prediction.mean.shape, 2, len(levels))
 
+    def _min_rows(self, confidence_levels) -> int:
+        """⌈1/γ⌉ − 1 at the highest level (:meth:`rows_needed`), at least 1: the fewest rows of a bin with a finite
+        conformal quantile."""
+        return max(1, self.rows_needed(confidence_levels))
+
     def _bands_of(self, output: int, std) -> np.ndarray:
         """The σ̂ bin of each value of ``std`` (n,) for ``output``: right-closed, as :func:`std_bin_edges` cuts
         them."""
@@ -319,7 +318,7 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         counts = [s.size for s in scores]
         out = np.empty((len(scores), len(levels)))
         for k, level in enumerate(levels):
-            for group in _merged_bins(counts, _min_rows(level)):
+            for group in _merged_bins(counts, self._min_rows(level)):
                 pooled = scores[group[0]] if len(group) == 1 else np.concatenate([scores[b] for b in group])
                 out[group, k] = conformal_quantile(pooled, level)[0]
         return out
