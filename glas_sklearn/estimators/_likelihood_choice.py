@@ -52,6 +52,7 @@ from torch import nn
 from .._checks import numpy_rng
 from .._functional import model_outputs
 from ..likelihoods import Gaussian, Likelihood
+from ._training import batch_slices
 
 __all__ = ["MIN_SUPPORT_GAIN", "MIN_SUPPORT_ROWS", "SUPPORT_FRACTION", "SUPPORT_Z", "choose_auto_likelihood",
            "likelihood_support"]
@@ -64,6 +65,9 @@ MIN_SUPPORT_GAIN = 0.02
 SUPPORT_FRACTION = 0.2
 #: Fewer held-out rows than this (fewer than 100 training rows): no test, the Gaussian.
 MIN_SUPPORT_ROWS = 20
+#: Below 2,000 rows under ``early_stopping="auto"``: the chosen network is trained again on all rows for the epochs
+#: its held-out loss picked ("epochs") or for the same number of optimizer steps ("steps").
+RETRAIN_SCALE = "epochs"
 # Offset of the seed of that split (within the training rows).
 _SUPPORT_SPLIT = 7919
 # The training record of a network, kept for the one that is chosen.
@@ -155,21 +159,51 @@ def choose_auto_likelihood(est, train: Callable, Xt: torch.Tensor, yt: torch.Ten
         n = len(yt)
         n_held = int(np.ceil(SUPPORT_FRACTION * n))
         perm = numpy_rng((seed + _SUPPORT_SPLIT) % 2**31).permutation(n)
-        fit, held = (torch.as_tensor(np.sort(p), device=Xt.device) for p in (perm[n_held:], perm[:n_held]))
-        w = None if sample_weight is None else sample_weight[fit]
-        het_part = train(Xt[fit], yt[fit], het.n_outputs(k), seed, dtype, w)
-        est.likelihood_ = gaussian
-        gaussian_part = train(Xt[fit], yt[fit], gaussian.n_outputs(k), seed, dtype, w)
+        fit_rows, held_rows = np.sort(perm[n_held:]), np.sort(perm[:n_held])
+        fit, held = (torch.as_tensor(p, device=Xt.device) for p in (fit_rows, held_rows))
+        stop = isinstance(est.early_stopping, str)  # "auto": stopped on the held-out rows, retrained for its epochs
+        if stop:
+            het_part = train(Xt, yt, het.n_outputs(k), seed, dtype, sample_weight, held_out=held_rows)
+            best = {het.name: _best_epoch(est)}
+            est.likelihood_ = gaussian
+            gaussian_part = train(Xt, yt, gaussian.n_outputs(k), seed, dtype, sample_weight, held_out=held_rows)
+            best[gaussian.name] = _best_epoch(est)
+        else:  # early_stopping=False: every one of the max_epochs epochs, three times
+            w = None if sample_weight is None else sample_weight[fit]
+            het_part = train(Xt[fit], yt[fit], het.n_outputs(k), seed, dtype, w)
+            est.likelihood_ = gaussian
+            gaussian_part = train(Xt[fit], yt[fit], gaussian.n_outputs(k), seed, dtype, w)
         support = likelihood_support(het, model_outputs(het_part, Xt[held]), model_outputs(gaussian_part, Xt[held]),
                                      yt[held])
         support["rows"] = "held-out training"
         est.likelihood_ = het if support["supported"] else gaussian
-        module = train(Xt, yt, est.likelihood_.n_outputs(k), seed, dtype, sample_weight)
+        epochs = None
+        if stop:
+            epochs = retraining_epochs(best[est.likelihood_.name], len(fit_rows), n, est._batch_size, est.max_epochs)
+            support.update(best_epochs=best, retraining_epochs=epochs)
+        module = train(Xt, yt, est.likelihood_.n_outputs(k), seed, dtype, sample_weight, epochs=epochs)
     support.update(chosen=est.likelihood_.name, seconds=time.perf_counter() - t0)
     est.timings_["likelihood_choice"] = support["seconds"] - (est.timings_.get("training") or 0.0)
     est.likelihood_support_ = support
     est._report(support_line(support))
     return module
+
+
+def _best_epoch(est) -> int:
+    """The epoch (1-based) of the lowest held-out loss of the network ``est`` has just trained (the one kept)."""
+    return int(np.argmin(est.validation_scores_)) + 1
+
+
+def retraining_epochs(best_epoch: int, n_fit: int, n: int, batch_size: Callable, max_epochs: int) -> int:
+    """Epochs on all n training rows for the chosen network, from the epoch ``best_epoch`` its held-out loss
+    picked when it was trained on ``n_fit`` of them: the same number of optimizer steps when RETRAIN_SCALE is
+    "steps" (``batch_size(rows)`` rows a step, None: all), the same epochs when "epochs"; at least 1 and at most
+    ``max_epochs``."""
+    if RETRAIN_SCALE == "steps":
+        def steps(rows):
+            return len(batch_slices(rows, batch_size(rows) or rows))
+        best_epoch = round(best_epoch * steps(n_fit) / steps(n))
+    return int(min(max_epochs, max(1, best_epoch)))
 
 
 def support_line(support: dict) -> str:
