@@ -21,7 +21,9 @@ Data: the four UCI dev sets (concrete, energy, yacht, wine-quality-red), their s
     early-stopped on the held-out rows, the chosen one retrained on all rows for the epoch its held-out loss
     picked);
   - ``new_steps`` (``--methods``): the same with the retraining for the same number of optimizer steps instead of
-    the same epochs (``_likelihood_choice.RETRAIN_SCALE = "steps"``: ×0.8 epochs with the default batches of 64).
+    the same epochs (``_likelihood_choice.RETRAIN_RULE = "steps"``: ×0.8 epochs with the default batches of 64);
+  - ``new_max``: the two test networks early-stopped, the chosen one retrained for ``max_epochs`` (as today);
+  - ``new_half``: retrained for the epoch picked when it is at most ``max_epochs / 2``, else ``max_epochs``.
 
 Usage
 -----
@@ -49,7 +51,9 @@ from glas_sklearn.metrics import coverage_score, interval_score
 
 LEVEL = 0.9
 UCI = ["yacht", "energy", "concrete", "wine-quality-red"]
-METHODS = {"today": {"early_stopping": False}, "new": {}, "new_steps": {}}
+METHODS = {"today": {"early_stopping": False}, "new": {}, "new_steps": {}, "new_max": {}, "new_half": {}}
+# the retraining rule of each candidate (_likelihood_choice.RETRAIN_RULE)
+RULES = {"new": "epochs", "new_steps": "steps", "new_max": "max", "new_half": "half"}
 # acceptance: no set's interval score (geometric mean of the per-split ratios) worse than this × today's
 MAX_SCORE_RATIO = 1.01
 
@@ -65,11 +69,11 @@ def fit(X, y, seed: int, **settings):
 
     def recording(self, module, Xt, yt, seed, sample_weight, **kw):
         original(self, module, Xt, yt, seed, sample_weight, **kw)
-        held = self.validation_indices_
-        trained.append({"likelihood": self.likelihood_.name, "n_iter": self.n_iter_,
-                        "n_fit": len(yt) - (0 if held is None else len(held)),
-                        "batch": self._batch_size(len(yt) - (0 if held is None else len(held))),
-                        "validation_scores": None if self.validation_scores_ is None else list(self.validation_scores_)})
+        held, scores = self.validation_indices_, self.validation_scores_
+        n_fit = len(yt) - (0 if held is None else len(held))
+        trained.append({"likelihood": self.likelihood_.name, "n_iter": self.n_iter_, "n_fit": n_fit,
+                        "batch": self._batch_size(n_fit),
+                        "validation_scores": None if scores is None else list(scores)})
 
     est = LaplaceActiveSubspaceRegressor(confidence_level=LEVEL, random_state=seed, **settings)
     NetworkTrainingMixin._train = recording
@@ -117,11 +121,11 @@ def run_compare(name: str, split: int, methods) -> dict:
     X, y, X_te, y_te = load(name, split)
     out = {}
     for method in methods:
-        _likelihood_choice.RETRAIN_SCALE = "steps" if method == "new_steps" else "epochs"
+        _likelihood_choice.RETRAIN_RULE = RULES.get(method, "half")
         try:
             est, cpu, wall, trained = fit(X, y, split, **METHODS[method])
         finally:
-            _likelihood_choice.RETRAIN_SCALE = "epochs"
+            _likelihood_choice.RETRAIN_RULE = "half"
         _, pis = est.predict_interval(X_te)
         pis = np.stack([pis[:, 0, 0], pis[:, 1, 0]], axis=1)
         s = est.likelihood_support_
@@ -164,12 +168,19 @@ def render(payload: dict) -> str:
         lines += _common.markdown_table(["data set", "network", "splits", "best epoch", "patience stops at",
                                          "patience (epochs)", "loss kept − best", "loss at 500 − best"], rows,
                                         "llrrrrrr")
-    compare = payload.get("compare", {})
-    if compare:
-        lines += ["", "## Against today's default, same splits, same process", "",
-                  "Interval score ratio: geometric mean over the splits of the per-split ratio to `today`; "
-                  "CPU ratio: summed fit CPU seconds over `today`'s; *choice agreement*: splits on which the "
-                  "method kept the same likelihood as `today` (and how many kept the variance head).", ""]
+    for run in payload.get("compare_runs", []):
+        lines += _compare_section(run)
+    lines += ["", _common.DISCUSSION_MARK, ""]
+    return "\n".join(lines)
+
+
+def _compare_section(run: dict) -> list[str]:
+    compare = run["results"]
+    lines = ["", f"## Against today's default, same splits, same process: `{run['command']}`", "",
+             "Interval score ratio: geometric mean over the splits of the per-split ratio to `today`; "
+             "CPU ratio: summed fit CPU seconds over `today`'s; *choice agreement*: splits on which the "
+             "method kept the same likelihood as `today`; *final epochs*: of the network kept (median).", ""]
+    if True:
         rows, checks = [], []
         for name, per_split in compare.items():
             splits = list(per_split.values())
@@ -194,8 +205,7 @@ def render(payload: dict) -> str:
                                          "variance head kept", "final epochs (median)"], rows, "llrrrrrrrr")
         lines += ["", f"Acceptance: interval score ≤ {MAX_SCORE_RATIO}× today's on every set.", ""]
         lines += _common.markdown_table(["data set", "method", "ratio", ""], checks)
-    lines += ["", _common.DISCUSSION_MARK, ""]
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv=None) -> None:
@@ -213,10 +223,12 @@ def main(argv=None) -> None:
         return
     torch.set_num_threads(cfg.threads)
     previous = json.loads(json_path.read_text()) if json_path.exists() else {}
-    results = {k: previous.get(k, {}) for k in ("curves", "compare")}
+    results = {"curves": previous.get("curves", {}), "compare_runs": previous.get("compare_runs", [])}
     runs = previous.get("runs", [])
     command = _common.command_line(__file__, argv)
     runs.append(command)
+    if cfg.stage == "compare":  # each run its own table: the CPU ratios are within one process
+        results["compare_runs"].append({"command": command, "results": {}})
     splits = range(cfg.splits[0]) if len(cfg.splits) == 1 else cfg.splits
     if cfg.quick:
         cfg.datasets, splits = ["yacht"], [0]
@@ -226,7 +238,10 @@ def main(argv=None) -> None:
                 res = run_curves(name, split)
             else:
                 res = run_compare(name, split, cfg.methods)
-            results[cfg.stage].setdefault(name, {}).setdefault(str(split), {}).update(res)
+            if cfg.stage == "curves":
+                results["curves"].setdefault(name, {})[str(split)] = res
+            else:
+                results["compare_runs"][-1]["results"].setdefault(name, {})[str(split)] = res
             print(f"[auto_epochs] {name} split {split}: {json.dumps(res)}", flush=True)
             _common.write_results_and_report(json_path, md_path, {**results, "runs": runs}, render,
                                              command=command)

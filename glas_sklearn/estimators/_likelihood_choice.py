@@ -65,9 +65,10 @@ MIN_SUPPORT_GAIN = 0.02
 SUPPORT_FRACTION = 0.2
 #: Fewer held-out rows than this (fewer than 100 training rows): no test, the Gaussian.
 MIN_SUPPORT_ROWS = 20
-#: Below 2,000 rows under ``early_stopping="auto"``: the chosen network is trained again on all rows for the epochs
-#: its held-out loss picked ("epochs") or for the same number of optimizer steps ("steps").
-RETRAIN_SCALE = "epochs"
+#: Below 2,000 rows under ``early_stopping="auto"``: the epochs the chosen network is trained again for on all rows,
+#: from the epoch e of its lowest held-out loss: "epochs" e, "steps" the same optimizer steps as e epochs on 80 %,
+#: "max" max_epochs, "half" e when e ≤ max_epochs / 2 (an early optimum), else max_epochs.
+RETRAIN_RULE = "half"
 # Offset of the seed of that split (within the training rows).
 _SUPPORT_SPLIT = 7919
 # The training record of a network, kept for the one that is chosen.
@@ -196,10 +197,11 @@ def _best_epoch(est) -> int:
 
 def retraining_epochs(best_epoch: int, n_fit: int, n: int, batch_size: Callable, max_epochs: int) -> int:
     """Epochs on all n training rows for the chosen network, from the epoch ``best_epoch`` its held-out loss
-    picked when it was trained on ``n_fit`` of them: the same number of optimizer steps when RETRAIN_SCALE is
-    "steps" (``batch_size(rows)`` rows a step, None: all), the same epochs when "epochs"; at least 1 and at most
-    ``max_epochs``."""
-    if RETRAIN_SCALE == "steps":
+    picked when it was trained on ``n_fit`` of them, by ``RETRAIN_RULE`` (``batch_size(rows)``: rows a step,
+    None: all); at least 1 and at most ``max_epochs``."""
+    if RETRAIN_RULE == "max" or (RETRAIN_RULE == "half" and best_epoch > max_epochs / 2):
+        return int(max_epochs)
+    if RETRAIN_RULE == "steps":
         def steps(rows):
             return len(batch_slices(rows, batch_size(rows) or rows))
         best_epoch = round(best_epoch * steps(n_fit) / steps(n))

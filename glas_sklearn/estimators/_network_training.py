@@ -81,7 +81,8 @@ class NetworkTrainingMixin:
         batch_size = self._batch_size(len(Xt))
         result = train_module(
             module, Xt, yt, self.likelihood_.loss, optimizer=self.optimizer, lr=self._lr(len(Xt)),
-            weight_decay=self.weight_decay, batch_size=batch_size, max_epochs=self.max_epochs if epochs is None else epochs, seed=seed,
+            weight_decay=self.weight_decay, batch_size=batch_size,
+            max_epochs=self.max_epochs if epochs is None else epochs, seed=seed,
             verbose=self.verbose, owner=type(self).__name__, sample_weight=sample_weight, validation=validation,
             validation_loss=self.likelihood_.held_out_loss, n_iter_no_change=self.n_iter_no_change, tol=self.tol,
             fused=n_rows >= AUTO_EARLY_STOPPING_ROWS)  # fused Adam on large data (same update, ~1.4x faster)
