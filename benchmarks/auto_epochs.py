@@ -22,8 +22,10 @@ Data: the four UCI dev sets (concrete, energy, yacht, wine-quality-red), their s
     picked);
   - ``new_steps`` (``--methods``): the same with the retraining for the same number of optimizer steps instead of
     the same epochs (``_likelihood_choice.RETRAIN_RULE = "steps"``: ×0.8 epochs with the default batches of 64);
-  - ``new_max``: the two test networks early-stopped, the chosen one retrained for ``max_epochs`` (as today);
-  - ``new_half``: retrained for the epoch picked when it is at most ``max_epochs / 2``, else ``max_epochs``.
+  - ``new_half``: retrained for the epoch picked when it is at most ``max_epochs / 2``, else ``max_epochs``;
+  - ``new_quarter_p4`` (the candidate default): the test networks with 4× the patience (``n_iter_no_change=40``:
+    40 epochs of at least 50 steps), the chosen one retrained for the epoch picked when it is at most
+    ``max_epochs / 4``, else ``max_epochs``.
 
 Usage
 -----
@@ -51,9 +53,10 @@ from glas_sklearn.metrics import coverage_score, interval_score
 
 LEVEL = 0.9
 UCI = ["yacht", "energy", "concrete", "wine-quality-red"]
-METHODS = {"today": {"early_stopping": False}, "new": {}, "new_steps": {}, "new_max": {}, "new_half": {}}
-# the retraining rule of each candidate (_likelihood_choice.RETRAIN_RULE)
-RULES = {"new": "epochs", "new_steps": "steps", "new_max": "max", "new_half": "half"}
+METHODS = {"today": {"early_stopping": False}, "new": {}, "new_steps": {}, "new_half": {}, "new_quarter_p4": {}}
+# the retraining rule and test patience (× n_iter_no_change) of each candidate (_likelihood_choice.RETRAIN_RULE,
+# TEST_PATIENCE)
+RULES = {"new": ("epochs", 1), "new_steps": ("steps", 1), "new_half": ("half", 1), "new_quarter_p4": ("quarter", 4)}
 # acceptance: no set's interval score (geometric mean of the per-split ratios) worse than this × today's
 MAX_SCORE_RATIO = 1.01
 
@@ -121,11 +124,12 @@ def run_compare(name: str, split: int, methods) -> dict:
     X, y, X_te, y_te = load(name, split)
     out = {}
     for method in methods:
-        _likelihood_choice.RETRAIN_RULE = RULES.get(method, "half")
+        defaults = _likelihood_choice.RETRAIN_RULE, _likelihood_choice.TEST_PATIENCE
+        _likelihood_choice.RETRAIN_RULE, _likelihood_choice.TEST_PATIENCE = RULES.get(method, defaults)
         try:
             est, cpu, wall, trained = fit(X, y, split, **METHODS[method])
         finally:
-            _likelihood_choice.RETRAIN_RULE = "half"
+            _likelihood_choice.RETRAIN_RULE, _likelihood_choice.TEST_PATIENCE = defaults
         _, pis = est.predict_interval(X_te)
         pis = np.stack([pis[:, 0, 0], pis[:, 1, 0]], axis=1)
         s = est.likelihood_support_

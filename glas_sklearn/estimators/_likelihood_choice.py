@@ -77,8 +77,11 @@ SUPPORT_FRACTION = 0.2
 MIN_SUPPORT_ROWS = 20
 #: Below 2,000 rows under ``early_stopping="auto"``: the epochs the chosen network is trained again for on all rows,
 #: from the epoch e of its lowest held-out loss: "epochs" e, "steps" the same optimizer steps as e epochs on 80 %,
-#: "max" max_epochs, "half" e when e ≤ max_epochs / 2 (an early optimum), else max_epochs.
-RETRAIN_RULE = "half"
+#: "max" max_epochs, "half" / "quarter" e when e ≤ max_epochs / 2 (/ 4: an early optimum), else max_epochs.
+RETRAIN_RULE = "quarter"
+#: ... and the patience of the two test networks, in multiples of ``n_iter_no_change`` (their held-out curves on
+#: a few hundred rows are noisy: with 1, the variance head stopped at a passing bump on energy and lost the test).
+TEST_PATIENCE = 4
 # Offset of the seed of that split (within the training rows).
 _SUPPORT_SPLIT = 7919
 # The training record of a network, kept for the one that is chosen.
@@ -174,10 +177,13 @@ def choose_auto_likelihood(est, train: Callable, Xt: torch.Tensor, yt: torch.Ten
         fit, held = (torch.as_tensor(p, device=Xt.device) for p in (fit_rows, held_rows))
         stop = isinstance(est.early_stopping, str)  # "auto": stopped on the held-out rows, retrained for its epochs
         if stop:
-            het_part = train(Xt, yt, het.n_outputs(k), seed, dtype, sample_weight, held_out=held_rows)
+            patience = TEST_PATIENCE * est.n_iter_no_change
+            het_part = train(Xt, yt, het.n_outputs(k), seed, dtype, sample_weight, held_out=held_rows,
+                             n_iter_no_change=patience)
             best = {het.name: _best_epoch(est)}
             est.likelihood_ = gaussian
-            gaussian_part = train(Xt, yt, gaussian.n_outputs(k), seed, dtype, sample_weight, held_out=held_rows)
+            gaussian_part = train(Xt, yt, gaussian.n_outputs(k), seed, dtype, sample_weight, held_out=held_rows,
+                                  n_iter_no_change=patience)
             best[gaussian.name] = _best_epoch(est)
         else:  # early_stopping=False: every one of the max_epochs epochs, three times
             w = None if sample_weight is None else sample_weight[fit]
@@ -209,7 +215,7 @@ def retraining_epochs(best_epoch: int, n_fit: int, n: int, batch_size: Callable,
     """Epochs on all n training rows for the chosen network, from the epoch ``best_epoch`` its held-out loss
     picked when it was trained on ``n_fit`` of them, by ``RETRAIN_RULE`` (``batch_size(rows)``: rows a step,
     None: all); at least 1 and at most ``max_epochs``."""
-    if RETRAIN_RULE == "max" or (RETRAIN_RULE == "half" and best_epoch > max_epochs / 2):
+    if RETRAIN_RULE == "max" or best_epoch > max_epochs / {"half": 2, "quarter": 4}.get(RETRAIN_RULE, 1):
         return int(max_epochs)
     if RETRAIN_RULE == "steps":
         def steps(rows):

@@ -29,9 +29,11 @@ class NetworkTrainingMixin:
 
     def _theta0_module(self, Xt: torch.Tensor, yt: torch.Tensor, n_outputs: int, seed: int,
                        dtype: torch.dtype, sample_weight: torch.Tensor | None = None, *,
-                       held_out: np.ndarray | None = None, epochs: int | None = None) -> nn.Module:
+                       held_out: np.ndarray | None = None, epochs: int | None = None,
+                       n_iter_no_change: int | None = None) -> nn.Module:
         """θ0: the prefit module as it is, or our own network (new or copied) trained on the training rows
-        (on the weighted mean loss with ``sample_weight``); ``held_out`` and ``epochs`` as in :meth:`_train`."""
+        (on the weighted mean loss with ``sample_weight``); ``held_out``, ``epochs`` and ``n_iter_no_change`` as in
+        :meth:`_train`."""
         if self.prefit:
             module = self._called_as_network(self._prefit_module(Xt.device, dtype), Xt[:1])
             self._check_trainable(module)
@@ -46,7 +48,8 @@ class NetworkTrainingMixin:
             self._check_output_shape(module, Xt[:1], n_outputs)  # before training: a module that cannot take X
             self._choose_threads(module, Xt.shape[0])
             t0 = time.perf_counter()
-            self._train(module, Xt, yt, seed, sample_weight, held_out=held_out, epochs=epochs)
+            self._train(module, Xt, yt, seed, sample_weight, held_out=held_out, epochs=epochs,
+                        n_iter_no_change=n_iter_no_change)
             self.timings_["training"] = time.perf_counter() - t0
             held = self.validation_indices_
             self._n_rows_trained = Xt.shape[0] - (0 if held is None else len(held))  # for the closing line
@@ -58,13 +61,14 @@ class NetworkTrainingMixin:
 
     def _train(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, seed: int,
                sample_weight: torch.Tensor | None, *, held_out: np.ndarray | None = None,
-               epochs: int | None = None) -> None:
+               epochs: int | None = None, n_iter_no_change: int | None = None) -> None:
         """Train ``module`` in place on the training rows, less the validation rows held out of them when
         ``early_stopping`` (never calibration rows), and record ``n_iter_``, ``loss_curve_``,
         ``validation_scores_``, ``best_validation_score_`` and ``validation_indices_``.
 
         ``held_out`` (sorted positions among the training rows) are the validation rows instead, whatever
-        ``early_stopping``; ``epochs`` replaces ``max_epochs`` (``likelihood="auto"`` on small data:
+        ``early_stopping``; ``epochs`` replaces ``max_epochs`` and ``n_iter_no_change`` the estimator's
+        (``likelihood="auto"`` on small data:
         :func:`~glas_sklearn.estimators._likelihood_choice.choose_auto_likelihood`)."""
         n_rows = len(yt)
         if held_out is None:
@@ -84,7 +88,8 @@ class NetworkTrainingMixin:
             weight_decay=self.weight_decay, batch_size=batch_size,
             max_epochs=self.max_epochs if epochs is None else epochs, seed=seed,
             verbose=self.verbose, owner=type(self).__name__, sample_weight=sample_weight, validation=validation,
-            validation_loss=self.likelihood_.held_out_loss, n_iter_no_change=self.n_iter_no_change, tol=self.tol,
+            validation_loss=self.likelihood_.held_out_loss, tol=self.tol,
+            n_iter_no_change=self.n_iter_no_change if n_iter_no_change is None else n_iter_no_change,
             fused=n_rows >= AUTO_EARLY_STOPPING_ROWS)  # fused Adam on large data (same update, ~1.4x faster)
         self.n_iter_ = result.n_iter
         self.loss_curve_ = self.training_loss_ = result.loss_curve
