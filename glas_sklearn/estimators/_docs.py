@@ -308,7 +308,7 @@ REGRESSOR_PARAMETERS_DOC = """\
         their negative log-likelihood on rows neither was trained on (the early-stopping validation rows, else 20 %
         of the training rows, after which the chosen network is trained on all of them; never the calibration
         rows; with ``early_stopping="auto"`` the two networks stop on those 20 % and the chosen one is trained
-        again for the epochs its held-out loss picked when they are at most half of ``max_epochs``, else for
+        again for the epochs its held-out loss picked when they are at most a quarter of ``max_epochs``, else for
         ``max_epochs``): heteroscedastic when it is lower by more than one standard error and 0.02 nats per row
         (``likelihood_support_``;
         fewer than 100 training rows: "gaussian"). A module of your own, ``include_noise=True`` and the
