@@ -1,0 +1,168 @@
+"""The default regressor's contract as client code meets it: bugs found by an outside review (issue 27).
+
+- intervals nested across levels: a row's 95 % interval contains its 90 % one, also where Mondrian bins too small
+  for the higher level are merged with their neighbours (by hand on known scores, and end to end);
+- the per-region diagnostic names a column it cannot find instead of failing inside numpy / ``int()``;
+- the conformal warning states the rows a finite quantile needs (⌈1/γ⌉ − 1: 9 at 90 %), as many as suffice;
+- a fitted regressor does not share the user's likelihood object: changing it afterwards (``set_params``) leaves
+  the fitted predictions alone, as for the calibration object;
+- for every likelihood, end to end on tiny data: several levels and one, multi-output, the per-region table and
+  its Display, pickle, and threads that neither change the results nor the estimator.
+"""
+
+from __future__ import annotations
+
+import pickle
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from glas_sklearn import LaplaceActiveSubspaceRegressor
+from glas_sklearn.calibration import ConformalWarning, MondrianConformalCalibrator, conformal_quantile
+from glas_sklearn.likelihoods import HeteroscedasticGaussian
+from glas_sklearn.predictive import RegressionMoments
+from glas_sklearn.regional_coverage import regional_coverage
+from tests.reference import step_noise_data
+
+SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=30, lr=0.05, batch_size=None,
+             max_components=3, random_state=0)
+LEVELS = [0.8, 0.9, 0.95]
+
+
+def _moments(std):
+    std = torch.as_tensor(np.asarray(std, dtype=np.float64)[:, None])
+    return RegressionMoments(torch.zeros_like(std), std)
+
+
+def test_intervals_are_nested_across_levels_where_bins_are_merged():
+    """Three σ̂ bins of 18 scores serve 90 % alone (≥ 9 rows); 95 % needs 19, so they are merged. The top bin holds
+    the largest score, 5: its 90 % quantile is 5 (the 18th of 18), and its 95 % one must not be less (the merged
+    quantile alone is the 2nd largest of all 54, below 5): widening keeps the level within the merged groups."""
+    rng = np.random.default_rng(0)
+    scores = [rng.uniform(0, 1, 18), rng.uniform(0, 1, 18), np.r_[rng.uniform(0, 1, 17), 5.0]]
+    std = np.repeat([1.0, 2.0, 3.0], 18)
+    y = np.concatenate(scores) * std  # |y − 0| / σ̂ = the scores
+    cal = MondrianConformalCalibrator(n_bins=3).calibrate_predictions(_moments(std), torch.as_tensor(y[:, None]), 0.9)
+    assert [s.size for s in cal.bin_scores_[0]] == [18, 18, 18]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConformalWarning)
+        q = cal.band_quantiles(0, [0.9, 0.95])
+    assert q[2, 0] == 5.0 and q[2, 1] >= 5.0
+    assert np.all(q[:, 1] >= q[:, 0])
+    # not below the merged groups' own quantile (the level holds within them), and one level alone gives the same
+    assert np.all(q[:, 1] >= conformal_quantile(np.concatenate(scores), 0.95)[0])
+    np.testing.assert_array_equal(cal.band_quantiles(0, 0.95)[:, 0], q[:, 1])
+
+
+def test_end_to_end_explicit_bins_give_nested_intervals():
+    X, y = step_noise_data(300, seed=4)
+    reg = LaplaceActiveSubspaceRegressor(likelihood="gaussian", calibration=MondrianConformalCalibrator(n_bins=3),
+                                         **SMALL)
+    reg.fit(X[:200], y[:200], X_cal=X[200:254], y_cal=y[200:254])
+    _, pis = reg.predict_interval(X[254:], confidence_level=[0.9, 0.95])
+    width = pis[:, 1] - pis[:, 0]
+    assert np.all(width[:, 1] >= width[:, 0])
+    np.testing.assert_allclose(reg.predict_interval(X[254:], confidence_level=0.95)[1][..., 0], pis[..., 1],
+                               rtol=1e-12, atol=0)
+
+
+def test_regional_coverage_names_a_column_it_cannot_find():
+    X, y = step_noise_data(120, seed=1)
+    reg = LaplaceActiveSubspaceRegressor(likelihood="gaussian", **SMALL).fit(X[:80], y[:80])
+    frame = pd.DataFrame(X[80:], columns=["a", "b", "c"])
+    with pytest.raises(ValueError, match=r"column 'zz'.*\['a', 'b', 'c'\]"):
+        regional_coverage(reg, frame, y[80:], columns=["zz"], n_directions=5)
+    with pytest.raises(ValueError, match=r"column 7.*3 columns"):
+        regional_coverage(reg, X[80:], y[80:], columns=[7], n_directions=5)
+    with pytest.raises(ValueError, match=r"column 'a'.*DataFrame.*index"):
+        regional_coverage(reg, X[80:], y[80:], columns=["a"], n_directions=5)
+
+
+def test_the_conformal_warning_states_the_rows_that_suffice():
+    # 9 scores give a finite 90 % quantile (the ⌈10 · 0.9⌉ = 9th), so the warning for 8 must ask for 9, not 10
+    assert np.isfinite(conformal_quantile(np.arange(9.0), 0.9)[0])
+    with pytest.warns(ConformalWarning, match="needs n ≥ 9\\)"):
+        conformal_quantile(np.arange(8.0), 0.9)
+    with pytest.warns(ConformalWarning, match="needs n ≥ 19\\)"):
+        conformal_quantile(np.arange(8.0), 0.95)
+
+
+def test_the_fitted_likelihood_is_not_the_users_object():
+    X, y = step_noise_data(200, seed=2)
+    likelihood = HeteroscedasticGaussian()
+    reg = LaplaceActiveSubspaceRegressor(likelihood=likelihood, **SMALL).fit(X[:150], y[:150])
+    before = reg.predict_interval(X[150:])[1]
+    reg.set_params(likelihood__output="natural")  # the user's object changes; the fitted model must not
+    assert likelihood.output == "natural" and reg.likelihood_.output == "mean_logvar"
+    np.testing.assert_array_equal(reg.predict_interval(X[150:])[1], before)
+
+
+def _state(obj) -> dict:
+    """A copy of an object's attributes that compares by value (tensors and modules by their numbers)."""
+    out = {}
+    for k, v in vars(obj).items():
+        if isinstance(v, torch.nn.Module):
+            out[k] = {n: t.detach().clone() for n, t in v.state_dict().items()}
+        elif isinstance(v, torch.Tensor):
+            out[k] = v.detach().clone()
+        elif isinstance(v, (np.ndarray, pd.DataFrame, float, int, str, bool, tuple, type(None))):
+            out[k] = v.copy() if hasattr(v, "copy") else v
+    return out
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, torch.Tensor):
+        return torch.equal(a, b)
+    if isinstance(a, pd.DataFrame):
+        return a.equals(b)
+    if isinstance(a, np.ndarray):
+        return np.array_equal(a, b, equal_nan=True)
+    return a == b
+
+
+@pytest.mark.parametrize("likelihood", ["auto", "heteroscedastic", "gaussian", "student_t"])
+def test_every_likelihood_end_to_end(likelihood, tmp_path):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot as plt
+
+    from glas_sklearn.plotting import RegionalCoverageDisplay
+
+    X, Y = step_noise_data(560, seed=3, outputs=2)
+    reg = LaplaceActiveSubspaceRegressor(likelihood=likelihood, calibration_size=400, **SMALL).fit(X[:500], Y[:500])
+    assert reg.calibrator_.bins_["n"].tolist() == [200] * 4  # two bands of σ̂ per output
+    Xt, Yt = X[500:], Y[500:]
+    y_pred, pis = reg.predict_interval(Xt, confidence_level=LEVELS)
+    assert y_pred.shape == (60, 2) and pis.shape == (60, 2, 2, 3)
+    width = pis[:, :, 1] - pis[:, :, 0]
+    assert np.all(np.diff(width, axis=-1) >= 0)
+    np.testing.assert_allclose(reg.predict_interval(Xt, confidence_level=0.9)[1][..., 0], pis[..., 1], rtol=1e-12)
+
+    table = regional_coverage(reg, Xt, Yt, columns=[1], n_bins=2, n_directions=20)
+    assert set(table["by"]) == {"all", "std", "x1", "worst slab"}
+    inside = (pis[..., 0, 1] <= Yt) & (Yt <= pis[..., 1, 1])
+    np.testing.assert_allclose(table[table["by"] == "all"]["coverage"], inside.mean(0))
+    disp = RegionalCoverageDisplay(table=table, by="x1", output=1).plot()
+    assert disp.coverage_line_.get_ydata().size == 2
+    plt.close(disp.figure_)
+    assert reg.coverage_curve(Xt, Yt).shape[0] >= 1
+
+    again = pickle.loads(pickle.dumps(reg))
+    np.testing.assert_array_equal(again.predict_interval(Xt, confidence_level=LEVELS)[1], pis)
+
+    serial = reg.predict(Xt, return_std=True)
+    before = (_state(reg), _state(reg.calibrator_))
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(lambda i: reg.predict_interval(Xt, confidence_level=LEVELS)[1] if i % 2
+                                else reg.predict(Xt, return_std=True), range(16)))
+    for i, r in enumerate(results):
+        for got, want in zip(r if isinstance(r, tuple) else (r,), serial if i % 2 == 0 else (pis,), strict=True):
+            np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
+    assert _same(before[0], _state(reg)) and _same(before[1], _state(reg.calibrator_))
