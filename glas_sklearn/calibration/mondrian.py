@@ -312,15 +312,31 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         A level higher than the bins were made for (a bin with fewer than ⌈1/γ⌉ − 1 rows, e.g. 99.9 % asked of
         bins of 200 rows) takes the quantile of the group of neighbouring bins merged until each group has that
         many rows: the level then holds within the coarser groups, and the interval stays finite wherever the
-        pooled quantile would be."""
+        pooled quantile would be.
+
+        Nested across levels: a bin's quantile is also at least the one it has at any lower level, where its
+        bins may be merged otherwise (a bin holding the largest scores has its own quantile at 90 % above the
+        merged group's at 95 %); that only widens the intervals, so the level still holds within the groups.
+        Per merging, the quantile is largest at the highest level that merging serves, s/(s + 1) for groups of
+        at least s rows, and mergings change only at the row counts s of runs of consecutive bins."""
         levels = check_confidence_levels(confidence_levels)
         scores = self.bin_scores_[output]
         counts = [s.size for s in scores]
+
+        def merged(min_rows: int, level: float) -> np.ndarray:
+            q = np.empty(len(scores))
+            for group in _merged_bins(counts, min_rows):
+                pooled = scores[group[0]] if len(group) == 1 else np.concatenate([scores[b] for b in group])
+                q[group] = conformal_quantile(pooled, level)[0]
+            return q
+
+        runs = sorted({sum(counts[i:j]) for i in range(len(counts)) for j in range(i + 1, len(counts) + 1)})
         out = np.empty((len(scores), len(levels)))
         for k, level in enumerate(levels):
-            for group in _merged_bins(counts, self._min_rows(level)):
-                pooled = scores[group[0]] if len(group) == 1 else np.concatenate([scores[b] for b in group])
-                out[group, k] = conformal_quantile(pooled, level)[0]
+            min_rows = self._min_rows(level)
+            out[:, k] = merged(min_rows, level)
+            for s in (s for s in runs if 0 < s < min_rows):  # the mergings of the lower levels
+                out[:, k] = np.maximum(out[:, k], merged(s, s / (s + 1.0)))
         return out
 
     def bin_std_factors(self, std) -> np.ndarray:
