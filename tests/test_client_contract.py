@@ -76,9 +76,9 @@ def test_regional_coverage_names_a_column_it_cannot_find():
     frame = pd.DataFrame(X[80:], columns=["a", "b", "c"])
     with pytest.raises(ValueError, match=r"column 'zz'.*\['a', 'b', 'c'\]"):
         regional_coverage(reg, frame, y[80:], columns=["zz"], n_directions=5)
-    with pytest.raises(ValueError, match=r"column 7.*3 columns"):
+    with pytest.raises(ValueError, match=r"column 7 is not a column of X.*3 columns"):
         regional_coverage(reg, X[80:], y[80:], columns=[7], n_directions=5)
-    with pytest.raises(ValueError, match=r"column 'a'.*DataFrame.*index"):
+    with pytest.raises(ValueError, match=r"column 'a'.*DataFrame.*indices 0 … 2"):
         regional_coverage(reg, X[80:], y[80:], columns=["a"], n_directions=5)
 
 
