@@ -137,7 +137,7 @@ def conformal_quantile(scores, confidence_levels) -> np.ndarray:
         bad = levels[~finite]
         warnings.warn(
             f"{n} calibration rows are too few for a conformal quantile at level(s) {bad.tolist()} "
-            f"(⌈(n+1)(1−γ)⌉ > n needs n ≥ {int(np.ceil(1 / (1 - bad.max()))) - 1}); the intervals or sets are "
+            f"(⌈(n+1)(1−γ)⌉ ≤ n needs n ≥ {int(np.ceil(1 / (1 - bad.max()) - 1e-9)) - 1}); the intervals or sets are "
             "infinite (every class) there. Use more calibration rows.", ConformalWarning, stacklevel=2)
     out[finite] = s[np.maximum(ranks[finite], 1) - 1]
     return out
