@@ -58,6 +58,43 @@ def test_intervals_are_nested_across_levels_where_bins_are_merged():
     np.testing.assert_array_equal(cal.band_quantiles(0, 0.95)[:, 0], q[:, 1])
 
 
+def _merged_quantile(scores, min_rows, level):
+    """Per bin: the quantile of its group when neighbouring bins are merged until each group has min_rows (the rule
+    of a single level, written again here)."""
+    groups, current = [], []
+    for b in range(len(scores)):
+        current.append(b)
+        if sum(scores[i].size for i in current) >= min_rows:
+            groups, current = [*groups, current], []
+    if current:
+        groups = [*groups[:-1], groups[-1] + current] if groups else [current]
+    q = np.empty(len(scores))
+    for g in groups:
+        q[g] = conformal_quantile(np.concatenate([scores[i] for i in g]), level)[0]
+    return q
+
+
+def test_merged_quantiles_are_the_envelope_over_every_lower_level():
+    """Brute force: at level ℓ, each bin's quantile is the largest single-level quantile over ℓ and every level
+    below it; a merging into groups of ≥ m rows serves the levels up to m/(m + 1), so every integer m < ⌈1/γ⌉ − 1
+    is tried (not only the bins' run lengths)."""
+    rng = np.random.default_rng(5)
+    for _ in range(40):
+        scores = [np.sort(rng.exponential(size=rng.integers(3, 25)) * rng.uniform(0.5, 3))
+                  for _ in range(rng.integers(2, 6))]
+        cal = MondrianConformalCalibrator()
+        cal.bin_scores_, cal.edges_ = [scores], [np.arange(len(scores) - 1.0)]
+        level = float(rng.uniform(0.6, 0.985))
+        min_rows = int(np.ceil(1 / (1 - level) - 1e-9)) - 1
+        total = sum(s.size for s in scores)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConformalWarning)
+            want = _merged_quantile(scores, min_rows, level)
+            for m in range(1, min(min_rows, total + 1)):
+                want = np.maximum(want, _merged_quantile(scores, m, m / (m + 1)))
+            np.testing.assert_array_equal(cal.band_quantiles(0, level)[:, 0], want)
+
+
 def test_end_to_end_explicit_bins_give_nested_intervals():
     X, y = step_noise_data(300, seed=4)
     reg = LaplaceActiveSubspaceRegressor(likelihood="gaussian", calibration=MondrianConformalCalibrator(n_bins=3),

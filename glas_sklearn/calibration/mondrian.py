@@ -330,13 +330,16 @@ class MondrianConformalCalibrator(ConformalCalibrator):
                 q[group] = conformal_quantile(pooled, level)[0]
             return q
 
-        runs = sorted({sum(counts[i:j]) for i in range(len(counts)) for j in range(i + 1, len(counts) + 1)})
+        ends = np.cumsum([0, *counts])
+        runs = np.unique((ends[None, :] - ends[:, None])[np.triu_indices(len(ends), 1)]).tolist()
         out = np.empty((len(scores), len(levels)))
         for k, level in enumerate(levels):
             min_rows = self._min_rows(level)
             out[:, k] = merged(min_rows, level)
-            for s in (s for s in runs if 0 < s < min_rows):  # the mergings of the lower levels
-                out[:, k] = np.maximum(out[:, k], merged(s, s / (s + 1.0)))
+            lower = [s for s in runs if 0 < s < min_rows]  # the mergings of the lower levels
+            for s, higher in zip(lower, [*lower[1:], min_rows], strict=True):
+                if _merged_bins(counts, s) != _merged_bins(counts, higher):  # else it serves a higher level too
+                    out[:, k] = np.maximum(out[:, k], merged(s, s / (s + 1.0)))
         return out
 
     def bin_std_factors(self, std) -> np.ndarray:
