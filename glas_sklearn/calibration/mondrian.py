@@ -29,6 +29,7 @@ or above the highest calibration σ̂ goes to the first or last bin.
 
 from __future__ import annotations
 
+import itertools
 import numbers
 
 import numpy as np
@@ -337,7 +338,7 @@ class MondrianConformalCalibrator(ConformalCalibrator):
             min_rows = self._min_rows(level)
             out[:, k] = merged(min_rows, level)
             lower = [s for s in runs if 0 < s < min_rows]  # the mergings of the lower levels
-            for s, higher in zip(lower, [*lower[1:], min_rows], strict=True):
+            for s, higher in itertools.pairwise([*lower, min_rows]):
                 if _merged_bins(counts, s) != _merged_bins(counts, higher):  # else it serves a higher level too
                     out[:, k] = np.maximum(out[:, k], merged(s, s / (s + 1.0)))
         return out
