@@ -203,3 +203,21 @@ def test_every_likelihood_end_to_end(likelihood, tmp_path):
         for got, want in zip(r if isinstance(r, tuple) else (r,), serial if i % 2 == 0 else (pis,), strict=True):
             np.testing.assert_allclose(got, want, rtol=1e-12, atol=0)
     assert _same(before[0], _state(reg)) and _same(before[1], _state(reg.calibrator_))
+
+
+@pytest.mark.parametrize("where", ["X_cal", "calibration_size"])
+def test_too_few_calibration_rows_for_sigma0_nll_raise_before_training(where):
+    """sigma0="nll" tunes σ0 on some calibration rows and keeps ⌈1/γ⌉ − 1 = 9 (90 %) for the conformal quantile:
+    9 rows are too few, which is known before the network is trained, so nothing is trained."""
+    X, y = step_noise_data(100, seed=6)
+    reg = LaplaceActiveSubspaceRegressor(sigma0="nll", likelihood="gaussian", **SMALL)
+    if where == "X_cal":
+        fit = lambda: reg.fit(X[:80], y[:80], X_cal=X[80:89], y_cal=y[80:89])  # noqa: E731
+    else:
+        reg.set_params(calibration_size=9)
+        fit = lambda: reg.fit(X, y)  # noqa: E731
+    with pytest.raises(ValueError, match="sigma0='nll' needs at least 10 calibration rows.*got 9"):
+        fit()
+    assert not hasattr(reg, "module_")
+    reg.fit(X[:80], y[:80], X_cal=X[80:90], y_cal=y[80:90])  # 10 rows: one to tune σ0 on
+    assert reg.sigma0_rows_.size == 1
