@@ -22,7 +22,13 @@ import pytest
 import torch
 
 from glas_sklearn import LaplaceActiveSubspaceRegressor
-from glas_sklearn.calibration import ConformalWarning, MondrianConformalCalibrator, conformal_quantile
+from glas_sklearn.calibration import (
+    LAC,
+    ConformalCalibrator,
+    ConformalWarning,
+    MondrianConformalCalibrator,
+    conformal_quantile,
+)
 from glas_sklearn.likelihoods import HeteroscedasticGaussian
 from glas_sklearn.predictive import RegressionMoments
 from glas_sklearn.regional_coverage import regional_coverage
@@ -221,3 +227,18 @@ def test_too_few_calibration_rows_for_sigma0_nll_raise_before_training(where):
     assert not hasattr(reg, "module_")
     reg.fit(X[:80], y[:80], X_cal=X[80:90], y_cal=y[80:90])  # 10 rows: one to tune σ0 on
     assert reg.sigma0_rows_.size == 1
+
+
+@pytest.mark.parametrize(("calibration", "message"), [
+    (MondrianConformalCalibrator(n_bins=0), "n_bins must be 'auto' or an integer >= 1"),
+    (MondrianConformalCalibrator(min_bin_size=0), "min_bin_size must be an integer >= 1"),
+    (MondrianConformalCalibrator(epistemic_weight=-1.0), "epistemic_weight must be 'fit' or a finite number"),
+    (ConformalCalibrator(epistemic_weight="fitted"), "epistemic_weight must be 'fit' or a number"),
+    (ConformalCalibrator(conformity_score=LAC()), "is not a RegressionScore"),
+])
+def test_bad_calibrator_settings_raise_before_training(calibration, message):
+    X, y = step_noise_data(100, seed=7)
+    reg = LaplaceActiveSubspaceRegressor(calibration=calibration, likelihood="gaussian", **SMALL)
+    with pytest.raises(ValueError, match=message):
+        reg.fit(X, y)
+    assert not hasattr(reg, "module_")
