@@ -478,6 +478,10 @@ class ConformalCalibrator(Calibrator):
         self.conformity_score = conformity_score
         self.epistemic_weight = epistemic_weight
 
+    def check_settings(self, likelihood: Likelihood | None = None) -> None:
+        resolve_conformity_score(self.conformity_score, likelihood)
+        _check_epistemic_weight(self.epistemic_weight)
+
     def rows_needed(self, confidence_levels) -> int:
         """⌈1/γ⌉ − 1: the calibration rows a finite conformal quantile needs at the highest level."""
         top = float(np.max(check_confidence_levels(confidence_levels)))

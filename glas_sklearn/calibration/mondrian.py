@@ -169,7 +169,11 @@ class MondrianConformalCalibrator(ConformalCalibrator):
             len(self.bin_scores_[0])
         self.table_ = table
 
-    def _check_settings(self) -> None:
+    def check_settings(self, likelihood: Likelihood | None = None) -> None:
+        super().check_settings(likelihood)
+        self._check_bins()
+
+    def _check_bins(self) -> None:
         if not (self.n_bins == "auto" or (isinstance(self.n_bins, numbers.Integral)
                                           and not isinstance(self.n_bins, bool) and self.n_bins >= 1)):
             raise ValueError(f"n_bins must be 'auto' or an integer >= 1, got {self.n_bins!r}.")
@@ -180,7 +184,7 @@ class MondrianConformalCalibrator(ConformalCalibrator):
 
     def bins_for(self, n_rows: int, confidence_levels) -> int:
         """The bins asked for with ``n_rows`` calibration rows at ``confidence_levels`` (before merging)."""
-        self._check_settings()
+        self._check_bins()
         if self.n_bins != "auto":
             return int(self.n_bins)
         per_bin = max(int(self.min_bin_size), self._min_rows(confidence_levels))

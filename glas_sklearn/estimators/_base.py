@@ -139,6 +139,7 @@ class LaplaceActiveSubspaceBase(NetworkTrainingMixin, PosteriorFitMixin, Calibra
         """The hyperparameters checked (alone and together), and the likelihood resolved (``likelihood_``)."""
         validate_hyperparameters(self)
         self.likelihood_ = self._resolve_likelihood()
+        self._calibrator().check_settings(self.likelihood_)
         self._check_sigma0_setting()
 
     def _fit_tensors(self, X, y, X_cal, y_cal, device, dtype, sample_weight=None):
