@@ -242,3 +242,18 @@ def test_bad_calibrator_settings_raise_before_training(calibration, message):
     with pytest.raises(ValueError, match=message):
         reg.fit(X, y)
     assert not hasattr(reg, "module_")
+
+
+@pytest.mark.parametrize(("param", "value", "message"), [
+    ("beta_nll", 5.0, "beta_nll must be a number in \\[0, 1\\]"),
+    ("output", "foo", "output must be"),
+])
+def test_likelihood_settings_changed_by_set_params_are_checked_at_fit(param, value, message):
+    """The likelihoods check their arguments when constructed; set_params (as GridSearchCV uses) must not get round
+    that: a β of 5 trained silently, an unknown output layout ended in 'the training loss diverged'."""
+    X, y = step_noise_data(100, seed=8)
+    reg = LaplaceActiveSubspaceRegressor(likelihood=HeteroscedasticGaussian(), **SMALL)
+    reg.set_params(**{f"likelihood__{param}": value})
+    with pytest.raises(ValueError, match=message):
+        reg.fit(X, y)
+    assert not hasattr(reg, "module_")
