@@ -113,8 +113,10 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
                                    and not self.include_noise and not self._calibrator().chooses_dimension)
         if isinstance(likelihood, str) and likelihood == "auto":
             likelihood = "heteroscedastic" if self._choose_likelihood else "gaussian"
+        likelihood = resolve_likelihood(likelihood)
+        type(likelihood)(**likelihood.get_params())  # its constructor's checks again: set_params goes round them
         # a copy of the user's object: the fitted model keeps its own, which a later set_params does not change
-        likelihood = copy.deepcopy(resolve_likelihood(likelihood))
+        likelihood = copy.deepcopy(likelihood)
         if likelihood.is_classification:
             raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood={self.likelihood!r} is a likelihood of class "
                              "labels; use LaplaceActiveSubspaceClassifier for classification, or a regression "
