@@ -1,12 +1,12 @@
-"""Three more attempts at the dev sets' σ̂ fifths: a residual scale from held-out rows, finite-sized Mondrian bins,
-and the homoscedastic network's epistemic part.
+"""Four more attempts at the dev sets' σ̂ fifths: a residual scale from held-out rows, finite-sized Mondrian bins,
+the homoscedastic network's epistemic part, and the two networks' disagreement.
 
 Issue target: on the four UCI dev sets every σ̂ quintile of the default's 90 % intervals covers 85–95 % (pooled over
 the 20 splits). ``quintile_sampling.py`` showed that energy's 82 % middle fifth is not chance but σ̂ ranking the
 errors badly, and ``regional_calibration.py --ranking-variants`` that no shape of σ̂ built from σ_ale and σ_epi
 fixes it. This script measures three more candidates on the same cached moments (``regional_calibration.py --stage
 fit --study uci`` / ``--study shift``; the heteroscedastic estimator with its fitted epistemic weight λ is the
-reference ``het_fit``, the regressor's default on these sets):
+reference ``het_fit``, the regressor's default on these sets) and four more:
 
 - ``honest_scale``: the noise scale learnt from residuals no network was trained on. Per split a second
   heteroscedastic estimator is trained on 80 % of the fitting rows; on the other 20 % its residuals r give a
@@ -19,6 +19,9 @@ reference ``het_fit``, the regressor's default on these sets):
   the exact conformal rank within each (:class:`~glas_sklearn.calibration.MondrianConformalCalibrator`).
 - ``gauss_epi``: the reference mean and σ_ale with the epistemic variance of the homoscedastic fit (its GGN weighs
   every row alike, the heteroscedastic one by 1/σ_ale²(x)), λ fitted as for the reference.
+- ``disagreement``: the reference σ̂² plus κ (μ_h(x) − μ_g(x))², the squared gap between the heteroscedastic and
+  the homoscedastic network's means (both trained on the same rows, as ``likelihood="auto"`` does: a two-member
+  ensemble's spread), κ ∈ {0} ∪ [0.01, 100] fitted by the profile NLL of the calibration residuals.
 
 Quintiles are those of each method's own σ̂ on the test rows of a split (``mondrian_finite``: the reference σ̂, the
 one its bins are built on), pooled over the splits; interval score against split conformal around the
@@ -51,6 +54,7 @@ from glas_sklearn.calibration import (  # noqa: E402
     fit_epistemic_weight,
     weighted_moments,
 )
+from glas_sklearn.calibration.conformal import _profile_nll  # noqa: E402
 from glas_sklearn.predictive import RegressionMoments  # noqa: E402
 
 LEVEL = 0.9
@@ -59,6 +63,7 @@ CACHE = _common.RESULTS / "cache_ranking_probes"
 HELD_SHARE = 0.2
 RIDGE = 0.1
 EXCESS_QUANTILE = 0.9
+KAPPAS = np.r_[0.0, np.exp(np.linspace(np.log(1e-2), np.log(1e2), 41))]
 METHODS = [
     ("het_fit", "the reference: the heteroscedastic fit, λ fitted with the median cap, one conformal quantile"),
     ("honest_scale", "split conformal normalised by σ_r(x), a log-linear variance model of held-out residuals"),
@@ -66,6 +71,7 @@ METHODS = [
                             "rows' σ_epi²"),
     ("mondrian_finite", "Mondrian over min(5, ⌊n/9⌋) equal-count bins of the reference σ̂, exact ranks"),
     ("gauss_epi", "the reference's mean and σ_ale, the homoscedastic fit's σ_epi², λ fitted"),
+    ("disagreement", "the reference σ̂² + κ (μ_h − μ_g)², κ fitted by the profile NLL"),
     ("split_nn", "split conformal around the homoscedastic network (the IS reference)"),
 ]
 
@@ -137,6 +143,11 @@ def probe_intervals(d: dict, held: dict | None) -> dict:
     sg = {p: weighted_moments((_t(d[f"het_mu_{p}"]), _t(ale[p]), _t(epi_g[p])), 0.0, lam, cap).std.numpy()[:, 0]
           for p in ("cal", "te")}
     out["gauss_epi"] = (*_normalised(y_cal, mc, sg["cal"], mt, sg["te"]), sg["te"])
+    gap = {p: (d[f"het_mu_{p}"] - d[f"default_mu_{p}"]) ** 2 for p in ("cal", "te")}
+    nll = [_profile_nll(y_cal - mc, sd_c**2 + k * gap["cal"]) for k in KAPPAS]
+    kappa = float(KAPPAS[int(np.argmin(nll))])  # the first of equal minima: κ = 0 unless the gap helps
+    s = {"cal": np.sqrt(sd_c**2 + kappa * gap["cal"]), "te": np.sqrt(sd_t**2 + kappa * gap["te"])}
+    out["disagreement"] = (*_normalised(y_cal, mc, s["cal"], mt, s["te"]), s["te"])
     if held is not None:
         def features(X, s2):
             return np.c_[(X - held["x_mean"]) / held["x_std"], np.log(s2)]
@@ -192,8 +203,9 @@ def _ratio(runs, m):
 
 
 def render(p: dict) -> str:
-    lines = ["# Three more attempts at the dev sets' σ̂ fifths: held-out residual scale, finite Mondrian bins, the "
-             "homoscedastic epistemic part", "", f"`{p['command']}`", "", _common.machine_line(p["machine"]), "",
+    lines = ["# Four more attempts at the dev sets' σ̂ fifths: held-out residual scale, finite Mondrian bins, the "
+             "homoscedastic epistemic part, two networks' disagreement", "", f"`{p['command']}`", "",
+             _common.machine_line(p["machine"]), "",
              "Per method, per set: interval score / split conformal around the homoscedastic network (geometric "
              "mean over the runs), mean coverage, and coverage per quintile of the method's own σ̂ pooled over the "
              "runs (target in distribution: every quintile 85–95 %).", ""]
