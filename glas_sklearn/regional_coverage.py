@@ -235,13 +235,22 @@ def _named_columns(columns, X, n: int) -> dict[str, np.ndarray]:
         if X is None:
             raise ValueError("columns names or indices need X; pass columns={name: values} otherwise.")
         out = {}
+        n_columns = np.shape(X)[1] if np.ndim(X) == 2 else 0
         for c in columns:
+            if isinstance(X, pd.DataFrame) and c in X.columns:
+                col = X[c]
+                out[str(col.name)] = col.to_numpy(dtype=np.float64)
+                continue
+            if not isinstance(c, numbers.Integral) or not -n_columns <= c < n_columns:
+                names = f"names {list(X.columns)} or " if isinstance(X, pd.DataFrame) else \
+                    "no names (pass a DataFrame to select columns by name) but "
+                raise ValueError(f"column {c!r} is not a column of X: X has {names}{n_columns} columns, "
+                                 f"indices 0 … {n_columns - 1}; or pass columns={{name: values}}.")
             if isinstance(X, pd.DataFrame):
-                col = X[c] if c in X.columns else X.iloc[:, int(c)]
+                col = X.iloc[:, int(c)]
                 out[str(col.name)] = col.to_numpy(dtype=np.float64)
             else:
-                out[f"x{int(c)}" if isinstance(c, numbers.Integral) else str(c)] = \
-                    np.asarray(X, dtype=np.float64)[:, c]
+                out[f"x{int(c)}"] = np.asarray(X, dtype=np.float64)[:, c]
     for name, v in out.items():
         if v.shape != (n,):
             raise ValueError(f"column {name!r} has {v.size} values but there are {n} rows.")

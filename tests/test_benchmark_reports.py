@@ -104,6 +104,13 @@ def test_interval_studies_are_rendered_from_their_json(stem, module_name, render
     assert getattr(module, renderer)(_results(stem)) == _report(stem)
 
 
+def test_ranking_probes_report_is_rendered_from_its_json(script):
+    rendered = script("ranking_probes").render(_results("ranking_probes"))
+    committed = _report("ranking_probes")
+    assert rendered.endswith(MARK + "\n") and MARK in committed
+    assert rendered.split(MARK)[0] == committed.split(MARK)[0]
+
+
 def test_quintile_oracle_matches_a_direct_simulation(script):
     """quintile_sampling's oracle draws the conformal quantile from its Beta law and the covered rows per quintile
     as binomials; a direct simulation (uniform calibration and test scores, the ⌈(n+1)γ⌉-th smallest as the
@@ -132,3 +139,21 @@ def test_auto_epochs_report_is_rendered_from_its_json(script):
     committed = _report("auto_epochs")
     assert rendered.endswith(MARK + "\n") and MARK in committed
     assert rendered.split(MARK)[0] == committed.split(MARK)[0]
+
+
+def test_ranking_probes_variance_model_recovers_group_variances(script):
+    """ranking_probes' log-linear variance model without ridge on one binary feature: the Gaussian NLL is
+    minimised by the log of each group's mean squared residual (a closed form), a = log mean r²|z=0 and
+    a + w = log mean r²|z=1."""
+    import numpy as np
+
+    module = script("ranking_probes")
+    rng = np.random.default_rng(1)
+    z = (rng.random(4000) < 0.3).astype(float)
+    r = rng.standard_normal(4000) * np.where(z > 0, 3.0, 0.5)
+    a, w = module.log_linear_variance(r, z[:, None], ridge=0.0)
+    ref0, ref1 = np.log(np.mean(r[z == 0] ** 2)), np.log(np.mean(r[z == 1] ** 2))
+    assert abs(a - ref0) < 1e-4 and abs(a + w - ref1) < 1e-4
+    # a ridge penalty shrinks w towards 0 (the groups' variances closer together), never past it
+    _, w_ridge = module.log_linear_variance(r, z[:, None], ridge=0.1)
+    assert 0 < w_ridge < w

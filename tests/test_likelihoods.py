@@ -273,7 +273,7 @@ def test_regressor_likelihood_string_and_object_give_identical_fits(paper):
         warnings.simplefilter("ignore", CalibrationWarning)
         by_name = LaplaceActiveSubspaceRegressor(likelihood="gaussian", **SMALL, **settings).fit(X, y)
         by_object = LaplaceActiveSubspaceRegressor(likelihood=Gaussian(), **SMALL, **settings).fit(X, y)
-    assert type(by_name.likelihood_) is Gaussian and by_object.likelihood_ is by_object.likelihood
+    assert type(by_name.likelihood_) is Gaussian and by_object.likelihood_ == by_object.likelihood  # a copy
     assert by_name.training_loss_ == by_object.training_loss_
     assert by_name.beta_ == by_object.beta_ and by_name.n_components_ == by_object.n_components_
     np.testing.assert_array_equal(by_name.eigenvalues_, by_object.eigenvalues_)

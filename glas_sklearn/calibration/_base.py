@@ -60,6 +60,10 @@ class Calibrator(BaseEstimator, ABC):
         """The fewest calibration rows the calibration needs at ``confidence_levels``."""
         return 1
 
+    def check_settings(self, likelihood: Likelihood | None = None) -> None:
+        """Raise a ValueError for a hyperparameter out of range (or one that does not suit ``likelihood``); the
+        estimators call it before they train anything."""
+
     @abstractmethod
     def fit(self, posterior, X_cal: torch.Tensor, y_cal, *, n_components="auto",
             confidence_levels=0.9, predictive="sampled", n_samples: int = 1000, noise_var=0.0,

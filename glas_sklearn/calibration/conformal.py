@@ -137,7 +137,7 @@ def conformal_quantile(scores, confidence_levels) -> np.ndarray:
         bad = levels[~finite]
         warnings.warn(
             f"{n} calibration rows are too few for a conformal quantile at level(s) {bad.tolist()} "
-            f"(⌈(n+1)(1−γ)⌉ > n needs n ≥ {int(np.ceil(1 / (1 - bad.max()))) - 1}); the intervals or sets are "
+            f"(⌈(n+1)(1−γ)⌉ ≤ n needs n ≥ {int(np.ceil(1 / (1 - bad.max()) - 1e-9)) - 1}); the intervals or sets are "
             "infinite (every class) there. Use more calibration rows.", ConformalWarning, stacklevel=2)
     out[finite] = s[np.maximum(ranks[finite], 1) - 1]
     return out
@@ -477,6 +477,10 @@ class ConformalCalibrator(Calibrator):
     def __init__(self, conformity_score: ConformityScore | None = None, epistemic_weight="fit") -> None:
         self.conformity_score = conformity_score
         self.epistemic_weight = epistemic_weight
+
+    def check_settings(self, likelihood: Likelihood | None = None) -> None:
+        resolve_conformity_score(self.conformity_score, likelihood)
+        _check_epistemic_weight(self.epistemic_weight)
 
     def rows_needed(self, confidence_levels) -> int:
         """⌈1/γ⌉ − 1: the calibration rows a finite conformal quantile needs at the highest level."""

@@ -29,6 +29,7 @@ or above the highest calibration σ̂ goes to the first or last bin.
 
 from __future__ import annotations
 
+import itertools
 import numbers
 
 import numpy as np
@@ -168,7 +169,11 @@ class MondrianConformalCalibrator(ConformalCalibrator):
             len(self.bin_scores_[0])
         self.table_ = table
 
-    def _check_settings(self) -> None:
+    def check_settings(self, likelihood: Likelihood | None = None) -> None:
+        super().check_settings(likelihood)
+        self._check_bins()
+
+    def _check_bins(self) -> None:
         if not (self.n_bins == "auto" or (isinstance(self.n_bins, numbers.Integral)
                                           and not isinstance(self.n_bins, bool) and self.n_bins >= 1)):
             raise ValueError(f"n_bins must be 'auto' or an integer >= 1, got {self.n_bins!r}.")
@@ -179,7 +184,7 @@ class MondrianConformalCalibrator(ConformalCalibrator):
 
     def bins_for(self, n_rows: int, confidence_levels) -> int:
         """The bins asked for with ``n_rows`` calibration rows at ``confidence_levels`` (before merging)."""
-        self._check_settings()
+        self._check_bins()
         if self.n_bins != "auto":
             return int(self.n_bins)
         per_bin = max(int(self.min_bin_size), self._min_rows(confidence_levels))
@@ -312,15 +317,34 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         A level higher than the bins were made for (a bin with fewer than ⌈1/γ⌉ − 1 rows, e.g. 99.9 % asked of
         bins of 200 rows) takes the quantile of the group of neighbouring bins merged until each group has that
         many rows: the level then holds within the coarser groups, and the interval stays finite wherever the
-        pooled quantile would be."""
+        pooled quantile would be.
+
+        Nested across levels: a bin's quantile is also at least the one it has at any lower level, where its
+        bins may be merged otherwise (a bin holding the largest scores has its own quantile at 90 % above the
+        merged group's at 95 %); that only widens the intervals, so the level still holds within the groups.
+        Per merging, the quantile is largest at the highest level that merging serves, s/(s + 1) for groups of
+        at least s rows, and mergings change only at the row counts s of runs of consecutive bins."""
         levels = check_confidence_levels(confidence_levels)
         scores = self.bin_scores_[output]
         counts = [s.size for s in scores]
+
+        def merged(min_rows: int, level: float) -> np.ndarray:
+            q = np.empty(len(scores))
+            for group in _merged_bins(counts, min_rows):
+                pooled = scores[group[0]] if len(group) == 1 else np.concatenate([scores[b] for b in group])
+                q[group] = conformal_quantile(pooled, level)[0]
+            return q
+
+        ends = np.cumsum([0, *counts])
+        runs = np.unique((ends[None, :] - ends[:, None])[np.triu_indices(len(ends), 1)]).tolist()
         out = np.empty((len(scores), len(levels)))
         for k, level in enumerate(levels):
-            for group in _merged_bins(counts, self._min_rows(level)):
-                pooled = scores[group[0]] if len(group) == 1 else np.concatenate([scores[b] for b in group])
-                out[group, k] = conformal_quantile(pooled, level)[0]
+            min_rows = self._min_rows(level)
+            out[:, k] = merged(min_rows, level)
+            lower = [s for s in runs if 0 < s < min_rows]  # the mergings of the lower levels
+            for s, higher in itertools.pairwise([*lower, min_rows]):
+                if _merged_bins(counts, s) != _merged_bins(counts, higher):  # else it serves a higher level too
+                    out[:, k] = np.maximum(out[:, k], merged(s, s / (s + 1.0)))
         return out
 
     def bin_std_factors(self, std) -> np.ndarray:

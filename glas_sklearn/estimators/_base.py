@@ -119,6 +119,7 @@ class LaplaceActiveSubspaceBase(NetworkTrainingMixin, PosteriorFitMixin, Calibra
             X, X_cal, y, y_cal, sample_weight = self._split_off_calibration_rows(X, y, seed, sample_weight, kept)
         else:
             self.train_indices_ = self.calibration_indices_ = None
+        self._check_sigma0_rows(len(X_cal))  # sigma0="nll" with too few rows raises before training
         Xt, yt, Xc, yc = self._fit_tensors(X, y, X_cal, y_cal, device, dtype, sample_weight)
         wt = None if sample_weight is None else torch.as_tensor(sample_weight, dtype=torch.float64).to(device)
         self.timings_ = {}
@@ -138,6 +139,7 @@ class LaplaceActiveSubspaceBase(NetworkTrainingMixin, PosteriorFitMixin, Calibra
         """The hyperparameters checked (alone and together), and the likelihood resolved (``likelihood_``)."""
         validate_hyperparameters(self)
         self.likelihood_ = self._resolve_likelihood()
+        self._calibrator().check_settings(self.likelihood_)
         self._check_sigma0_setting()
 
     def _fit_tensors(self, X, y, X_cal, y_cal, device, dtype, sample_weight=None):

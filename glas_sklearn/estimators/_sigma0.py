@@ -31,11 +31,7 @@ class Sigma0PolicyMixin:
         the scores are computed on; the posterior's σ0 is then fixed at the chosen value. With too few rows for
         both parts, "auto" keeps the full-space EB σ0 and an explicit "nll" raises."""
         n, n_need = len(Xc), self._calibration_rows_needed()
-        if n < n_need + 1:
-            if self.sigma0 == "nll":
-                raise ValueError(f"{type(self).__name__}: sigma0='nll' needs at least {n_need + 1} calibration rows "
-                                 f"(one or more to choose σ0 on, and the {n_need} a conformal quantile needs at level "
-                                 f"{max(self._levels(None))}), got {n}; pass more calibration rows or a fixed sigma0.")
+        if not self._check_sigma0_rows(n):
             logger.info("%s: %d calibration rows are too few to tune sigma0 on some of them (%d needed); keeping the "
                         "full-space empirical Bayes sigma0", type(self).__name__, n, n_need + 1)
             return Xc, yc
@@ -48,6 +44,18 @@ class Sigma0PolicyMixin:
         self._report(sigma0_line(self, len(tune), time.perf_counter() - t0))
         index = torch.as_tensor(conf, device=Xc.device)
         return Xc[index], yc[index]
+
+    def _check_sigma0_rows(self, n: int) -> bool:
+        """Whether n calibration rows leave one or more to tune σ0 on besides the conformal quantile's; an explicit
+        sigma0="nll" with fewer raises (``fit`` asks as soon as it knows n, before training)."""
+        n_need = self._calibration_rows_needed()
+        if n >= n_need + 1:
+            return True
+        if isinstance(self.sigma0, str) and self.sigma0 == "nll":
+            raise ValueError(f"{type(self).__name__}: sigma0='nll' needs at least {n_need + 1} calibration rows "
+                             f"(one or more to choose σ0 on, and the {n_need} a conformal quantile needs at level "
+                             f"{max(self._levels(None))}), got {n}; pass more calibration rows or a fixed sigma0.")
+        return False
 
     def _sigma0_search(self, Xt, yt, d: int, seed: int):
         """σ0 by the mean predictive NLL of the tuning rows (a Sigma0Result)."""
