@@ -115,8 +115,7 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
             likelihood = "heteroscedastic" if self._choose_likelihood else "gaussian"
         likelihood = resolve_likelihood(likelihood)
         type(likelihood)(**likelihood.get_params())  # its constructor's checks again: set_params goes round them
-        # a copy of the user's object: the fitted model keeps its own, which a later set_params does not change
-        likelihood = copy.deepcopy(likelihood)
+        likelihood = copy.deepcopy(likelihood)  # the fitted model's own: a later set_params does not change it
         if likelihood.is_classification:
             raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood={self.likelihood!r} is a likelihood of class "
                              "labels; use LaplaceActiveSubspaceClassifier for classification, or a regression "
