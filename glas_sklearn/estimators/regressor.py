@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import numbers
 
 import numpy as np
@@ -114,8 +113,7 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
         if isinstance(likelihood, str) and likelihood == "auto":
             likelihood = "heteroscedastic" if self._choose_likelihood else "gaussian"
         likelihood = resolve_likelihood(likelihood)
-        type(likelihood)(**likelihood.get_params())  # its constructor's checks again: set_params goes round them
-        likelihood = copy.deepcopy(likelihood)  # the fitted model's own: a later set_params does not change it
+        likelihood = type(likelihood)(**likelihood.get_params())  # as clone: checks rerun, the fit's own object
         if likelihood.is_classification:
             raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood={self.likelihood!r} is a likelihood of class "
                              "labels; use LaplaceActiveSubspaceClassifier for classification, or a regression "
