@@ -159,19 +159,17 @@ def probe_intervals(d: dict, held: dict | None) -> dict:
         m = np.quantile(epi["cal"], EXCESS_QUANTILE)
         s = {p: np.sqrt(var[p] + np.maximum(epi[p] - m, 0.0)) for p in var}
         out["honest_scale_excess"] = (*_normalised(y_cal, mc, s["cal"], mt, s["te"]), s["te"])
-    q = conformal_quantile(np.abs(y_cal - d["default_mu_cal"]), LEVEL)[0]
-    out["split_nn"] = (d["default_mu_te"] - q, d["default_mu_te"] + q, np.ones_like(mt))
+    out["split_nn"] = (*rcal.intervals("split_nn", d), np.ones_like(mt))
     return out
 
 
 def score(lo, hi, sd, y) -> dict:
     """Coverage, interval score and per-quintile (of ``sd``) counts of one method on one run."""
     cov = (lo <= y) & (y <= hi)
-    edges = np.quantile(sd, [0.2, 0.4, 0.6, 0.8])
-    q = np.searchsorted(edges, sd)
+    covered, n = rcal._quintile_counts(sd, cov)
     return {"coverage": float(cov.mean()),
             "interval_score": float(np.mean(hi - lo + 2 / (1 - LEVEL) * ((lo - y) * (y < lo) + (y - hi) * (y > hi)))),
-            "covered": np.bincount(q, cov, 5).tolist(), "n": np.bincount(q, None, 5).astype(int).tolist()}
+            "covered": covered, "n": n}
 
 
 def run(args) -> dict:

@@ -98,6 +98,19 @@ def conformal_rank(n: int, confidence_levels) -> np.ndarray:
     return np.ceil((n + 1) * levels - 1e-9 * (n + 1)).astype(np.int64)
 
 
+def _rows_for_finite_quantile(confidence_levels) -> int:
+    """⌈1/γ⌉ − 1 at the highest level: the fewest calibration rows whose conformal quantile is finite
+    (⌈(n + 1)(1 − γ)⌉ ≤ n), with the round-off of 1/γ absorbed (1/(1 − 0.9) is 10.000000000000002: 9 rows).
+
+    Examples
+    --------
+    >>> _rows_for_finite_quantile([0.9, 0.95])
+    19
+    """
+    top = float(np.max(check_confidence_levels(confidence_levels)))
+    return int(np.ceil(1.0 / (1.0 - top) - 1e-9)) - 1
+
+
 def conformal_quantile(scores, confidence_levels) -> np.ndarray:
     """Split-conformal quantiles: the ⌈(n + 1)(1 − γ)⌉-th smallest of the n calibration scores, per level.
 
@@ -137,7 +150,7 @@ def conformal_quantile(scores, confidence_levels) -> np.ndarray:
         bad = levels[~finite]
         warnings.warn(
             f"{n} calibration rows are too few for a conformal quantile at level(s) {bad.tolist()} "
-            f"(⌈(n+1)(1−γ)⌉ ≤ n needs n ≥ {int(np.ceil(1 / (1 - bad.max()) - 1e-9)) - 1}); the intervals or sets are "
+            f"(⌈(n+1)(1−γ)⌉ ≤ n needs n ≥ {_rows_for_finite_quantile(bad)}); the intervals or sets are "
             "infinite (every class) there. Use more calibration rows.", ConformalWarning, stacklevel=2)
     out[finite] = s[np.maximum(ranks[finite], 1) - 1]
     return out
@@ -484,8 +497,7 @@ class ConformalCalibrator(Calibrator):
 
     def rows_needed(self, confidence_levels) -> int:
         """⌈1/γ⌉ − 1: the calibration rows a finite conformal quantile needs at the highest level."""
-        top = float(np.max(check_confidence_levels(confidence_levels)))
-        return int(np.ceil(1.0 / (1.0 - top) - 1e-9)) - 1
+        return _rows_for_finite_quantile(confidence_levels)
 
     def fit(self, posterior, X_cal, y_cal, *, n_components="auto", confidence_levels=0.9,
             predictive="linearized", n_samples=1000, noise_var=0.0, random_state=None,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import numbers
 
 import numpy as np
@@ -114,9 +113,7 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
         if isinstance(likelihood, str) and likelihood == "auto":
             likelihood = "heteroscedastic" if self._choose_likelihood else "gaussian"
         likelihood = resolve_likelihood(likelihood)
-        type(likelihood)(**likelihood.get_params())  # its constructor's checks again: set_params goes round them
-        # a copy of the user's object: the fitted model keeps its own, which a later set_params does not change
-        likelihood = copy.deepcopy(likelihood)
+        likelihood = type(likelihood)(**likelihood.get_params())  # as clone: checks rerun, the fit's own object
         if likelihood.is_classification:
             raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood={self.likelihood!r} is a likelihood of class "
                              "labels; use LaplaceActiveSubspaceClassifier for classification, or a regression "
