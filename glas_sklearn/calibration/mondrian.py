@@ -54,7 +54,13 @@ import torch
 from .._checks import check_confidence_levels
 from ..likelihoods import Categorical, Gaussian, Likelihood
 from ..predictive import RegressionMoments
-from .conformal import ConformalCalibrator, ConformalWarning, conformal_quantile, resolve_conformity_score
+from .conformal import (
+    ConformalCalibrator,
+    ConformalWarning,
+    _rows_for_finite_quantile,
+    conformal_quantile,
+    resolve_conformity_score,
+)
 
 __all__ = ["MondrianConformalCalibrator", "std_bin_edges"]
 
@@ -114,6 +120,43 @@ def std_bin_edges(std, n_bins: int, min_rows: int = 1) -> np.ndarray:
         else:
             edges.pop(b - 1)
     return np.asarray(edges, dtype=np.float64)
+
+
+def band_quantiles(scores, confidence_levels, quantile=conformal_quantile) -> np.ndarray:
+    """The conformal quantile of each bin per level, (B, k), from the bins' sorted ``scores`` (a list of B arrays,
+    in σ̂ order) and ``quantile`` (:func:`~glas_sklearn.calibration.conformal_quantile` or a method of it).
+
+    A level higher than the bins were made for (a bin with fewer than ⌈1/γ⌉ − 1 rows, e.g. 99.9 % asked of
+    bins of 200 rows) takes the quantile of the group of neighbouring bins merged until each group has that
+    many rows: the level then holds within the coarser groups, and the interval stays finite wherever the
+    pooled quantile would be.
+
+    Nested across levels: a bin's quantile is also at least the one it has at any lower level, where its
+    bins may be merged otherwise (a bin holding the largest scores has its own quantile at 90 % above the
+    merged group's at 95 %); that only widens the intervals, so the level still holds within the groups.
+    Per merging, the quantile is largest at the highest level that merging serves, s/(s + 1) for groups of
+    at least s rows, and mergings change only at the row counts s of runs of consecutive bins."""
+    levels = check_confidence_levels(confidence_levels)
+    counts = [s.size for s in scores]
+
+    def merged(min_rows: int, level: float) -> np.ndarray:
+        q = np.empty(len(scores))
+        for group in _merged_bins(counts, min_rows):
+            pooled = scores[group[0]] if len(group) == 1 else np.concatenate([scores[b] for b in group])
+            q[group] = quantile(pooled, level)[0]
+        return q
+
+    ends = np.cumsum([0, *counts])
+    runs = np.unique((ends[None, :] - ends[:, None])[np.triu_indices(len(ends), 1)]).tolist()
+    out = np.empty((len(scores), len(levels)))
+    for k, level in enumerate(levels):
+        min_rows = max(1, _rows_for_finite_quantile(level))
+        out[:, k] = merged(min_rows, level)
+        lower = [s for s in runs if 0 < s < min_rows]  # the mergings of the lower levels
+        for s, higher in itertools.pairwise([*lower, min_rows]):
+            if _merged_bins(counts, s) != _merged_bins(counts, higher):  # else it serves a higher level too
+                out[:, k] = np.maximum(out[:, k], merged(s, s / (s + 1.0)))
+    return out
 
 
 class MondrianConformalCalibrator(ConformalCalibrator):
@@ -360,40 +403,9 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         return np.searchsorted(self.edges_[output], std, side="left")
 
     def band_quantiles(self, output: int, confidence_levels) -> np.ndarray:
-        """The conformal quantile of each σ̂ bin of ``output`` per level, (B, k).
-
-        A level higher than the bins were made for (a bin with fewer than ⌈1/γ⌉ − 1 rows, e.g. 99.9 % asked of
-        bins of 200 rows) takes the quantile of the group of neighbouring bins merged until each group has that
-        many rows: the level then holds within the coarser groups, and the interval stays finite wherever the
-        pooled quantile would be.
-
-        Nested across levels: a bin's quantile is also at least the one it has at any lower level, where its
-        bins may be merged otherwise (a bin holding the largest scores has its own quantile at 90 % above the
-        merged group's at 95 %); that only widens the intervals, so the level still holds within the groups.
-        Per merging, the quantile is largest at the highest level that merging serves, s/(s + 1) for groups of
-        at least s rows, and mergings change only at the row counts s of runs of consecutive bins."""
-        levels = check_confidence_levels(confidence_levels)
-        scores = self.bin_scores_[output]
-        counts = [s.size for s in scores]
-
-        def merged(min_rows: int, level: float) -> np.ndarray:
-            q = np.empty(len(scores))
-            for group in _merged_bins(counts, min_rows):
-                pooled = scores[group[0]] if len(group) == 1 else np.concatenate([scores[b] for b in group])
-                q[group] = self._quantile(pooled, level)[0]
-            return q
-
-        ends = np.cumsum([0, *counts])
-        runs = np.unique((ends[None, :] - ends[:, None])[np.triu_indices(len(ends), 1)]).tolist()
-        out = np.empty((len(scores), len(levels)))
-        for k, level in enumerate(levels):
-            min_rows = self._min_rows(level)
-            out[:, k] = merged(min_rows, level)
-            lower = [s for s in runs if 0 < s < min_rows]  # the mergings of the lower levels
-            for s, higher in itertools.pairwise([*lower, min_rows]):
-                if _merged_bins(counts, s) != _merged_bins(counts, higher):  # else it serves a higher level too
-                    out[:, k] = np.maximum(out[:, k], merged(s, s / (s + 1.0)))
-        return out
+        """The conformal quantile of each σ̂ bin of ``output`` per level, (B, k): :func:`band_quantiles` of its
+        bins' scores."""
+        return band_quantiles(self.bin_scores_[output], confidence_levels, self._quantile)
 
     def bin_std_factors(self, std) -> np.ndarray:
         """Per row and output, the root mean square of the scores of the row's σ̂ bin over that of all calibration
