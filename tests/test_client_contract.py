@@ -52,7 +52,7 @@ def test_intervals_are_nested_across_levels_where_bins_are_merged():
     scores = [rng.uniform(0, 1, 18), rng.uniform(0, 1, 18), np.r_[rng.uniform(0, 1, 17), 5.0]]
     std = np.repeat([1.0, 2.0, 3.0], 18)
     y = np.concatenate(scores) * std  # |y − 0| / σ̂ = the scores
-    cal = MondrianConformalCalibrator(n_bins=3, quantile="higher").calibrate_predictions(
+    cal = MondrianConformalCalibrator(n_bins=3, quantile_method="higher").calibrate_predictions(
         _moments(std), torch.as_tensor(y[:, None]), 0.9)
     assert [s.size for s in cal.bin_scores_[0]] == [18, 18, 18]
     with warnings.catch_warnings():
@@ -64,7 +64,7 @@ def test_intervals_are_nested_across_levels_where_bins_are_merged():
     assert np.all(q[:, 1] >= conformal_quantile(np.concatenate(scores), 0.95)[0])
     np.testing.assert_array_equal(cal.band_quantiles(0, 0.95)[:, 0], q[:, 1])
     # interpolated (the default): the top bin's 90 % lies between its 17th and 18th score, and 95 % is not below it
-    cal.set_params(quantile="interpolated")
+    cal.set_params(quantile_method="interpolated")
     q = cal.band_quantiles(0, [0.9, 0.95])
     top = np.sort(scores[2])
     assert q[2, 0] == pytest.approx(top[16] + 0.1 * (top[17] - top[16])) and np.all(q[:, 1] >= q[:, 0])
@@ -95,7 +95,7 @@ def test_merged_quantiles_are_the_envelope_over_every_lower_level(method):
     for _ in range(40):
         scores = [np.sort(rng.exponential(size=rng.integers(3, 25)) * rng.uniform(0.5, 3))
                   for _ in range(rng.integers(2, 6))]
-        cal = MondrianConformalCalibrator(quantile=method)
+        cal = MondrianConformalCalibrator(quantile_method=method)
         cal.bin_scores_, cal.edges_ = [scores], [np.arange(len(scores) - 1.0)]
         level = float(rng.uniform(0.6, 0.985))
         min_rows = int(np.ceil(1 / (1 - level) - 1e-9)) - 1

@@ -51,7 +51,7 @@ def test_bins_and_quantiles_by_hand():
     n = 40
     std = np.repeat([1.0, 2.0], n // 2)  # two σ̂ levels: the bins are exactly the two halves
     resid = rng.standard_normal(n) * np.repeat([1.0, 5.0], n // 2)
-    cal = MondrianConformalCalibrator(n_bins=2, quantile="higher").calibrate_predictions(
+    cal = MondrianConformalCalibrator(n_bins=2, quantile_method="higher").calibrate_predictions(
         _moments(np.zeros(n), std), torch.as_tensor(resid[:, None]), 0.8)
     interp = MondrianConformalCalibrator(n_bins=2).calibrate_predictions(
         _moments(np.zeros(n), std), torch.as_tensor(resid[:, None]), 0.8)
@@ -121,7 +121,7 @@ def test_a_level_higher_than_the_bins_were_made_for_merges_neighbouring_bins():
     n = 80
     std = np.repeat([1.0, 2.0, 3.0, 4.0], n // 4)
     resid = rng.standard_normal(n) * std * np.repeat([1.0, 2.0, 0.5, 1.5], n // 4)
-    cal = MondrianConformalCalibrator(n_bins=4, quantile="higher").calibrate_predictions(
+    cal = MondrianConformalCalibrator(n_bins=4, quantile_method="higher").calibrate_predictions(
         _moments(np.zeros(n), std), torch.as_tensor(resid[:, None]), 0.9)
     assert len(cal.edges_[0]) == 3
     scores = np.abs(resid) / std
@@ -180,7 +180,7 @@ def test_simulation_within_bin_coverage_holds_where_pooled_conformal_fails(metho
         noise = lambda x: (0.5 + x) ** 3  # noqa: E731  (the true noise: 1/8 … 27/8, under-stated at high σ̂)
         y_cal = noise(x_cal) * rng.standard_normal(n_cal)
         y_test = noise(x_test) * rng.standard_normal(n_test)
-        cal = MondrianConformalCalibrator(min_bin_size=100, quantile=method).calibrate_predictions(
+        cal = MondrianConformalCalibrator(min_bin_size=100, quantile_method=method).calibrate_predictions(
             _moments(np.zeros(n_cal), sd(x_cal)), torch.as_tensor(y_cal[:, None]), level)
         assert len(cal.edges_[0]) == B - 1
         bounds = cal.region(_moments(np.zeros(n_test), sd(x_test)), level)[:, 0, :, 0].numpy()
@@ -260,8 +260,8 @@ def test_class_conditional_sets_by_hand_and_end_to_end():
     probs = torch.tensor([[0.7, 0.2, 0.1], [0.6, 0.3, 0.1], [0.2, 0.5, 0.3], [0.1, 0.8, 0.1],
                           [0.3, 0.3, 0.4], [0.2, 0.2, 0.6]], dtype=torch.float64)
     labels = torch.tensor([0, 0, 1, 1, 2, 2])
-    cal = MondrianConformalCalibrator(conformity_score=LAC(), quantile="higher").calibrate_predictions(probs, labels,
-                                                                                                      0.5)
+    cal = MondrianConformalCalibrator(conformity_score=LAC(), quantile_method="higher")
+    cal.calibrate_predictions(probs, labels, 0.5)
     # per class the scores 1 − p_y: class 0 {0.3, 0.4}, 1 {0.5, 0.2}, 2 {0.6, 0.4}; rank ⌈3 · 0.5⌉ = 2: the max
     assert cal.bins_["quantile"].tolist() == pytest.approx([0.4, 0.5, 0.6])
     interp = MondrianConformalCalibrator(conformity_score=LAC()).calibrate_predictions(probs, labels, 0.5)
@@ -291,12 +291,12 @@ def test_resolve_and_settings():
 def test_regressor_default_is_mondrian_over_sigma_bands_with_min_bins_on_small_data():
     """The regressor's default calibration: five bands of σ̂ (min_bins) below 5 × 200 calibration rows, ⌊n / 200⌋
     above, each with its own interpolated quantile (by hand from the band's scores); ``min_bins=1,
-    quantile="higher"`` is one band: the intervals and std of calibration="conformal" on the same network and
+    quantile_method="higher"`` is one band: the intervals and std of calibration="conformal" on the same network and
     rows."""
     X, y = step_noise_data(600)
     kw = dict(SMALL, likelihood="gaussian")
     small = LaplaceActiveSubspaceRegressor(calibration_size=0.5, **kw).fit(X, y)  # 300 calibration rows
-    one = LaplaceActiveSubspaceRegressor(calibration=MondrianConformalCalibrator(min_bins=1, quantile="higher"),
+    one = LaplaceActiveSubspaceRegressor(calibration=MondrianConformalCalibrator(min_bins=1, quantile_method="higher"),
                                          calibration_size=0.5, **kw).fit(X, y)
     plain = LaplaceActiveSubspaceRegressor(calibration="conformal", calibration_size=0.5, **kw).fit(X, y)
     assert LaplaceActiveSubspaceRegressor().calibration == "mondrian"

@@ -29,12 +29,12 @@ them); a test row's bin then depends on the calibration rows' σ̂ through the e
 up to O(1/n_b) (the simulation in ``tests/test_mondrian.py`` measures it). A row whose σ̂ falls below the lowest
 calibration σ̂ goes to the first bin; one above the highest takes the larger of the last bin's quantile and the
 pooled one: the last bin's rows may be over-covered by σ̂ within the calibrated range, but off it nothing says that
-σ̂ over-states the error (under top-third extrapolation the last bin's quantile alone halved energy's coverage,
-``benchmarks/results/regional_calibration.md``).
+σ̂ over-states the error (under top-third extrapolation the last bin's quantile alone took energy's coverage from
+47 % to 31 %, ``benchmarks/results/small_data_bins.md``).
 
-The quantile. Rounding the rank up, ⌈(n_b + 1)(1 − γ)⌉ (``quantile="higher"``), guarantees ≥ 1 − γ and adds up to
+The quantile. Rounding the rank up, ⌈(n_b + 1)(1 − γ)⌉ (``quantile_method="higher"``), guarantees ≥ 1 − γ and adds up to
 1/(n_b + 1) to it: 93.3 % at 90 % in a bin of 14 rows, 91.6 % on average over the four UCI dev sets with bins of
-9–29 rows. ``quantile="interpolated"`` (the default) interpolates between the ranks around (n_b + 1)(1 − γ)
+9–29 rows. ``quantile_method="interpolated"`` (the default) interpolates between the ranks around (n_b + 1)(1 − γ)
 (:func:`~glas_sklearn.calibration.conformal_quantile`): coverage at least 1 − γ − 1/(n_b + 1) given the rows, on
 average 1 − γ (at least that for scores whose density falls in the upper tail). The edges already make the
 within-bin level hold only up to O(1/n_b), so the interpolation keeps that order while removing the systematic
@@ -173,11 +173,11 @@ class MondrianConformalCalibrator(ConformalCalibrator):
     ----------
     n_bins : "auto" or int, default="auto"
         Bins of σ̂ per output: "auto" sets them from the calibration rows (⌊n / max(min_bin_size, ⌈1/γ⌉ − 1)⌋,
-        at most ``max_bins``); an integer is taken as asked. Bins short of ⌈1/γ⌉ − 1 rows are merged.
-        Ignored for classification (the groups are the classes).
+        at least ``min_bins`` as far as each keeps ⌈1/γ⌉ − 1 rows, at most ``max_bins``); an integer is taken as
+        asked. Bins short of ⌈1/γ⌉ − 1 rows are merged. Ignored for classification (the groups are the classes).
     min_bin_size : int, default=200
-        The rows per bin "auto" aims at (a bin's coverage then varies by about sqrt(γ(1 − γ)/200) = 2.1 % at 90 %).
-        Below 2 × ``min_bin_size`` rows: one bin, the intervals of :class:`ConformalCalibrator`. Measured on the
+        The rows per bin "auto" aims at (a bin's coverage then varies by about sqrt(γ(1 − γ)/200) = 2.1 % at 90 %)
+        where that gives more than ``min_bins`` bins. Measured on the
         fitted-λ σ̂ (``benchmarks/results/regional_calibration_i27g.md``, ``_i27l.md``): 200-row bins cost 0.0–0.4 %
         interval score where they act in distribution and save 0.9 % under top-third extrapolation (800 rows, 4
         bins), 100-row bins cost 0.5–0.8 %; σ̂ quintiles 89–90 % at 1,200 rows (one pooled quantile: 87–93 %).
@@ -189,10 +189,11 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         As for :class:`ConformalCalibrator`: the weight of the epistemic variance in the σ̂ that normalises the
         scores and defines the bins.
     min_bins : int, default=5
-        The bins "auto" takes below 2 × ``min_bin_size`` rows, as far as each keeps ⌈1/γ⌉ − 1 rows (``min_bins=1``:
-        one pooled quantile there). Measured on the four UCI dev sets (``regional_calibration.md``): every σ̂
-        quintile then covers 87–94 %, against 82–97 % with one quantile.
-    quantile : {"interpolated", "higher"}, default="interpolated"
+        The fewest bins "auto" takes, as far as each keeps ⌈1/γ⌉ − 1 rows (``min_bins=1``: one pooled quantile
+        below 2 × ``min_bin_size`` rows). Measured on the four UCI dev sets with 28–144 calibration rows
+        (``benchmarks/results/small_data_bins.md``): every σ̂ quintile then covers 87–94 %, against 82–97 % with
+        one quantile.
+    quantile_method : {"interpolated", "higher"}, default="interpolated"
         The within-bin quantile: interpolated between ranks (average coverage 1 − γ) or the rank rounded up (the
         finite-sample guarantee ≥ 1 − γ, up to 1/(n_b + 1) more); see the module's text.
 
@@ -221,13 +222,13 @@ class MondrianConformalCalibrator(ConformalCalibrator):
     """Pseudo-rows of the pooled mean square score added to each bin's in :meth:`bin_std_factors`."""
 
     def __init__(self, n_bins="auto", min_bin_size: int = 200, max_bins: int = 10, conformity_score=None,
-                 epistemic_weight="fit", min_bins: int = 5, quantile: str = "interpolated") -> None:
+                 epistemic_weight="fit", min_bins: int = 5, quantile_method: str = "interpolated") -> None:
         super().__init__(conformity_score=conformity_score, epistemic_weight=epistemic_weight)
         self.n_bins = n_bins
         self.min_bin_size = min_bin_size
         self.max_bins = max_bins
         self.min_bins = min_bins
-        self.quantile = quantile
+        self.quantile_method = quantile_method
 
     # ------------------------------------------------------------------------------------------- fit
     def _fit_groups(self, prediction, target, confidence_levels) -> None:
@@ -253,8 +254,8 @@ class MondrianConformalCalibrator(ConformalCalibrator):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {v!r}.")
-        if self.quantile not in ("interpolated", "higher"):
-            raise ValueError(f"quantile must be 'interpolated' or 'higher', got {self.quantile!r}.")
+        if self.quantile_method not in ("interpolated", "higher"):
+            raise ValueError(f"quantile_method must be 'interpolated' or 'higher', got {self.quantile_method!r}.")
 
     def bins_for(self, n_rows: int, confidence_levels) -> int:
         """The bins asked for with ``n_rows`` calibration rows at ``confidence_levels`` (before merging)."""
@@ -268,7 +269,7 @@ class MondrianConformalCalibrator(ConformalCalibrator):
 
     def _quantile(self, scores, confidence_levels) -> np.ndarray:
         """:func:`~glas_sklearn.calibration.conformal_quantile` with this calibrator's ``quantile`` method."""
-        return conformal_quantile(scores, confidence_levels, method=self.quantile)
+        return conformal_quantile(scores, confidence_levels, method=self.quantile_method)
 
     def calibrate_predictions(self, prediction, y: torch.Tensor, confidence_levels,
                               likelihood: Likelihood | None = None) -> MondrianConformalCalibrator:
