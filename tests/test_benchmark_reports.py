@@ -104,6 +104,13 @@ def test_interval_studies_are_rendered_from_their_json(stem, module_name, render
     assert getattr(module, renderer)(_results(stem)) == _report(stem)
 
 
+def test_small_data_bins_report_is_rendered_from_its_json(script):
+    rendered = script("small_data_bins").render(_results("small_data_bins"))
+    committed = _report("small_data_bins")
+    assert rendered.endswith(MARK + "\n") and MARK in committed
+    assert rendered.split(MARK)[0] == committed.split(MARK)[0]
+
+
 def test_ranking_probes_report_is_rendered_from_its_json(script):
     rendered = script("ranking_probes").render(_results("ranking_probes"))
     committed = _report("ranking_probes")

@@ -70,10 +70,11 @@ PARAMETERS_DOC = """\
         class, e.g. a user's own kind) is used as it is (:func:`~glas_sklearn.posterior.resolve_posterior`).
     calibration : {"mondrian", "conformal", "coverage"} or Calibrator, default="mondrian" (classifier: "conformal")
         "mondrian" (:class:`~glas_sklearn.calibration.MondrianConformalCalibrator`, the regressor's default): split
-        conformal within equal-count bins of the predictive std σ̂(x), ⌊n / 200⌋ of them (at most 10) for n
-        calibration rows, so that the level holds within each band of σ̂, not only on average; with fewer than
-        400 calibration rows it is one bin, the same intervals as "conformal". For the classifier the groups are
-        the classes (class-conditional sets).
+        conformal within equal-count bins of the predictive std σ̂(x), so that the level holds within each band of
+        σ̂, not only on average: 5 bins on small calibration sets (each of at least ⌈1/γ⌉ − 1 rows), ⌊n / 200⌋
+        from 1,000 calibration rows (at most 10), each with a conformal quantile interpolated between ranks
+        (coverage 1 − γ on average) and the pooled quantile as a floor above the calibration rows' σ̂. For the
+        classifier the groups are the classes (class-conditional sets).
         "conformal" (:class:`~glas_sklearn.calibration.ConformalCalibrator`): split conformal on the calibration
         rows at a fixed d, with coverage ≥ 1 − γ for exchangeable data at any number of rows: regression
         intervals ŷ ± q σ̂ with q the ⌈(n + 1)(1 − γ)⌉-th smallest ``|y − ŷ|`` / σ̂ (per output), classification
@@ -96,8 +97,8 @@ PARAMETERS_DOC = """\
         unused with ``prefit=True``, which needs ``X_cal``.
         With a conformal calibration ("mondrian", the regressor's default, or "conformal") a share is raised,
         if need be, to the ⌈1/γ⌉ − 1 rows (9 at 90 %) that a finite conformal quantile needs at the highest
-        level (one more with σ0 by "nll"; as far as the data allow). σ̂ bands need 400 rows: a share is not
-        raised for them.
+        level (one more with σ0 by "nll"; as far as the data allow); σ̂ bands then take as many rows as they
+        can (a share is not raised for them).
     max_epochs : int, default=500
         The most training epochs when ``prefit=False`` (all of them with ``early_stopping=False``).
     lr : "auto" or float, default="auto"
