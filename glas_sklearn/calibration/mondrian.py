@@ -268,7 +268,7 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         return int(max(1, min(int(self.max_bins), max(large, small))))
 
     def _quantile(self, scores, confidence_levels) -> np.ndarray:
-        """:func:`~glas_sklearn.calibration.conformal_quantile` with this calibrator's ``quantile`` method."""
+        """:func:`~glas_sklearn.calibration.conformal_quantile` by this calibrator's ``quantile_method``."""
         return conformal_quantile(scores, confidence_levels, method=self.quantile_method)
 
     def calibrate_predictions(self, prediction, y: torch.Tensor, confidence_levels,
