@@ -12,11 +12,14 @@ regressor's default on these sets) and measures each change alone:
 
 - ``before``: ``MondrianConformalCalibrator(min_bins=1, quantile_method="higher")``: the default before i27t (one pooled
   conformal quantile below 400 rows);
-- ``default``: ``MondrianConformalCalibrator()``, the default now;
+- ``default``: ``MondrianConformalCalibrator()``, the default now (``min_bins="auto"``: 5 for this predictive);
 - ``higher``: the default with the rank rounded up (``quantile_method="higher"``): five bins, no interpolation;
 - ``one_bin``: ``min_bins=1``: the interpolated quantile alone;
 - ``no_floor``: the default without the pooled floor above the calibrated σ̂;
-- ``homoscedastic``: the homoscedastic network's intervals (conformal), the reference of the shift target;
+- ``homoscedastic``, ``homoscedastic_default``, ``homoscedastic_5``: the homoscedastic network's predictive (the
+  one ``likelihood="auto"`` keeps without support for a variance head) with one rounded-up quantile (the default
+  before, the shift target's reference), with ``MondrianConformalCalibrator()`` (``min_bins="auto"``: one
+  interpolated quantile below 400 rows for a likelihood without a noise head), and with five bins;
 - ``split_nn``: split conformal around the homoscedastic network (the interval-score reference).
 
 Quintiles per run of the test rows, pooled over the runs: of the std the estimator reports (σ̂ times the bin's
@@ -40,6 +43,7 @@ import _common  # noqa: E402
 import regional_calibration as rcal  # noqa: E402
 
 from glas_sklearn.calibration import MondrianConformalCalibrator  # noqa: E402
+from glas_sklearn.likelihoods import Gaussian, HeteroscedasticGaussian  # noqa: E402
 from glas_sklearn.predictive import RegressionMoments  # noqa: E402
 
 LEVEL = 0.9
@@ -51,13 +55,22 @@ STUDIES = {"uci": "UCI dev sets, standard splits, in distribution",
            "synthetic_shift": "synthetic noise shapes, top third of x0 / x1 held out"}
 CALIBRATORS = {"before": dict(min_bins=1, quantile_method="higher"), "default": {},
                "higher": dict(quantile_method="higher"), "one_bin": dict(min_bins=1), "no_floor": {}}
+# the same calibrators on the homoscedastic network's predictive (likelihood="auto" keeps it where the held-out
+# rows do not support a variance head: concrete and wine on most splits)
+HOMOSCEDASTIC = {"homoscedastic": dict(min_bins=1, quantile_method="higher"), "homoscedastic_default": {},
+                 "homoscedastic_5": dict(min_bins=5)}
 METHODS = [
     ("before", "`MondrianConformalCalibrator(min_bins=1, quantile=\"higher\")`: the default before i27t"),
-    ("default", "`MondrianConformalCalibrator()`: the default now"),
+    ("default", "`MondrianConformalCalibrator()`: the default now (`min_bins=\"auto\"`: 5 bins for the "
+                "heteroscedastic predictive)"),
     ("higher", "the default with `quantile_method=\"higher\"` (five bins, rank rounded up)"),
     ("one_bin", "the default with `min_bins=1` (the interpolated quantile alone)"),
     ("no_floor", "the default without the pooled floor above the calibration rows' largest σ̂"),
-    ("homoscedastic", "the homoscedastic network, conformal (the shift target's reference)"),
+    ("homoscedastic", "the homoscedastic network, one conformal quantile (the default before i27t; the shift "
+                      "target's reference)"),
+    ("homoscedastic_default", "the homoscedastic network, `MondrianConformalCalibrator()` (`min_bins=\"auto\"`: "
+                              "one band, interpolated, for a likelihood without a noise head)"),
+    ("homoscedastic_5", "the homoscedastic network, `MondrianConformalCalibrator(min_bins=5)`"),
     ("split_nn", "split conformal around the homoscedastic network (the interval-score reference)"),
 ]
 
@@ -69,15 +82,17 @@ def _t(a):
 def method_intervals(d: dict) -> dict:
     """(lower, upper, reported std) on the test rows per method for one cached run."""
     mu_c, sd_c, mu_t, sd_t, _ = rcal._het_fit_moments(d)
+    homo = (d["default_mu_cal"], d["default_sdn_cal"], d["default_mu_te"], d["default_sdn_te"])
     out = {}
-    for name, kwargs in CALIBRATORS.items():
+    for name, kwargs in (CALIBRATORS | HOMOSCEDASTIC).items():
+        mc, sc, mt, st = homo if name in HOMOSCEDASTIC else (mu_c, sd_c, mu_t, sd_t)
         cal = MondrianConformalCalibrator(**kwargs)
-        cal.calibrate_predictions(RegressionMoments(_t(mu_c), _t(sd_c)), _t(d["y_cal"]), LEVEL)
+        cal.calibrate_predictions(RegressionMoments(_t(mc), _t(sc)), _t(d["y_cal"]), LEVEL,
+                                  Gaussian() if name in HOMOSCEDASTIC else HeteroscedasticGaussian())
         if name == "no_floor":
             cal.std_max_ = np.full_like(cal.std_max_, np.inf)
-        b = cal.region(RegressionMoments(_t(mu_t), _t(sd_t)), LEVEL)[:, 0, :, 0].numpy()
-        out[name] = (b[:, 0], b[:, 1], sd_t * cal.bin_std_factors(sd_t[:, None])[:, 0])
-    out["homoscedastic"] = (*rcal.intervals("default", d), d["default_sdn_te"])
+        b = cal.region(RegressionMoments(_t(mt), _t(st)), LEVEL)[:, 0, :, 0].numpy()
+        out[name] = (b[:, 0], b[:, 1], st * cal.bin_std_factors(st[:, None])[:, 0])
     lo, hi = rcal.intervals("split_nn", d)
     out["split_nn"] = (lo, hi, hi - lo)
     return out

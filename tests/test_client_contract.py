@@ -187,7 +187,9 @@ def test_every_likelihood_end_to_end(likelihood, tmp_path):
 
     X, Y = step_noise_data(560, seed=3, outputs=2)
     reg = LaplaceActiveSubspaceRegressor(likelihood=likelihood, calibration_size=400, **SMALL).fit(X[:500], Y[:500])
-    assert reg.calibrator_.bins_["n"].tolist() == [80] * 10  # five bands of σ̂ per output (min_bins)
+    # per output: five bands of σ̂ where the network predicts the noise (min_bins "auto"), else ⌊400/200⌋ = 2
+    five = reg.likelihood_.noise_in_outputs
+    assert reg.calibrator_.bins_["n"].tolist() == ([80] * 10 if five else [200] * 4)
     Xt, Yt = X[500:], Y[500:]
     y_pred, pis = reg.predict_interval(Xt, confidence_level=LEVELS)
     assert y_pred.shape == (60, 2) and pis.shape == (60, 2, 2, 3)

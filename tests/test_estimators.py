@@ -824,9 +824,10 @@ def _rank(n, level):
 def test_default_regressor_is_low_rank_conformal_with_hand_checked_intervals():
     X, y = _data(n=90)
     X_cal, y_cal = _data(n=30, seed=1)
-    # the default is conformal within bands of σ̂ (30 calibration rows: ⌊30/9⌋ = 3, interpolated quantiles, by hand
-    # in tests/test_mondrian.py); with min_bins=1 and the rank rounded up, 30 rows make one band: pooled conformal
-    assert len(LaplaceActiveSubspaceRegressor(**NEW).fit(X, y, X_cal=X_cal, y_cal=y_cal).calibrator_.edges_[0]) == 2
+    # the default is conformal within bands of σ̂ (30 calibration rows, the Gaussian: one band, its quantile
+    # interpolated; bands by hand in tests/test_mondrian.py); with the rank rounded up: pooled split conformal
+    default = LaplaceActiveSubspaceRegressor(**NEW).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    assert len(default.calibrator_.edges_[0]) == 0 and default.calibrator_.quantile_method == "interpolated"
     one_band = MondrianConformalCalibrator(min_bins=1, quantile_method="higher")
     est = LaplaceActiveSubspaceRegressor(**NEW, confidence_level=[0.9, 0.5], calibration=one_band).fit(
         X, y, X_cal=X_cal, y_cal=y_cal)

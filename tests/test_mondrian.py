@@ -30,6 +30,7 @@ from glas_sklearn.calibration import (
     resolve_calibration,
     std_bin_edges,
 )
+from glas_sklearn.likelihoods import Gaussian, HeteroscedasticGaussian, StudentT
 from glas_sklearn.predictive import RegressionMoments
 from tests.reference import step_noise_data
 
@@ -155,6 +156,18 @@ def test_auto_number_of_bins(n, level, min_bin_size, min_bins, expected):
     # max(⌊n / max(min_bin_size, m)⌋, min(min_bins, ⌊n / m⌋)), at most 10, m = ⌈1/γ⌉ − 1: 19 rows at 95 %, 9 at 90 %
     cal = MondrianConformalCalibrator(min_bin_size=min_bin_size, min_bins=min_bins)
     assert cal.bins_for(n, level) == expected
+    # min_bins="auto": 5 for a likelihood whose network predicts the noise per row, 1 for the others
+    if min_bins in (1, 5):
+        lik = HeteroscedasticGaussian() if min_bins == 5 else Gaussian()
+        assert MondrianConformalCalibrator(min_bin_size=min_bin_size).bins_for(n, level, lik) == expected
+
+
+def test_min_bins_auto_follows_the_likelihood():
+    cal = MondrianConformalCalibrator()
+    assert cal.resolved_min_bins(HeteroscedasticGaussian()) == 5
+    assert cal.resolved_min_bins(Gaussian()) == cal.resolved_min_bins(StudentT()) == cal.resolved_min_bins(None) == 1
+    with pytest.raises(ValueError, match="min_bins must be an integer >= 1 or 'auto'"):
+        MondrianConformalCalibrator(min_bins=0).bins_for(100, 0.9)
 
 
 def _beta_binomial(n_b: int, level: float, n_test: float, n_seeds: int, k=None) -> tuple[float, float]:
@@ -289,33 +302,35 @@ def test_resolve_and_settings():
 
 
 def test_regressor_default_is_mondrian_over_sigma_bands_with_min_bins_on_small_data():
-    """The regressor's default calibration: five bands of σ̂ (min_bins) below 5 × 200 calibration rows, ⌊n / 200⌋
-    above, each with its own interpolated quantile (by hand from the band's scores); ``min_bins=1,
-    quantile_method="higher"`` is one band: the intervals and std of calibration="conformal" on the same network and
-    rows."""
+    """The regressor's default calibration on 300 calibration rows: five bands of σ̂ for the heteroscedastic
+    predictive (min_bins "auto"), one for the Gaussian, each with its interpolated quantile (by hand from the
+    band's scores); ``min_bins=1, quantile_method="higher"`` is one band: the intervals and std of
+    calibration="conformal" on the same network and rows. From 1,000 rows ⌊n / 200⌋ bands for either."""
     X, y = step_noise_data(600)
-    kw = dict(SMALL, likelihood="gaussian")
-    small = LaplaceActiveSubspaceRegressor(calibration_size=0.5, **kw).fit(X, y)  # 300 calibration rows
-    one = LaplaceActiveSubspaceRegressor(calibration=MondrianConformalCalibrator(min_bins=1, quantile_method="higher"),
-                                         calibration_size=0.5, **kw).fit(X, y)
-    plain = LaplaceActiveSubspaceRegressor(calibration="conformal", calibration_size=0.5, **kw).fit(X, y)
-    assert LaplaceActiveSubspaceRegressor().calibration == "mondrian"
-    assert isinstance(small.calibrator_, MondrianConformalCalibrator) and len(small.calibrator_.edges_[0]) == 4
-    assert sorted(small.calibrator_.bins_["n"]) == [60] * 5 and len(one.calibrator_.edges_[0]) == 0
     X_new, _ = step_noise_data(40, seed=3)
+    assert LaplaceActiveSubspaceRegressor().calibration == "mondrian"
+    for likelihood, n_bands in (("heteroscedastic", 5), ("gaussian", 1)):
+        kw = dict(SMALL, likelihood=likelihood, calibration_size=0.5)  # 300 calibration rows
+        small = LaplaceActiveSubspaceRegressor(**kw).fit(X, y)
+        plain = LaplaceActiveSubspaceRegressor(calibration="conformal", **kw).fit(X, y)
+        assert isinstance(small.calibrator_, MondrianConformalCalibrator) and small.calibrator_.min_bins_ == n_bands
+        assert sorted(small.calibrator_.bins_["n"]) == [300 // n_bands] * n_bands
+        y_pred, pis = small.predict_interval(X_new)
+        sd = plain.predict(X_new, return_std=True)[1] / plain.std_scale_[0] / small.y_scale_[0]  # σ̂, internal
+        q, _ = _by_hand(small.calibrator_, sd, 0.9)
+        np.testing.assert_allclose(pis[:, 1, 0] - y_pred, q * sd * small.y_scale_[0], rtol=1e-9)
+    one = LaplaceActiveSubspaceRegressor(calibration=MondrianConformalCalibrator(min_bins=1, quantile_method="higher"),
+                                         **kw).fit(X, y)
+    assert len(one.calibrator_.edges_[0]) == 0
     # the same network and predictive in float64: only round-off in the order of the operations differs
     tol = dict(rtol=1e-10, atol=1e-12)
     np.testing.assert_allclose(one.predict_interval(X_new)[1], plain.predict_interval(X_new)[1], **tol)
     np.testing.assert_allclose(one.predict(X_new, return_std=True)[1], plain.predict(X_new, return_std=True)[1],
                                **tol)
-    y_pred, pis = small.predict_interval(X_new)
-    sd = plain.predict(X_new, return_std=True)[1] / plain.std_scale_[0] / small.y_scale_[0]  # σ̂, internal units
-    q, _ = _by_hand(small.calibrator_, sd, 0.9)
-    np.testing.assert_allclose(pis[:, 1, 0] - y_pred, q * sd * small.y_scale_[0], rtol=1e-9)
 
     X, y = step_noise_data(2600, seed=5)
-    big = LaplaceActiveSubspaceRegressor(calibration_size=0.5, **kw).fit(X, y)  # 1300 rows: ⌊1300 / 200⌋ = 6 bands
-    assert big.n_calibration_rows_ == 1300 and len(big.calibrator_.edges_[0]) == 5
+    big = LaplaceActiveSubspaceRegressor(calibration_size=0.5, **dict(SMALL, likelihood="gaussian")).fit(X, y)
+    assert big.n_calibration_rows_ == 1300 and len(big.calibrator_.edges_[0]) == 5  # ⌊1300 / 200⌋ = 6 bands
     assert sorted(big.calibrator_.bins_["n"]) == [216] * 2 + [217] * 4
 
 
@@ -327,7 +342,7 @@ def test_band_calibrated_estimator_served_from_threads():
 
     X, y = step_noise_data(900, seed=2)
     reg = LaplaceActiveSubspaceRegressor(calibration_size=0.5, **dict(SMALL, likelihood="gaussian")).fit(X, y)
-    assert len(reg.calibrator_.edges_[0]) == 4  # 450 calibration rows: five bands of 90
+    assert len(reg.calibrator_.edges_[0]) == 1  # 450 calibration rows, the Gaussian: two bands of 225
     X_new, _ = step_noise_data(300, seed=4)
     levels = [0.9, 0.997]  # 0.997 needs 332 rows a band: the two bands merged (the pooled quantile), finite
     ref_pis = reg.predict_interval(X_new, confidence_level=levels)[1]

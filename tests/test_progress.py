@@ -150,16 +150,19 @@ def test_expected_coverage_note_for_few_calibration_rows(n, expected):
         assert f"with {n} rows conformal intervals cover {expected} on average" in note
 
 
-@pytest.mark.parametrize(("calibration", "says", "overshoot"),
-                         [("mondrian", "3 bands of σ̂", False), ("conformal", "quantile", True),
-                          (MondrianConformalCalibrator(min_bins=1, quantile_method="higher"),
+@pytest.mark.parametrize(("likelihood", "calibration", "says", "overshoot"),
+                         [("heteroscedastic", "mondrian", "3 bands of σ̂", False),
+                          ("gaussian", "mondrian", "one band of σ̂: bands need 400", False),
+                          ("gaussian", "conformal", "quantile", True),
+                          ("heteroscedastic", MondrianConformalCalibrator(min_bins=1, quantile_method="higher"),
                            "one band of σ̂: bands need 400", True),
-                          (MondrianConformalCalibrator(min_bins=1), "one band of σ̂: bands need 400", False)])
-def test_calibration_line_says_the_bands_and_the_overshoot(capsys, calibration, says, overshoot):
-    """28 calibration rows: the default takes 3 bands of σ̂ (⌊28/9⌋) with interpolated quantiles, which cover the
-    level on average; the rank rounded up (one pooled quantile) covers 27/29 = 93.1 % on average, and says so."""
+                          ("heteroscedastic", MondrianConformalCalibrator(min_bins=2), "2 bands of σ̂", False)])
+def test_calibration_line_says_the_bands_and_the_overshoot(capsys, likelihood, calibration, says, overshoot):
+    """28 calibration rows: the default takes 3 bands of σ̂ (⌊28/9⌋) for the heteroscedastic predictive and one
+    for the Gaussian, with interpolated quantiles, which cover the level on average; the rank rounded up (one
+    pooled quantile) covers 27/29 = 93.1 % on average, and says so."""
     X, y = _blobs_or_wave(False)
-    LaplaceActiveSubspaceRegressor(likelihood="gaussian", max_epochs=5, max_components=4, calibration_size=28,
+    LaplaceActiveSubspaceRegressor(likelihood=likelihood, max_epochs=5, max_components=4, calibration_size=28,
                                    calibration=calibration, random_state=0, verbose=1).fit(X, y)
     line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("calibration: "))
     assert says in line and ("cover 93.1 % on average" in line) == overshoot, line

@@ -16,9 +16,10 @@ distributed (k the rank above), with a standard deviation ≈ sqrt(γ(1 − γ)/
 (2.1 % at 200),
 and its quantile is the noisier the fewer rows. ``n_bins="auto"`` therefore takes
 B = max(1, min(``max_bins``, max(⌊n / max(``min_bin_size``, m_γ)⌋, min(``min_bins``, ⌊n / m_γ⌋)))) bins for n
-calibration rows: bins of ``min_bin_size`` rows where the rows allow, and otherwise still ``min_bins`` (5) bins of
-at least m_γ rows, so that a σ̂ that ranks the errors badly within its range (coverage falling in its middle fifth,
-rising at its ends) is corrected on small data as well (69 rows: 5 bins of 13–14); an integer
+calibration rows: bins of ``min_bin_size`` rows where the rows allow, and otherwise still ``min_bins`` bins of
+at least m_γ rows (5 for the heteroscedastic predictive, whose σ̂ carries a learnt noise shape), so that a σ̂ that
+ranks the errors badly within its range (coverage falling in its middle fifth, rising at its ends) is corrected on
+small data as well (69 rows: 5 bins of 13–14); an integer
 ``n_bins`` is taken as asked. Either way bins are then merged with a neighbour, smallest first, until each
 holds at least max(m_γ, 1) rows (ties in σ̂ can leave bins short), so every quantile at the fitted levels is
 finite.
@@ -188,11 +189,14 @@ class MondrianConformalCalibrator(ConformalCalibrator):
     epistemic_weight : float or "fit", default="fit"
         As for :class:`ConformalCalibrator`: the weight of the epistemic variance in the σ̂ that normalises the
         scores and defines the bins.
-    min_bins : int, default=5
-        The fewest bins "auto" takes, as far as each keeps ⌈1/γ⌉ − 1 rows (``min_bins=1``: one pooled quantile
-        below 2 × ``min_bin_size`` rows). Measured on the four UCI dev sets with 28–144 calibration rows
-        (``benchmarks/results/small_data_bins.md``): every σ̂ quintile then covers 87–94 %, against 82–97 % with
-        one quantile.
+    min_bins : int or "auto", default="auto"
+        The fewest bins ``n_bins="auto"`` takes, as far as each keeps ⌈1/γ⌉ − 1 rows (1: one pooled quantile
+        below 2 × ``min_bin_size`` rows). "auto": 5 for a likelihood whose network predicts the noise per row
+        (``noise_in_outputs``: the heteroscedastic Gaussian), 1 otherwise. Measured on the four UCI dev sets with
+        28–144 calibration rows (``benchmarks/results/small_data_bins.md``): on the heteroscedastic σ̂ five bins
+        bring every σ̂ quintile into 87–94 % (82–97 % with one quantile, where σ̂ ranks energy's errors badly);
+        on the homoscedastic σ̂, whose shape is the epistemic part alone, one quantile already holds 87–95 % and
+        five bins cost 1–6 % of interval score.
     quantile_method : {"interpolated", "higher"}, default="interpolated"
         The within-bin quantile: interpolated between ranks (average coverage 1 − γ) or the rank rounded up (the
         finite-sample guarantee ≥ 1 − γ, up to 1/(n_b + 1) more); see the module's text.
@@ -206,6 +210,8 @@ class MondrianConformalCalibrator(ConformalCalibrator):
     bins_ : pandas.DataFrame
         One row per output and bin (or class): ``output``, ``bin``, ``low`` and ``high`` (σ̂ on its calibration
         rows), ``n`` and ``quantile`` at the first level.
+    min_bins_ : int
+        ``min_bins`` as resolved for the fitted likelihood (regression).
     std_max_ : ndarray of shape (M,)
         Per output, the highest σ̂ of the calibration rows (regression): above it the pooled quantile is a floor.
     (and those of :class:`ConformalCalibrator`: ``scores_`` holds the pooled sorted scores)
@@ -222,7 +228,7 @@ class MondrianConformalCalibrator(ConformalCalibrator):
     """Pseudo-rows of the pooled mean square score added to each bin's in :meth:`bin_std_factors`."""
 
     def __init__(self, n_bins="auto", min_bin_size: int = 200, max_bins: int = 10, conformity_score=None,
-                 epistemic_weight="fit", min_bins: int = 5, quantile_method: str = "interpolated") -> None:
+                 epistemic_weight="fit", min_bins="auto", quantile_method: str = "interpolated") -> None:
         super().__init__(conformity_score=conformity_score, epistemic_weight=epistemic_weight)
         self.n_bins = n_bins
         self.min_bin_size = min_bin_size
@@ -252,23 +258,32 @@ class MondrianConformalCalibrator(ConformalCalibrator):
             raise ValueError(f"n_bins must be 'auto' or an integer >= 1, got {self.n_bins!r}.")
         for name in ("min_bin_size", "max_bins", "min_bins"):
             v = getattr(self, name)
+            if name == "min_bins" and v == "auto":
+                continue
             if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-                raise ValueError(f"{name} must be an integer >= 1, got {v!r}.")
+                also = " or 'auto'" if name == "min_bins" else ""
+                raise ValueError(f"{name} must be an integer >= 1{also}, got {v!r}.")
         if self.quantile_method not in ("interpolated", "higher"):
             raise ValueError(f"quantile_method must be 'interpolated' or 'higher', got {self.quantile_method!r}.")
 
-    def bins_for(self, n_rows: int, confidence_levels) -> int:
+    def resolved_min_bins(self, likelihood: Likelihood | None = None) -> int:
+        """``min_bins``; "auto": 5 where ``likelihood`` predicts the noise per row (``noise_in_outputs``), else 1."""
+        if self.min_bins != "auto":
+            return int(self.min_bins)
+        return 5 if getattr(likelihood, "noise_in_outputs", False) else 1
+
+    def bins_for(self, n_rows: int, confidence_levels, likelihood: Likelihood | None = None) -> int:
         """The bins asked for with ``n_rows`` calibration rows at ``confidence_levels`` (before merging)."""
         self._check_bins()
         if self.n_bins != "auto":
             return int(self.n_bins)
         smallest = self._min_rows(confidence_levels)
         large = n_rows // max(int(self.min_bin_size), smallest)
-        small = min(int(self.min_bins), n_rows // smallest)
+        small = min(self.resolved_min_bins(likelihood), n_rows // smallest)
         return int(max(1, min(int(self.max_bins), max(large, small))))
 
     def _quantile(self, scores, confidence_levels) -> np.ndarray:
-        """:func:`~glas_sklearn.calibration.conformal_quantile` with this calibrator's ``quantile`` method."""
+        """:func:`~glas_sklearn.calibration.conformal_quantile` by this calibrator's ``quantile_method``."""
         return conformal_quantile(scores, confidence_levels, method=self.quantile_method)
 
     def calibrate_predictions(self, prediction, y: torch.Tensor, confidence_levels,
@@ -312,7 +327,8 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         else:
             raw = raw.reshape(raw.shape[0], -1)
             sd = prediction.std.to(torch.float64).reshape(raw.shape[0], -1).cpu().numpy()
-            n_bins = self.bins_for(raw.shape[0], confidence_levels)
+            self.min_bins_ = self.resolved_min_bins(likelihood)
+            n_bins = self.bins_for(raw.shape[0], confidence_levels, likelihood)
             self.std_max_ = sd.max(axis=0)
             self.edges_, self.bin_scores_ = [], []
             for j in range(raw.shape[1]):

@@ -71,10 +71,11 @@ PARAMETERS_DOC = """\
     calibration : {"mondrian", "conformal", "coverage"} or Calibrator, default="mondrian" (classifier: "conformal")
         "mondrian" (:class:`~glas_sklearn.calibration.MondrianConformalCalibrator`, the regressor's default): split
         conformal within equal-count bins of the predictive std σ̂(x), so that the level holds within each band of
-        σ̂, not only on average: 5 bins on small calibration sets (each of at least ⌈1/γ⌉ − 1 rows), ⌊n / 200⌋
-        from 1,000 calibration rows (at most 10), each with a conformal quantile interpolated between ranks
-        (coverage 1 − γ on average) and the pooled quantile as a floor above the calibration rows' σ̂. For the
-        classifier the groups are the classes (class-conditional sets).
+        σ̂, not only on average: 5 bins on small calibration sets when the network predicts the noise (each of
+        at least ⌈1/γ⌉ − 1 rows; the homoscedastic Gaussian: one below 400 rows), ⌊n / 200⌋ beyond (at most
+        10), each with a conformal quantile interpolated between ranks (coverage 1 − γ on average) and the
+        pooled quantile as a floor above the calibration rows' σ̂. For the classifier the groups are the classes
+        (class-conditional sets).
         "conformal" (:class:`~glas_sklearn.calibration.ConformalCalibrator`): split conformal on the calibration
         rows at a fixed d, with coverage ≥ 1 − γ for exchangeable data at any number of rows: regression
         intervals ŷ ± q σ̂ with q the ⌈(n + 1)(1 − γ)⌉-th smallest ``|y − ŷ|`` / σ̂ (per output), classification

@@ -75,7 +75,7 @@ def calibration_line(est, seconds: float) -> str:
         bands = 1
         if "n_bins" in table and len(table) and not est.likelihood_.is_classification:
             bands = int(table["n_bins"].iloc[0])
-            need = 2 * (cal.min_bin_size if cal.min_bins == 1 else cal.rows_needed(level))
+            need = 2 * (cal.min_bin_size if cal.min_bins_ == 1 else cal.rows_needed(level))
             text += f" (pooled; {bands} bands of σ̂, each with its own quantile)" if bands > 1 else \
                 f" (one band of σ̂: bands need {need} calibration rows)"
         if getattr(cal, "quantile_method", "higher") == "higher" and bands == 1:  # interpolated: the level on average
