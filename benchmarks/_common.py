@@ -16,6 +16,7 @@ import json
 import math
 import os
 import platform
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -513,6 +514,13 @@ def add_common_arguments(parser: argparse.ArgumentParser, *, threads: int | None
     parser.add_argument("--report-only", action="store_true",
                         help="no computation: re-render the report (and figures) from the JSON in --out-dir")
     return parser
+
+
+def title_tag(command: str) -> str:
+    """" (tag)" for a report title when ``command`` is one run with ``--tag``, so that a tagged run's report does
+    not share the untagged one's title; "" otherwise (no tag, or several runs merged)."""
+    tags = re.findall(r"--tag (\S+)", command)
+    return f" ({tags[0]})" if len(tags) == 1 and " ; " not in command else ""
 
 
 def command_line(script: str, argv: Sequence[str] | None) -> str:

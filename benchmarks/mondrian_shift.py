@@ -60,7 +60,8 @@ def render(results) -> str:
     present += [m for m in runs[0]["methods"] if m not in present and all(m in r["methods"] for r in runs)]
     ref = rc.REFERENCE
     homo = "default_before" if "default_before" in present else "default"
-    lines = ["# Top-third extrapolation, every row of regional_coverage, per region", "",
+    title = "# Top-third extrapolation, every row of regional_coverage, per region"
+    lines = [title + _common.title_tag(results["command"]), "",
              f"`{results['command']}`", "", _common.machine_line(results.get("machine", {})) or "1 torch thread", "",
              "Per set, the test rows are the top third of feature f (one run per f, features 0.."
              f"{max(r['feature'] for r in runs)}); the other rows split 90/10 into fitting and calibration rows. "

@@ -130,8 +130,8 @@ def probe_intervals(d: dict, held: dict | None) -> dict:
     out = {}
     mu_c, sd_c, mu_t, sd_t, _ = rcal._het_fit_moments(d)
     out["het_fit"] = (*_normalised(y_cal, mu_c, sd_c, mu_t, sd_t), sd_t)
-    n_bins = MondrianConformalCalibrator(min_bin_size=1, max_bins=5).bins_for(len(y_cal), LEVEL)  # ⌊n/9⌋, ≤ 5
-    cal = MondrianConformalCalibrator(n_bins=n_bins)
+    n_bins = MondrianConformalCalibrator(min_bin_size=1, max_bins=5, min_bins=1).bins_for(len(y_cal), LEVEL)  # ⌊n/9⌋
+    cal = MondrianConformalCalibrator(n_bins=n_bins, quantile_method="higher")  # as the report measured it
     cal.calibrate_predictions(RegressionMoments(_t(mu_c), _t(sd_c)), _t(y_cal), LEVEL)
     b = cal.region(RegressionMoments(_t(mu_t), _t(sd_t)), LEVEL)[:, 0, :, 0].numpy()
     out["mondrian_finite"] = (b[:, 0], b[:, 1], sd_t)

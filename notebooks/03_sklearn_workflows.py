@@ -167,8 +167,8 @@ pd.DataFrame([
 # network twice, with and without a variance head, and keeps the heteroscedastic one only if its NLL on held-out
 # training rows is clearly lower (`likelihood="auto"`; the fit log, `verbose=1`, names the choice and
 # `likelihood_support_` keeps the evidence). Its intervals are split-conformal within bands of σ̂
-# (`calibration="mondrian"`; one band, i.e. plain split conformal, below 400 calibration rows), calibrated on 10 %
-# of the training part, not on the conformalisation part MAPIE used above.
+# (`calibration="mondrian"`: five bands on small calibration sets for the heteroscedastic network, interpolated
+# quantiles), calibrated on 10 % of the training part, not on the conformalisation part MAPIE used above.
 
 # %%
 default_pipe = Pipeline([

@@ -104,6 +104,13 @@ def test_interval_studies_are_rendered_from_their_json(stem, module_name, render
     assert getattr(module, renderer)(_results(stem)) == _report(stem)
 
 
+def test_small_data_bins_report_is_rendered_from_its_json(script):
+    rendered = script("small_data_bins").render(_results("small_data_bins"))
+    committed = _report("small_data_bins")
+    assert rendered.endswith(MARK + "\n") and MARK in committed
+    assert rendered.split(MARK)[0] == committed.split(MARK)[0]
+
+
 def test_ranking_probes_report_is_rendered_from_its_json(script):
     rendered = script("ranking_probes").render(_results("ranking_probes"))
     committed = _report("ranking_probes")
@@ -132,6 +139,13 @@ def test_quintile_oracle_matches_a_direct_simulation(script):
     # the spread of the highest quintile: the same law, so medians agree within Monte Carlo error
     assert abs(np.median(fast.max(1)) - np.median(direct.max(1))) < 0.01
     assert abs(fast.std(0).mean() - direct.std(0).mean()) < 0.1 * direct.std(0).mean()
+
+
+def test_auto_epochs_report_is_rendered_from_its_json(script):
+    rendered = script("auto_epochs").render(_results("auto_epochs"))
+    committed = _report("auto_epochs")
+    assert rendered.endswith(MARK + "\n") and MARK in committed
+    assert rendered.split(MARK)[0] == committed.split(MARK)[0]
 
 
 def test_ranking_probes_variance_model_recovers_group_variances(script):

@@ -52,7 +52,8 @@ def test_intervals_are_nested_across_levels_where_bins_are_merged():
     scores = [rng.uniform(0, 1, 18), rng.uniform(0, 1, 18), np.r_[rng.uniform(0, 1, 17), 5.0]]
     std = np.repeat([1.0, 2.0, 3.0], 18)
     y = np.concatenate(scores) * std  # |y − 0| / σ̂ = the scores
-    cal = MondrianConformalCalibrator(n_bins=3).calibrate_predictions(_moments(std), torch.as_tensor(y[:, None]), 0.9)
+    cal = MondrianConformalCalibrator(n_bins=3, quantile_method="higher").calibrate_predictions(
+        _moments(std), torch.as_tensor(y[:, None]), 0.9)
     assert [s.size for s in cal.bin_scores_[0]] == [18, 18, 18]
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConformalWarning)
@@ -62,9 +63,14 @@ def test_intervals_are_nested_across_levels_where_bins_are_merged():
     # not below the merged groups' own quantile (the level holds within them), and one level alone gives the same
     assert np.all(q[:, 1] >= conformal_quantile(np.concatenate(scores), 0.95)[0])
     np.testing.assert_array_equal(cal.band_quantiles(0, 0.95)[:, 0], q[:, 1])
+    # interpolated (the default): the top bin's 90 % lies between its 17th and 18th score, and 95 % is not below it
+    cal.set_params(quantile_method="interpolated")
+    q = cal.band_quantiles(0, [0.9, 0.95])
+    top = np.sort(scores[2])
+    assert q[2, 0] == pytest.approx(top[16] + 0.1 * (top[17] - top[16])) and np.all(q[:, 1] >= q[:, 0])
 
 
-def _merged_quantile(scores, min_rows, level):
+def _merged_quantile(scores, min_rows, level, method):
     """Per bin: the quantile of its group when neighbouring bins are merged until each group has min_rows (the rule
     of a single level, written again here)."""
     groups, current = [], []
@@ -76,11 +82,12 @@ def _merged_quantile(scores, min_rows, level):
         groups = [*groups[:-1], groups[-1] + current] if groups else [current]
     q = np.empty(len(scores))
     for g in groups:
-        q[g] = conformal_quantile(np.concatenate([scores[i] for i in g]), level)[0]
+        q[g] = conformal_quantile(np.concatenate([scores[i] for i in g]), level, method=method)[0]
     return q
 
 
-def test_merged_quantiles_are_the_envelope_over_every_lower_level():
+@pytest.mark.parametrize("method", ["higher", "interpolated"])
+def test_merged_quantiles_are_the_envelope_over_every_lower_level(method):
     """Brute force: at level ℓ, each bin's quantile is the largest single-level quantile over ℓ and every level
     below it; a merging into groups of ≥ m rows serves the levels up to m/(m + 1), so every integer m < ⌈1/γ⌉ − 1
     is tried (not only the bins' run lengths)."""
@@ -88,16 +95,16 @@ def test_merged_quantiles_are_the_envelope_over_every_lower_level():
     for _ in range(40):
         scores = [np.sort(rng.exponential(size=rng.integers(3, 25)) * rng.uniform(0.5, 3))
                   for _ in range(rng.integers(2, 6))]
-        cal = MondrianConformalCalibrator()
+        cal = MondrianConformalCalibrator(quantile_method=method)
         cal.bin_scores_, cal.edges_ = [scores], [np.arange(len(scores) - 1.0)]
         level = float(rng.uniform(0.6, 0.985))
         min_rows = int(np.ceil(1 / (1 - level) - 1e-9)) - 1
         total = sum(s.size for s in scores)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConformalWarning)
-            want = _merged_quantile(scores, min_rows, level)
+            want = _merged_quantile(scores, min_rows, level, method)
             for m in range(1, min(min_rows, total + 1)):
-                want = np.maximum(want, _merged_quantile(scores, m, m / (m + 1)))
+                want = np.maximum(want, _merged_quantile(scores, m, m / (m + 1), method))
             np.testing.assert_array_equal(cal.band_quantiles(0, level)[:, 0], want)
 
 
@@ -180,7 +187,9 @@ def test_every_likelihood_end_to_end(likelihood, tmp_path):
 
     X, Y = step_noise_data(560, seed=3, outputs=2)
     reg = LaplaceActiveSubspaceRegressor(likelihood=likelihood, calibration_size=400, **SMALL).fit(X[:500], Y[:500])
-    assert reg.calibrator_.bins_["n"].tolist() == [200] * 4  # two bands of σ̂ per output
+    # per output: five bands of σ̂ where the network predicts the noise (min_bins "auto"), else ⌊400/200⌋ = 2
+    five = reg.likelihood_.noise_in_outputs
+    assert reg.calibrator_.bins_["n"].tolist() == ([80] * 10 if five else [200] * 4)
     Xt, Yt = X[500:], Y[500:]
     y_pred, pis = reg.predict_interval(Xt, confidence_level=LEVELS)
     assert y_pred.shape == (60, 2) and pis.shape == (60, 2, 2, 3)

@@ -824,11 +824,16 @@ def _rank(n, level):
 def test_default_regressor_is_low_rank_conformal_with_hand_checked_intervals():
     X, y = _data(n=90)
     X_cal, y_cal = _data(n=30, seed=1)
-    est = LaplaceActiveSubspaceRegressor(**NEW, confidence_level=[0.9, 0.5]).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    # the default is conformal within bands of σ̂ (30 calibration rows, the Gaussian: one band, its quantile
+    # interpolated; bands by hand in tests/test_mondrian.py); with the rank rounded up: pooled split conformal
+    default = LaplaceActiveSubspaceRegressor(**NEW).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    assert len(default.calibrator_.edges_[0]) == 0 and default.calibrator_.quantile_method == "interpolated"
+    one_band = MondrianConformalCalibrator(min_bins=1, quantile_method="higher")
+    est = LaplaceActiveSubspaceRegressor(**NEW, confidence_level=[0.9, 0.5], calibration=one_band).fit(
+        X, y, X_cal=X_cal, y_cal=y_cal)
     assert est.posterior_.posterior == "low_rank" and est.posterior_.sigma0_method == "eb_subspace"
     assert est.predictive_.name == "linearized" and est.n_components_ == 3 and est.calibration_reached_ is None
     assert est.noise_source_ == "training"  # "auto" under conformal: the scores must not depend on the cal rows
-    # the default is conformal within bands of σ̂; 30 calibration rows make one band: the pooled quantile
     assert isinstance(est.calibrator_, MondrianConformalCalibrator) and len(est.calibrator_.edges_[0]) == 0
     assert list(est.calibration_.columns) == ["level", "d", "quantile", "coverage", "mean_width", "sigma0",
                                               "n_bins"]

@@ -9,7 +9,13 @@ import torch
 from torch import nn
 
 from glas_sklearn import LaplaceActiveSubspaceRegressor
-from glas_sklearn.estimators._likelihood_choice import MIN_SUPPORT_GAIN, SUPPORT_Z, likelihood_support
+from glas_sklearn.estimators._likelihood_choice import (
+    MIN_SUPPORT_GAIN,
+    SUPPORT_Z,
+    likelihood_support,
+    retraining_epochs,
+)
+from glas_sklearn.estimators._network_training import NetworkTrainingMixin
 from glas_sklearn.likelihoods import Gaussian, HeteroscedasticGaussian
 
 
@@ -95,8 +101,9 @@ def _data(noise, n=600, seed=0):
 
 
 def _fit(X, y, likelihood="auto", **kw):
-    return LaplaceActiveSubspaceRegressor(likelihood=likelihood, max_epochs=60, n_components=5, random_state=0,
-                                          device="cpu", n_threads=1, **kw).fit(X, y)
+    kw = {"max_epochs": 60, **kw}
+    return LaplaceActiveSubspaceRegressor(likelihood=likelihood, n_components=5, random_state=0, device="cpu",
+                                          n_threads=1, **kw).fit(X, y)
 
 
 def test_auto_is_heteroscedastic_where_the_noise_varies(caplog):
@@ -110,8 +117,11 @@ def test_auto_is_heteroscedastic_where_the_noise_varies(caplog):
     assert any("likelihood: auto chose heteroscedastic" in r.getMessage() for r in caplog.records)
     sd = est.predict_noise_std(X)
     assert np.median(sd[X[:, 1] > 0]) > 5 * np.median(sd[X[:, 1] <= 0])  # σ(x) follows the noise
-    # the kept network is the one likelihood="heteroscedastic" trains (same seed, all training rows): same intervals
-    het = _fit(X, y, likelihood="heteroscedastic")
+    # the kept network is the one likelihood="heteroscedastic" trains (same seed, all training rows) for the epochs
+    # its held-out loss picked: same intervals
+    best = s["best_epochs"]["heteroscedastic"]
+    assert est.n_iter_ == s["retraining_epochs"] == (best if best <= 15 else 60)
+    het = _fit(X, y, likelihood="heteroscedastic", max_epochs=s["retraining_epochs"])
     assert het.likelihood_support_ is None
     np.testing.assert_allclose(est.predict_interval(X[:50])[1], het.predict_interval(X[:50])[1], rtol=1e-5,
                                atol=1e-6 * np.std(y))
@@ -123,8 +133,10 @@ def test_auto_is_gaussian_under_constant_noise():
     assert isinstance(est.likelihood_, Gaussian)
     s = est.likelihood_support_
     assert not s["supported"] and s["chosen"] == "gaussian"
-    assert np.ptp(est.predict_noise_std(X)) == 0 and len(est.loss_curve_) == 60
-    gauss = _fit(X, y, likelihood="gaussian")
+    best = s["best_epochs"]["gaussian"]
+    assert np.ptp(est.predict_noise_std(X)) == 0 and len(est.loss_curve_) == s["retraining_epochs"]
+    assert s["retraining_epochs"] == (best if best <= 15 else 60)
+    gauss = _fit(X, y, likelihood="gaussian", max_epochs=s["retraining_epochs"])
     np.testing.assert_allclose(est.predict_interval(X[:50])[1], gauss.predict_interval(X[:50])[1], rtol=1e-5,
                                atol=1e-6 * np.std(y))
 
@@ -160,3 +172,51 @@ def test_auto_is_gaussian_without_rows_to_test_on():
     est = LaplaceActiveSubspaceRegressor(max_epochs=5, n_components=3, random_state=0, device="cpu").fit(X, y)
     assert isinstance(est.likelihood_, Gaussian)
     assert est.likelihood_support_["n_rows"] == 0 and not est.likelihood_support_["supported"]
+
+
+def test_auto_on_small_data_retrains_for_the_epochs_the_held_out_rows_picked():
+    """Below 2,000 rows under early_stopping="auto": both test networks stop on the 20 % held out (their curves
+    end ``patience`` epochs after their lowest held-out loss, before max_epochs), and the chosen one is trained
+    again on all rows for the epoch of its lowest held-out loss when that is in the first quarter of max_epochs
+    (here: noise around a smooth mean, the held-out loss bottoms out early): the network likelihood=<chosen>
+    trains for that many epochs."""
+    X, y = _data(lambda X: 0.5, n=300)
+    curves = []
+    original = NetworkTrainingMixin._train
+
+    def recording(self, *args, **kw):
+        original(self, *args, **kw)
+        curves.append((self.validation_scores_, self.n_iter_))
+
+    est = LaplaceActiveSubspaceRegressor(max_epochs=400, n_iter_no_change=2, n_components=5, random_state=0,
+                                         device="cpu", n_threads=1)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(NetworkTrainingMixin, "_train", recording)
+        est.fit(X, y)
+    s = est.likelihood_support_
+    assert len(curves) == 3
+    (het_curve, het_run), (gauss_curve, gauss_run), (last_curve, last_run) = curves
+    for curve, run, name in ((het_curve, het_run, "heteroscedastic"), (gauss_curve, gauss_run, "gaussian")):
+        assert len(curve) == run < 400  # stopped early
+        assert s["best_epochs"][name] == int(np.argmin(curve)) + 1 < run
+    chosen = est.likelihood_.name
+    assert s["best_epochs"][chosen] <= 100
+    assert last_curve is None and last_run == est.n_iter_ == s["retraining_epochs"] == s["best_epochs"][chosen]
+    ref = LaplaceActiveSubspaceRegressor(likelihood=chosen, max_epochs=s["retraining_epochs"], n_components=5,
+                                         random_state=0, device="cpu", n_threads=1).fit(X, y)
+    np.testing.assert_allclose(est.predict(X[:50]), ref.predict(X[:50]), rtol=1e-5, atol=1e-6 * np.std(y))
+    # early_stopping=False keeps its meaning: all max_epochs epochs, for the test networks and the one kept
+    off = LaplaceActiveSubspaceRegressor(max_epochs=40, early_stopping=False, n_components=5, random_state=0,
+                                         device="cpu", n_threads=1).fit(X, y)
+    assert off.n_iter_ == 40 and "retraining_epochs" not in off.likelihood_support_
+
+
+def test_retraining_epochs_keep_max_epochs_for_a_late_optimum():
+    """An optimum after the first quarter of max_epochs (the curve flat or noisy there, and more rows move it
+    later) keeps the full max_epochs; an early one is used as it is; at least 1 epoch."""
+    def batch(rows):
+        return 64
+    assert retraining_epochs(126, 400, 500, batch, 500) == 500
+    assert retraining_epochs(125, 400, 500, batch, 500) == 125
+    assert retraining_epochs(37, 400, 500, batch, 500) == 37
+    assert retraining_epochs(0, 400, 500, batch, 500) == 1

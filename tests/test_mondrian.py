@@ -1,6 +1,7 @@
 """MondrianConformalCalibrator: split conformal within bins of σ̂(x) (classes for classification).
 
-- by hand: bin edges, per-bin quantiles (the ⌈(n_b + 1)(1 − γ)⌉-th smallest score of the bin) and intervals;
+- by hand: bin edges, per-bin quantiles (the ⌈(n_b + 1)(1 − γ)⌉-th smallest score of the bin, or interpolated
+  between the ranks around (n_b + 1)(1 − γ)), intervals, the pooled quantile as a floor above the calibrated σ̂;
 - the number of bins "auto" from the calibration rows;
 - a simulation with known coverage: σ̂ that under-states the noise where it is large; over many seeds the coverage
   within every σ̂ bin is ≥ 1 − γ up to the Beta-binomial spread, where pooled split conformal under-covers the
@@ -29,6 +30,7 @@ from glas_sklearn.calibration import (
     resolve_calibration,
     std_bin_edges,
 )
+from glas_sklearn.likelihoods import Gaussian, HeteroscedasticGaussian, StudentT
 from glas_sklearn.predictive import RegressionMoments
 from tests.reference import step_noise_data
 
@@ -50,22 +52,66 @@ def test_bins_and_quantiles_by_hand():
     n = 40
     std = np.repeat([1.0, 2.0], n // 2)  # two σ̂ levels: the bins are exactly the two halves
     resid = rng.standard_normal(n) * np.repeat([1.0, 5.0], n // 2)
-    cal = MondrianConformalCalibrator(n_bins=2).calibrate_predictions(
+    cal = MondrianConformalCalibrator(n_bins=2, quantile_method="higher").calibrate_predictions(
+        _moments(np.zeros(n), std), torch.as_tensor(resid[:, None]), 0.8)
+    interp = MondrianConformalCalibrator(n_bins=2).calibrate_predictions(
         _moments(np.zeros(n), std), torch.as_tensor(resid[:, None]), 0.8)
     assert cal.edges_[0].tolist() == [1.5]  # the median of the σ̂ (interpolated between the halves)
     for b, half in enumerate((slice(0, 20), slice(20, 40))):
         s = np.sort(np.abs(resid[half]) / std[half])
         assert np.array_equal(cal.bin_scores_[0][b], s)
         assert cal.bins_["quantile"][b] == s[_rank(20, 0.8) - 1]  # the 17th of 20
+        # interpolated: rank 21 · 0.8 = 16.8, 80 % of the way from the 16th to the 17th
+        assert interp.bins_["quantile"][b] == pytest.approx(s[15] + 0.8 * (s[16] - s[15]))
     q0, q1 = cal.bins_["quantile"]
-    # new rows: σ̂ 0.5 (below every calibration σ̂: bin 0), 1 (bin 0), 1.5 (the edge; right-closed: bin 0), 3 (bin 1)
-    bounds = cal.region(_moments([0.0, 1.0, 2.0, 3.0], [0.5, 1.0, 1.5, 3.0]), [0.8, 0.5])
-    assert bounds.shape == (4, 1, 2, 2)
+    # new rows: σ̂ 0.5 (below every calibration σ̂: bin 0), 1 (bin 0), 1.5 (the edge; right-closed: bin 0), 2 (bin 1,
+    # the highest calibration σ̂), 3 (above it: the larger of bin 1's and the pooled quantile)
+    bounds = cal.region(_moments([0.0, 1.0, 2.0, 3.0, 4.0], [0.5, 1.0, 1.5, 2.0, 3.0]), [0.8, 0.5])
+    assert bounds.shape == (5, 1, 2, 2)
     upper = bounds[:, 0, 1, 0].numpy()
-    assert upper == pytest.approx([0.5 * q0, 1.0 + q0, 2.0 + 1.5 * q0, 3.0 + 3.0 * q1])
+    scores = np.abs(resid) / std
+    q_pooled = np.sort(scores)[_rank(40, 0.8) - 1]
+    assert upper == pytest.approx([0.5 * q0, 1.0 + q0, 2.0 + 1.5 * q0, 3.0 + 2.0 * q1, 4.0 + 3.0 * max(q1, q_pooled)])
     # another level from the stored scores
     q_half = np.sort(np.abs(resid[20:]) / 2.0)[_rank(20, 0.5) - 1]
-    assert float(bounds[3, 0, 1, 1]) == pytest.approx(3.0 + 3.0 * q_half)
+    assert float(bounds[3, 0, 1, 1]) == pytest.approx(3.0 + 2.0 * q_half)
+    assert float(bounds[4, 0, 1, 1]) == pytest.approx(4.0 + 3.0 * max(q_half, np.sort(scores)[_rank(40, 0.5) - 1]))
+
+
+def test_pooled_floor_above_the_calibrated_std_is_what_protects_extrapolated_rows():
+    """Where σ̂ over-states the noise at its top (the last bin's quantile is the smallest), rows beyond every
+    calibration σ̂ take the pooled quantile, and the std of predict is not scaled below σ̂ there."""
+    rng = np.random.default_rng(3)
+    n = 200
+    std = rng.uniform(1.0, 2.0, n)
+    resid = rng.standard_normal(n) * np.where(std > 1.8, 0.3, 1.0) * std  # the top fifth over-stated 3×
+    cal = MondrianConformalCalibrator(n_bins=5).calibrate_predictions(
+        _moments(np.zeros(n), std), torch.as_tensor(resid[:, None]), 0.9)
+    q_last = cal.bins_["quantile"].iloc[-1]
+    q_pooled = conformal_quantile(np.abs(resid) / std, 0.9, method="interpolated")[0]
+    assert q_last < 0.6 * q_pooled
+    inside, beyond = cal.std_max_[0] * 0.999, cal.std_max_[0] * 1.5
+    up = cal.region(_moments(np.zeros(2), [inside, beyond]), 0.9)[:, 0, 1, 0].numpy()
+    assert up == pytest.approx([inside * q_last, beyond * q_pooled])
+    factor = cal.bin_std_factors(np.array([[inside], [beyond]]))[:, 0]
+    last, pooled_ms = cal.bin_scores_[0][-1], np.mean((resid / std) ** 2)
+    k = MondrianConformalCalibrator.SCALE_PRIOR_ROWS  # the bin's mean square shrunk towards the pooled one
+    assert factor[0] == pytest.approx(np.sqrt((np.sum(last**2) + k * pooled_ms) / (last.size + k) / pooled_ms))
+    assert factor[0] < 0.9 and factor[1] == 1.0
+
+
+def _by_hand(cal, sd, level):
+    """Per row of σ̂ ``sd`` (internal units, one output): the quantile (the row's bin's interpolated one, the pooled
+    one as a floor above the calibrated σ̂) and the std factor (the bin's mean square shrunk by 30 pooled rows)."""
+    bins, pooled = cal.bin_scores_[0], np.concatenate(cal.bin_scores_[0])
+    b = np.searchsorted(cal.edges_[0], sd, side="left")
+    q = np.array([conformal_quantile(bins[i], level, method="interpolated")[0] for i in b])
+    ms = np.mean(pooled**2)
+    f = np.array([np.sqrt((np.sum(bins[i] ** 2) + 30 * ms) / (bins[i].size + 30) / ms) for i in b])
+    above = sd > cal.std_max_[0]
+    q[above] = np.maximum(q[above], conformal_quantile(pooled, level, method="interpolated")[0])
+    f[above] = np.maximum(f[above], 1.0)
+    return q, f
 
 
 def test_a_level_higher_than_the_bins_were_made_for_merges_neighbouring_bins():
@@ -76,7 +122,7 @@ def test_a_level_higher_than_the_bins_were_made_for_merges_neighbouring_bins():
     n = 80
     std = np.repeat([1.0, 2.0, 3.0, 4.0], n // 4)
     resid = rng.standard_normal(n) * std * np.repeat([1.0, 2.0, 0.5, 1.5], n // 4)
-    cal = MondrianConformalCalibrator(n_bins=4).calibrate_predictions(
+    cal = MondrianConformalCalibrator(n_bins=4, quantile_method="higher").calibrate_predictions(
         _moments(np.zeros(n), std), torch.as_tensor(resid[:, None]), 0.9)
     assert len(cal.edges_[0]) == 3
     scores = np.abs(resid) / std
@@ -101,18 +147,33 @@ def test_bins_are_merged_until_each_has_a_finite_quantile():
     assert std_bin_edges(std, 4, min_rows=41).size == 0  # one bin when the rows cannot fill two
 
 
-@pytest.mark.parametrize(("n", "level", "min_bin_size", "expected"),
-                         [(1000, 0.9, 100, 10), (250, 0.9, 100, 2), (50, 0.9, 100, 1), (5000, 0.9, 100, 10),
-                          (100, 0.95, 10, 5), (100, 0.9, 5, 10)])
-def test_auto_number_of_bins(n, level, min_bin_size, expected):
-    # ⌊n / max(min_bin_size, ⌈1/γ⌉ − 1)⌋, at most 10: at 95 % a bin needs 19 rows, at 90 % 9
-    assert MondrianConformalCalibrator(min_bin_size=min_bin_size).bins_for(n, level) == expected
+@pytest.mark.parametrize(("n", "level", "min_bin_size", "min_bins", "expected"),
+                         [(1000, 0.9, 100, 5, 10), (250, 0.9, 100, 5, 5), (50, 0.9, 100, 5, 5), (5000, 0.9, 100, 5, 10),
+                          (100, 0.95, 10, 5, 5), (100, 0.9, 5, 5, 10), (28, 0.9, 200, 5, 3), (69, 0.9, 200, 5, 5),
+                          (8, 0.9, 200, 5, 1), (60, 0.95, 200, 5, 3), (630, 0.9, 200, 5, 5), (1400, 0.9, 200, 5, 7),
+                          (250, 0.9, 100, 1, 2), (50, 0.9, 100, 1, 1), (69, 0.9, 200, 3, 3)])
+def test_auto_number_of_bins(n, level, min_bin_size, min_bins, expected):
+    # max(⌊n / max(min_bin_size, m)⌋, min(min_bins, ⌊n / m⌋)), at most 10, m = ⌈1/γ⌉ − 1: 19 rows at 95 %, 9 at 90 %
+    cal = MondrianConformalCalibrator(min_bin_size=min_bin_size, min_bins=min_bins)
+    assert cal.bins_for(n, level) == expected
+    # min_bins="auto": 5 for a likelihood whose network predicts the noise per row, 1 for the others
+    if min_bins in (1, 5):
+        lik = HeteroscedasticGaussian() if min_bins == 5 else Gaussian()
+        assert MondrianConformalCalibrator(min_bin_size=min_bin_size).bins_for(n, level, lik) == expected
 
 
-def _beta_binomial(n_b: int, level: float, n_test: float, n_seeds: int) -> tuple[float, float]:
+def test_min_bins_auto_follows_the_likelihood():
+    cal = MondrianConformalCalibrator()
+    assert cal.resolved_min_bins(HeteroscedasticGaussian()) == 5
+    assert cal.resolved_min_bins(Gaussian()) == cal.resolved_min_bins(StudentT()) == cal.resolved_min_bins(None) == 1
+    with pytest.raises(ValueError, match="min_bins must be an integer >= 1 or 'auto'"):
+        MondrianConformalCalibrator(min_bins=0).bins_for(100, 0.9)
+
+
+def _beta_binomial(n_b: int, level: float, n_test: float, n_seeds: int, k=None) -> tuple[float, float]:
     """Mean and standard deviation of the seed-averaged coverage of one bin: given its n_b calibration rows the
     coverage is Beta(k, n_b + 1 − k), k = ⌈(n_b + 1) level⌉, and its ~n_test test rows add C(1 − C)/n_test."""
-    k = _rank(n_b, level)
+    k = _rank(n_b, level) if k is None else k
     a, b = k, n_b + 1 - k
     mean = a / (a + b)
     var_beta = a * b / ((a + b) ** 2 * (a + b + 1))
@@ -120,7 +181,8 @@ def _beta_binomial(n_b: int, level: float, n_test: float, n_seeds: int) -> tuple
     return mean, math.sqrt((var_beta + var_binomial) / n_seeds)
 
 
-def test_simulation_within_bin_coverage_holds_where_pooled_conformal_fails():
+@pytest.mark.parametrize("method", ["higher", "interpolated"])
+def test_simulation_within_bin_coverage_holds_where_pooled_conformal_fails(method):
     level, n_cal, n_test, n_seeds = 0.9, 500, 2000, 200
     B = 5  # "auto" with 500 rows and min_bin_size=100
     rng = np.random.default_rng(12345)
@@ -131,8 +193,8 @@ def test_simulation_within_bin_coverage_holds_where_pooled_conformal_fails():
         noise = lambda x: (0.5 + x) ** 3  # noqa: E731  (the true noise: 1/8 … 27/8, under-stated at high σ̂)
         y_cal = noise(x_cal) * rng.standard_normal(n_cal)
         y_test = noise(x_test) * rng.standard_normal(n_test)
-        cal = MondrianConformalCalibrator(min_bin_size=100).calibrate_predictions(_moments(np.zeros(n_cal), sd(x_cal)),
-                                                                  torch.as_tensor(y_cal[:, None]), level)
+        cal = MondrianConformalCalibrator(min_bin_size=100, quantile_method=method).calibrate_predictions(
+            _moments(np.zeros(n_cal), sd(x_cal)), torch.as_tensor(y_cal[:, None]), level)
         assert len(cal.edges_[0]) == B - 1
         bounds = cal.region(_moments(np.zeros(n_test), sd(x_test)), level)[:, 0, :, 0].numpy()
         q = conformal_quantile(np.abs(y_cal) / sd(x_cal), level)[0]
@@ -145,6 +207,9 @@ def test_simulation_within_bin_coverage_holds_where_pooled_conformal_fails():
             pooled[r, b] = inside_p[index == b].mean()
     expected, spread = _beta_binomial(n_cal // B, level, n_test / B, n_seeds)
     assert expected == pytest.approx(91 / 101)
+    if method == "interpolated":  # rank 101 · 0.9 = 90.9: on average 90.9/101 = 0.9 (the Beta's mean at k = 90.9)
+        expected, spread = _beta_binomial(n_cal // B, level, n_test / B, n_seeds, k=(n_cal // B + 1) * level)
+        assert expected == pytest.approx(level)
     per_bin = mondrian.mean(0)
     assert (per_bin >= expected - 4 * spread).all(), per_bin
     assert (per_bin <= expected + 4 * spread + 0.005).all(), per_bin  # not conservative beyond the edge effect
@@ -158,7 +223,7 @@ def test_regressor_with_mondrian_end_to_end():
                                          **SMALL).fit(X, y)
     assert isinstance(reg.calibrator_, MondrianConformalCalibrator)
     assert int(reg.calibrator_.bins_["n"].sum()) == reg.n_calibration_rows_ == 400
-    assert len(reg.calibrator_.edges_[0]) == 1  # "auto": ⌊400 / 200⌋ = 2 bins
+    assert len(reg.calibrator_.edges_[0]) == 4  # "auto": max(⌊400 / 200⌋, min_bins=5) = 5 bins
     X_new, _ = step_noise_data(50, seed=1)
     y_pred, pis = reg.predict_interval(X_new, confidence_level=[0.5, 0.9])
     assert pis.shape == (50, 2, 2) and np.all(pis[:, 1, 1] - pis[:, 0, 1] >= pis[:, 1, 0] - pis[:, 0, 0])
@@ -168,13 +233,12 @@ def test_regressor_with_mondrian_end_to_end():
     plain = LaplaceActiveSubspaceRegressor(calibration="conformal", calibration_size=0.5, **SMALL).fit(X, y)
     sd_user = plain.predict(X_new, return_std=True)[1] / plain.std_scale_[0]
     sd_internal = sd_user / reg.y_scale_[0]
-    b = np.searchsorted(reg.calibrator_.edges_[0], sd_internal, side="left")
-    q = np.array([conformal_quantile(reg.calibrator_.bin_scores_[0][i], 0.9)[0] for i in b])
+    q, factor = _by_hand(reg.calibrator_, sd_internal, 0.9)
     np.testing.assert_allclose(pis[:, 1, 1] - y_pred, q * sd_internal * reg.y_scale_[0], rtol=1e-9)
-    # predict(return_std=True): σ̂ times the root mean square score of its own bin (not one pooled scale)
-    rms = np.array([np.sqrt(np.mean(reg.calibrator_.bin_scores_[0][i] ** 2)) for i in b])
-    np.testing.assert_allclose(reg.predict(X_new, return_std=True)[1], rms * sd_user, rtol=1e-9)
-    assert len(set(np.round(rms, 12))) == 2  # two bins, two scales
+    # predict(return_std=True): σ̂ times its own bin's scale (shrunk towards the pooled one), not one pooled scale
+    np.testing.assert_allclose(reg.predict(X_new, return_std=True)[1], factor * reg.std_scale_[0] * sd_user, rtol=1e-9)
+    assert reg.std_scale_[0] == pytest.approx(np.sqrt(np.mean(np.concatenate(reg.calibrator_.bin_scores_[0]) ** 2)))
+    assert len(set(np.round(factor, 12))) >= 3
     # a per-region calibration changes the intervals of plain conformal (same network, same rows)
     assert not np.allclose(plain.predict_interval(X_new)[1], reg.predict_interval(X_new)[1])
     assert "n_bins" in reg.calibration_.columns
@@ -197,21 +261,24 @@ def test_regressor_mondrian_multi_output_weights_and_heteroscedastic():
     _, pm = m.predict_interval(X[:20], confidence_level=[0.5, 0.9])
     _, pc = c.predict_interval(X[:20], confidence_level=[0.5, 0.9])
     assert pm.shape == pc.shape == (20, 2, 2) and not np.allclose(pm, pc)
-    # within each σ̂ bin the heteroscedastic intervals are μ̂ ± q_b σ̂ and the std of predict is σ̂ · rms_b (the root
-    # mean square score of the bin), so their ratio is q_b / rms_b, one value per bin
+    # the heteroscedastic intervals are μ̂ ± q σ̂ and the std of predict is σ̂ · factor · std_scale_ (q and factor by
+    # hand from the row's bin), so their ratio is q / (factor · std_scale_)
     mu, std = m.predict(X[:20], return_std=True)
-    ratio = (pm[:, 1, 1] - mu) / std
-    per_bin = [conformal_quantile(s, 0.9)[0] / np.sqrt(np.mean(s**2)) for s in m.calibrator_.bin_scores_[0]]
-    assert np.min(np.abs(ratio[:, None] - np.asarray(per_bin)[None, :]), axis=1).max() < 1e-9
+    sd_internal = c.predict(X[:20], return_std=True)[1] / c.std_scale_[0] / c.y_scale_[0]  # σ̂: the same network
+    q, factor = _by_hand(m.calibrator_, sd_internal, 0.9)
+    np.testing.assert_allclose((pm[:, 1, 1] - mu) / std, q / (factor * m.std_scale_[0]), rtol=1e-9)
 
 
 def test_class_conditional_sets_by_hand_and_end_to_end():
     probs = torch.tensor([[0.7, 0.2, 0.1], [0.6, 0.3, 0.1], [0.2, 0.5, 0.3], [0.1, 0.8, 0.1],
                           [0.3, 0.3, 0.4], [0.2, 0.2, 0.6]], dtype=torch.float64)
     labels = torch.tensor([0, 0, 1, 1, 2, 2])
-    cal = MondrianConformalCalibrator(conformity_score=LAC()).calibrate_predictions(probs, labels, 0.5)
+    cal = MondrianConformalCalibrator(conformity_score=LAC(), quantile_method="higher")
+    cal.calibrate_predictions(probs, labels, 0.5)
     # per class the scores 1 − p_y: class 0 {0.3, 0.4}, 1 {0.5, 0.2}, 2 {0.6, 0.4}; rank ⌈3 · 0.5⌉ = 2: the max
     assert cal.bins_["quantile"].tolist() == pytest.approx([0.4, 0.5, 0.6])
+    interp = MondrianConformalCalibrator(conformity_score=LAC()).calibrate_predictions(probs, labels, 0.5)
+    assert interp.bins_["quantile"].tolist() == pytest.approx([0.35, 0.35, 0.5])  # rank 1.5: half-way
     sets = cal.region(torch.tensor([[0.65, 0.5, 0.45]], dtype=torch.float64), [0.5])
     assert sets[0, :, 0].tolist() == [True, True, True]  # 0.35 ≤ 0.4, 0.5 ≤ 0.5, 0.55 ≤ 0.6
     sets = cal.region(torch.tensor([[0.55, 0.45, 0.35]], dtype=torch.float64), [0.5])
@@ -234,34 +301,37 @@ def test_resolve_and_settings():
     assert m.get_params()["n_bins"] == 3
 
 
-def test_regressor_default_is_mondrian_over_sigma_bands_and_plain_conformal_below_200_rows():
-    """The regressor's default calibration: one band (the pooled conformal quantile, the same intervals and std as
-    calibration="conformal" on the same network and rows) below 2 × 200 calibration rows; ⌊n / 200⌋ bands of σ̂
-    above, each with its own quantile (by hand from the band's scores)."""
+def test_regressor_default_is_mondrian_over_sigma_bands_with_min_bins_on_small_data():
+    """The regressor's default calibration on 300 calibration rows: five bands of σ̂ for the heteroscedastic
+    predictive (min_bins "auto"), one for the Gaussian, each with its interpolated quantile (by hand from the
+    band's scores); ``min_bins=1, quantile_method="higher"`` is one band: the intervals and std of
+    calibration="conformal" on the same network and rows. From 1,000 rows ⌊n / 200⌋ bands for either."""
     X, y = step_noise_data(600)
-    kw = dict(SMALL, likelihood="gaussian")
-    small = LaplaceActiveSubspaceRegressor(calibration_size=0.5, **kw).fit(X, y)  # 300 calibration rows
-    plain = LaplaceActiveSubspaceRegressor(calibration="conformal", calibration_size=0.5, **kw).fit(X, y)
-    assert LaplaceActiveSubspaceRegressor().calibration == "mondrian"
-    assert isinstance(small.calibrator_, MondrianConformalCalibrator) and len(small.calibrator_.edges_[0]) == 0
     X_new, _ = step_noise_data(40, seed=3)
+    assert LaplaceActiveSubspaceRegressor().calibration == "mondrian"
+    for likelihood, n_bands in (("heteroscedastic", 5), ("gaussian", 1)):
+        kw = dict(SMALL, likelihood=likelihood, calibration_size=0.5)  # 300 calibration rows
+        small = LaplaceActiveSubspaceRegressor(**kw).fit(X, y)
+        plain = LaplaceActiveSubspaceRegressor(calibration="conformal", **kw).fit(X, y)
+        assert isinstance(small.calibrator_, MondrianConformalCalibrator) and small.calibrator_.min_bins_ == n_bands
+        assert sorted(small.calibrator_.bins_["n"]) == [300 // n_bands] * n_bands
+        y_pred, pis = small.predict_interval(X_new)
+        sd = plain.predict(X_new, return_std=True)[1] / plain.std_scale_[0] / small.y_scale_[0]  # σ̂, internal
+        q, _ = _by_hand(small.calibrator_, sd, 0.9)
+        np.testing.assert_allclose(pis[:, 1, 0] - y_pred, q * sd * small.y_scale_[0], rtol=1e-9)
+    one = LaplaceActiveSubspaceRegressor(calibration=MondrianConformalCalibrator(min_bins=1, quantile_method="higher"),
+                                         **kw).fit(X, y)
+    assert len(one.calibrator_.edges_[0]) == 0
     # the same network and predictive in float64: only round-off in the order of the operations differs
     tol = dict(rtol=1e-10, atol=1e-12)
-    np.testing.assert_allclose(small.predict_interval(X_new)[1], plain.predict_interval(X_new)[1], **tol)
-    np.testing.assert_allclose(small.predict(X_new, return_std=True)[1], plain.predict(X_new, return_std=True)[1],
+    np.testing.assert_allclose(one.predict_interval(X_new)[1], plain.predict_interval(X_new)[1], **tol)
+    np.testing.assert_allclose(one.predict(X_new, return_std=True)[1], plain.predict(X_new, return_std=True)[1],
                                **tol)
 
-    X, y = step_noise_data(1400, seed=5)
-    big = LaplaceActiveSubspaceRegressor(calibration_size=0.45, **kw).fit(X, y)  # 630 rows: ⌊630 / 200⌋ = 3 bands
-    assert big.n_calibration_rows_ == 630 and len(big.calibrator_.edges_[0]) == 2
-    assert sorted(big.calibrator_.bins_["n"]) == [210, 210, 210]
-    y_pred, pis = big.predict_interval(X_new)
-    raw = LaplaceActiveSubspaceRegressor(calibration="conformal", calibration_size=0.45, **kw).fit(X, y)
-    sd = raw.predict(X_new, return_std=True)[1] / raw.std_scale_[0] / big.y_scale_[0]  # σ̂, internal units
-    band = np.searchsorted(big.calibrator_.edges_[0], sd, side="left")
-    q = np.array([np.sort(big.calibrator_.bin_scores_[0][b])[_rank(len(big.calibrator_.bin_scores_[0][b]), 0.9) - 1]
-                  for b in band])
-    np.testing.assert_allclose(pis[:, 1, 0] - y_pred, q * sd * big.y_scale_[0], rtol=1e-9)
+    X, y = step_noise_data(2600, seed=5)
+    big = LaplaceActiveSubspaceRegressor(calibration_size=0.5, **dict(SMALL, likelihood="gaussian")).fit(X, y)
+    assert big.n_calibration_rows_ == 1300 and len(big.calibrator_.edges_[0]) == 5  # ⌊1300 / 200⌋ = 6 bands
+    assert sorted(big.calibrator_.bins_["n"]) == [216] * 2 + [217] * 4
 
 
 def test_band_calibrated_estimator_served_from_threads():
@@ -272,7 +342,7 @@ def test_band_calibrated_estimator_served_from_threads():
 
     X, y = step_noise_data(900, seed=2)
     reg = LaplaceActiveSubspaceRegressor(calibration_size=0.5, **dict(SMALL, likelihood="gaussian")).fit(X, y)
-    assert len(reg.calibrator_.edges_[0]) == 1  # 450 calibration rows: two bands of 225
+    assert len(reg.calibrator_.edges_[0]) == 1  # 450 calibration rows, the Gaussian: two bands of 225
     X_new, _ = step_noise_data(300, seed=4)
     levels = [0.9, 0.997]  # 0.997 needs 332 rows a band: the two bands merged (the pooled quantile), finite
     ref_pis = reg.predict_interval(X_new, confidence_level=levels)[1]

@@ -6,6 +6,7 @@ import pytest
 
 from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
 from glas_sklearn._progress import LOG_INTERVAL, progress, stage
+from glas_sklearn.calibration import MondrianConformalCalibrator
 
 
 class _Terminal(io.StringIO):
@@ -149,12 +150,22 @@ def test_expected_coverage_note_for_few_calibration_rows(n, expected):
         assert f"with {n} rows conformal intervals cover {expected} on average" in note
 
 
-def test_calibration_line_says_the_bands_and_the_overshoot(capsys):
+@pytest.mark.parametrize(("likelihood", "calibration", "says", "overshoot"),
+                         [("heteroscedastic", "mondrian", "3 bands of σ̂", False),
+                          ("gaussian", "mondrian", "one band of σ̂: bands need 400", False),
+                          ("gaussian", "conformal", "quantile", True),
+                          ("heteroscedastic", MondrianConformalCalibrator(min_bins=1, quantile_method="higher"),
+                           "one band of σ̂: bands need 400", True),
+                          ("heteroscedastic", MondrianConformalCalibrator(min_bins=2), "2 bands of σ̂", False)])
+def test_calibration_line_says_the_bands_and_the_overshoot(capsys, likelihood, calibration, says, overshoot):
+    """28 calibration rows: the default takes 3 bands of σ̂ (⌊28/9⌋) for the heteroscedastic predictive and one
+    for the Gaussian, with interpolated quantiles, which cover the level on average; the rank rounded up (one
+    pooled quantile) covers 27/29 = 93.1 % on average, and says so."""
     X, y = _blobs_or_wave(False)
-    LaplaceActiveSubspaceRegressor(likelihood="gaussian", max_epochs=5, max_components=4, calibration_size=28,
-                                   random_state=0, verbose=1).fit(X, y)
+    LaplaceActiveSubspaceRegressor(likelihood=likelihood, max_epochs=5, max_components=4, calibration_size=28,
+                                   calibration=calibration, random_state=0, verbose=1).fit(X, y)
     line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("calibration: "))
-    assert "one band of σ̂" in line and "cover 93.1 % on average" in line, line
+    assert says in line and ("cover 93.1 % on average" in line) == overshoot, line
 
 
 def test_fit_is_silent_with_verbose_zero(capsys):

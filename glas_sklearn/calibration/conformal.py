@@ -111,11 +111,16 @@ def _rows_for_finite_quantile(confidence_levels) -> int:
     return int(np.ceil(1.0 / (1.0 - top) - 1e-9)) - 1
 
 
-def conformal_quantile(scores, confidence_levels) -> np.ndarray:
+def conformal_quantile(scores, confidence_levels, method: str = "higher") -> np.ndarray:
     """Split-conformal quantiles: the ⌈(n + 1)(1 − γ)⌉-th smallest of the n calibration scores, per level.
 
     For exchangeable calibration and test scores (continuous or not), P(s_test ≤ q) ≥ 1 − γ; with
-    distinct scores it is exactly ⌈(n + 1)(1 − γ)⌉ / (n + 1).
+    distinct scores it is exactly ⌈(n + 1)(1 − γ)⌉ / (n + 1). That rounding up costs up to 1/(n + 1) of extra
+    coverage (27/29 = 93.1 % at 90 % with 28 rows); ``method="interpolated"`` removes it: with r = (n + 1)(1 − γ),
+    q = s_(⌊r⌋) + (r − ⌊r⌋)(s_(⌊r⌋+1) − s_(⌊r⌋)), between the two order statistics whose average coverages
+    ⌊r⌋/(n + 1) and (⌊r⌋ + 1)/(n + 1) bracket 1 − γ. Its coverage is then at least 1 − γ − 1/(n + 1), and on
+    average at least 1 − γ wherever the scores' distribution function is concave between the two (a density
+    falling in its upper tail, as for absolute residuals), by Jensen's inequality; finite for the same n.
 
     Parameters
     ----------
@@ -123,6 +128,9 @@ def conformal_quantile(scores, confidence_levels) -> np.ndarray:
         Calibration scores along axis 0 (one column per output: one quantile per output).
     confidence_levels : float or sequence of float
         Levels 1 − γ in (0, 1).
+    method : {"higher", "interpolated"}, default="higher"
+        The order statistic of rank ⌈(n + 1)(1 − γ)⌉ (the finite-sample guarantee), or the interpolation between
+        ranks ⌊(n + 1)(1 − γ)⌋ and the next (average coverage 1 − γ instead of up to 1/(n + 1) above it).
 
     Returns
     -------
@@ -134,7 +142,11 @@ def conformal_quantile(scores, confidence_levels) -> np.ndarray:
     --------
     >>> conformal_quantile([0.3, 0.1, 0.4, 0.2], 0.6)  # ⌈5 · 0.6⌉ = 3rd smallest
     array([0.3])
+    >>> conformal_quantile([0.3, 0.1, 0.4, 0.2], 0.7, method="interpolated")  # rank 3.5: half-way 0.3 to 0.4
+    array([0.35])
     """
+    if method not in ("higher", "interpolated"):
+        raise ValueError(f"method must be 'higher' or 'interpolated', got {method!r}.")
     levels = check_confidence_levels(confidence_levels)
     s = np.asarray(scores.detach().cpu() if isinstance(scores, torch.Tensor) else scores, dtype=np.float64)
     if s.ndim not in (1, 2) or s.shape[0] == 0:
@@ -152,7 +164,16 @@ def conformal_quantile(scores, confidence_levels) -> np.ndarray:
             f"{n} calibration rows are too few for a conformal quantile at level(s) {bad.tolist()} "
             f"(⌈(n+1)(1−γ)⌉ ≤ n needs n ≥ {_rows_for_finite_quantile(bad)}); the intervals or sets are "
             "infinite (every class) there. Use more calibration rows.", ConformalWarning, stacklevel=2)
-    out[finite] = s[np.maximum(ranks[finite], 1) - 1]
+    if method == "higher":
+        out[finite] = s[np.maximum(ranks[finite], 1) - 1]
+        return out
+    r = (n + 1) * levels[finite]
+    low = np.floor(r + 1e-9 * (n + 1)).astype(np.int64)  # an integer r up to round-off is that rank itself
+    frac = np.clip(r - low, 0.0, 1.0)
+    below = s[np.clip(low, 1, n) - 1]
+    above = s[np.clip(low + 1, 1, n) - 1]
+    frac = np.where(low < 1, 0.0, frac).reshape((-1,) + (1,) * (s.ndim - 1))
+    out[finite] = below + frac * (above - below)
     return out
 
 

@@ -70,10 +70,12 @@ PARAMETERS_DOC = """\
         class, e.g. a user's own kind) is used as it is (:func:`~glas_sklearn.posterior.resolve_posterior`).
     calibration : {"mondrian", "conformal", "coverage"} or Calibrator, default="mondrian" (classifier: "conformal")
         "mondrian" (:class:`~glas_sklearn.calibration.MondrianConformalCalibrator`, the regressor's default): split
-        conformal within equal-count bins of the predictive std σ̂(x), ⌊n / 200⌋ of them (at most 10) for n
-        calibration rows, so that the level holds within each band of σ̂, not only on average; with fewer than
-        400 calibration rows it is one bin, the same intervals as "conformal". For the classifier the groups are
-        the classes (class-conditional sets).
+        conformal within equal-count bins of the predictive std σ̂(x), so that the level holds within each band of
+        σ̂, not only on average: 5 bins on small calibration sets when the network predicts the noise (each of
+        at least ⌈1/γ⌉ − 1 rows; the homoscedastic Gaussian: one below 400 rows), ⌊n / 200⌋ beyond (at most
+        10), each with a conformal quantile interpolated between ranks (coverage 1 − γ on average) and the
+        pooled quantile as a floor above the calibration rows' σ̂. For the classifier the groups are the classes
+        (class-conditional sets).
         "conformal" (:class:`~glas_sklearn.calibration.ConformalCalibrator`): split conformal on the calibration
         rows at a fixed d, with coverage ≥ 1 − γ for exchangeable data at any number of rows: regression
         intervals ŷ ± q σ̂ with q the ⌈(n + 1)(1 − γ)⌉-th smallest ``|y − ŷ|`` / σ̂ (per output), classification
@@ -96,8 +98,8 @@ PARAMETERS_DOC = """\
         unused with ``prefit=True``, which needs ``X_cal``.
         With a conformal calibration ("mondrian", the regressor's default, or "conformal") a share is raised,
         if need be, to the ⌈1/γ⌉ − 1 rows (9 at 90 %) that a finite conformal quantile needs at the highest
-        level (one more with σ0 by "nll"; as far as the data allow). σ̂ bands need 400 rows: a share is not
-        raised for them.
+        level (one more with σ0 by "nll"; as far as the data allow); σ̂ bands then take as many rows as they
+        can (a share is not raised for them).
     max_epochs : int, default=500
         The most training epochs when ``prefit=False`` (all of them with ``early_stopping=False``).
     lr : "auto" or float, default="auto"
@@ -170,8 +172,9 @@ PARAMETERS_DOC = """\
         (as ``HistGradientBoostingRegressor``'s): True from 2,000 training rows on (the rows left after the
         calibration rows are held out), False below, where holding rows out costs the network more than the
         epochs saved are worth (on the UCI sets of 308–1,599 rows early stopping made the interval score
-        worse, ``benchmarks/results/default_fit.md``) and 500 epochs take seconds. With fewer than 2 rows on
-        either side, training runs without stopping. Why training stopped is logged in one line
+        worse, ``benchmarks/results/default_fit.md``) and 500 epochs take seconds (the regressor's
+        ``likelihood="auto"`` still stops its two test networks there, on the rows its test holds out). With
+        fewer than 2 rows on either side, training runs without stopping. Why training stopped is logged in one line
         (``logging.getLogger("glas_sklearn")``, level INFO).
     validation_fraction : float, default=0.1
         The share of the training rows held out for early stopping (⌈fraction · n⌉ rows, stratified by class
@@ -306,7 +309,9 @@ REGRESSOR_PARAMETERS_DOC = """\
         On a network the estimator builds, with conformal intervals, ``fit`` trains both networks and compares
         their negative log-likelihood on rows neither was trained on (the early-stopping validation rows, else 20 %
         of the training rows, after which the chosen network is trained on all of them; never the calibration
-        rows): heteroscedastic when it is lower by more than one standard error and 0.02 nats per row
+        rows; with ``early_stopping="auto"`` the two networks stop on those 20 % and the chosen one is trained
+        again for the epochs its held-out loss picked when they are at most a quarter of ``max_epochs``, else for
+        ``max_epochs``): heteroscedastic when it is lower by more than one standard error and 0.02 nats per row
         (``likelihood_support_``;
         fewer than 100 training rows: "gaussian"). A module of your own, ``include_noise=True`` and the
         paper's ``calibration="coverage"`` take "gaussian" (benchmarks/results/likelihood_auto.md,
@@ -368,7 +373,10 @@ REGRESSOR_ATTRIBUTES_DOC = """\
         With ``likelihood="auto"`` on a network built here: the evidence of the choice, ``chosen`` (the
         likelihood's name), ``supported``, ``nll_gain`` (mean held-out NLL of the Gaussian network minus that of
         the heteroscedastic one, nats per row, each with one noise scale fitted on those rows), ``nll_gain_se``,
-        ``z``, ``n_rows``, ``rows`` (which rows), the fitted scales and ``seconds``; None otherwise."""
+        ``z``, ``n_rows``, ``rows`` (which rows), the fitted scales and ``seconds``; below 2,000 training rows
+        with ``early_stopping="auto"`` also ``best_epochs`` (per likelihood, the epoch of the lowest held-out
+        loss) and ``retraining_epochs`` (the epochs the chosen network was trained again for on all rows); None
+        otherwise."""
 
 # The sample_weight parameter of both estimators' fit.
 SAMPLE_WEIGHT_DOC = """\

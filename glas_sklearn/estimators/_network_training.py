@@ -28,9 +28,12 @@ class NetworkTrainingMixin:
     hooks of :class:`~glas_sklearn.estimators._network.NetworkMixin`, the thread choice and the prefit checks)."""
 
     def _theta0_module(self, Xt: torch.Tensor, yt: torch.Tensor, n_outputs: int, seed: int,
-                       dtype: torch.dtype, sample_weight: torch.Tensor | None = None) -> nn.Module:
+                       dtype: torch.dtype, sample_weight: torch.Tensor | None = None, *,
+                       held_out: np.ndarray | None = None, epochs: int | None = None,
+                       n_iter_no_change: int | None = None) -> nn.Module:
         """θ0: the prefit module as it is, or our own network (new or copied) trained on the training rows
-        (on the weighted mean loss with ``sample_weight``)."""
+        (on the weighted mean loss with ``sample_weight``); ``held_out``, ``epochs`` and ``n_iter_no_change`` as in
+        :meth:`_train`."""
         if self.prefit:
             module = self._called_as_network(self._prefit_module(Xt.device, dtype), Xt[:1])
             self._check_trainable(module)
@@ -45,7 +48,8 @@ class NetworkTrainingMixin:
             self._check_output_shape(module, Xt[:1], n_outputs)  # before training: a module that cannot take X
             self._choose_threads(module, Xt.shape[0])
             t0 = time.perf_counter()
-            self._train(module, Xt, yt, seed, sample_weight)
+            self._train(module, Xt, yt, seed, sample_weight, held_out=held_out, epochs=epochs,
+                        n_iter_no_change=n_iter_no_change)
             self.timings_["training"] = time.perf_counter() - t0
             held = self.validation_indices_
             self._n_rows_trained = Xt.shape[0] - (0 if held is None else len(held))  # for the closing line
@@ -56,12 +60,22 @@ class NetworkTrainingMixin:
         return module
 
     def _train(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, seed: int,
-               sample_weight: torch.Tensor | None) -> None:
+               sample_weight: torch.Tensor | None, *, held_out: np.ndarray | None = None,
+               epochs: int | None = None, n_iter_no_change: int | None = None) -> None:
         """Train ``module`` in place on the training rows, less the validation rows held out of them when
         ``early_stopping`` (never calibration rows), and record ``n_iter_``, ``loss_curve_``,
-        ``validation_scores_``, ``best_validation_score_`` and ``validation_indices_``."""
+        ``validation_scores_``, ``best_validation_score_`` and ``validation_indices_``.
+
+        ``held_out`` (sorted positions among the training rows) are the validation rows instead, whatever
+        ``early_stopping``; ``epochs`` replaces ``max_epochs`` and ``n_iter_no_change`` the estimator's
+        (``likelihood="auto"`` on small data:
+        :func:`~glas_sklearn.estimators._likelihood_choice.choose_auto_likelihood`)."""
         n_rows = len(yt)
-        fit_rows, val_rows = self._split_off_validation_rows(yt, seed)
+        if held_out is None:
+            fit_rows, val_rows = self._split_off_validation_rows(yt, seed)
+        else:
+            val_rows = np.sort(np.asarray(held_out))
+            fit_rows = np.setdiff1d(np.arange(n_rows), val_rows)
         validation = None
         if val_rows is not None:
             fit_index, val_index = (torch.as_tensor(r, device=Xt.device) for r in (fit_rows, val_rows))
@@ -71,9 +85,11 @@ class NetworkTrainingMixin:
         batch_size = self._batch_size(len(Xt))
         result = train_module(
             module, Xt, yt, self.likelihood_.loss, optimizer=self.optimizer, lr=self._lr(len(Xt)),
-            weight_decay=self.weight_decay, batch_size=batch_size, max_epochs=self.max_epochs, seed=seed,
+            weight_decay=self.weight_decay, batch_size=batch_size,
+            max_epochs=self.max_epochs if epochs is None else epochs, seed=seed,
             verbose=self.verbose, owner=type(self).__name__, sample_weight=sample_weight, validation=validation,
-            validation_loss=self.likelihood_.held_out_loss, n_iter_no_change=self.n_iter_no_change, tol=self.tol,
+            validation_loss=self.likelihood_.held_out_loss, tol=self.tol,
+            n_iter_no_change=self.n_iter_no_change if n_iter_no_change is None else n_iter_no_change,
             fused=n_rows >= AUTO_EARLY_STOPPING_ROWS)  # fused Adam on large data (same update, ~1.4x faster)
         self.n_iter_ = result.n_iter
         self.loss_curve_ = self.training_loss_ = result.loss_curve

@@ -71,11 +71,15 @@ def calibration_line(est, seconds: float) -> str:
     text = f"calibration: {_calibration_name(est)} at d = {d} on {n} rows, {seconds:.1f} s"
     if "quantile" in table and "level" in table:
         text += ": " + ", ".join(f"quantile {row.quantile:.3g} at {_pct(row.level)}" for row in table.itertuples())
+        cal, level = est.calibrator_, float(table["level"].iloc[0])
+        bands = 1
         if "n_bins" in table and len(table) and not est.likelihood_.is_classification:
             bands = int(table["n_bins"].iloc[0])
+            need = 2 * (cal.min_bin_size if cal.min_bins_ == 1 else cal.rows_needed(level))
             text += f" (pooled; {bands} bands of σ̂, each with its own quantile)" if bands > 1 else \
-                f" (one band of σ̂: bands need {2 * est.calibrator_.min_bin_size} calibration rows)"
-        text += _expected_coverage(n, float(table["level"].iloc[0]))
+                f" (one band of σ̂: bands need {need} calibration rows)"
+        if getattr(cal, "quantile_method", "higher") == "higher" and bands == 1:  # interpolated: the level on average
+            text += _expected_coverage(n, level)
     elif "coverage" in table and len(table):
         level = est._levels(None)[0]
         row = table[table["d"] == d].iloc[-1] if (table["d"] == d).any() else table.iloc[-1]
