@@ -387,13 +387,14 @@ class MondrianConformalCalibrator(ConformalCalibrator):
             index = self._bands_of(j, sd[:, j])
             band_q = self.band_quantiles(j, levels)
             beyond = sd[:, j] > self.std_max_[j]
-            if beyond.any():  # off the calibration rows' σ̂: at least the pooled quantile (see the class's text)
-                pooled_q = np.maximum(band_q[-1], self._pooled_quantile(j, levels))
-            for b, beyond_b in itertools.product(range(len(self.bin_scores_[j])), (False, True)):
-                rows = np.flatnonzero((index == b) & (beyond == beyond_b))
+            if beyond.any():  # off the calibrated σ̂: one more band, at least the pooled quantile (module text)
+                band_q = np.vstack([band_q, np.maximum(band_q[-1], self._pooled_quantile(j, levels))])
+                index = np.where(beyond, len(band_q) - 1, index)
+            for b in range(len(band_q)):
+                rows = np.flatnonzero(index == b)
                 if rows.size == 0:
                     continue
-                q = np.repeat((pooled_q if beyond_b else band_q[b])[:, None], M, axis=1)  # (k, M): column j used
+                q = np.repeat(band_q[b][:, None], M, axis=1)  # (k, M): output j's column used
                 at = torch.as_tensor(rows, device=prediction.mean.device)
                 part = score.region(RegressionMoments(prediction.mean[at], prediction.std[at]), q)
                 part = part.reshape(rows.size, M, 2, len(levels))
@@ -404,10 +405,9 @@ class MondrianConformalCalibrator(ConformalCalibrator):
 
     def _pooled_quantile(self, output: int, confidence_levels) -> np.ndarray:
         """The quantile of all calibration scores of ``output`` per level, (k,)."""
-        pooled = np.concatenate(self.bin_scores_[output])
         with warnings.catch_warnings():  # too few rows: +inf, which the bins' own warning has announced
             warnings.simplefilter("ignore", ConformalWarning)
-            return self._quantile(pooled, confidence_levels)
+            return self._quantile(np.concatenate(self.bin_scores_[output]), confidence_levels)
 
     def _min_rows(self, confidence_levels) -> int:
         """⌈1/γ⌉ − 1 at the highest level (:meth:`rows_needed`), at least 1: the fewest rows of a bin with a finite
