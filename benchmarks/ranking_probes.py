@@ -248,11 +248,11 @@ def main(argv=None):
     warnings.simplefilter("ignore")
     if args.quick:
         args.datasets, args.splits = ["energy"], 2
-    json_path = args.out_dir / f"ranking_probes{'_quick' if args.quick else ''}.json"
+    json_path, md_path = _common.output_paths(args, "ranking_probes")
     if args.report_only:
-        print(_common.report_from_results(json_path, json_path.with_suffix(".md"), render)[1])
+        print(_common.report_from_results(json_path, md_path, render)[1])
         return
-    print(_common.write_results_and_report(json_path, json_path.with_suffix(".md"), run(args), render,
+    print(_common.write_results_and_report(json_path, md_path, run(args), render,
                                            command=_common.command_line(__file__, argv))[1])
 
 

@@ -191,11 +191,11 @@ def main(argv=None):
     warnings.simplefilter("ignore")
     if args.quick:
         args.studies = ["uci"]
-    json_path = args.out_dir / f"small_data_bins{'_quick' if args.quick else ''}.json"
+    json_path, md_path = _common.output_paths(args, "small_data_bins")
     if args.report_only:
-        print(_common.report_from_results(json_path, json_path.with_suffix(".md"), render)[1])
+        print(_common.report_from_results(json_path, md_path, render)[1])
         return
-    print(_common.write_results_and_report(json_path, json_path.with_suffix(".md"), run(args), render,
+    print(_common.write_results_and_report(json_path, md_path, run(args), render,
                                            command=_common.command_line(__file__, argv))[1])
 
 
