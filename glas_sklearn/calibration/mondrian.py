@@ -51,6 +51,7 @@ import warnings
 import numpy as np
 import pandas as pd
 import torch
+from scipy import stats
 
 from .._checks import check_confidence_levels
 from ..likelihoods import Categorical, Gaussian, Likelihood
@@ -63,7 +64,13 @@ from .conformal import (
     resolve_conformity_score,
 )
 
-__all__ = ["MondrianConformalCalibrator", "std_bin_edges"]
+__all__ = ["MondrianConformalCalibrator", "scores_alike_pvalue", "std_bin_edges"]
+
+#: The bands ``min_bins="auto"`` asks for on small calibration sets (as far as each keeps ⌈1/γ⌉ − 1 rows).
+AUTO_MIN_BINS = 5
+#: The level at which ``min_bins="auto"`` takes those bands for a predictive without a noise head: where
+#: :func:`scores_alike_pvalue` is below it.
+BAND_TEST_LEVEL = 0.1
 
 
 def _merged_bins(counts, min_rows: int) -> list[list[int]]:
@@ -121,6 +128,31 @@ def std_bin_edges(std, n_bins: int, min_rows: int = 1) -> np.ndarray:
         else:
             edges.pop(b - 1)
     return np.asarray(edges, dtype=np.float64)
+
+
+def scores_alike_pvalue(scores, std, n_bins: int, min_rows: int = 1) -> float:
+    """The Kruskal–Wallis p-value of "the ``scores`` (n,) are alike in every band" over the equal-count bands of
+    ``std`` (n,) that :func:`std_bin_edges` cuts; 1.0 with one band or with all scores equal.
+
+    Small where the scores' distribution changes across the bands (their ranks differ by band), as when σ̂ is
+    too small in one part of its range and too large in another; a score's scale is what calibration per band
+    corrects, and a larger scale shifts the ranks of the (non-negative) scores.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> std = np.arange(1.0, 201.0)
+    >>> alike = np.abs(rng.standard_normal(200))
+    >>> scores_alike_pvalue(alike, std, 5) > 0.1, scores_alike_pvalue(alike * std / 100, std, 5) < 1e-6
+    (True, True)
+    """
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    sd = np.asarray(std, dtype=np.float64).reshape(-1)
+    edges = std_bin_edges(sd, n_bins, min_rows)
+    if edges.size == 0 or np.ptp(s) == 0:
+        return 1.0
+    band = np.searchsorted(edges, sd, side="left")
+    return float(stats.kruskal(*[s[band == b] for b in range(edges.size + 1)]).pvalue)
 
 
 def band_quantiles(scores, confidence_levels, quantile=conformal_quantile) -> np.ndarray:
@@ -267,19 +299,22 @@ class MondrianConformalCalibrator(ConformalCalibrator):
             raise ValueError(f"quantile_method must be 'interpolated' or 'higher', got {self.quantile_method!r}.")
 
     def resolved_min_bins(self, likelihood: Likelihood | None = None) -> int:
-        """``min_bins``; "auto": 5 where ``likelihood`` predicts the noise per row (``noise_in_outputs``), else 1."""
+        """``min_bins``; "auto": 5 where ``likelihood`` predicts the noise per row (``noise_in_outputs``), else 1
+        (before the test of :func:`scores_alike_pvalue`, which may take 5 per output)."""
         if self.min_bins != "auto":
             return int(self.min_bins)
-        return 5 if getattr(likelihood, "noise_in_outputs", False) else 1
+        return AUTO_MIN_BINS if getattr(likelihood, "noise_in_outputs", False) else 1
 
-    def bins_for(self, n_rows: int, confidence_levels, likelihood: Likelihood | None = None) -> int:
-        """The bins asked for with ``n_rows`` calibration rows at ``confidence_levels`` (before merging)."""
+    def bins_for(self, n_rows: int, confidence_levels, likelihood: Likelihood | None = None, *,
+                 min_bins: int | None = None) -> int:
+        """The bins asked for with ``n_rows`` calibration rows at ``confidence_levels`` (before merging), with
+        ``min_bins`` instead of :meth:`resolved_min_bins` where given."""
         self._check_bins()
         if self.n_bins != "auto":
             return int(self.n_bins)
         smallest = self._min_rows(confidence_levels)
         large = n_rows // max(int(self.min_bin_size), smallest)
-        small = min(self.resolved_min_bins(likelihood), n_rows // smallest)
+        small = min(self.resolved_min_bins(likelihood) if min_bins is None else min_bins, n_rows // smallest)
         return int(max(1, min(int(self.max_bins), max(large, small))))
 
     def _quantile(self, scores, confidence_levels) -> np.ndarray:
@@ -329,10 +364,15 @@ class MondrianConformalCalibrator(ConformalCalibrator):
             sd = prediction.std.to(torch.float64).reshape(raw.shape[0], -1).cpu().numpy()
             self.min_bins_ = self.resolved_min_bins(likelihood)
             n_bins = self.bins_for(raw.shape[0], confidence_levels, likelihood)
+            # "auto": the wider bands where the scores differ across them (the module's text), per output
+            wider = self.bins_for(raw.shape[0], confidence_levels, min_bins=AUTO_MIN_BINS) \
+                if self.min_bins == "auto" else n_bins
+            self.band_pvalue_ = np.array([scores_alike_pvalue(raw[:, j], sd[:, j], wider, min_rows)
+                                          if wider > n_bins else np.nan for j in range(raw.shape[1])])
             self.std_max_ = sd.max(axis=0)
             self.edges_, self.bin_scores_ = [], []
             for j in range(raw.shape[1]):
-                edges = std_bin_edges(sd[:, j], n_bins, min_rows)
+                edges = std_bin_edges(sd[:, j], wider if self.band_pvalue_[j] < BAND_TEST_LEVEL else n_bins, min_rows)
                 self.edges_.append(edges)
                 index = self._bands_of(j, sd[:, j])
                 self.bin_scores_.append([np.sort(raw[index == b, j]) for b in range(len(edges) + 1)])
