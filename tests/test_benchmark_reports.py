@@ -111,9 +111,10 @@ def test_small_data_bins_report_is_rendered_from_its_json(script):
     assert rendered.split(MARK)[0] == committed.split(MARK)[0]
 
 
-def test_ranking_probes_report_is_rendered_from_its_json(script):
-    rendered = script("ranking_probes").render(_results("ranking_probes"))
-    committed = _report("ranking_probes")
+@pytest.mark.parametrize("stem", ["ranking_probes", "band_selection"])
+def test_discussed_reports_are_rendered_from_their_json(script, stem):
+    rendered = script(stem).render(_results(stem))
+    committed = _report(stem)
     assert rendered.endswith(MARK + "\n") and MARK in committed
     assert rendered.split(MARK)[0] == committed.split(MARK)[0]
 

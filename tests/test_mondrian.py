@@ -18,6 +18,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from scipy import stats
 
 from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
 from glas_sklearn.calibration import (
@@ -28,6 +29,7 @@ from glas_sklearn.calibration import (
     StdNormalizedResidual,
     conformal_quantile,
     resolve_calibration,
+    scores_alike_pvalue,
     std_bin_edges,
 )
 from glas_sklearn.likelihoods import Gaussian, HeteroscedasticGaussian, StudentT
@@ -170,6 +172,60 @@ def test_min_bins_auto_follows_the_likelihood():
         MondrianConformalCalibrator(min_bins=0).bins_for(100, 0.9)
 
 
+def _alike_or_not(rng, n: int, differ: bool):
+    """σ̂ uniform on [1, 2] and targets around 0 whose std is σ̂, or (``differ``) 2σ̂ where σ̂ < 1.2 (the lowest
+    fifth): there σ̂ under-states the error twofold."""
+    sd = rng.uniform(1.0, 2.0, n)
+    return sd, sd * np.where(differ & (sd < 1.2), 2.0, 1.0) * rng.standard_normal(n)
+
+
+def test_min_bins_auto_takes_bands_where_the_scores_differ_across_them():
+    """min_bins="auto" for a likelihood without a noise head, 150 calibration rows, 300 simulated studies each:
+    where the scores do not depend on σ̂ the Kruskal–Wallis test takes five bands in 10 % of the studies (its
+    level; binomial ± 4 SE) and coverage stays 90 % on average (± 4 SE of the mean over studies); where σ̂
+    under-states the error twofold in its lowest fifth it takes them in most studies, and that fifth's
+    coverage rises from about 69 % with one band (by construction: the pooled quantile of a mixture) to 80 % or
+    more."""
+    def m(a):
+        return torch.as_tensor(a.reshape(-1, 1))
+
+    for differ in (False, True):
+        banded, coverage, low_auto, low_one = [], [], [], []
+        for r in range(300):
+            rng = np.random.default_rng(r)
+            sd, y = _alike_or_not(rng, 150, differ)
+            sd_t, y_t = _alike_or_not(rng, 2000, differ)
+            for min_bins in ("auto", 1):
+                cal = MondrianConformalCalibrator(min_bins=min_bins).calibrate_predictions(
+                    RegressionMoments(m(np.zeros(150)), m(sd)), m(y), 0.9, Gaussian())
+                b = cal.region(RegressionMoments(m(np.zeros(2000)), m(sd_t)), 0.9)[:, 0, :, 0].numpy()
+                hit = (y_t >= b[:, 0]) & (y_t <= b[:, 1])
+                if min_bins == "auto":
+                    assert np.isfinite(cal.band_pvalue_[0]) and cal.min_bins_ == 1
+                    banded.append(len(cal.edges_[0]) == 4)
+                    coverage.append(hit.mean())
+                    low_auto.append(hit[sd_t < 1.2].mean())
+                else:
+                    low_one.append(hit[sd_t < 1.2].mean())
+        if not differ:
+            assert abs(np.mean(banded) - 0.1) < 4 * math.sqrt(0.1 * 0.9 / 300)
+            assert abs(np.mean(coverage) - 0.9) < 4 * np.std(coverage) / math.sqrt(300)
+        else:
+            assert np.mean(banded) > 0.6
+            assert np.mean(low_one) < 0.75 and np.mean(low_auto) > 0.8
+
+
+def test_scores_alike_pvalue_is_kruskal_wallis_over_the_std_bands():
+    """The p-value is Kruskal–Wallis's over the equal-count bands of σ̂ (the bands by hand: sorted σ̂ in five
+    runs of 30 rows), 1.0 with one band or equal scores."""
+    rng = np.random.default_rng(4)
+    sd, scores = rng.permutation(np.arange(150.0)), rng.exponential(size=150)
+    order = np.argsort(sd)
+    by_hand = stats.kruskal(*[scores[order[30 * b:30 * (b + 1)]] for b in range(5)]).pvalue
+    np.testing.assert_allclose(scores_alike_pvalue(scores, sd, 5), by_hand, rtol=1e-12)
+    assert scores_alike_pvalue(scores, sd, 1) == 1.0 and scores_alike_pvalue(np.ones(150), sd, 5) == 1.0
+
+
 def _beta_binomial(n_b: int, level: float, n_test: float, n_seeds: int, k=None) -> tuple[float, float]:
     """Mean and standard deviation of the seed-averaged coverage of one bin: given its n_b calibration rows the
     coverage is Beta(k, n_b + 1 − k), k = ⌈(n_b + 1) level⌉, and its ~n_test test rows add C(1 − C)/n_test."""
@@ -303,18 +359,25 @@ def test_resolve_and_settings():
 
 def test_regressor_default_is_mondrian_over_sigma_bands_with_min_bins_on_small_data():
     """The regressor's default calibration on 300 calibration rows: five bands of σ̂ for the heteroscedastic
-    predictive (min_bins "auto"), one for the Gaussian, each with its interpolated quantile (by hand from the
-    band's scores); ``min_bins=1, quantile_method="higher"`` is one band: the intervals and std of
+    predictive (min_bins "auto"), and for the Gaussian too, whose scores on this noise step differ across the bands
+    (the Kruskal–Wallis p-value of its bands' scores, below 0.1), each with its interpolated quantile (by hand from
+    the band's scores); ``min_bins=1, quantile_method="higher"`` is one band: the intervals and std of
     calibration="conformal" on the same network and rows. From 1,000 rows ⌊n / 200⌋ bands for either."""
     X, y = step_noise_data(600)
     X_new, _ = step_noise_data(40, seed=3)
     assert LaplaceActiveSubspaceRegressor().calibration == "mondrian"
-    for likelihood, n_bands in (("heteroscedastic", 5), ("gaussian", 1)):
+    for likelihood, min_bins in (("heteroscedastic", 5), ("gaussian", 1)):
         kw = dict(SMALL, likelihood=likelihood, calibration_size=0.5)  # 300 calibration rows
         small = LaplaceActiveSubspaceRegressor(**kw).fit(X, y)
         plain = LaplaceActiveSubspaceRegressor(calibration="conformal", **kw).fit(X, y)
-        assert isinstance(small.calibrator_, MondrianConformalCalibrator) and small.calibrator_.min_bins_ == n_bands
-        assert sorted(small.calibrator_.bins_["n"]) == [300 // n_bands] * n_bands
+        cal = small.calibrator_
+        assert isinstance(cal, MondrianConformalCalibrator) and cal.min_bins_ == min_bins
+        assert sorted(cal.bins_["n"]) == [60] * 5
+        if min_bins == 5:  # no test where the likelihood predicts the noise
+            assert np.isnan(cal.band_pvalue_).all()
+        else:
+            assert cal.band_pvalue_[0] < 0.1
+            np.testing.assert_allclose(cal.band_pvalue_[0], stats.kruskal(*cal.bin_scores_[0]).pvalue, rtol=1e-9)
         y_pred, pis = small.predict_interval(X_new)
         sd = plain.predict(X_new, return_std=True)[1] / plain.std_scale_[0] / small.y_scale_[0]  # σ̂, internal
         q, _ = _by_hand(small.calibrator_, sd, 0.9)
@@ -342,7 +405,8 @@ def test_band_calibrated_estimator_served_from_threads():
 
     X, y = step_noise_data(900, seed=2)
     reg = LaplaceActiveSubspaceRegressor(calibration_size=0.5, **dict(SMALL, likelihood="gaussian")).fit(X, y)
-    assert len(reg.calibrator_.edges_[0]) == 1  # 450 calibration rows, the Gaussian: two bands of 225
+    # 450 calibration rows, the Gaussian on a noise step: five bands of 90 (its scores differ across them)
+    assert len(reg.calibrator_.edges_[0]) == 4 and reg.calibrator_.band_pvalue_[0] < 0.1
     X_new, _ = step_noise_data(300, seed=4)
     levels = [0.9, 0.997]  # 0.997 needs 332 rows a band: the two bands merged (the pooled quantile), finite
     ref_pis = reg.predict_interval(X_new, confidence_level=levels)[1]

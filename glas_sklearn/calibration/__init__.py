@@ -13,7 +13,8 @@ of a built-in one (:func:`resolve_calibration`, the one place where the names be
   and the calibrators) and re-exported here, so ``from glas_sklearn.calibration import LAC`` keeps working.
 - ``"mondrian"``, :class:`MondrianConformalCalibrator` (beyond the paper): split conformal within bins of the
   predictive std σ̂(x) (classes for classification), so that the level holds in each bin, not only on average;
-  the number of bins is set by the calibration rows (:func:`std_bin_edges`).
+  the number of bins is set by the calibration rows (:func:`std_bin_edges`; on small data five where the scores
+  differ across them, :func:`scores_alike_pvalue`).
 
 The prior scale by held-out likelihood: :func:`tune_sigma0`, :func:`predictive_nll`. The predictive moments
 that calibration and prediction share live in :mod:`glas_sklearn.predictive` (``regression_moments`` and
@@ -41,7 +42,7 @@ from .conformal import (
     weighted_moments,
 )
 from .coverage import CalibrationResult, CalibrationWarning, CoverageCalibrator, choose_dimension
-from .mondrian import MondrianConformalCalibrator, std_bin_edges
+from .mondrian import MondrianConformalCalibrator, scores_alike_pvalue, std_bin_edges
 from .sigma0 import Sigma0Result, predictive_nll, tune_sigma0
 
 __all__ = [
@@ -70,6 +71,7 @@ __all__ = [
     "regression_moments",
     "resolve_calibration",
     "resolve_conformity_score",
+    "scores_alike_pvalue",
     "std_bin_edges",
     "tune_sigma0",
     "weighted_moments",

@@ -17,12 +17,26 @@ distributed (k the rank above), with a standard deviation ≈ sqrt(γ(1 − γ)/
 and its quantile is the noisier the fewer rows. ``n_bins="auto"`` therefore takes
 B = max(1, min(``max_bins``, max(⌊n / max(``min_bin_size``, m_γ)⌋, min(``min_bins``, ⌊n / m_γ⌋)))) bins for n
 calibration rows: bins of ``min_bin_size`` rows where the rows allow, and otherwise still ``min_bins`` bins of
-at least m_γ rows (5 for the heteroscedastic predictive, whose σ̂ carries a learnt noise shape), so that a σ̂ that
-ranks the errors badly within its range (coverage falling in its middle fifth, rising at its ends) is corrected on
-small data as well (69 rows: 5 bins of 13–14); an integer
+at least m_γ rows, so that a σ̂ that ranks the errors badly within its range (coverage falling in its middle
+fifth, rising at its ends) is corrected on small data as well (69 rows: 5 bins of 13–14); an integer
 ``n_bins`` is taken as asked. Either way bins are then merged with a neighbour, smallest first, until each
 holds at least max(m_γ, 1) rows (ties in σ̂ can leave bins short), so every quantile at the fitted levels is
-finite.
+finite. Measured on the fitted-λ σ̂ (``benchmarks/results/regional_calibration_i27g.md``, ``_i27l.md``): 200-row
+bins cost 0.0–0.4 % interval score where they act in distribution and save 0.9 % under top-third extrapolation
+(800 rows, 4 bins), 100-row bins cost 0.5–0.8 %; σ̂ quintiles 89–90 % at 1,200 rows (one pooled quantile: 87–93 %).
+
+Five bands or one on small data (``min_bins="auto"``). The heteroscedastic predictive (a likelihood with
+``noise_in_outputs``), whose σ̂ carries a learnt noise shape, always takes five: on the four UCI dev sets with
+28–144 calibration rows they bring every σ̂ quintile into 87–94 % (82–97 % with one quantile, where σ̂ ranks
+energy's errors badly; ``benchmarks/results/small_data_bins.md``). A predictive without a noise head has a σ̂ of
+the epistemic shape alone, which may or may not follow the noise: five bands there cost 1–6 % of interval score
+where the scores do not depend on σ̂, and leave wine's quietest σ̂ fifth at 82.6 % where they do. So each output
+takes five bands only where the calibration scores differ across them: where :func:`scores_alike_pvalue`, a
+Kruskal–Wallis test over those five bands, is below ``BAND_TEST_LEVEL`` = 0.1 (``band_pvalue_``). On the default's
+fits of the dev sets (20 splits, ``benchmarks/results/band_selection.md``) the test takes bands on 7 of wine's 12
+Gaussian fits and 4 of concrete's 16, and brings wine's quietest fifth from 84 % to 87 %, at 0.988× split
+conformal on concrete (0.993× with one band). Choosing the bands by a test on the calibration scores makes the
+partition depend on the targets; the level within a band then holds up to that choice, measured there.
 
 The guarantee. With edges fixed independently of the calibration rows, coverage ≥ 1 − γ holds exactly within
 each bin for exchangeable rows. The edges here are the calibration rows' own σ̂ quantiles (no rows are spent on
@@ -51,6 +65,7 @@ import warnings
 import numpy as np
 import pandas as pd
 import torch
+from scipy import stats
 
 from .._checks import check_confidence_levels
 from ..likelihoods import Categorical, Gaussian, Likelihood
@@ -63,7 +78,13 @@ from .conformal import (
     resolve_conformity_score,
 )
 
-__all__ = ["MondrianConformalCalibrator", "std_bin_edges"]
+__all__ = ["MondrianConformalCalibrator", "scores_alike_pvalue", "std_bin_edges"]
+
+#: The bands ``min_bins="auto"`` asks for on small calibration sets (as far as each keeps ⌈1/γ⌉ − 1 rows).
+AUTO_MIN_BINS = 5
+#: The level at which ``min_bins="auto"`` takes those bands for a predictive without a noise head: where
+#: :func:`scores_alike_pvalue` is below it.
+BAND_TEST_LEVEL = 0.1
 
 
 def _merged_bins(counts, min_rows: int) -> list[list[int]]:
@@ -123,6 +144,39 @@ def std_bin_edges(std, n_bins: int, min_rows: int = 1) -> np.ndarray:
     return np.asarray(edges, dtype=np.float64)
 
 
+def scores_alike_pvalue(scores, std, n_bins: int, min_rows: int = 1) -> float:
+    """The Kruskal–Wallis p-value of "the ``scores`` (n,) are alike in every band" over the equal-count bands of
+    ``std`` (n,) that :func:`std_bin_edges` cuts; 1.0 with one band or with all scores equal.
+
+    Small where the scores' distribution changes across the bands (their ranks differ by band), as when σ̂ is
+    too small in one part of its range and too large in another; a score's scale is what calibration per band
+    corrects, and a larger scale shifts the ranks of the (non-negative) scores.
+
+    Examples
+    --------
+    >>> rng = np.random.default_rng(0)
+    >>> std = np.arange(1.0, 201.0)
+    >>> alike = np.abs(rng.standard_normal(200))
+    >>> scores_alike_pvalue(alike, std, 5) > 0.1, scores_alike_pvalue(alike * std / 100, std, 5) < 1e-6
+    (True, True)
+    """
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    sd = np.asarray(std, dtype=np.float64).reshape(-1)
+    edges = std_bin_edges(sd, n_bins, min_rows)
+    if edges.size == 0 or np.ptp(s) == 0:
+        return 1.0
+    band = np.searchsorted(edges, sd, side="left")
+    return float(stats.kruskal(*[s[band == b] for b in range(edges.size + 1)]).pvalue)
+
+
+def _std_bands(scores, std, n_bins: int, wider: int, min_rows: int) -> tuple[np.ndarray, float]:
+    """The edges of ``n_bins`` bands of ``std``, or of ``wider`` ones where the ``scores`` differ across those
+    (:func:`scores_alike_pvalue` below :data:`BAND_TEST_LEVEL`), and that p-value (NaN when ``wider`` ≤ ``n_bins``:
+    no test)."""
+    p = scores_alike_pvalue(scores, std, wider, min_rows) if wider > n_bins else np.nan
+    return std_bin_edges(std, wider if p < BAND_TEST_LEVEL else n_bins, min_rows), p
+
+
 def band_quantiles(scores, confidence_levels, quantile=conformal_quantile) -> np.ndarray:
     """The conformal quantile of each bin per level, (B, k), from the bins' sorted ``scores`` (a list of B arrays,
     in σ̂ order) and ``quantile`` (:func:`~glas_sklearn.calibration.conformal_quantile` or a method of it).
@@ -160,6 +214,30 @@ def band_quantiles(scores, confidence_levels, quantile=conformal_quantile) -> np
     return out
 
 
+def _calibration_summary(cal, prediction, target, confidence_levels):
+    """Per level: the share of calibration rows inside their group's region under the fitted calibrator ``cal``
+    (a :class:`MondrianConformalCalibrator`), and the mean width / set size."""
+    levels = check_confidence_levels(confidence_levels)
+    if cal.conformity_score_.classification:
+        sets = cal.region(prediction, levels)
+        hit = sets.gather(1, target.reshape(-1, 1, 1).expand(-1, 1, sets.shape[-1]))[:, 0]
+        return (hit.to(torch.float64).mean(0).cpu().numpy(),
+                sets.sum(1).to(torch.float64).mean(0).cpu().numpy())
+    bounds = cal.region(prediction, levels)  # (n, M, 2, k)
+    width = (bounds[:, :, 1] - bounds[:, :, 0]).to(torch.float64)
+    # inside: a row's score at most its bin's quantile (as the pooled calibrator counts it); comparing y with
+    # the bounds instead could drop the row whose score is the quantile itself by round-off
+    raw = np.asarray(cal.conformity_score_.score(target, prediction).detach().cpu(), dtype=np.float64)
+    raw = raw.reshape(raw.shape[0], -1)
+    sd = prediction.std.to(torch.float64).reshape(raw.shape[0], -1).cpu().numpy()
+    inside = np.zeros((raw.shape[0], raw.shape[1], len(levels)), dtype=bool)
+    for j in range(raw.shape[1]):
+        q = cal.band_quantiles(j, levels)  # (B, k)
+        index = cal._bands_of(j, sd[:, j])
+        inside[:, j] = raw[:, j, None] <= q[index]
+    return inside.mean((0, 1)), width.mean((0, 1)).cpu().numpy()
+
+
 class MondrianConformalCalibrator(ConformalCalibrator):
     """Split conformal within bins of the predictive std σ̂(x) (regression) or within classes (classification).
 
@@ -178,10 +256,7 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         asked. Bins short of ⌈1/γ⌉ − 1 rows are merged. Ignored for classification (the groups are the classes).
     min_bin_size : int, default=200
         The rows per bin "auto" aims at (a bin's coverage then varies by about sqrt(γ(1 − γ)/200) = 2.1 % at 90 %)
-        where that gives more than ``min_bins`` bins. Measured on the
-        fitted-λ σ̂ (``benchmarks/results/regional_calibration_i27g.md``, ``_i27l.md``): 200-row bins cost 0.0–0.4 %
-        interval score where they act in distribution and save 0.9 % under top-third extrapolation (800 rows, 4
-        bins), 100-row bins cost 0.5–0.8 %; σ̂ quintiles 89–90 % at 1,200 rows (one pooled quantile: 87–93 %).
+        where that gives more than ``min_bins`` bins (measured in the module's text).
     max_bins : int, default=10
         The most bins "auto" takes.
     conformity_score : ConformityScore, optional
@@ -192,11 +267,8 @@ class MondrianConformalCalibrator(ConformalCalibrator):
     min_bins : int or "auto", default="auto"
         The fewest bins ``n_bins="auto"`` takes, as far as each keeps ⌈1/γ⌉ − 1 rows (1: one pooled quantile
         below 2 × ``min_bin_size`` rows). "auto": 5 for a likelihood whose network predicts the noise per row
-        (``noise_in_outputs``: the heteroscedastic Gaussian), 1 otherwise. Measured on the four UCI dev sets with
-        28–144 calibration rows (``benchmarks/results/small_data_bins.md``): on the heteroscedastic σ̂ five bins
-        bring every σ̂ quintile into 87–94 % (82–97 % with one quantile, where σ̂ ranks energy's errors badly);
-        on the homoscedastic σ̂, whose shape is the epistemic part alone, one quantile already holds 87–95 % and
-        five bins cost 1–6 % of interval score.
+        (``noise_in_outputs``); otherwise 5 for an output whose calibration scores differ across those bands
+        (:func:`scores_alike_pvalue` below 0.1) and 1 for the others (the module's text).
     quantile_method : {"interpolated", "higher"}, default="interpolated"
         The within-bin quantile: interpolated between ranks (average coverage 1 − γ) or the rank rounded up (the
         finite-sample guarantee ≥ 1 − γ, up to 1/(n_b + 1) more); see the module's text.
@@ -211,7 +283,9 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         One row per output and bin (or class): ``output``, ``bin``, ``low`` and ``high`` (σ̂ on its calibration
         rows), ``n`` and ``quantile`` at the first level.
     min_bins_ : int
-        ``min_bins`` as resolved for the fitted likelihood (regression).
+        ``min_bins`` as resolved for the fitted likelihood, before the test per output (regression).
+    band_pvalue_ : ndarray of shape (M,)
+        Per output, :func:`scores_alike_pvalue` where "auto" tested for bands, else NaN (regression).
     std_max_ : ndarray of shape (M,)
         Per output, the highest σ̂ of the calibration rows (regression): above it the pooled quantile is a floor.
     (and those of :class:`ConformalCalibrator`: ``scores_`` holds the pooled sorted scores)
@@ -241,7 +315,7 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         # the groups from the prediction the pooled scores were computed from (the predictive is computed once)
         self.calibrate_predictions(prediction, target, confidence_levels, self.likelihood_)
         table = self.table_.copy()
-        cov, width = self._calibration_summary(prediction, target, confidence_levels)
+        cov, width = _calibration_summary(self, prediction, target, confidence_levels)
         size_col = self.likelihood_.region_size_name
         table["coverage"], table[size_col] = cov, width
         table["n_bins"] = max(len(e) + 1 for e in self.edges_) if not self.conformity_score_.classification else \
@@ -267,19 +341,22 @@ class MondrianConformalCalibrator(ConformalCalibrator):
             raise ValueError(f"quantile_method must be 'interpolated' or 'higher', got {self.quantile_method!r}.")
 
     def resolved_min_bins(self, likelihood: Likelihood | None = None) -> int:
-        """``min_bins``; "auto": 5 where ``likelihood`` predicts the noise per row (``noise_in_outputs``), else 1."""
+        """``min_bins``; "auto": 5 where ``likelihood`` predicts the noise per row (``noise_in_outputs``), else 1
+        (before the test of :func:`scores_alike_pvalue`, which may take 5 per output)."""
         if self.min_bins != "auto":
             return int(self.min_bins)
-        return 5 if getattr(likelihood, "noise_in_outputs", False) else 1
+        return AUTO_MIN_BINS if getattr(likelihood, "noise_in_outputs", False) else 1
 
-    def bins_for(self, n_rows: int, confidence_levels, likelihood: Likelihood | None = None) -> int:
-        """The bins asked for with ``n_rows`` calibration rows at ``confidence_levels`` (before merging)."""
+    def bins_for(self, n_rows: int, confidence_levels, likelihood: Likelihood | None = None, *,
+                 min_bins: int | None = None) -> int:
+        """The bins asked for with ``n_rows`` calibration rows at ``confidence_levels`` (before merging), with
+        ``min_bins`` instead of :meth:`resolved_min_bins` where given."""
         self._check_bins()
         if self.n_bins != "auto":
             return int(self.n_bins)
         smallest = self._min_rows(confidence_levels)
         large = n_rows // max(int(self.min_bin_size), smallest)
-        small = min(self.resolved_min_bins(likelihood), n_rows // smallest)
+        small = min(self.resolved_min_bins(likelihood) if min_bins is None else min_bins, n_rows // smallest)
         return int(max(1, min(int(self.max_bins), max(large, small))))
 
     def _quantile(self, scores, confidence_levels) -> np.ndarray:
@@ -329,41 +406,24 @@ class MondrianConformalCalibrator(ConformalCalibrator):
             sd = prediction.std.to(torch.float64).reshape(raw.shape[0], -1).cpu().numpy()
             self.min_bins_ = self.resolved_min_bins(likelihood)
             n_bins = self.bins_for(raw.shape[0], confidence_levels, likelihood)
+            # "auto": the wider bands where the scores differ across them (the module's text), per output
+            wider = self.bins_for(raw.shape[0], confidence_levels, min_bins=AUTO_MIN_BINS) \
+                if self.min_bins == "auto" else n_bins
             self.std_max_ = sd.max(axis=0)
-            self.edges_, self.bin_scores_ = [], []
+            self.edges_, self.bin_scores_, pvalues = [], [], []
             for j in range(raw.shape[1]):
-                edges = std_bin_edges(sd[:, j], n_bins, min_rows)
+                edges, p = _std_bands(raw[:, j], sd[:, j], n_bins, wider, min_rows)
                 self.edges_.append(edges)
+                pvalues.append(p)
                 index = self._bands_of(j, sd[:, j])
                 self.bin_scores_.append([np.sort(raw[index == b, j]) for b in range(len(edges) + 1)])
                 for b, s in enumerate(self.bin_scores_[-1]):
                     in_bin = sd[index == b, j]
                     records.append({"output": j, "bin": b, "low": float(in_bin.min()), "high": float(in_bin.max()),
                                     "n": int(s.size), "quantile": float(self._quantile(s, levels)[0])})
+            self.band_pvalue_ = np.array(pvalues)
         self.bins_ = pd.DataFrame.from_records(records, columns=["output", "bin", "low", "high", "n", "quantile"])
         return self
-
-    def _calibration_summary(self, prediction, target, confidence_levels):
-        """Per level: the share of calibration rows inside their group's region, and the mean width / set size."""
-        levels = check_confidence_levels(confidence_levels)
-        if self.conformity_score_.classification:
-            sets = self.region(prediction, levels)
-            hit = sets.gather(1, target.reshape(-1, 1, 1).expand(-1, 1, sets.shape[-1]))[:, 0]
-            return (hit.to(torch.float64).mean(0).cpu().numpy(),
-                    sets.sum(1).to(torch.float64).mean(0).cpu().numpy())
-        bounds = self.region(prediction, levels)  # (n, M, 2, k)
-        width = (bounds[:, :, 1] - bounds[:, :, 0]).to(torch.float64)
-        # inside: a row's score at most its bin's quantile (as the pooled calibrator counts it); comparing y with
-        # the bounds instead could drop the row whose score is the quantile itself by round-off
-        raw = np.asarray(self.conformity_score_.score(target, prediction).detach().cpu(), dtype=np.float64)
-        raw = raw.reshape(raw.shape[0], -1)
-        sd = prediction.std.to(torch.float64).reshape(raw.shape[0], -1).cpu().numpy()
-        inside = np.zeros((raw.shape[0], raw.shape[1], len(levels)), dtype=bool)
-        for j in range(raw.shape[1]):
-            q = self.band_quantiles(j, levels)  # (B, k)
-            index = self._bands_of(j, sd[:, j])
-            inside[:, j] = raw[:, j, None] <= q[index]
-        return inside.mean((0, 1)), width.mean((0, 1)).cpu().numpy()
 
     # ------------------------------------------------------------------------------------- predict
     def region(self, prediction, confidence_levels):

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numbers
 
+import numpy as np
+
 from ..calibration.conformal import conformal_rank
 
 __all__ = ["calibration_line", "fit_line", "posterior_line", "sigma0_line", "training_line"]
@@ -76,8 +78,13 @@ def calibration_line(est, seconds: float) -> str:
         if "n_bins" in table and len(table) and not est.likelihood_.is_classification:
             bands = int(table["n_bins"].iloc[0])
             need = 2 * (cal.min_bin_size if cal.min_bins_ == 1 else cal.rows_needed(level))
-            text += f" (pooled; {bands} bands of σ̂, each with its own quantile)" if bands > 1 else \
-                f" (one band of σ̂: bands need {need} calibration rows)"
+            tested = _band_test(getattr(cal, "band_pvalue_", None))
+            if bands > 1:
+                text += f" (pooled; {bands} bands of σ̂, each with its own quantile" + \
+                    (f", as the scores differ across them: {tested})" if tested else ")")
+            else:
+                text += f" (one band of σ̂: the scores are alike across σ̂ bands, {tested})" if tested else \
+                    f" (one band of σ̂: bands need {need} calibration rows)"
         if getattr(cal, "quantile_method", "higher") == "higher" and bands == 1:  # interpolated: the level on average
             text += _expected_coverage(n, level)
     elif "coverage" in table and len(table):
@@ -86,6 +93,13 @@ def calibration_line(est, seconds: float) -> str:
         reached = {True: " (reached)", False: " (not reached)", None: ""}[est.calibration_reached_]
         text += f": coverage {row['coverage']:.3f} of the {_pct(level)} target{reached}"
     return text
+
+
+def _band_test(pvalues) -> str:
+    """E.g. "Kruskal–Wallis p = 0.43": the test that chose five bands or one per output ("" where none was)."""
+    if pvalues is None or not np.isfinite(pvalues).any():
+        return ""
+    return "Kruskal–Wallis p = " + ", ".join(f"{p:.2g}" for p in pvalues if np.isfinite(p))
 
 
 def _expected_coverage(n: int, level: float) -> str:
