@@ -120,6 +120,7 @@ class LaplaceActiveSubspaceBase(NetworkTrainingMixin, PosteriorFitMixin, Calibra
         else:
             self.train_indices_ = self.calibration_indices_ = None
         self._check_sigma0_rows(len(X_cal))  # sigma0="nll" with too few rows raises before training
+        self._warn_few_calibration_rows(len(X_cal))
         Xt, yt, Xc, yc = self._fit_tensors(X, y, X_cal, y_cal, device, dtype, sample_weight)
         wt = None if sample_weight is None else torch.as_tensor(sample_weight, dtype=torch.float64).to(device)
         self.timings_ = {}

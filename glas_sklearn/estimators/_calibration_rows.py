@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import numbers
+import warnings
 
 import numpy as np
 from sklearn.model_selection import train_test_split
+
+from ..calibration import ConformalWarning
 
 __all__ = ["CalibrationRowsMixin"]
 
@@ -30,6 +33,20 @@ class CalibrationRowsMixin:
         """The calibration rows the calibrator needs at the estimator's levels ("conformal": ⌈1/γ⌉ − 1 at the
         highest level, for a finite quantile)."""
         return self._calibrator().rows_needed(self._levels(None))
+
+    def _warn_few_calibration_rows(self, n_cal: int) -> None:
+        """A ConformalWarning before training when ``n_cal`` calibration rows are too few for a finite conformal
+        quantile at the highest level (given ``X_cal`` or an integer ``calibration_size``, or few rows in all):
+        the intervals would be infinite there, which the user learns now rather than after the training."""
+        need = self._calibration_rows_needed()
+        if n_cal >= need:
+            return
+        what = "prediction sets hold every class" if self.likelihood_.is_classification else "intervals are infinite"
+        warnings.warn(
+            f"{type(self).__name__}.fit: {n_cal} calibration rows are too few for a conformal quantile at level "
+            f"{max(self._levels(None))} (it needs {need}); at that level the {what}. Pass at least {need} "
+            "calibration rows (X_cal and y_cal, or a larger calibration_size), or lower confidence_level. "
+            "Training goes on.", ConformalWarning, stacklevel=5)
 
     def _n_calibration_rows(self, n: int) -> int:
         """Rows held out of the n training rows for calibration (at least one, leaving at least two; with

@@ -99,7 +99,8 @@ PARAMETERS_DOC = """\
         With a conformal calibration ("mondrian", the regressor's default, or "conformal") a share is raised,
         if need be, to the ⌈1/γ⌉ − 1 rows (9 at 90 %) that a finite conformal quantile needs at the highest
         level (one more with σ0 by "nll"; as far as the data allow); σ̂ bands then take as many rows as they
-        can (a share is not raised for them).
+        can (a share is not raised for them). Fewer rows than that (a number, ``X_cal``, or few rows in all) are
+        warned about (``ConformalWarning``) before training: the intervals at that level are infinite.
     max_epochs : int, default=500
         The most training epochs when ``prefit=False`` (all of them with ``early_stopping=False``).
     lr : "auto" or float, default="auto"
