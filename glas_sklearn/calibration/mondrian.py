@@ -68,6 +68,7 @@ import torch
 from scipy import stats
 
 from .._checks import check_confidence_levels
+from .._silenced import is_silenced, silenced
 from ..likelihoods import Categorical, Gaussian, Likelihood
 from ..predictive import RegressionMoments
 from .conformal import (
@@ -146,7 +147,7 @@ def std_bin_edges(std, n_bins: int, min_rows: int = 1) -> np.ndarray:
 
 def scores_alike_pvalue(scores, std, n_bins: int, min_rows: int = 1) -> float:
     """The Kruskal–Wallis p-value of "the ``scores`` (n,) are alike in every band" over the equal-count bands of
-    ``std`` (n,) that :func:`std_bin_edges` cuts; 1.0 with one band or with all scores equal.
+    ``std`` (n,) that :func:`std_bin_edges` cuts; NaN with one band (nothing to compare), 1.0 with all scores equal.
 
     Small where the scores' distribution changes across the bands (their ranks differ by band), as when σ̂ is
     too small in one part of its range and too large in another; a score's scale is what calibration per band
@@ -162,8 +163,14 @@ def scores_alike_pvalue(scores, std, n_bins: int, min_rows: int = 1) -> float:
     """
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
     sd = np.asarray(std, dtype=np.float64).reshape(-1)
+    if s.shape != sd.shape:
+        raise ValueError(f"scores and std must have the same length, got {s.size} and {sd.size}.")
+    if np.isnan(s).any() or np.isnan(sd).any():
+        raise ValueError("scores and std must not contain NaN (a NaN σ̂ has no band).")
     edges = std_bin_edges(sd, n_bins, min_rows)
-    if edges.size == 0 or np.ptp(s) == 0:
+    if edges.size == 0:
+        return float("nan")
+    if np.all(s == s[0]):
         return 1.0
     band = np.searchsorted(edges, sd, side="left")
     return float(stats.kruskal(*[s[band == b] for b in range(edges.size + 1)]).pvalue)
@@ -397,10 +404,10 @@ class MondrianConformalCalibrator(ConformalCalibrator):
             n_classes = prediction.shape[1]
             self.edges_ = []
             self.bin_scores_ = [[np.sort(raw[labels == c]) for c in range(n_classes)]]
+            quantiles = self.class_quantiles(levels)
             for c, s in enumerate(self.bin_scores_[0]):
-                q = float(self._quantile(s, levels)[0]) if s.size else np.inf
                 records.append({"output": 0, "bin": c, "low": np.nan, "high": np.nan, "n": int(s.size),
-                                "quantile": q})
+                                "quantile": float(quantiles[c, 0])})
         else:
             raw = raw.reshape(raw.shape[0], -1)
             sd = prediction.std.to(torch.float64).reshape(raw.shape[0], -1).cpu().numpy()
@@ -431,12 +438,9 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         levels = check_confidence_levels(confidence_levels)
         score = self.conformity_score_
         if score.classification:
-            probs = prediction
-            parts = []
-            for c, s in enumerate(self.bin_scores_[0]):
-                q = self._quantile(s, levels) if s.size else np.full(len(levels), np.inf)
-                parts.append(score.region(probs, q)[:, c])  # (n, k): class c in the set at its own threshold
-            return torch.stack(parts, dim=1)
+            quantiles = self.class_quantiles(levels)
+            # (n, k) per class: class c in the set at its own threshold
+            return torch.stack([score.region(prediction, q)[:, c] for c, q in enumerate(quantiles)], dim=1)
         n = prediction.mean.shape[0]
         if n == 0:
             return prediction.mean.new_zeros((*prediction.mean.shape, 2, len(levels)))
@@ -465,9 +469,32 @@ class MondrianConformalCalibrator(ConformalCalibrator):
 
     def _pooled_quantile(self, output: int, confidence_levels) -> np.ndarray:
         """The quantile of all calibration scores of ``output`` per level, (k,)."""
-        with warnings.catch_warnings():  # too few rows: +inf, which the bins' own warning has announced
-            warnings.simplefilter("ignore", ConformalWarning)
+        with silenced("few_calibration_rows"):  # too few rows: +inf, which the bins' own warning has announced
             return self._quantile(np.concatenate(self.bin_scores_[output]), confidence_levels)
+
+    def class_quantiles(self, confidence_levels) -> np.ndarray:
+        """Classification: the conformal quantile of each class's calibration scores per level, (C, k); +inf for
+        a class with fewer than ⌈1/γ⌉ − 1 calibration rows (it is then in every set), with one
+        :class:`~glas_sklearn.calibration.ConformalWarning` naming those classes."""
+        levels = check_confidence_levels(confidence_levels)
+        scores = self.bin_scores_[0]
+        with silenced("few_calibration_rows"):  # one warning for all the classes, below
+            out = np.stack([self._quantile(s, levels) if s.size else np.full(len(levels), np.inf) for s in scores])
+        short = np.flatnonzero(~np.isfinite(out).all(axis=1))
+        if short.size and not is_silenced("few_calibration_rows"):
+            need = _rows_for_finite_quantile(levels)
+            rows = ", ".join(f"{c}: {scores[c].size}" for c in short)
+            warnings.warn(
+                f"Class-conditional conformal: {short.size} class(es) have too few calibration rows for a quantile at "
+                f"level {float(levels.max())} (each needs {need}; rows by class index {rows}); those classes are in "
+                "every prediction set at that level. Use more calibration rows (a larger calibration_size, or X_cal "
+                "with more rows of those classes) or a lower confidence_level.", ConformalWarning, stacklevel=3)
+        return out
+
+    def class_rows_needed(self, confidence_levels) -> int:
+        """⌈1/γ⌉ − 1 at the highest level: the calibration rows each class needs for a finite class quantile
+        (classification; the groups are the classes)."""
+        return self._min_rows(confidence_levels)
 
     def _min_rows(self, confidence_levels) -> int:
         """⌈1/γ⌉ − 1 at the highest level (:meth:`rows_needed`), at least 1: the fewest rows of a bin with a finite

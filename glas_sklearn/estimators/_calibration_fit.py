@@ -5,11 +5,11 @@ the calibrator fitted on the calibration rows (d chosen, or fixed), and the fitt
 from __future__ import annotations
 
 import time
-import warnings
 
 import numpy as np
 
-from ..calibration import Calibrator, ConformalWarning, resolve_calibration
+from .._silenced import silenced
+from ..calibration import Calibrator, resolve_calibration
 from ..predictive import PredictiveMode, resolve_predictive
 from ._report import calibration_line
 
@@ -34,9 +34,8 @@ class CalibrationFitMixin:
             d = self.posterior_.max_components
         if self._sigma0_choice() == "nll":
             Xc, yc = self._tune_sigma0(Xc, yc, d, seed)
-        with warnings.catch_warnings():
-            if len(Xc) < calibrator.rows_needed(self._levels(None)):  # fit warned before training
-                warnings.filterwarnings("ignore", message=r".*calibration rows are too few", category=ConformalWarning)
+        quiet = ("few_calibration_rows",) if getattr(self, "_calibration_rows_warned", False) else ()  # warned
+        with silenced(*quiet):
             self.calibrator_ = calibrator.fit(
                 self.posterior_, Xc, yc, n_components=d, confidence_levels=self._levels(None),
                 predictive=self.predictive_, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
