@@ -460,6 +460,36 @@ def test_band_calibrated_estimator_served_from_threads():
     assert warnings.filters == filters  # nothing silenced through the process-wide filters
 
 
+def test_predictions_never_touch_the_process_wide_warning_filters(monkeypatch):
+    """predict_interval with rows beyond the calibrated σ̂ (the pooled quantile as a floor, too few rows for it at
+    a high level) and predict_set of a class-conditional classifier silence nothing through ``warnings``' filters:
+    threads serving one estimator would restore each other's filters (and leak or drop an "ignore")."""
+    X, y = step_noise_data(300, seed=2)
+    reg = LaplaceActiveSubspaceRegressor(calibration_size=0.5, **dict(SMALL, likelihood="gaussian")).fit(X, y)
+    clf = LaplaceActiveSubspaceClassifier(calibration="mondrian", **SMALL).fit(X, (X[:, 0] > 0).astype(int))
+    import sys
+
+    touched = []  # calls from the library's own code (scikit-learn's input validation has its own)
+
+    def recorder(name, original):
+        def call(*args, **kwargs):
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            if caller.startswith("glas_sklearn"):
+                touched.append(f"{name} in {caller}")
+            return original(*args, **kwargs)
+        return call
+
+    for name in ("filterwarnings", "simplefilter", "catch_warnings", "resetwarnings"):
+        monkeypatch.setattr(warnings, name, recorder(name, getattr(warnings, name)))
+    try:
+        reg.predict_interval(np.r_[X[:5], 4.0 * X[:5]], confidence_level=[0.9, 0.99])
+        with pytest.warns(ConformalWarning, match="too few calibration rows"):  # said, not silenced
+            clf.predict_set(X[:5], confidence_level=[0.9, 0.995])
+    finally:
+        monkeypatch.undo()
+    assert not touched
+
+
 def test_warnings_are_silenced_in_one_thread_only():
     """The library silences a warning it has already given for its own thread only: while one thread is inside
     ``silenced``, another still hears the same warning, and the process-wide filters are never touched."""
