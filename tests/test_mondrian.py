@@ -543,6 +543,11 @@ def test_class_conditional_calibration_rows_per_class():
     assert clf.n_calibration_rows_ < n // 4  # raised as far as needed, not to everything
     pooled = LaplaceActiveSubspaceClassifier(calibration="conformal", **SMALL).fit(X, labels)
     assert len(pooled.calibration_indices_) == int(np.ceil(0.1 * n))  # a pooled calibration needs no raise
+    # a class of 6 rows cannot give 19 (9 + 9 for σ0 + 1) with half the rows or fewer: the share stays, fit warns
+    rare = np.where(np.arange(n) < 6, "e", labels)
+    with pytest.warns(ConformalWarning, match=r"'e': \d"):
+        kept = LaplaceActiveSubspaceClassifier(calibration="mondrian", **SMALL).fit(X, rare)
+    assert len(kept.calibration_indices_) == int(np.ceil(0.1 * n))
 
     # X_cal with 4 rows of class "d": one warning, at the user's fit line, before training
     keep = np.flatnonzero(codes != 3)

@@ -81,7 +81,8 @@ class CalibrationRowsMixin:
     def _n_calibration_rows(self, n: int, y=None) -> int:
         """Rows held out of the n training rows ``y`` for calibration (at least one, leaving at least two; with
         "conformal" and a fraction, at least the ⌈1/γ⌉ − 1 rows a finite quantile needs at the highest level; with
-        a class-conditional calibration, as many as give the rarest class that many, up to half the rows)."""
+        a class-conditional calibration, as many as give the rarest class that many, where half the rows or fewer
+        do)."""
         cs = self.calibration_size
         if isinstance(cs, numbers.Integral):
             if cs > n - 2:
@@ -99,7 +100,9 @@ class CalibrationRowsMixin:
             # half of them
             rarest = int(np.bincount(np.asarray(y)).min(initial=n) or 1)
             rows = (2 * per_class + 1 if tuned else per_class) + 1
-            n_cal = max(n_cal, min(int(np.ceil(rows * n / rarest)), n // 2))
+            wanted = int(np.ceil(rows * n / rarest))
+            if wanted <= n // 2:  # else the rarest class is too rare for it: the share stays, fit warns
+                n_cal = max(n_cal, wanted)
         return int(min(n_cal, n - 2))
 
     @staticmethod

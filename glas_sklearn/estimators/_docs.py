@@ -101,9 +101,10 @@ PARAMETERS_DOC = """\
         if need be, to the ⌈1/γ⌉ − 1 rows (9 at 90 %) that a finite conformal quantile needs at the highest
         level (one more with σ0 by "nll"; as far as the data allow); σ̂ bands then take as many rows as they
         can (a share is not raised for them). The classifier's class-conditional "mondrian" raises a share until
-        the rarest class has those rows too (twice over with σ0 by "nll"; at most half the rows). Fewer rows than
-        that (a number, ``X_cal``, or few rows in all or of a class) are warned about (``ConformalWarning``)
-        before training: the intervals at that level are infinite, or the short classes in every set.
+        the rarest class has those rows too (twice over with σ0 by "nll"), where half the rows or fewer do.
+        Fewer rows than that (a number, ``X_cal``, or few rows in all or of a class) are warned about
+        (``ConformalWarning``) before training: the intervals at that level are infinite, or the short classes
+        in every set.
     max_epochs : int, default=500
         The most training epochs when ``prefit=False`` (all of them with ``early_stopping=False``).
     lr : "auto" or float, default="auto"
