@@ -111,7 +111,7 @@ def test_small_data_bins_report_is_rendered_from_its_json(script):
     assert rendered.split(MARK)[0] == committed.split(MARK)[0]
 
 
-@pytest.mark.parametrize("stem", ["ranking_probes", "band_selection"])
+@pytest.mark.parametrize("stem", ["ranking_probes", "band_selection", "class_conditional"])
 def test_discussed_reports_are_rendered_from_their_json(script, stem):
     rendered = script(stem).render(_results(stem))
     committed = _report(stem)
