@@ -272,8 +272,11 @@ class MondrianConformalCalibrator(ConformalCalibrator):
     module's text for the rule behind ``n_bins="auto"`` and the guarantee. Intervals are ŷ ± q_b σ̂ with q_b the
     conformal quantile of the bin of σ̂(x); any level works at predict time (bins too small for it are merged
     with their neighbours, :meth:`band_quantiles`; infinite intervals, with a
-    :class:`~glas_sklearn.calibration.ConformalWarning`, only where all rows together are too few). Calibration
-    rows are unweighted, as for :class:`ConformalCalibrator`. The regressor's default calibration.
+    :class:`~glas_sklearn.calibration.ConformalWarning`, only where all rows together are too few). For
+    classification the groups are the classes, never merged: a class with fewer than ⌈1/γ⌉ − 1 calibration rows is
+    in every set at that level (one warning names those classes; the classifier raises its calibration share so
+    that each class has them, :meth:`class_rows_needed`). Calibration rows are unweighted, as for
+    :class:`ConformalCalibrator`. The regressor's default calibration.
 
     Parameters
     ----------
