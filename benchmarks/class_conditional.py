@@ -222,11 +222,21 @@ def render(results: dict) -> str:
         lines.append(f"| {c} | " + " | ".join(f"{summ[k]['per_class'][c]:.3f}" for k in keys) + " |")
     lines += ["", "## Calibration rows", ""]
     for share in shares:
-        s = summ[f"{methods[0]}@{share:g}"]
-        lines.append(f"- share {share:g}: {s['n_sigma0_rows'] + s['n_calibration_rows']:.0f} rows held out, "
-                     f"{s['n_sigma0_rows']:.0f} of them choose σ0, {s['n_calibration_rows']:.0f} give the conformal "
-                     f"scores ({s['rows_per_class_mean']:.1f} per class); the three fits' test probabilities differ "
-                     f"by at most {max(summ[f'{m}@{share:g}']['proba_max_diff'] for m in methods):.1e}.")
+        held = {m: summ[f"{m}@{share:g}"] for m in methods}
+        groups = {}  # methods with the same rows held out (a class-conditional share may be raised)
+        for m, s in held.items():
+            groups.setdefault((s["n_sigma0_rows"], s["n_calibration_rows"]), []).append(m)
+        for (n_tune, n_conf), ms in groups.items():
+            s = held[ms[0]]
+            if methods[0] in ms:  # the probabilities are compared with the first method's fit
+                same = max(held[m]["proba_max_diff"] for m in ms)
+                how = f"the test probabilities differ by at most {same:.1e} across them"
+            else:
+                how = (f"the share raised for the class-conditional quantiles (other rows held out than "
+                       f"`{methods[0]}`'s, so another network)")
+            lines.append(f"- share {share:g}, {', '.join(f'`{m}`' for m in ms)}: {n_tune + n_conf:.0f} rows held out, "
+                         f"{n_tune:.0f} of them choose σ0, {n_conf:.0f} give the conformal scores "
+                         f"({s['rows_per_class_mean']:.1f} per class); {how}.")
     mond = [k for k in keys if "runs_all_infinite" in summ[k]]
     if mond:
         lines.append("- Mondrian fits with every class quantile infinite: " + ", ".join(
