@@ -17,7 +17,6 @@ import functools
 import logging
 import math
 import threading
-import warnings
 from dataclasses import dataclass
 from typing import Iterator
 
@@ -194,26 +193,23 @@ class _SharedFlag:
                     context.__exit__(None, None, None)
 
 
-class _QuietOneDNNFlags:
-    """``torch.backends.mkldnn.flags(enabled=False)`` without torch's Intel-GPU TF32 warning on entry and exit."""
-
-    def __init__(self) -> None:
-        self._flags = torch.backends.mkldnn.flags(enabled=False)
+class _OneDNNOff:
+    """oneDNN off and back, and no other oneDNN setting touched: ``torch.backends.mkldnn.flags(enabled=False)`` also
+    sets TF32 (a UserWarning on every entry and exit in CPU builds, which silencing would need the process-wide
+    warning filters for) and, in newer torch, the fp32 precision. torch's own getter and setter of the flag,
+    as ``torch.backends.mkldnn.set_flags`` calls them in every torch release since 2.1."""
 
     def __enter__(self) -> None:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*TF32.*", category=UserWarning)
-            self._flags.__enter__()
+        self._was = torch._C._get_mkldnn_enabled()
+        torch._C._set_mkldnn_enabled(False)
 
     def __exit__(self, *exc) -> None:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=".*TF32.*", category=UserWarning)
-            self._flags.__exit__(None, None, None)
+        torch._C._set_mkldnn_enabled(self._was)
 
 
 # oneDNN off (forward-mode AD through nn.LSTM fails with it) and attention on its math kernel: global flags, set
 # while any thread needs them and restored when the last one is done.
-_ONEDNN_OFF = _SharedFlag(_QuietOneDNNFlags)
+_ONEDNN_OFF = _SharedFlag(_OneDNNOff)
 _SDPA_MATH = _SharedFlag(lambda: sdpa_kernel([SDPBackend.MATH])) if sdpa_kernel is not None else None
 
 

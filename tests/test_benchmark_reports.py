@@ -40,7 +40,7 @@ def _report(stem):
 
 @pytest.mark.parametrize("stem", ["bench_ggn", "bench_fit", "bench_calibration", "uci", "uci_epochs500", "paper_1d",
                                   "prefit_calibration", "threads_under_load",
-                                  "quintile_sampling", "heldout_shapes"])
+                                  "quintile_sampling", "heldout_shapes", "band_test_cost"])
 def test_report_is_rendered_from_its_json(stem, script):
     module = script(stem.split("_epochs")[0])
     assert module.render(_results(stem)) == _report(stem)
@@ -111,7 +111,7 @@ def test_small_data_bins_report_is_rendered_from_its_json(script):
     assert rendered.split(MARK)[0] == committed.split(MARK)[0]
 
 
-@pytest.mark.parametrize("stem", ["ranking_probes", "band_selection"])
+@pytest.mark.parametrize("stem", ["ranking_probes", "band_selection", "class_conditional"])
 def test_discussed_reports_are_rendered_from_their_json(script, stem):
     rendered = script(stem).render(_results(stem))
     committed = _report(stem)

@@ -890,6 +890,44 @@ def test_conformal_include_noise_multi_output_and_small_calibration_sets():
         LaplaceActiveSubspaceRegressor(**NEW, noise_std="calibration").fit(X, Y)
 
 
+def test_too_few_calibration_rows_are_warned_about_once_and_before_training():
+    from glas_sklearn.calibration import ConformalWarning
+
+    class Untrainable(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 1)
+
+        def forward(self, x):  # probed in eval mode for its output shape; training raises
+            if self.training:
+                raise RuntimeError("the network was trained")
+            return self.lin(x)
+
+    X, y = _data(n=80)
+    # 5 rows: the 90 % quantile needs ⌈1/0.1⌉ − 1 = 9; the user hears it before any training
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(RuntimeError, match="network was trained"):
+        warnings.simplefilter("always")
+        LaplaceActiveSubspaceRegressor(Untrainable(), **NEW).fit(X[:60], y[:60], X_cal=X[60:65], y_cal=y[60:65])
+    early = [w for w in caught if issubclass(w.category, ConformalWarning)]
+    assert len(early) == 1 and early[0].filename == __file__  # pointing at the user's fit call
+    assert re.search(r"5 calibration rows are too few .* level 0\.9 \(it needs 9\).*intervals are infinite"
+                     r".*Pass at least 9 calibration rows", str(early[0].message))
+    # after training the calibration's own warning is not repeated; the intervals are infinite as announced
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tiny = LaplaceActiveSubspaceRegressor(**NEW).fit(X[:60], y[:60], X_cal=X[60:65], y_cal=y[60:65])
+    assert len([w for w in caught if issubclass(w.category, ConformalWarning)]) == 1
+    with pytest.warns(ConformalWarning, match="too few"):  # and again where they are asked for
+        assert np.isinf(tiny.predict_interval(X[:2])[1]).all()
+    # the classifier says its sets; 9 rows are enough and nothing is said
+    Xc, yc = X, (y > np.median(y)).astype(int)
+    with pytest.warns(ConformalWarning, match="prediction sets hold every class"):
+        LaplaceActiveSubspaceClassifier(**NEW).fit(Xc[:60], yc[:60], X_cal=Xc[60:65], y_cal=yc[60:65])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConformalWarning)
+        LaplaceActiveSubspaceRegressor(**NEW).fit(X[:60], y[:60], X_cal=X[60:69], y_cal=y[60:69])
+
+
 def test_low_rank_sample_y_draws_the_linearised_predictive():
     X, y = _data(n=60)
     est = LaplaceActiveSubspaceRegressor(**NEW).fit(X, y)

@@ -223,7 +223,35 @@ def test_scores_alike_pvalue_is_kruskal_wallis_over_the_std_bands():
     order = np.argsort(sd)
     by_hand = stats.kruskal(*[scores[order[30 * b:30 * (b + 1)]] for b in range(5)]).pvalue
     np.testing.assert_allclose(scores_alike_pvalue(scores, sd, 5), by_hand, rtol=1e-12)
-    assert scores_alike_pvalue(scores, sd, 1) == 1.0 and scores_alike_pvalue(np.ones(150), sd, 5) == 1.0
+    assert np.isnan(scores_alike_pvalue(scores, sd, 1)) and scores_alike_pvalue(np.ones(150), sd, 5) == 1.0
+    assert np.isnan(scores_alike_pvalue(scores, np.ones(150), 5))  # one σ̂: one band, nothing to compare
+    assert scores_alike_pvalue(np.full(150, np.inf), sd, 5) == 1.0  # alike, if infinite
+    with pytest.raises(ValueError, match="same length"):
+        scores_alike_pvalue(scores, sd[:-1], 5)
+    with pytest.raises(ValueError, match="NaN"):
+        scores_alike_pvalue(scores, np.r_[sd[:-1], np.nan], 5)
+
+
+def test_band_report_per_output_and_by_row_count():
+    """The fit line says per output why it has its bands: 500 calibration rows give ⌊500/200⌋ = 2 bands by row
+    count, five where the scores differ across five (output 0: noise ∝ σ̂²), and it says which output is which;
+    a p-value just under the test's level is never printed as the level itself."""
+    from glas_sklearn.estimators._report import _bands_text, _pvalue
+
+    rng = np.random.default_rng(0)
+    sd = rng.uniform(0.5, 2.0, size=(500, 2))
+    y = np.c_[sd[:, 0] ** 2 * rng.standard_normal(500), sd[:, 1] * rng.standard_normal(500)]
+    cal = MondrianConformalCalibrator().calibrate_predictions(_moments(np.zeros((500, 2)), sd),
+                                                             torch.as_tensor(y), 0.9, Gaussian())
+    p0, p1 = cal.band_pvalue_
+    assert p0 < 1e-6 and p1 > 0.1  # with this seed
+    assert [len(e) + 1 for e in cal.edges_] == [5, 2]
+    text = _bands_text(cal, 0.9)
+    assert text.startswith("output 0: 5 bands of σ̂, each with its own quantile, as the scores differ")
+    assert f"output 1: 2 bands of σ̂, each with its own quantile, by the row count (the scores are alike " \
+           f"across narrower ones, Kruskal–Wallis p = {p1:.2g})" in text
+    assert _pvalue(0.0996) == "< 0.1" and _pvalue(0.43) == "= 0.43" and _pvalue(0.1) == "= 0.1"
+    assert _pvalue(1.2e-7) == "= 1.2e-07"
 
 
 def _beta_binomial(n_b: int, level: float, n_test: float, n_seeds: int, k=None) -> tuple[float, float]:
@@ -408,7 +436,9 @@ def test_band_calibrated_estimator_served_from_threads():
     # 450 calibration rows, the Gaussian on a noise step: five bands of 90 (its scores differ across them)
     assert len(reg.calibrator_.edges_[0]) == 4 and reg.calibrator_.band_pvalue_[0] < 0.1
     X_new, _ = step_noise_data(300, seed=4)
-    levels = [0.9, 0.997]  # 0.997 needs 332 rows a band: the two bands merged (the pooled quantile), finite
+    X_new = np.r_[X_new, 3.0 * X_new[:20]]  # and rows off the calibrated σ̂ (the pooled quantile as a floor)
+    levels = [0.9, 0.997]  # 0.997 needs 332 rows a band: the five bands merged (the pooled quantile), finite
+    filters = list(warnings.filters)
     ref_pis = reg.predict_interval(X_new, confidence_level=levels)[1]
     assert np.isfinite(ref_pis).all()
     ref_std = reg.predict(X_new, return_std=True)[1]
@@ -427,3 +457,113 @@ def test_band_calibrated_estimator_served_from_threads():
     for pis, std in out:
         np.testing.assert_allclose(pis, ref_pis, rtol=1e-12, atol=1e-12)
         np.testing.assert_allclose(std, ref_std, rtol=1e-12, atol=1e-12)
+    assert warnings.filters == filters  # nothing silenced through the process-wide filters
+
+
+def test_predictions_never_touch_the_process_wide_warning_filters(monkeypatch):
+    """predict_interval with rows beyond the calibrated σ̂ (the pooled quantile as a floor, too few rows for it at
+    a high level) and predict_set of a class-conditional classifier silence nothing through ``warnings``' filters:
+    threads serving one estimator would restore each other's filters (and leak or drop an "ignore")."""
+    X, y = step_noise_data(300, seed=2)
+    reg = LaplaceActiveSubspaceRegressor(calibration_size=0.5, **dict(SMALL, likelihood="gaussian")).fit(X, y)
+    clf = LaplaceActiveSubspaceClassifier(calibration="mondrian", **SMALL).fit(X, (X[:, 0] > 0).astype(int))
+    import sys
+
+    touched = []  # calls from the library's own code (scikit-learn's input validation has its own)
+
+    def recorder(name, original):
+        def call(*args, **kwargs):
+            caller = sys._getframe(1).f_globals.get("__name__", "")
+            if caller.startswith("glas_sklearn"):
+                touched.append(f"{name} in {caller}")
+            return original(*args, **kwargs)
+        return call
+
+    for name in ("filterwarnings", "simplefilter", "catch_warnings", "resetwarnings"):
+        monkeypatch.setattr(warnings, name, recorder(name, getattr(warnings, name)))
+    try:
+        reg.predict_interval(np.r_[X[:5], 4.0 * X[:5]], confidence_level=[0.9, 0.99])
+        with pytest.warns(ConformalWarning, match="too few calibration rows"):  # said, not silenced
+            clf.predict_set(X[:5], confidence_level=[0.9, 0.995])
+    finally:
+        monkeypatch.undo()
+    assert not touched
+
+
+def test_warnings_are_silenced_in_one_thread_only():
+    """The library silences a warning it has already given for its own thread only: while one thread is inside
+    ``silenced``, another still hears the same warning, and the process-wide filters are never touched."""
+    import threading
+
+    from glas_sklearn._silenced import is_silenced, silenced
+
+    inside, done = threading.Event(), threading.Event()
+    seen = {}
+
+    def quiet():
+        with silenced("few_calibration_rows"):
+            seen["quiet"] = is_silenced("few_calibration_rows")
+            seen["q"] = conformal_quantile([0.1, 0.2], 0.9)  # too few rows: +inf, no warning
+            inside.set()
+            done.wait(10)
+
+    filters = list(warnings.filters)
+    t = threading.Thread(target=quiet)
+    t.start()
+    assert inside.wait(10)
+    with pytest.warns(ConformalWarning, match="too few"):  # this thread still hears it
+        assert np.isinf(conformal_quantile([0.1, 0.2], 0.9)).all()
+    assert not is_silenced("few_calibration_rows")
+    done.set()
+    t.join()
+    assert seen["quiet"] and np.isinf(seen["q"]).all() and warnings.filters == filters
+    with pytest.raises(ValueError, match="unknown warning kind"):
+        with silenced("everything"):
+            pass
+
+
+def test_class_conditional_calibration_rows_per_class():
+    """calibration="mondrian" for a classifier needs ⌈1/γ⌉ − 1 = 9 rows of each class for its 90 % quantile:
+    the default 10 % share is raised until the rarest class has them (after the half that tunes σ0), with no
+    warning; an X_cal short of one class is warned about once, before training, naming that class by its label,
+    and that class is then in every set, which predict_set says once per call."""
+    rng = np.random.default_rng(0)
+    n = 600
+    codes = rng.choice(4, size=n, p=[0.4, 0.3, 0.2, 0.1])
+    centres = np.array([[-1.0, 0.0], [1.0, 0.0], [0.0, 1.2], [0.0, -1.2]])
+    X = centres[codes] + 0.5 * rng.standard_normal((n, 2))
+    labels = np.array(["a", "b", "c", "d"])[codes]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", ConformalWarning)
+        clf = LaplaceActiveSubspaceClassifier(calibration="mondrian", **SMALL).fit(X, labels)
+        rows = [s.size for s in clf.calibrator_.bin_scores_[0]]
+        assert min(rows) >= 9, rows  # 10 % of 600 would give the rarest class (≈ 60 rows) 6, and σ0 takes half
+        assert np.isfinite(clf.calibrator_.class_quantiles(0.9)).all()
+        assert clf.predict_set(X[:5])[1].shape == (5, 4, 1)
+    assert clf.n_calibration_rows_ < n // 4  # raised as far as needed, not to everything
+    pooled = LaplaceActiveSubspaceClassifier(calibration="conformal", **SMALL).fit(X, labels)
+    assert len(pooled.calibration_indices_) == int(np.ceil(0.1 * n))  # a pooled calibration needs no raise
+    # a class of 6 rows cannot give 19 (9 + 9 for σ0 + 1) with half the rows or fewer: the share stays, fit warns
+    rare = np.where(np.arange(n) < 6, "e", labels)
+    with pytest.warns(ConformalWarning, match=r"'e': \d"):
+        kept = LaplaceActiveSubspaceClassifier(calibration="mondrian", **SMALL).fit(X, rare)
+    assert len(kept.calibration_indices_) == int(np.ceil(0.1 * n))
+
+    # X_cal with 4 rows of class "d": one warning, at the user's fit line, before training
+    keep = np.flatnonzero(codes != 3)
+    cal_rows = np.r_[keep[-120:], np.flatnonzero(codes == 3)[:4]]
+    train = np.setdiff1d(np.arange(n), cal_rows)
+    fixed = dict(SMALL, sigma0=1.0)  # every calibration row is the quantile's
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        short = LaplaceActiveSubspaceClassifier(calibration="mondrian", **fixed).fit(
+            X[train], labels[train], X_cal=X[cal_rows], y_cal=labels[cal_rows])
+    said = [w for w in caught if issubclass(w.category, ConformalWarning)]
+    assert len(said) == 1 and said[0].filename == __file__, [str(w.message) for w in said]
+    assert "'d': 4" in str(said[0].message) and "needs 9 calibration rows of every class" in str(said[0].message)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        sets = short.predict_set(X[:50], confidence_level=[0.8, 0.9])[1]
+    said = [w for w in caught if issubclass(w.category, ConformalWarning)]
+    assert len(said) == 1 and "3: 4" in str(said[0].message)
+    assert sets[:, 3, 1].all()  # class "d" in every 90 % set

@@ -301,6 +301,28 @@ def test_onednn_flag_restored_when_autodiff_block_raises(vocab):
     assert torch.backends.mkldnn.enabled is state
 
 
+def test_onednn_switch_is_silent_and_touches_nothing_else(vocab, monkeypatch):
+    """Switching oneDNN off for an RNN warns nothing (torch's ``mkldnn.flags`` would warn about TF32 on a CPU build),
+    without the process-wide warning filters (which threads share: serving threads enter and leave this block at
+    once), and leaves oneDNN's other settings as they were."""
+    import warnings
+
+    model = _model(vocab)
+    tf32 = torch._C._get_onednn_allow_tf32()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        touched = []
+        for name in ("filterwarnings", "simplefilter", "catch_warnings"):
+            original = getattr(warnings, name)
+            monkeypatch.setattr(warnings, name, lambda *a, _n=name, _f=original, **k: touched.append(_n) or _f(*a, **k))
+        try:
+            with autodiff_context(model, torch.device("cpu")):
+                assert torch.backends.mkldnn.enabled is False
+        finally:
+            monkeypatch.undo()
+    assert not caught and not touched and torch._C._get_onednn_allow_tf32() == tf32
+
+
 # --------------------------------------------------------------------------- subsampling check
 
 

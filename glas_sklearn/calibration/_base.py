@@ -60,6 +60,11 @@ class Calibrator(BaseEstimator, ABC):
         """The fewest calibration rows the calibration needs at ``confidence_levels``."""
         return 1
 
+    def class_rows_needed(self, confidence_levels) -> int:
+        """The fewest calibration rows of each class a classification calibration needs at ``confidence_levels``
+        (0: none, the rows are pooled; a class-conditional calibration needs its quantile's rows in every class)."""
+        return 0
+
     def check_settings(self, likelihood: Likelihood | None = None) -> None:
         """Raise a ValueError for a hyperparameter out of range (or one that does not suit ``likelihood``); the
         estimators call it before they train anything."""

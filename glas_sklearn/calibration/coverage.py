@@ -26,6 +26,7 @@ from .._checks import (
     numpy_rng,
 )
 from .._progress import progress
+from .._silenced import is_silenced, silenced
 from ..posterior import ActiveSubspacePosterior
 from ..predictive import (
     Linearized,
@@ -227,13 +228,14 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
     reached = chosen is not None
     if not reached:
         best = int(table["coverage"].idxmax())
-        warnings.warn(
-            f"No subspace dimension up to d_max={d_top} reached {level:.1%} coverage on the calibration data; "
-            f"the best was {table['coverage'].iloc[best]:.1%} at d={int(table['d'].iloc[best])}. Using d={d_top}. "
-            "Consider a larger d_max (more eigenpairs), the 'mean' posterior scaling, or intervals for y "
-            "(noise_var here; include_noise=True on LaplaceActiveSubspaceRegressor).",
-            CalibrationWarning, stacklevel=2,
-        )
+        if not is_silenced("coverage_not_reached"):
+            warnings.warn(
+                f"No subspace dimension up to d_max={d_top} reached {level:.1%} coverage on the calibration data; "
+                f"the best was {table['coverage'].iloc[best]:.1%} at d={int(table['d'].iloc[best])}. Using d={d_top}. "
+                "Consider a larger d_max (more eigenpairs), the 'mean' posterior scaling, or intervals for y "
+                "(noise_var here; include_noise=True on LaplaceActiveSubspaceRegressor).",
+                CalibrationWarning, stacklevel=2,
+            )
         chosen = d_top
     row = table.loc[table["d"] == chosen].iloc[0]
     return CalibrationResult(n_components=int(chosen), sigma0=float(row["sigma0"]), reached=reached, table=table,
@@ -356,8 +358,7 @@ class CoverageCalibrator(Calibrator):
                                       **common)
             reached = bool(result.reached)
         else:
-            with warnings.catch_warnings():  # a user-chosen d: its coverage is recorded, not judged
-                warnings.simplefilter("ignore", CalibrationWarning)
+            with silenced("coverage_not_reached"):  # a user-chosen d: its coverage is recorded, not judged
                 result = choose_dimension(posterior, X_cal, y_cal, d_min=n_components, d_max=n_components,
                                           **common)
             reached = None

@@ -12,7 +12,6 @@ from __future__ import annotations
 import abc
 import logging
 import time
-import warnings
 
 import numpy as np
 import pandas as pd
@@ -22,8 +21,9 @@ from sklearn.utils.validation import _check_sample_weight, check_is_fitted
 
 from .._checks import numpy_rng
 from .._progress import stage
+from .._silenced import silenced
 from .._threads import scoped_threads
-from ..calibration import CalibrationWarning, choose_dimension
+from ..calibration import choose_dimension
 from ..likelihoods import Likelihood
 from ..posterior import ActiveSubspacePosterior, resolve_posterior
 from ._calibration_fit import CalibrationFitMixin
@@ -120,6 +120,7 @@ class LaplaceActiveSubspaceBase(NetworkTrainingMixin, PosteriorFitMixin, Calibra
         else:
             self.train_indices_ = self.calibration_indices_ = None
         self._check_sigma0_rows(len(X_cal))  # sigma0="nll" with too few rows raises before training
+        self._warn_few_calibration_rows(y_cal, seed)
         Xt, yt, Xc, yc = self._fit_tensors(X, y, X_cal, y_cal, device, dtype, sample_weight)
         wt = None if sample_weight is None else torch.as_tensor(sample_weight, dtype=torch.float64).to(device)
         self.timings_ = {}
@@ -250,8 +251,7 @@ class LaplaceActiveSubspaceBase(NetworkTrainingMixin, PosteriorFitMixin, Calibra
             raise ValueError(f"confidence_level must be a single number, got {confidence_level!r}.")
         level = self._levels(confidence_level)[0]
         d_max = p.max_components if d_max is None else d_max
-        with warnings.catch_warnings():  # the whole curve is asked for, reaching the level or not
-            warnings.simplefilter("ignore", CalibrationWarning)
+        with silenced("coverage_not_reached"):  # the whole curve is asked for, reaching the level or not
             result = choose_dimension(p, Xt, yt, confidence_level=level, d_max=d_max,
                                       predictive=self.predictive_, n_samples=self.n_samples,
                                       noise_var=self._interval_noise_var(),

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 
+from .._silenced import silenced
 from ..calibration import Calibrator, resolve_calibration
 from ..predictive import PredictiveMode, resolve_predictive
 from ._report import calibration_line
@@ -33,10 +34,12 @@ class CalibrationFitMixin:
             d = self.posterior_.max_components
         if self._sigma0_choice() == "nll":
             Xc, yc = self._tune_sigma0(Xc, yc, d, seed)
-        self.calibrator_ = calibrator.fit(
-            self.posterior_, Xc, yc, n_components=d, confidence_levels=self._levels(None),
-            predictive=self.predictive_, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
-            random_state=seed, verbose=self.verbose, likelihood=self.likelihood_)
+        quiet = ("few_calibration_rows",) if getattr(self, "_calibration_rows_warned", False) else ()  # warned
+        with silenced(*quiet):
+            self.calibrator_ = calibrator.fit(
+                self.posterior_, Xc, yc, n_components=d, confidence_levels=self._levels(None),
+                predictive=self.predictive_, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
+                random_state=seed, verbose=self.verbose, likelihood=self.likelihood_)
         self.conformity_scores_ = self.calibrator_.scores_
         self.calibration_reached_ = self.calibrator_.reached_
         self._store_calibration(self.calibrator_, Xc, seed, t0)

@@ -72,9 +72,10 @@ PARAMETERS_DOC = """\
         "mondrian" (:class:`~glas_sklearn.calibration.MondrianConformalCalibrator`, the regressor's default): split
         conformal within equal-count bins of the predictive std σ̂(x), so that the level holds within each band of
         σ̂, not only on average: 5 bins on small calibration sets when the network predicts the noise (each of
-        at least ⌈1/γ⌉ − 1 rows; the homoscedastic Gaussian: one below 400 rows), ⌊n / 200⌋ beyond (at most
-        10), each with a conformal quantile interpolated between ranks (coverage 1 − γ on average) and the
-        pooled quantile as a floor above the calibration rows' σ̂. For the classifier the groups are the classes
+        at least ⌈1/γ⌉ − 1 rows; the homoscedastic Gaussian: five where a Kruskal–Wallis test finds its scores
+        differ across them, else one below 400 rows and ⌊n / 200⌋ to 999), ⌊n / 200⌋ beyond (at most 10), each
+        with a conformal quantile interpolated between ranks (coverage 1 − γ on average) and the pooled quantile
+        as a floor above the calibration rows' σ̂. For the classifier the groups are the classes
         (class-conditional sets).
         "conformal" (:class:`~glas_sklearn.calibration.ConformalCalibrator`): split conformal on the calibration
         rows at a fixed d, with coverage ≥ 1 − γ for exchangeable data at any number of rows: regression
@@ -99,7 +100,11 @@ PARAMETERS_DOC = """\
         With a conformal calibration ("mondrian", the regressor's default, or "conformal") a share is raised,
         if need be, to the ⌈1/γ⌉ − 1 rows (9 at 90 %) that a finite conformal quantile needs at the highest
         level (one more with σ0 by "nll"; as far as the data allow); σ̂ bands then take as many rows as they
-        can (a share is not raised for them).
+        can (a share is not raised for them). The classifier's class-conditional "mondrian" raises a share until
+        the rarest class has those rows too (twice over with σ0 by "nll"), where half the rows or fewer do.
+        Fewer rows than that (a number, ``X_cal``, or few rows in all or of a class) are warned about
+        (``ConformalWarning``) before training: the intervals at that level are infinite, or the short classes
+        in every set.
     max_epochs : int, default=500
         The most training epochs when ``prefit=False`` (all of them with ``early_stopping=False``).
     lr : "auto" or float, default="auto"
@@ -235,7 +240,9 @@ ATTRIBUTES_DOC = """\
         (the sampled predictive searches, evaluating a few d; the linearised one scans up to the chosen d);
         :meth:`coverage_curve` gives the whole curve on any data. "conformal": one row per level: level, d,
         quantile, coverage and mean_width / mean_set_size of the conformal intervals or sets on the
-        calibration rows, sigma0.
+        calibration rows, sigma0. "mondrian": the same with n_bins; its quantile is the pooled one, and the
+        coverage and size those of the per-band (regression) or per-class (classification) quantiles, which
+        ``calibrator_.bins_`` lists.
     conformity_scores_ : ndarray or None
         "conformal" only (None otherwise): the sorted calibration scores, ``|y − ŷ|`` / σ̂ of shape (n, M)
         (regression) or 1 − p_y of shape (n,) (classification); the quantile for any level is computed from

@@ -9,6 +9,7 @@ import numbers
 import numpy as np
 
 from ..calibration.conformal import conformal_rank
+from ..calibration.mondrian import BAND_TEST_LEVEL
 
 __all__ = ["calibration_line", "fit_line", "posterior_line", "sigma0_line", "training_line"]
 
@@ -75,16 +76,13 @@ def calibration_line(est, seconds: float) -> str:
         text += ": " + ", ".join(f"quantile {row.quantile:.3g} at {_pct(row.level)}" for row in table.itertuples())
         cal, level = est.calibrator_, float(table["level"].iloc[0])
         bands = 1
-        if "n_bins" in table and len(table) and not est.likelihood_.is_classification:
-            bands = int(table["n_bins"].iloc[0])
-            need = 2 * (cal.min_bin_size if cal.min_bins_ == 1 else cal.rows_needed(level))
-            tested = _band_test(getattr(cal, "band_pvalue_", None))
-            if bands > 1:
-                text += f" (pooled; {bands} bands of σ̂, each with its own quantile" + \
-                    (f", as the scores differ across them: {tested})" if tested else ")")
+        if "n_bins" in table and len(table):
+            if est.likelihood_.is_classification:
+                bands = len(cal.bin_scores_[0])
+                text += f" (pooled; each of the {bands} classes has its own, calibrator_.bins_)"
             else:
-                text += f" (one band of σ̂: the scores are alike across σ̂ bands, {tested})" if tested else \
-                    f" (one band of σ̂: bands need {need} calibration rows)"
+                bands = max(len(e) + 1 for e in cal.edges_)
+                text += f" ({'pooled; ' if bands > 1 else ''}{_bands_text(cal, level)})"
         if getattr(cal, "quantile_method", "higher") == "higher" and bands == 1:  # interpolated: the level on average
             text += _expected_coverage(n, level)
     elif "coverage" in table and len(table):
@@ -95,11 +93,45 @@ def calibration_line(est, seconds: float) -> str:
     return text
 
 
-def _band_test(pvalues) -> str:
-    """E.g. "Kruskal–Wallis p = 0.43": the test that chose five bands or one per output ("" where none was)."""
-    if pvalues is None or not np.isfinite(pvalues).any():
-        return ""
-    return "Kruskal–Wallis p = " + ", ".join(f"{p:.2g}" for p in pvalues if np.isfinite(p))
+def _bands_text(cal, level: float) -> str:
+    """The σ̂ bands of a fitted MondrianConformalCalibrator and why, per output (once where the outputs agree), e.g.
+    "5 bands of σ̂, each with its own quantile, as the scores differ across them (Kruskal–Wallis p = 0.031)"."""
+    pvalues = getattr(cal, "band_pvalue_", None)
+    if cal.min_bins == "auto" or cal.min_bins_ > 1:
+        need = 2 * cal.rows_needed(level)
+    else:
+        need = 2 * max(cal.min_bin_size, cal.rows_needed(level))
+    texts = []
+    for j, edges in enumerate(cal.edges_):
+        bands = len(edges) + 1
+        p = np.nan if pvalues is None else float(pvalues[j])
+        own = f"{bands} bands of σ̂, each with its own quantile"
+        if np.isfinite(p):
+            test = f"Kruskal–Wallis p {_pvalue(p)}"
+            if p < BAND_TEST_LEVEL:
+                texts.append(f"{own}, as the scores differ across them ({test})")
+            elif bands == 1:
+                texts.append(f"one band of σ̂: the scores are alike across bands ({test})")
+            else:
+                texts.append(f"{own}, by the row count (the scores are alike across narrower ones, {test})")
+        elif bands == 1:
+            texts.append(f"one band of σ̂: bands need {need} calibration rows")
+        else:
+            texts.append(own)
+    if len(set(texts)) == 1:
+        return texts[0] + (f", every output of {len(texts)}" if len(texts) > 1 else "")
+    if len(texts) > 4:
+        counts = [len(e) + 1 for e in cal.edges_]
+        return f"σ̂ bands per output {counts}, each with its own quantile (band_pvalue_ says why)"
+    return "; ".join(f"output {j}: {t}" for j, t in enumerate(texts))
+
+
+def _pvalue(p: float) -> str:
+    """"= 0.43" or "< 0.1": two significant digits, never rounded across the test's level (0.0996 is "< 0.1")."""
+    shown = f"{p:.2g}"
+    if p < BAND_TEST_LEVEL <= float(shown):
+        return f"< {BAND_TEST_LEVEL:g}"
+    return f"= {shown}"
 
 
 def _expected_coverage(n: int, level: float) -> str:
