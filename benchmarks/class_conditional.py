@@ -19,9 +19,11 @@ itself, stratified) and each calibration:
 a small classifier is fitted, ``LaplaceActiveSubspaceClassifier(module_kwargs={"hidden_layer_sizes": (32,)},
 max_epochs=60, verbose=0, n_threads=1, random_state=s, ...)`` (everything else the default: σ0 by the NLL of half
 of the calibration rows, the conformity scores on the other half, LAC with the top class added to an empty set).
-With the same seed and share the three fits train the same network on the same rows and hold out the same
+With the same seed and share the fits that hold out the same rows train the same network and hold out the same
 calibration and σ0 rows; only the calibrator differs (the script records the largest difference of their test
-probabilities). Sets are ``predict_set(X_test)`` at the estimator's level, 90 %.
+probabilities from the first method's). Where the classifier raises the share for the class-conditional
+quantiles (each class needs its own rows), the Mondrian fits hold out more rows and train another network. Sets
+are ``predict_set(X_test)`` at the estimator's level, 90 %.
 
 Per method and share: mean coverage over the seeds; per digit, the coverage over all its test rows across the seeds
 (pooled), its minimum (the worst digit) and maximum; mean set size, the share of sets holding all 10 classes; the

@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import sys
 from collections.abc import Iterator
 
-__all__ = ["is_silenced", "silenced"]
+__all__ = ["is_silenced", "silenced", "user_stacklevel"]
 
 KINDS = frozenset({"few_calibration_rows", "coverage_not_reached"})
 
@@ -43,3 +44,12 @@ def silenced(*kinds: str) -> Iterator[None]:
 def is_silenced(kind: str) -> bool:
     """Whether this thread is inside :func:`silenced` for ``kind``."""
     return kind in _SILENCED.get()
+
+
+def user_stacklevel() -> int:
+    """The ``stacklevel`` for a ``warnings.warn`` in the function that calls this: the first frame outside the
+    package, so that the warning points at the user's line whichever public method led there."""
+    frame, level = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("glas_sklearn"):
+        frame, level = frame.f_back, level + 1
+    return level

@@ -246,12 +246,19 @@ def test_band_report_per_output_and_by_row_count():
     p0, p1 = cal.band_pvalue_
     assert p0 < 1e-6 and p1 > 0.1  # with this seed
     assert [len(e) + 1 for e in cal.edges_] == [5, 2]
-    text = _bands_text(cal, 0.9)
+    text = _bands_text(cal, 0.9, 500)
     assert text.startswith("output 0: 5 bands of σ̂, each with its own quantile, as the scores differ")
     assert f"output 1: 2 bands of σ̂, each with its own quantile, by the row count (the scores are alike " \
            f"across narrower ones, Kruskal–Wallis p = {p1:.2g})" in text
     assert _pvalue(0.0996) == "< 0.1" and _pvalue(0.43) == "= 0.43" and _pvalue(0.1) == "= 0.1"
     assert _pvalue(1.2e-7) == "= 1.2e-07"
+    # a count the user set is said as set, not explained by the rows; the bands' rows are those of the highest level
+    fixed = MondrianConformalCalibrator(n_bins=1).calibrate_predictions(_moments(np.zeros((500, 2)), sd),
+                                                                      torch.as_tensor(y), 0.9, Gaussian())
+    assert _bands_text(fixed, 0.9, 500) == "n_bins=1 as set"
+    one = MondrianConformalCalibrator().calibrate_predictions(_moments(np.zeros(30), sd[:30, 1]),
+                                                              torch.as_tensor(y[:30, 1:]), [0.8, 0.95], Gaussian())
+    assert _bands_text(one, 0.95, 30) == "one band of σ̂: bands need 38 calibration rows"  # 2 × 19, at 95 %
 
 
 def _beta_binomial(n_b: int, level: float, n_test: float, n_seeds: int, k=None) -> tuple[float, float]:
@@ -565,5 +572,13 @@ def test_class_conditional_calibration_rows_per_class():
         warnings.simplefilter("always")
         sets = short.predict_set(X[:50], confidence_level=[0.8, 0.9])[1]
     said = [w for w in caught if issubclass(w.category, ConformalWarning)]
-    assert len(said) == 1 and "3: 4" in str(said[0].message)
+    assert len(said) == 1 and "'d': 4" in str(said[0].message) and said[0].filename == __file__
     assert sets[:, 3, 1].all()  # class "d" in every 90 % set
+    # the calibrator fitted on its own says it once too, at the caller's line (classes by index)
+    p = short.posterior_
+    Xt = short._to_tensor(short._transform_X(X[cal_rows]), p.device, p.dtype)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        MondrianConformalCalibrator().fit(p, Xt, short._encode(labels[cal_rows]), likelihood=short.likelihood_)
+    said = [w for w in caught if issubclass(w.category, ConformalWarning)]
+    assert len(said) == 1 and "index 3: 4" in str(said[0].message) and said[0].filename == __file__

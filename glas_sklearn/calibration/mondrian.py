@@ -39,7 +39,7 @@ conformal on concrete (0.993× with one band). Choosing the bands by a test on t
 partition depend on the targets; the level within a band then holds up to that choice. Simulated where the scores do
 not depend on σ̂ (``benchmarks/results/band_test_cost.md``), the test takes bands in 10 % of fits, and within those
 fits coverage falls short of the level on small sets (87.6 % at 45 rows, 89.1 % at 100, 89.9 % at 300; 90.2–90.3 %
-for one band in the same fits), while over all fits it is 89.85–89.95 % (one band: 89.9–90.1 %).
+for one band in the same fits), while over all fits it is 89.85–89.95 % (without the test: 89.9–90.1 %).
 
 The guarantee. With edges fixed independently of the calibration rows, coverage ≥ 1 − γ holds exactly within
 each bin for exchangeable rows. The edges here are the calibration rows' own σ̂ quantiles (no rows are spent on
@@ -71,7 +71,7 @@ import torch
 from scipy import stats
 
 from .._checks import check_confidence_levels
-from .._silenced import is_silenced, silenced
+from .._silenced import is_silenced, silenced, user_stacklevel
 from ..likelihoods import Categorical, Gaussian, Likelihood
 from ..predictive import RegressionMoments
 from .conformal import (
@@ -224,20 +224,22 @@ def band_quantiles(scores, confidence_levels, quantile=conformal_quantile) -> np
     return out
 
 
-def _class_quantiles(scores, levels, quantile) -> np.ndarray:
+def _class_quantiles(scores, levels, quantile, labels=None) -> np.ndarray:
     """:meth:`MondrianConformalCalibrator.class_quantiles` of the classes' sorted ``scores`` (a list of C arrays) at
-    ``levels`` by ``quantile``: one warning for all the classes short of rows."""
+    ``levels`` by ``quantile``: one warning for all the classes short of rows, named by ``labels`` (else index)."""
     with silenced("few_calibration_rows"):  # one warning for all the classes, below
         out = np.stack([quantile(s, levels) if s.size else np.full(len(levels), np.inf) for s in scores])
     short = np.flatnonzero(~np.isfinite(out).all(axis=1))
     if short.size and not is_silenced("few_calibration_rows"):
-        rows = ", ".join(f"{c}: {scores[c].size}" for c in short)
+        rows = ", ".join(f"{labels[c]!r}: {scores[c].size}" if labels is not None else f"{c}: {scores[c].size}"
+                         for c in short)
         warnings.warn(
             f"Class-conditional conformal: {short.size} class(es) have too few calibration rows for a quantile at "
-            f"level {float(levels.max())} (each needs {_rows_for_finite_quantile(levels)}; rows by class index "
-            f"{rows}); those classes are in every prediction set at that level. Use more calibration rows (a larger "
-            "calibration_size, or X_cal with more rows of those classes) or a lower confidence_level.",
-            ConformalWarning, stacklevel=4)
+            f"level {float(levels.max())} (each needs {_rows_for_finite_quantile(levels)}; rows by class "
+            f"{'' if labels is not None else 'index '}{rows}); those classes are in every prediction set at that "
+            "level. Use more calibration rows (a larger calibration_size, or X_cal with more rows of those classes) "
+            "or a lower confidence_level.",
+            ConformalWarning, stacklevel=user_stacklevel())
     return out
 
 
@@ -318,6 +320,8 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         ``min_bins`` as resolved for the fitted likelihood, before the test per output (regression).
     band_pvalue_ : ndarray of shape (M,)
         Per output, :func:`scores_alike_pvalue` where "auto" tested for bands, else NaN (regression).
+    class_labels_ : list, optional
+        Classification: the class labels (set by the classifier), which warnings name; else class indices.
     std_max_ : ndarray of shape (M,)
         Per output, the highest σ̂ of the calibration rows (regression): above it the pooled quantile is a floor.
     (and those of :class:`ConformalCalibrator`: ``scores_`` holds the pooled sorted scores)
@@ -347,7 +351,8 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         # the groups from the prediction the pooled scores were computed from (the predictive is computed once)
         self.calibrate_predictions(prediction, target, confidence_levels, self.likelihood_)
         table = self.table_.copy()
-        cov, width = _calibration_summary(self, prediction, target, confidence_levels)
+        with silenced("few_calibration_rows"):  # calibrate_predictions has said it
+            cov, width = _calibration_summary(self, prediction, target, confidence_levels)
         size_col = self.likelihood_.region_size_name
         table["coverage"], table[size_col] = cov, width
         table["n_bins"] = max(len(e) + 1 for e in self.edges_) if not self.conformity_score_.classification else \
@@ -501,7 +506,8 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         """Classification: the conformal quantile of each class's calibration scores per level, (C, k); +inf for
         a class with fewer than ⌈1/γ⌉ − 1 calibration rows (it is then in every set), with one
         :class:`~glas_sklearn.calibration.ConformalWarning` naming those classes."""
-        return _class_quantiles(self.bin_scores_[0], check_confidence_levels(confidence_levels), self._quantile)
+        return _class_quantiles(self.bin_scores_[0], check_confidence_levels(confidence_levels), self._quantile,
+                                getattr(self, "class_labels_", None))
 
     def class_rows_needed(self, confidence_levels) -> int:
         """⌈1/γ⌉ − 1 at the highest level: the calibration rows each class needs for a finite class quantile

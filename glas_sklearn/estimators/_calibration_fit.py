@@ -40,6 +40,8 @@ class CalibrationFitMixin:
                 self.posterior_, Xc, yc, n_components=d, confidence_levels=self._levels(None),
                 predictive=self.predictive_, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
                 random_state=seed, verbose=self.verbose, likelihood=self.likelihood_)
+        if self.likelihood_.is_classification:  # the labels a calibrator's warnings name classes by
+            self.calibrator_.class_labels_ = self.classes_.tolist()
         self.conformity_scores_ = self.calibrator_.scores_
         self.calibration_reached_ = self.calibrator_.reached_
         self._store_calibration(self.calibrator_, Xc, seed, t0)

@@ -82,7 +82,8 @@ def calibration_line(est, seconds: float) -> str:
                 text += f" (pooled; each of the {bands} classes has its own, calibrator_.bins_)"
             else:
                 bands = max(len(e) + 1 for e in cal.edges_)
-                text += f" ({'pooled; ' if bands > 1 else ''}{_bands_text(cal, level)})"
+                top = float(table["level"].max())  # the bands serve the highest level
+                text += f" ({'pooled; ' if bands > 1 else ''}{_bands_text(cal, top, n)})"
         if getattr(cal, "quantile_method", "higher") == "higher" and bands == 1:  # interpolated: the level on average
             text += _expected_coverage(n, level)
     elif "coverage" in table and len(table):
@@ -93,7 +94,7 @@ def calibration_line(est, seconds: float) -> str:
     return text
 
 
-def _bands_text(cal, level: float) -> str:
+def _bands_text(cal, level: float, n_rows: int) -> str:
     """The σ̂ bands of a fitted MondrianConformalCalibrator and why, per output (once where the outputs agree), e.g.
     "5 bands of σ̂, each with its own quantile, as the scores differ across them (Kruskal–Wallis p = 0.031)"."""
     pvalues = getattr(cal, "band_pvalue_", None)
@@ -101,6 +102,10 @@ def _bands_text(cal, level: float) -> str:
         need = 2 * cal.rows_needed(level)
     else:
         need = 2 * max(cal.min_bin_size, cal.rows_needed(level))
+    if cal.n_bins != "auto":
+        bands = max(len(e) + 1 for e in cal.edges_)
+        merged = f", merged to {bands} for {cal.rows_needed(level)} rows a band" if bands < cal.n_bins else ""
+        return f"n_bins={cal.n_bins} as set{merged}"
     texts = []
     for j, edges in enumerate(cal.edges_):
         bands = len(edges) + 1
@@ -114,8 +119,10 @@ def _bands_text(cal, level: float) -> str:
                 texts.append(f"one band of σ̂: the scores are alike across bands ({test})")
             else:
                 texts.append(f"{own}, by the row count (the scores are alike across narrower ones, {test})")
-        elif bands == 1:
+        elif bands == 1 and n_rows < need:
             texts.append(f"one band of σ̂: bands need {need} calibration rows")
+        elif bands == 1:
+            texts.append("one band of σ̂")
         else:
             texts.append(own)
     if len(set(texts)) == 1:
