@@ -120,14 +120,15 @@ class LaplaceActiveSubspaceBase(NetworkTrainingMixin, PosteriorFitMixin, Calibra
         else:
             self.train_indices_ = self.calibration_indices_ = None
         self._check_sigma0_rows(len(X_cal))  # sigma0="nll" with too few rows raises before training
-        self._warn_few_calibration_rows(y_cal, seed)
+        warned = self._warn_few_calibration_rows(y_cal, seed)
         Xt, yt, Xc, yc = self._fit_tensors(X, y, X_cal, y_cal, device, dtype, sample_weight)
         wt = None if sample_weight is None else torch.as_tensor(sample_weight, dtype=torch.float64).to(device)
         self.timings_ = {}
         self.module_ = self._theta0_module(Xt, yt, self._n_outputs(y), seed, dtype, wt)
         self._check_network_outputs(Xt, Xc)
         self._fit_posterior(Xt, yt, Xc, yc, seed, wt)
-        self._choose_dimension(Xc, yc, seed)
+        with silenced(*(("few_calibration_rows",) if warned else ())):  # said once, before training
+            self._choose_dimension(Xc, yc, seed)
         self.timings_["total"] = time.perf_counter() - t_start
         self._report(fit_line(self))
         return self

@@ -8,7 +8,6 @@ import time
 
 import numpy as np
 
-from .._silenced import silenced
 from ..calibration import Calibrator, resolve_calibration
 from ..predictive import PredictiveMode, resolve_predictive
 from ._report import calibration_line
@@ -34,12 +33,10 @@ class CalibrationFitMixin:
             d = self.posterior_.max_components
         if self._sigma0_choice() == "nll":
             Xc, yc = self._tune_sigma0(Xc, yc, d, seed)
-        quiet = ("few_calibration_rows",) if getattr(self, "_calibration_rows_warned", False) else ()  # warned
-        with silenced(*quiet):
-            self.calibrator_ = calibrator.fit(
-                self.posterior_, Xc, yc, n_components=d, confidence_levels=self._levels(None),
-                predictive=self.predictive_, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
-                random_state=seed, verbose=self.verbose, likelihood=self.likelihood_)
+        self.calibrator_ = calibrator.fit(
+            self.posterior_, Xc, yc, n_components=d, confidence_levels=self._levels(None),
+            predictive=self.predictive_, n_samples=self.n_samples, noise_var=self._interval_noise_var(),
+            random_state=seed, verbose=self.verbose, likelihood=self.likelihood_)
         if self.likelihood_.is_classification:  # the labels a calibrator's warnings name classes by
             self.calibrator_.class_labels_ = self.classes_.tolist()
         self.conformity_scores_ = self.calibrator_.scores_

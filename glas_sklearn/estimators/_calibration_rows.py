@@ -41,14 +41,12 @@ class CalibrationRowsMixin:
             return 0
         return self._calibrator().class_rows_needed(self._levels(None))
 
-    def _warn_few_calibration_rows(self, y_cal, seed: int) -> None:
+    def _warn_few_calibration_rows(self, y_cal, seed: int) -> bool:
         """A ConformalWarning before training when the calibration rows ``y_cal`` are too few for a finite conformal
         quantile at the highest level, in all or (class-conditional calibration) in some class, counting the rows
         left for the quantile after those that tune σ0 (given ``X_cal`` or an integer ``calibration_size``, or
         few rows in all): there the intervals would be infinite or the sets hold the class always, which the user
-        learns now rather than after the training. Sets ``_calibration_rows_warned`` (the calibrator then does
-        not warn again)."""
-        self._calibration_rows_warned = False
+        learns now rather than after the training. Whether it warned (the calibration then does not warn again)."""
         n_cal, need, level = len(y_cal), self._calibration_rows_needed(), max(self._levels(None))
         name = type(self).__name__
         fix = ("calibration rows (X_cal and y_cal, or a larger calibration_size), or lower confidence_level. "
@@ -59,16 +57,15 @@ class CalibrationRowsMixin:
             warnings.warn(f"{name}.fit: {n_cal} calibration rows are too few for a conformal quantile at level {level} "
                           f"(it needs {need}); at that level the {what}. Pass at least {need} {fix}", ConformalWarning,
                           stacklevel=5)
-            self._calibration_rows_warned = True
-            return
+            return True
         per_class = self._class_rows_needed()
         if per_class == 0:
-            return
+            return False
         labels = np.asarray(y_cal)[self._conformal_part(y_cal, seed)]
         counts = np.bincount(labels, minlength=len(self.classes_))
         short = np.flatnonzero(counts < per_class)
         if short.size == 0:
-            return
+            return False
         tuned = " (after the rows that tune sigma0)" if len(labels) < n_cal else ""
         labels_of = self.classes_.tolist()
         listed = ", ".join(f"{labels_of[c]!r}: {counts[c]}" for c in short)
@@ -76,7 +73,7 @@ class CalibrationRowsMixin:
                       f"for a quantile at level {level}, but {short.size} class(es) have fewer{tuned}: {listed}. "
                       f"Those classes would be in every prediction set at that level. Pass more {fix}",
                       ConformalWarning, stacklevel=5)
-        self._calibration_rows_warned = True
+        return True
 
     def _n_calibration_rows(self, n: int, y=None) -> int:
         """Rows held out of the n training rows ``y`` for calibration (at least one, leaving at least two; with

@@ -97,15 +97,15 @@ def calibration_line(est, seconds: float) -> str:
 def _bands_text(cal, level: float, n_rows: int) -> str:
     """The σ̂ bands of a fitted MondrianConformalCalibrator and why, per output (once where the outputs agree), e.g.
     "5 bands of σ̂, each with its own quantile, as the scores differ across them (Kruskal–Wallis p = 0.031)"."""
+    if cal.n_bins != "auto":
+        bands = max(len(e) + 1 for e in cal.edges_)
+        merged = f", merged to {bands} for {cal.rows_needed(level)} rows a band" if bands < cal.n_bins else ""
+        return f"n_bins={cal.n_bins} as set{merged}"
     pvalues = getattr(cal, "band_pvalue_", None)
     if cal.min_bins == "auto" or cal.min_bins_ > 1:
         need = 2 * cal.rows_needed(level)
     else:
         need = 2 * max(cal.min_bin_size, cal.rows_needed(level))
-    if cal.n_bins != "auto":
-        bands = max(len(e) + 1 for e in cal.edges_)
-        merged = f", merged to {bands} for {cal.rows_needed(level)} rows a band" if bands < cal.n_bins else ""
-        return f"n_bins={cal.n_bins} as set{merged}"
     texts = []
     for j, edges in enumerate(cal.edges_):
         bands = len(edges) + 1

@@ -35,8 +35,7 @@ class Sigma0PolicyMixin:
             logger.info("%s: %d calibration rows are too few to tune sigma0 on some of them (%d needed); keeping the "
                         "full-space empirical Bayes sigma0", type(self).__name__, n, n_need + 1)
             return Xc, yc
-        labels = yc.detach().cpu().numpy() if self.likelihood_.is_classification else None
-        tune, conf = self._sigma0_split(labels, n, n_need, seed)
+        tune, conf = self._sigma0_split(yc, n, n_need, seed)
         index = torch.as_tensor(tune, device=Xc.device)
         t0 = time.perf_counter()
         search = self._sigma0_search(Xc[index], yc[index], d, seed)
@@ -64,12 +63,15 @@ class Sigma0PolicyMixin:
                            n_samples=self.n_samples, noise_var=self._interval_noise_var(), random_state=seed,
                            likelihood=self.likelihood_)
 
-    def _sigma0_split(self, labels, n: int, n_need: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-        """Sorted indices of the tuning and conformal rows among the n calibration rows: half each, the conformal
-        part at least the n_need rows of a finite conformal quantile (and the tuning part at least one row);
-        stratified by the class ``labels`` (None for regression) where every class has two rows and fits on both
-        sides; seeded from ``seed``."""
+    def _sigma0_split(self, yc, n: int, n_need: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """Sorted indices of the tuning and conformal rows among the n calibration rows (targets ``yc``, a tensor or
+        array): half each, the conformal part at least the n_need rows of a finite conformal quantile (and the
+        tuning part at least one row); stratified by class where every class has two rows and fits on both sides;
+        seeded from ``seed``."""
         n_conf = min(n - 1, max(int(np.ceil(n / 2)), n_need))
+        labels = None
+        if self.likelihood_.is_classification:
+            labels = np.asarray(yc.detach().cpu() if isinstance(yc, torch.Tensor) else yc)
         stratify = labels if labels is not None and self._can_stratify(labels, n - n_conf) else None
         tune, conf = train_test_split(np.arange(n), test_size=n_conf, random_state=(seed + _SIGMA0_SPLIT) % 2**31,
                                       stratify=stratify)
@@ -82,8 +84,7 @@ class Sigma0PolicyMixin:
         n = len(y_cal)
         if self._sigma0_choice() != "nll" or not self._check_sigma0_rows(n):
             return np.arange(n)
-        labels = np.asarray(y_cal) if self.likelihood_.is_classification else None
-        return self._sigma0_split(labels, n, self._calibration_rows_needed(), seed)[1]
+        return self._sigma0_split(y_cal, n, self._calibration_rows_needed(), seed)[1]
 
     def _check_sigma0_setting(self) -> None:
         if self.sigma0 == "nll" and not self._calibrator().requires_fixed_predictor:
