@@ -4,10 +4,16 @@ from ._version import __version__
 from .compose import predict_interval, predict_set
 from .datasets import load_concrete
 from .estimators import (
+    Compute,
     LaplaceActiveSubspaceClassifier,
     LaplaceActiveSubspaceRegressor,
+    LowRank,
+    LowRankDiag,
+    Posterior,
     PrefitLeakageWarning,
     PrefitUnderfitWarning,
+    Subspace,
+    Training,
 )
 from .metrics import coverage_score, interval_score, make_interval_scorer, mean_width_score
 
@@ -16,6 +22,12 @@ __all__ = [
     "LaplaceActiveSubspaceClassifier",
     "PrefitLeakageWarning",
     "PrefitUnderfitWarning",
+    "Training",
+    "LowRank",
+    "LowRankDiag",
+    "Subspace",
+    "Posterior",
+    "Compute",
     "coverage_score",
     "interval_score",
     "make_interval_scorer",

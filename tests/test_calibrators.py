@@ -23,6 +23,7 @@ from glas_sklearn.calibration import (
     StdNormalizedResidual,
     resolve_calibration,
 )
+from tests.reference import grouped
 
 from .stubs import AbsoluteResidual
 
@@ -66,8 +67,8 @@ def test_user_defined_regression_score_matches_split_conformal_by_hand():
     X, y = _data(90)
     X_cal, y_cal = _data(30, seed=1)
     X_test, _ = _data(8, seed=2)
-    est = LaplaceActiveSubspaceRegressor(**SMALL, standardize=False, confidence_level=[0.9, 0.5],
-                                         calibration=ConformalCalibrator(AbsoluteResidual()))
+    est = LaplaceActiveSubspaceRegressor(**grouped(**SMALL, standardize=False, confidence_level=[0.9, 0.5],
+                                                   calibration=ConformalCalibrator(AbsoluteResidual())))
     est.fit(X, y, X_cal=X_cal, y_cal=y_cal)
     assert est.predictive_.name == "linearized"  # the low-rank default: ŷ = f(x; θ0), the trained network itself
     with torch.no_grad():
@@ -93,7 +94,8 @@ def test_user_defined_classification_score_matches_split_conformal_by_hand():
     X, codes = _labels(120)
     X_cal, c_cal = _labels(40, seed=1)
     X_test, _ = _labels(30, seed=2)
-    clf = LaplaceActiveSubspaceClassifier(**SMALL, sigma0="eb_full", calibration=ConformalCalibrator(TopMass()))
+    clf = LaplaceActiveSubspaceClassifier(**grouped(**SMALL, sigma0="eb_full",
+                                                    calibration=ConformalCalibrator(TopMass())))
     clf.fit(X, codes, X_cal=X_cal, y_cal=c_cal)
     assert clf.n_calibration_rows_ == 40  # σ0 fixed beforehand: every calibration row scores
 
@@ -135,7 +137,7 @@ def test_string_and_object_spellings_give_identical_regressors(paper):
     for calibration in spellings:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CalibrationWarning)
-            est = LaplaceActiveSubspaceRegressor(**{**settings, "calibration": calibration}).fit(X, y)
+            est = LaplaceActiveSubspaceRegressor(**grouped(**{**settings, "calibration": calibration})).fit(X, y)
         outputs.append(_regression_outputs(est, X_test))
         assert type(est.calibrator_) is type(resolve_calibration(spellings[0]))
     for other in outputs[1:]:
@@ -153,7 +155,7 @@ def test_string_and_object_spellings_give_identical_classifiers(paper):
     for calibration in spellings:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", CalibrationWarning)
-            est = LaplaceActiveSubspaceClassifier(**{**settings, "calibration": calibration}).fit(X, codes)
+            est = LaplaceActiveSubspaceClassifier(**grouped(**{**settings, "calibration": calibration})).fit(X, codes)
         outputs.append(_classification_outputs(est, X[:10]))
     for a, b in zip(*outputs, strict=True):
         np.testing.assert_array_equal(a, b)
@@ -162,7 +164,7 @@ def test_string_and_object_spellings_give_identical_classifiers(paper):
 def test_calibrator_instances_clone_get_params_and_stay_unfitted():
     score = AbsoluteResidual()
     calibrator = ConformalCalibrator(conformity_score=score)
-    est = LaplaceActiveSubspaceRegressor(**SMALL, calibration=calibrator)
+    est = LaplaceActiveSubspaceRegressor(**grouped(**SMALL, calibration=calibrator))
     params = est.get_params()
     assert params["calibration"] is calibrator and params["calibration__conformity_score"] is score
     twin = clone(est)
@@ -176,7 +178,7 @@ def test_calibrator_instances_clone_get_params_and_stay_unfitted():
     # a clone refitted on the same data reproduces the predictions; set_params reaches the nested score
     np.testing.assert_array_equal(twin.fit(X, y).predict_interval(X[:5])[1], est.predict_interval(X[:5])[1])
     twin.set_params(calibration__conformity_score=StdNormalizedResidual())
-    default = LaplaceActiveSubspaceRegressor(**SMALL).fit(X, y)
+    default = LaplaceActiveSubspaceRegressor(**grouped(**SMALL)).fit(X, y)
     np.testing.assert_array_equal(twin.fit(X, y).predict_interval(X[:5])[1], default.predict_interval(X[:5])[1])
     assert repr(ConformalCalibrator(LAC())) == "ConformalCalibrator(conformity_score=LAC())"
 
@@ -190,13 +192,14 @@ def test_calibrator_properties_drive_the_estimator():
     assert conformal.rows_needed([0.9, 0.5]) == 9 and conformal.rows_needed(0.95) == 19
     assert coverage.rows_needed(0.95) == 1
     X, y = _data(80)
-    conf = LaplaceActiveSubspaceRegressor(**SMALL, calibration=ConformalCalibrator(AbsoluteResidual())).fit(X, y)
+    conf = LaplaceActiveSubspaceRegressor(**grouped(**SMALL,
+                                                    calibration=ConformalCalibrator(AbsoluteResidual()))).fit(X, y)
     assert conf.n_components_ == 3 and conf.noise_source_ == "training" and conf.n_calibration_rows_ == 9
     with pytest.warns(UserWarning, match="only approximate"):
-        LaplaceActiveSubspaceRegressor(**SMALL, noise_std="calibration",
-                                       calibration=ConformalCalibrator(AbsoluteResidual())).fit(X, y)
+        LaplaceActiveSubspaceRegressor(**grouped(**SMALL, noise_std="calibration",
+                                                 calibration=ConformalCalibrator(AbsoluteResidual()))).fit(X, y)
     with pytest.raises(ValueError, match="sigma0='nll'"):
-        LaplaceActiveSubspaceRegressor(**SMALL, sigma0="nll", calibration=CoverageCalibrator()).fit(X, y)
+        LaplaceActiveSubspaceRegressor(**grouped(**SMALL, sigma0="nll", calibration=CoverageCalibrator())).fit(X, y)
 
 
 def test_bad_calibrations_and_scores_are_refused_clearly():
@@ -205,18 +208,18 @@ def test_bad_calibrations_and_scores_are_refused_clearly():
         resolve_calibration("split")
     X, y = _data(40)
     with pytest.raises(ValueError, match="calibration must be a Calibrator"):
-        LaplaceActiveSubspaceRegressor(**SMALL, calibration=StdNormalizedResidual()).fit(X, y)
+        LaplaceActiveSubspaceRegressor(**grouped(**SMALL, calibration=StdNormalizedResidual())).fit(X, y)
     with pytest.raises(ValueError, match=r"LAC\(\) is not a RegressionScore, but the likelihood calibrated"):
-        LaplaceActiveSubspaceRegressor(**SMALL, calibration=ConformalCalibrator(LAC())).fit(X, y)
+        LaplaceActiveSubspaceRegressor(**grouped(**SMALL, calibration=ConformalCalibrator(LAC()))).fit(X, y)
     with pytest.raises(TypeError, match="conformity_score must be None or a ConformityScore"):
-        LaplaceActiveSubspaceRegressor(**SMALL, calibration=ConformalCalibrator("lac")).fit(X, y)
+        LaplaceActiveSubspaceRegressor(**grouped(**SMALL, calibration=ConformalCalibrator("lac"))).fit(X, y)
 
     class OneScore(AbsoluteResidual):
         def score(self, y, prediction):
             return super().score(y, prediction)[:1]
 
     with pytest.raises(ValueError, match=r"OneScore\(\).score returned shape \(1, 1\) for 9 calibration rows"):
-        LaplaceActiveSubspaceRegressor(**SMALL, calibration=ConformalCalibrator(OneScore())).fit(X, y)
+        LaplaceActiveSubspaceRegressor(**grouped(**SMALL, calibration=ConformalCalibrator(OneScore()))).fit(X, y)
 
 
 def test_coverage_display_asks_the_fitted_calibrator():
@@ -231,11 +234,12 @@ def test_coverage_display_asks_the_fitted_calibrator():
     X, y = _data(60)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
-        paper = LaplaceActiveSubspaceRegressor(**{**SMALL, **PAPER, "calibration": CoverageCalibrator()}).fit(X, y)
+        paper = LaplaceActiveSubspaceRegressor(**grouped(**{**SMALL, **PAPER, "calibration": CoverageCalibrator()})).fit(X, y)
     disp = CoverageDisplay.from_estimator(paper)
     np.testing.assert_array_equal(disp.line_.get_ydata(), paper.calibration_["coverage"].to_numpy())
     assert disp.reached == (paper.calibration_reached_ is not False) and not disp.classification
-    conformal = LaplaceActiveSubspaceRegressor(**SMALL, calibration=ConformalCalibrator(AbsoluteResidual())).fit(X, y)
+    conformal = LaplaceActiveSubspaceRegressor(**grouped(**SMALL,
+                                                         calibration=ConformalCalibrator(AbsoluteResidual()))).fit(X, y)
     with pytest.raises(ValueError, match=r"calibration=ConformalCalibrator\(conformity_score=AbsoluteResidual\(\)\)"):
         CoverageDisplay.from_estimator(conformal)
     plt.close("all")
@@ -249,7 +253,7 @@ def test_pickles_round_trip_and_older_pickles_are_refused_naming_the_version():
     import glas_sklearn
 
     X, y = _data(40)
-    est = LaplaceActiveSubspaceRegressor(**SMALL).fit(X, y)
+    est = LaplaceActiveSubspaceRegressor(**grouped(**SMALL)).fit(X, y)
     loaded = pickle.loads(pickle.dumps(est))
     np.testing.assert_array_equal(loaded.predict_interval(X[:5])[1], est.predict_interval(X[:5])[1])
     state = est.__getstate__()
@@ -271,7 +275,7 @@ def test_sklearn_parameter_checks_with_a_calibrator_instance(check):
     """scikit-learn's checks that fit leaves the parameters (here a calibrator holding a user score) untouched."""
     from sklearn.utils import estimator_checks
 
-    est = LaplaceActiveSubspaceRegressor(**SMALL, calibration=ConformalCalibrator(AbsoluteResidual()))
+    est = LaplaceActiveSubspaceRegressor(**grouped(**SMALL, calibration=ConformalCalibrator(AbsoluteResidual())))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
         getattr(estimator_checks, check)(type(est).__name__, est)

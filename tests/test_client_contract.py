@@ -32,7 +32,7 @@ from glas_sklearn.calibration import (
 from glas_sklearn.likelihoods import HeteroscedasticGaussian
 from glas_sklearn.predictive import RegressionMoments
 from glas_sklearn.regional_coverage import regional_coverage
-from tests.reference import step_noise_data
+from tests.reference import grouped, step_noise_data
 
 SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=30, lr=0.05, batch_size=None,
              max_components=3, random_state=0)
@@ -110,8 +110,8 @@ def test_merged_quantiles_are_the_envelope_over_every_lower_level(method):
 
 def test_end_to_end_explicit_bins_give_nested_intervals():
     X, y = step_noise_data(300, seed=4)
-    reg = LaplaceActiveSubspaceRegressor(likelihood="gaussian", calibration=MondrianConformalCalibrator(n_bins=3),
-                                         **SMALL)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(likelihood="gaussian",
+                                                   calibration=MondrianConformalCalibrator(n_bins=3), **SMALL))
     reg.fit(X[:200], y[:200], X_cal=X[200:254], y_cal=y[200:254])
     _, pis = reg.predict_interval(X[254:], confidence_level=[0.9, 0.95])
     width = pis[:, 1] - pis[:, 0]
@@ -122,7 +122,7 @@ def test_end_to_end_explicit_bins_give_nested_intervals():
 
 def test_regional_coverage_names_a_column_it_cannot_find():
     X, y = step_noise_data(120, seed=1)
-    reg = LaplaceActiveSubspaceRegressor(likelihood="gaussian", **SMALL).fit(X[:80], y[:80])
+    reg = LaplaceActiveSubspaceRegressor(**grouped(likelihood="gaussian", **SMALL)).fit(X[:80], y[:80])
     frame = pd.DataFrame(X[80:], columns=["a", "b", "c"])
     with pytest.raises(ValueError, match=r"column 'zz'.*\['a', 'b', 'c'\]"):
         regional_coverage(reg, frame, y[80:], columns=["zz"], n_directions=5)
@@ -144,7 +144,7 @@ def test_the_conformal_warning_states_the_rows_that_suffice():
 def test_the_fitted_likelihood_is_not_the_users_object():
     X, y = step_noise_data(200, seed=2)
     likelihood = HeteroscedasticGaussian()
-    reg = LaplaceActiveSubspaceRegressor(likelihood=likelihood, **SMALL).fit(X[:150], y[:150])
+    reg = LaplaceActiveSubspaceRegressor(**grouped(likelihood=likelihood, **SMALL)).fit(X[:150], y[:150])
     before = reg.predict_interval(X[150:])[1]
     reg.set_params(likelihood__output="natural")  # the user's object changes; the fitted model must not
     assert likelihood.output == "natural" and reg.likelihood_.output == "mean_logvar"
@@ -186,7 +186,8 @@ def test_every_likelihood_end_to_end(likelihood, tmp_path):
     from glas_sklearn.plotting import RegionalCoverageDisplay
 
     X, Y = step_noise_data(560, seed=3, outputs=2)
-    reg = LaplaceActiveSubspaceRegressor(likelihood=likelihood, calibration_size=400, **SMALL).fit(X[:500], Y[:500])
+    reg = LaplaceActiveSubspaceRegressor(**grouped(likelihood=likelihood, calibration_size=400,
+                                                   **SMALL)).fit(X[:500], Y[:500])
     # per output: five bands of σ̂ where the network predicts the noise (min_bins "auto") or where the scores
     # differ across five bands (Kruskal–Wallis p < 0.1), else ⌊400/200⌋ = 2
     cal, het = reg.calibrator_, reg.likelihood_.noise_in_outputs
@@ -228,7 +229,7 @@ def test_too_few_calibration_rows_for_sigma0_nll_raise_before_training(where):
     """sigma0="nll" tunes σ0 on some calibration rows and keeps ⌈1/γ⌉ − 1 = 9 (90 %) for the conformal quantile:
     9 rows are too few, which is known before the network is trained, so nothing is trained."""
     X, y = step_noise_data(100, seed=6)
-    reg = LaplaceActiveSubspaceRegressor(sigma0="nll", likelihood="gaussian", **SMALL)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(sigma0="nll", likelihood="gaussian", **SMALL))
     if where == "X_cal":
         fit = lambda: reg.fit(X[:80], y[:80], X_cal=X[80:89], y_cal=y[80:89])  # noqa: E731
     else:
@@ -250,7 +251,7 @@ def test_too_few_calibration_rows_for_sigma0_nll_raise_before_training(where):
 ])
 def test_bad_calibrator_settings_raise_before_training(calibration, message):
     X, y = step_noise_data(100, seed=7)
-    reg = LaplaceActiveSubspaceRegressor(calibration=calibration, likelihood="gaussian", **SMALL)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(calibration=calibration, likelihood="gaussian", **SMALL))
     with pytest.raises(ValueError, match=message):
         reg.fit(X, y)
     assert not hasattr(reg, "module_")
@@ -264,7 +265,7 @@ def test_likelihood_settings_changed_by_set_params_are_checked_at_fit(param, val
     """The likelihoods check their arguments when constructed; set_params (as GridSearchCV uses) must not get round
     that: a β of 5 trained silently, an unknown output layout ended in 'the training loss diverged'."""
     X, y = step_noise_data(100, seed=8)
-    reg = LaplaceActiveSubspaceRegressor(likelihood=HeteroscedasticGaussian(), **SMALL)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(likelihood=HeteroscedasticGaussian(), **SMALL))
     reg.set_params(**{f"likelihood__{param}": value})
     with pytest.raises(ValueError, match=message):
         reg.fit(X, y)

@@ -19,6 +19,7 @@ from glas_sklearn import (
     predict_set,
 )
 from glas_sklearn.calibration import CalibrationWarning
+from tests.reference import grouped
 
 from .stubs import FixedLevelStub, IntervalStub
 
@@ -67,14 +68,14 @@ def test_fixed_level_final_step_is_called_without_a_level_and_refuses_another():
 
 def test_our_estimators_in_a_pipeline_give_their_own_intervals_and_sets():
     X, y = _data()
-    pipe = make_pipeline(StandardScaler(), LaplaceActiveSubspaceRegressor(**SMALL)).fit(X, y)
+    pipe = make_pipeline(StandardScaler(), LaplaceActiveSubspaceRegressor(**grouped(**SMALL))).fit(X, y)
     y_pred, y_pis = predict_interval(pipe, X[:9], confidence_level=[0.5, 0.9])
     ref_pred, ref_pis = pipe[-1].predict_interval(pipe[:-1].transform(X[:9]), confidence_level=[0.5, 0.9])
     # the same computation replayed (same seed, same rows): equal bit for bit
     np.testing.assert_array_equal(y_pred, ref_pred)
     np.testing.assert_array_equal(y_pis, ref_pis)
     labels = np.where(y > 40, "hi", "lo")
-    clf = make_pipeline(StandardScaler(), LaplaceActiveSubspaceClassifier(**SMALL)).fit(X, labels)
+    clf = make_pipeline(StandardScaler(), LaplaceActiveSubspaceClassifier(**grouped(**SMALL))).fit(X, labels)
     got_labels, sets = predict_set(clf, X[:9], confidence_level=[0.5, 0.9])
     ref_labels, ref_sets = clf[-1].predict_set(clf[:-1].transform(X[:9]), confidence_level=[0.5, 0.9])
     np.testing.assert_array_equal(got_labels, ref_labels)
@@ -85,7 +86,7 @@ def test_our_estimators_in_a_pipeline_give_their_own_intervals_and_sets():
 
 def test_transformed_target_with_standard_scaler_maps_the_bounds_affinely():
     X, y = _data()
-    ttr = TransformedTargetRegressor(LaplaceActiveSubspaceRegressor(**SMALL), transformer=StandardScaler()).fit(X, y)
+    ttr = TransformedTargetRegressor(LaplaceActiveSubspaceRegressor(**grouped(**SMALL)), transformer=StandardScaler()).fit(X, y)
     y_pred, y_pis = predict_interval(ttr, X[:10], confidence_level=[0.5, 0.9])
     inner_pred, inner_pis = ttr.regressor_.predict_interval(X[:10], confidence_level=[0.5, 0.9])
     mean, scale = y.mean(), y.std()  # StandardScaler's statistics, by hand

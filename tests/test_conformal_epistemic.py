@@ -27,7 +27,7 @@ from glas_sklearn.calibration import (
 )
 from glas_sklearn.laplace import fit_laplace_subspace
 from glas_sklearn.likelihoods import HeteroscedasticGaussian
-from tests.reference import step_noise_data
+from tests.reference import grouped, step_noise_data
 
 SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(16,)), max_epochs=60, lr=0.02, batch_size=None,
              max_components=6, random_state=0, dtype="float64")
@@ -222,7 +222,8 @@ def _fit(**kw):
     weight = kw.pop("sample_weight", None)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return LaplaceActiveSubspaceRegressor(calibration_size=0.5, **{**SMALL, **kw}).fit(X, y, sample_weight=weight)
+        return LaplaceActiveSubspaceRegressor(**grouped(calibration_size=0.5,
+                                                        **{**SMALL, **kw})).fit(X, y, sample_weight=weight)
 
 
 def test_regressor_default_fits_the_weight_for_the_heteroscedastic_likelihood_only_where_it_matters():
@@ -268,9 +269,9 @@ def test_classifier_ignores_the_weight():
     y = (X[:, 0] + 0.3 * rng.normal(size=200) > 0).astype(int)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        clf = LaplaceActiveSubspaceClassifier(calibration_size=0.5, **SMALL).fit(X, y)
-        one = LaplaceActiveSubspaceClassifier(calibration=ConformalCalibrator(epistemic_weight=1.0),
-                                              calibration_size=0.5, **SMALL).fit(X, y)
+        clf = LaplaceActiveSubspaceClassifier(**grouped(calibration_size=0.5, **SMALL)).fit(X, y)
+        one = LaplaceActiveSubspaceClassifier(**grouped(calibration=ConformalCalibrator(epistemic_weight=1.0),
+                                                        calibration_size=0.5, **SMALL)).fit(X, y)
     assert clf.calibrator_.epistemic_weight_ is None
     np.testing.assert_array_equal(clf.predict_set(X[:20])[1], one.predict_set(X[:20])[1])
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from glas_sklearn import LaplaceActiveSubspaceClassifier
+from glas_sklearn import Compute, LaplaceActiveSubspaceClassifier, LowRank, Training
 from glas_sklearn.calibration import ConformalCalibrator, conformal_quantile
 from glas_sklearn.conformity_scores import APS, LAC, RAPS, ClassificationScore, TopK
 
@@ -145,9 +145,11 @@ def test_classifier_with_each_score_is_split_conformal_by_hand(score):
     X, codes = _labels(120)
     X_cal, c_cal = _labels(40, seed=1)
     X_test, _ = _labels(30, seed=2)
-    clf = LaplaceActiveSubspaceClassifier(
-        module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=30, lr=0.05, batch_size=None, n_samples=50,
-        max_components=3, dtype="float64", random_state=0, sigma0="eb_full", calibration=ConformalCalibrator(score))
+    clf = LaplaceActiveSubspaceClassifier(random_state=0, sigma0="eb_full", calibration=ConformalCalibrator(score),
+                                          training=Training(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=30,
+                                                            lr=0.05, batch_size=None),
+                                          posterior=LowRank(n_samples=50, max_components=3),
+                                          compute=Compute(dtype="float64"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         clf.fit(X, codes, X_cal=X_cal, y_cal=c_cal)

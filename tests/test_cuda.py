@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 import torch
 
-from glas_sklearn import LaplaceActiveSubspaceRegressor
+from glas_sklearn import Compute, LaplaceActiveSubspaceRegressor, LowRank, Training
 from glas_sklearn.eigen import top_eigenpairs
 from glas_sklearn.ggn import GGNOperator
 from glas_sklearn.posterior import ActiveSubspacePosterior
@@ -123,8 +123,10 @@ def test_estimator_fits_on_cuda():
     rng = np.random.default_rng(0)
     X = rng.normal(size=(120, 3))
     y = np.sin(X[:, 0]) + 0.1 * rng.normal(size=120)
-    est = LaplaceActiveSubspaceRegressor(module_kwargs=dict(hidden_layer_sizes=(16,)), max_epochs=30,
-                                         max_components=5, n_samples=50, device="cuda", random_state=0).fit(X, y)
+    est = LaplaceActiveSubspaceRegressor(random_state=0,
+                                         training=Training(module_kwargs=dict(hidden_layer_sizes=(16,)), max_epochs=30),
+                                         posterior=LowRank(max_components=5, n_samples=50),
+                                         compute=Compute(device="cuda")).fit(X, y)
     assert est.posterior_.device.type == "cuda"
     mean, pis = est.predict_interval(X[:10])
     assert np.isfinite(mean).all() and np.isfinite(pis).all() and (pis[:, 0] <= pis[:, 1]).all()

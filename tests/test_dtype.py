@@ -10,7 +10,7 @@ import torch
 
 from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
 from glas_sklearn.calibration import CalibrationWarning
-from tests.reference import assert_unchanged, mlp, snapshot
+from tests.reference import assert_unchanged, grouped, mlp, snapshot
 
 #: Prefit networks here are often untrained on purpose; the warning saying so is tested in test_messages.py.
 pytestmark = pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitUnderfitWarning")
@@ -42,7 +42,7 @@ def test_auto_follows_a_prefit_module(torch_dtype):
     before = snapshot(net)
     X, y = _data()
     X_cal, y_cal = _data(n=20, seed=1)  # rows the network was not trained on
-    reg = LaplaceActiveSubspaceRegressor(module=net, prefit=True, predictive="linearized", **TINY)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(module=net, prefit=True, predictive="linearized", **TINY))
     reg.fit(X, y, X_cal=X_cal, y_cal=y_cal)
     assert_unchanged(net, before)  # neither cast nor copied
     assert reg.module_ is net and reg.posterior_.dtype == torch_dtype
@@ -56,21 +56,21 @@ def test_auto_builds_float32_and_explicit_dtypes_are_kept():
     X, y = _data()
     small = dict(module_kwargs=dict(hidden_layer_sizes=(4,)), max_epochs=2, **TINY)
     for dtype, expected in [("auto", torch.float32), ("float32", torch.float32), ("float64", torch.float64)]:
-        reg = LaplaceActiveSubspaceRegressor(dtype=dtype, **small).fit(X, y)
+        reg = LaplaceActiveSubspaceRegressor(**grouped(dtype=dtype, **small)).fit(X, y)
         assert {p.dtype for p in reg.module_.parameters()} == {expected}, dtype
         assert reg.posterior_.dtype == expected
 
 
 def test_explicit_dtype_that_differs_from_a_prefit_module_is_refused():
     X, y = _data()
-    reg = LaplaceActiveSubspaceRegressor(module=mlp(n_in=3, dtype=torch.float64), prefit=True, dtype="float32",
-                                         **TINY)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(module=mlp(n_in=3, dtype=torch.float64), prefit=True,
+                                                   dtype="float32", **TINY))
     with pytest.raises(ValueError, match=r"dtype torch\.float64.*dtype='float32'"):
         reg.fit(X, y, X_cal=X, y_cal=y)
 
 
 def test_auto_refuses_a_half_precision_prefit_module():
     X, y = _data()
-    reg = LaplaceActiveSubspaceRegressor(module=mlp(n_in=3, dtype=torch.float16), prefit=True, **TINY)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(module=mlp(n_in=3, dtype=torch.float16), prefit=True, **TINY))
     with pytest.raises(ValueError, match=r"torch\.float16.*float32 or float64"):
         reg.fit(X, y, X_cal=X, y_cal=y)

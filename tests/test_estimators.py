@@ -17,7 +17,7 @@ from torch import nn
 
 from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
 from glas_sklearn.calibration import CalibrationWarning, MondrianConformalCalibrator
-from tests.reference import assert_unchanged, mlp, snapshot
+from tests.reference import assert_unchanged, full_name, grouped, mlp, snapshot
 
 #: Prefit networks here are often untrained on purpose; the warning saying so is tested in test_messages.py.
 pytestmark = pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitUnderfitWarning")
@@ -61,11 +61,11 @@ def _unseen(n=20, seed=7, **kwargs) -> dict:
 
 
 def _reg(**params):
-    return LaplaceActiveSubspaceRegressor(**{**SMALL, **params})
+    return LaplaceActiveSubspaceRegressor(**grouped(**{**SMALL, **params}))
 
 
 def _clf(**params):
-    return LaplaceActiveSubspaceClassifier(**{**SMALL, **params})
+    return LaplaceActiveSubspaceClassifier(**grouped(**{**SMALL, **params}))
 
 
 def _standardised(A, ref):
@@ -430,7 +430,7 @@ def test_prefit_module_without_trainable_weights_is_refused_at_fit():
 def test_bad_hyperparameters_raise_at_fit_naming_the_parameter(param, value):
     X, y = _data()
     est = _reg(**{param: value})  # __init__ stores, never checks
-    assert est.get_params()[param] is value
+    assert est.get_params()[full_name(param)] is value
     with pytest.raises(ValueError, match=re.escape(param)):
         est.fit(X, y)
 
@@ -454,7 +454,7 @@ BAD_VALUES = [
     ("random_state", np.random.default_rng(0), "numpy.random.RandomState"), ("verbose", -1, "an int >= 0"),
     ("noise_std", 0.0, "'auto', 'calibration', 'training' or a finite float > 0"),
     ("include_noise", np.float64(1.0), "True or False"),
-    ("posterior", "full", "'low_rank', 'low_rank_diag' or 'subspace'"),
+    ("posterior", "full", "'low_rank', 'low_rank_diag', 'subspace'"),
     ("calibration", "Conformal", "'conformal', 'coverage' or 'mondrian'"),
     ("early_stopping", "on", "'auto' or True or False"), ("validation_fraction", 1.0, "(0, 1)"),
     ("n_iter_no_change", 0, "an int >= 1"), ("tol", -1e-4, "a finite float >= 0"),
@@ -468,13 +468,13 @@ def test_constraint_table_refuses_each_bad_value_naming_parameter_value_and_allo
     with pytest.raises(ValueError) as info:
         est.fit(X, y)
     msg = str(info.value)
-    assert msg.startswith(f"LaplaceActiveSubspaceRegressor: {param} must be ")
+    assert msg.startswith(f"LaplaceActiveSubspaceRegressor: {full_name(param)} must be ")
     assert allowed in msg and msg.endswith(f", got {value!r}.")
 
 
 def test_classifier_checks_the_shared_constraints_and_has_no_regression_ones():
     X, y = _labels(n=10)
-    with pytest.raises(ValueError, match=r"^LaplaceActiveSubspaceClassifier: n_samples must be an int >= 2, got 1\.$"):
+    with pytest.raises(ValueError, match=r"^LaplaceActiveSubspaceClassifier: posterior__n_samples must be an int >= 2, got 1\.$"):
         _clf(n_samples=1).fit(X, y)
     assert "noise_std" not in LaplaceActiveSubspaceClassifier._parameter_constraints
 
@@ -493,7 +493,7 @@ def test_regressor_signature_repeats_the_shared_defaults():
 
     base = inspect.signature(LaplaceActiveSubspaceBase.__init__).parameters
     reg = inspect.signature(LaplaceActiveSubspaceRegressor.__init__).parameters
-    assert set(reg) - set(base) == {"likelihood", "noise_std", "include_noise"}
+    assert set(reg) - set(base) == {"likelihood", "noise_std"}
     for name, p in base.items():
         if name == "calibration":  # the regressor's own default: conformal within bands of σ̂ (the classifier's
             assert (reg[name].default, p.default) == ("mondrian", "conformal")  # "mondrian" is per class)
@@ -510,19 +510,19 @@ def test_regressor_signature_repeats_the_shared_defaults():
 def test_constraint_table_accepts_each_allowed_form(param, value):
     X, y = _data(n=20)
     est = _reg(**{param: value, "max_epochs": 3 if param != "max_epochs" else value}).fit(X, y)
-    assert est.get_params()[param] is value  # stored and used as given
+    assert est.get_params()[full_name(param)] is value  # stored and used as given
 
 
 def test_set_params_then_fit_validates_again():
     X, y = _data(n=20)
     est = _reg(max_epochs=3).fit(X, y)
-    assert est.set_params(n_samples=1) is est  # set_params stores, never checks (as __init__)
-    with pytest.raises(ValueError, match=r"n_samples must be an int >= 2, got 1\."):
+    assert est.set_params(posterior__n_samples=1) is est  # set_params stores, never checks (as __init__)
+    with pytest.raises(ValueError, match=r"posterior__n_samples must be an int >= 2, got 1\."):
         est.fit(X, y)
-    est.set_params(n_samples=5, max_components="many")
-    with pytest.raises(ValueError, match=r"max_components must be an int >= 1, got 'many'\."):
+    est.set_params(posterior__n_samples=5, posterior__max_components="many")
+    with pytest.raises(ValueError, match=r"posterior__max_components must be an int >= 1, got 'many'\."):
         est.fit(X, y)
-    assert est.set_params(max_components=2).fit(X, y).n_samples == 5
+    assert est.set_params(posterior__max_components=2).fit(X, y).get_params()["posterior__n_samples"] == 5
 
 
 def test_default_network_follows_module_kwargs():
@@ -717,7 +717,7 @@ def test_include_noise_intervals_are_for_y(predictive):
     else:  # the network outputs at the estimator's own posterior samples, in the units of y
         est = with_noise
         Xt = torch.as_tensor((X[:6] - est.x_mean_) / est.x_scale_)
-        f = est.posterior_.predict_samples(Xt, 2, est.n_samples, random_state=est._sample_seed_)
+        f = est.posterior_.predict_samples(Xt, 2, est.posterior.n_samples, random_state=est._sample_seed_)
         f = f[..., 0].numpy() * est.y_scale_[0] + est.y_mean_[0]  # (S, 6)
         for i in range(6):
             for k, level in enumerate([0.5, 0.9]):
@@ -792,7 +792,7 @@ def test_predictions_in_row_chunks_equal_whole(predictive, monkeypatch):
              clf.predict_set(Xl)[1])
     per_row = reg._predict_bytes_per_row(1)  # (60 rows: no activations counted)
     for est in (reg, clf):  # 7 rows per chunk (of one output)
-        est.set_params(working_memory=2 * 7 * per_row / 2**20)  # half the budget goes to the rows' results
+        est.set_params(compute__working_memory=2 * 7 * per_row / 2**20)  # half the budget goes to the results
     calls = []
     original = base.LaplaceActiveSubspaceBase._predict_in_chunks
     monkeypatch.setattr(base.LaplaceActiveSubspaceBase, "_predict_in_chunks",
@@ -826,10 +826,10 @@ def test_default_regressor_is_low_rank_conformal_with_hand_checked_intervals():
     X_cal, y_cal = _data(n=30, seed=1)
     # the default is conformal within bands of σ̂ (30 calibration rows, the Gaussian: one band, its quantile
     # interpolated; bands by hand in tests/test_mondrian.py); with the rank rounded up: pooled split conformal
-    default = LaplaceActiveSubspaceRegressor(**NEW).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    default = LaplaceActiveSubspaceRegressor(**grouped(**NEW)).fit(X, y, X_cal=X_cal, y_cal=y_cal)
     assert len(default.calibrator_.edges_[0]) == 0 and default.calibrator_.quantile_method == "interpolated"
     one_band = MondrianConformalCalibrator(min_bins=1, quantile_method="higher")
-    est = LaplaceActiveSubspaceRegressor(**NEW, confidence_level=[0.9, 0.5], calibration=one_band).fit(
+    est = LaplaceActiveSubspaceRegressor(**grouped(**NEW, confidence_level=[0.9, 0.5], calibration=one_band)).fit(
         X, y, X_cal=X_cal, y_cal=y_cal)
     assert est.posterior_.posterior == "low_rank" and est.posterior_.sigma0_method == "eb_subspace"
     assert est.predictive_.name == "linearized" and est.n_components_ == 3 and est.calibration_reached_ is None
@@ -865,9 +865,9 @@ def test_conformal_include_noise_multi_output_and_small_calibration_sets():
     from glas_sklearn.calibration import ConformalWarning
 
     X, Y = _data(n=80, n_outputs=2)
-    est = LaplaceActiveSubspaceRegressor(**NEW, include_noise=True).fit(X, Y)
+    est = LaplaceActiveSubspaceRegressor(**grouped(**NEW, include_noise=True)).fit(X, Y)
     assert est.n_calibration_rows_ == 9 and est.conformity_scores_.shape == (9, 2)  # raised from 8 = ⌈0.1 · 80⌉
-    f_only = LaplaceActiveSubspaceRegressor(**NEW).fit(X, Y)
+    f_only = LaplaceActiveSubspaceRegressor(**grouped(**NEW)).fit(X, Y)
     _, std_f = f_only.predict(X[:5], return_std=True)
     mean, std = est.predict(X[:5], return_std=True)
     std, std_f = std / est.std_scale_, std_f / f_only.std_scale_  # the conformal normalisations σ̂
@@ -882,12 +882,12 @@ def test_conformal_include_noise_multi_output_and_small_calibration_sets():
     np.testing.assert_allclose(pis[:, :, 1, 0] - pis[:, :, 0, 0], 2 * q * std, rtol=1e-9)
     # too few calibration rows for the level: infinite intervals, with a warning
     with pytest.warns(ConformalWarning, match="too few"):
-        tiny = LaplaceActiveSubspaceRegressor(**NEW).fit(X[:60], Y[:60], X_cal=X[60:65], y_cal=Y[60:65])
+        tiny = LaplaceActiveSubspaceRegressor(**grouped(**NEW)).fit(X[:60], Y[:60], X_cal=X[60:65], y_cal=Y[60:65])
     with pytest.warns(ConformalWarning):
         _, pis = tiny.predict_interval(X[:3], confidence_level=[0.5, 0.9])
     assert np.isfinite(pis[..., 0]).all() and np.isinf(pis[..., 1]).all()
     with pytest.warns(UserWarning, match="only approximate"):
-        LaplaceActiveSubspaceRegressor(**NEW, noise_std="calibration").fit(X, Y)
+        LaplaceActiveSubspaceRegressor(**grouped(**NEW, noise_std="calibration")).fit(X, Y)
 
 
 def test_too_few_calibration_rows_are_warned_about_once_and_before_training():
@@ -907,7 +907,8 @@ def test_too_few_calibration_rows_are_warned_about_once_and_before_training():
     # 5 rows: the 90 % quantile needs ⌈1/0.1⌉ − 1 = 9; the user hears it before any training
     with warnings.catch_warnings(record=True) as caught, pytest.raises(RuntimeError, match="network was trained"):
         warnings.simplefilter("always")
-        LaplaceActiveSubspaceRegressor(Untrainable(), **NEW).fit(X[:60], y[:60], X_cal=X[60:65], y_cal=y[60:65])
+        LaplaceActiveSubspaceRegressor(Untrainable(),
+                                       **grouped(**NEW)).fit(X[:60], y[:60], X_cal=X[60:65], y_cal=y[60:65])
     early = [w for w in caught if issubclass(w.category, ConformalWarning)]
     assert len(early) == 1 and early[0].filename == __file__  # pointing at the user's fit call
     assert re.search(r"5 calibration rows are too few .* level 0\.9 \(it needs 9\).*intervals are infinite"
@@ -915,22 +916,22 @@ def test_too_few_calibration_rows_are_warned_about_once_and_before_training():
     # after training the calibration's own warning is not repeated; the intervals are infinite as announced
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        tiny = LaplaceActiveSubspaceRegressor(**NEW).fit(X[:60], y[:60], X_cal=X[60:65], y_cal=y[60:65])
+        tiny = LaplaceActiveSubspaceRegressor(**grouped(**NEW)).fit(X[:60], y[:60], X_cal=X[60:65], y_cal=y[60:65])
     assert len([w for w in caught if issubclass(w.category, ConformalWarning)]) == 1
     with pytest.warns(ConformalWarning, match="too few"):  # and again where they are asked for
         assert np.isinf(tiny.predict_interval(X[:2])[1]).all()
     # the classifier says its sets; 9 rows are enough and nothing is said
     Xc, yc = X, (y > np.median(y)).astype(int)
     with pytest.warns(ConformalWarning, match="prediction sets hold every class"):
-        LaplaceActiveSubspaceClassifier(**NEW).fit(Xc[:60], yc[:60], X_cal=Xc[60:65], y_cal=yc[60:65])
+        LaplaceActiveSubspaceClassifier(**grouped(**NEW)).fit(Xc[:60], yc[:60], X_cal=Xc[60:65], y_cal=yc[60:65])
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConformalWarning)
-        LaplaceActiveSubspaceRegressor(**NEW).fit(X[:60], y[:60], X_cal=X[60:69], y_cal=y[60:69])
+        LaplaceActiveSubspaceRegressor(**grouped(**NEW)).fit(X[:60], y[:60], X_cal=X[60:69], y_cal=y[60:69])
 
 
 def test_low_rank_sample_y_draws_the_linearised_predictive():
     X, y = _data(n=60)
-    est = LaplaceActiveSubspaceRegressor(**NEW).fit(X, y)
+    est = LaplaceActiveSubspaceRegressor(**grouped(**NEW)).fit(X, y)
     draws = est.sample_y(X[:4], n_samples=4000, random_state=3)
     mean, std = est.predict(X[:4], return_std=True)
     std = std / est.std_scale_[0]  # the posterior's own σ_f (return_std is conformally calibrated)
@@ -943,13 +944,14 @@ def test_low_rank_sample_y_draws_the_linearised_predictive():
 def test_paper_method_is_one_argument_away():
     """calibration="coverage", posterior="subspace": the paper's sampled subspace posterior, d by coverage."""
     X, y = _data(n=60)
-    paper = LaplaceActiveSubspaceRegressor(**NEW, calibration="coverage", posterior="subspace").fit(X, y)
+    paper = LaplaceActiveSubspaceRegressor(**grouped(**NEW, calibration="coverage", posterior="subspace")).fit(X, y)
     assert paper.predictive_.name == "sampled" and paper.posterior_.posterior == "subspace"
     assert paper.posterior_.sigma0_method == "eb_subspace" and paper.conformity_scores_ is None
     assert list(paper.calibration_.columns) == ["d", "coverage", "mean_width", "sigma0"]
     # its intervals are the sample quantiles of the subspace posterior at the chosen d
     Xt = torch.as_tensor((X[:5] - paper.x_mean_) / paper.x_scale_)
-    f = paper.posterior_.predict_samples(Xt, paper.n_components_, paper.n_samples, random_state=paper._sample_seed_)
+    f = paper.posterior_.predict_samples(Xt, paper.n_components_, paper.posterior.n_samples,
+                                         random_state=paper._sample_seed_)
     f = f[..., 0].numpy() * paper.y_scale_[0] + paper.y_mean_[0]
     _, pis = paper.predict_interval(X[:5])
     np.testing.assert_allclose(pis[:, 0, 0], np.quantile(f, 0.05, axis=0), rtol=1e-10)
@@ -960,7 +962,7 @@ def test_paper_method_is_one_argument_away():
 def test_default_classifier_conformal_lac_sets(sigma0):
     X, labels = _labels(n=90)
     X_cal, l_cal = _labels(n=40, seed=1)
-    clf = LaplaceActiveSubspaceClassifier(**NEW, sigma0=sigma0).fit(X, labels, X_cal=X_cal, y_cal=l_cal)
+    clf = LaplaceActiveSubspaceClassifier(**grouped(**NEW, sigma0=sigma0)).fit(X, labels, X_cal=X_cal, y_cal=l_cal)
     assert clf.posterior_.posterior == "low_rank" and clf.predictive_.name == "linearized"
     if sigma0 == "eb_full":
         assert clf.posterior_.sigma0_method == "eb_full"
@@ -1048,22 +1050,11 @@ def test_every_hook_the_base_calls_is_declared_on_the_base():
     import ast
     import inspect
 
-    from glas_sklearn.estimators import (
-        _base,
-        _calibration_fit,
-        _inputs,
-        _network,
-        _network_training,
-        _placement,
-        _posterior_fit,
-        _prefit_checks,
-        _thread_choice,
-    )
+    from glas_sklearn.estimators import _base
     from glas_sklearn.estimators._base import LaplaceActiveSubspaceBase
 
     called = set()
-    for module in (_base, _inputs, _network, _network_training, _posterior_fit, _calibration_fit, _prefit_checks,
-                   _placement, _thread_choice):
+    for module in (_base,):
         for node in ast.walk(ast.parse(inspect.getsource(module))):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "self"):
@@ -1072,7 +1063,7 @@ def test_every_hook_the_base_calls_is_declared_on_the_base():
     params = set(LaplaceActiveSubspaceBase._get_param_names())  # e.g. self.module(**module_kwargs)
     assert not sorted(name for name in called - params if not hasattr(LaplaceActiveSubspaceBase, name))
     hooks = LaplaceActiveSubspaceBase.__abstractmethods__
-    assert {"_resolve_likelihood", "_validate_train", "_target_tensor", "_noise_var"} <= hooks
+    assert {"_resolve_likelihood", "_validate_train", "_targets_tensor", "_fit_noise"} <= hooks
 
     class Incomplete(LaplaceActiveSubspaceBase):
         pass

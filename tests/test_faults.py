@@ -21,6 +21,7 @@ from torch import nn
 from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
 from glas_sklearn.calibration import CalibrationWarning
 from glas_sklearn.posterior import ActiveSubspacePosterior
+from tests.reference import grouped
 
 #: Prefit networks here are often untrained on purpose; the warning saying so is tested in test_messages.py.
 pytestmark = pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitUnderfitWarning")
@@ -101,13 +102,14 @@ CLASSIFIERS = {
 @pytest.fixture(scope="module")
 def regressors():
     X, y = _regression()
-    return {name: LaplaceActiveSubspaceRegressor(**SMALL, **kw).fit(X, y) for name, kw in REGRESSORS.items()}
+    return {name: LaplaceActiveSubspaceRegressor(**grouped(**SMALL, **kw)).fit(X, y) for name, kw in REGRESSORS.items()}
 
 
 @pytest.fixture(scope="module")
 def classifiers():
     X, y = _classes()
-    return {name: LaplaceActiveSubspaceClassifier(**SMALL, **kw).fit(X, y) for name, kw in CLASSIFIERS.items()}
+    return {name: LaplaceActiveSubspaceClassifier(**grouped(**SMALL,
+                                                            **kw)).fit(X, y) for name, kw in CLASSIFIERS.items()}
 
 
 def _regressor_calls(est, Xs, curve=True):
@@ -226,11 +228,11 @@ def test_fit_in_one_thread_while_others_predict(regressors):
     X = np.random.default_rng(8).uniform(-2, 2, size=(40, 4))
     ref = est.predict_interval(X)
     params = dict(SMALL, posterior="subspace", predictive="linearized", random_state=3)
-    alone = LaplaceActiveSubspaceRegressor(**params).fit(*_regression(seed=3)).predict_interval(X)
+    alone = LaplaceActiveSubspaceRegressor(**grouped(**params)).fit(*_regression(seed=3)).predict_interval(X)
 
     def call(t, i):
         if t == 0:
-            return LaplaceActiveSubspaceRegressor(**params).fit(*_regression(seed=3)).predict_interval(X) \
+            return LaplaceActiveSubspaceRegressor(**grouped(**params)).fit(*_regression(seed=3)).predict_interval(X) \
                 if i == 0 else None
         return est.predict_interval(X)
 
@@ -339,9 +341,9 @@ def test_values_too_large_to_standardise_are_refused_naming_the_column():
     X, y = _regression()
     X[:, 2] *= 1e200
     with pytest.raises(ValueError, match=r"too large to standardise in column 2 .*largest magnitude"):
-        LaplaceActiveSubspaceRegressor(**FAST).fit(X, y)
+        LaplaceActiveSubspaceRegressor(**grouped(**FAST)).fit(X, y)
     with pytest.raises(ValueError, match=r"y has values too large to standardise"):
-        LaplaceActiveSubspaceRegressor(**FAST).fit(_regression()[0], _regression()[1] * 1e200)
+        LaplaceActiveSubspaceRegressor(**grouped(**FAST)).fit(_regression()[0], _regression()[1] * 1e200)
 
 
 def test_column_names_in_the_overflow_message():
@@ -350,7 +352,7 @@ def test_column_names_in_the_overflow_message():
     frame = pd.DataFrame(X, columns=["a", "b", "income", "d"])
     frame["income"] *= 1e200
     with pytest.raises(ValueError, match=r"column 2 \('income'\)"):
-        LaplaceActiveSubspaceRegressor(**FAST).fit(frame, y)
+        LaplaceActiveSubspaceRegressor(**grouped(**FAST)).fit(frame, y)
 
 
 def test_test_rows_beyond_float32_are_refused(regressors):
@@ -374,7 +376,7 @@ def test_integer_X_with_a_float_module_is_refused_before_training(monkeypatch):
     net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
     with pytest.raises(ValueError, match=r"cannot be evaluated .* token ids; for a table of integer-valued features "
                                          r"pass X.astype\(float\)"):
-        LaplaceActiveSubspaceRegressor(module=net, **FAST).fit((10 * X).astype(int), y)
+        LaplaceActiveSubspaceRegressor(**grouped(module=net, **FAST)).fit((10 * X).astype(int), y)
 
 
 @pytest.mark.parametrize("prefit", [False, True])
@@ -383,7 +385,7 @@ def test_a_module_without_trainable_weights_is_refused(prefit):
     net = nn.Linear(4, 1, dtype=torch.float64 if prefit else torch.float32).requires_grad_(False)
     extra = dict(X_cal=X[:20], y_cal=y[:20]) if prefit else {}
     with pytest.raises(ValueError, match=r"no trainable parameters .*requires_grad_\(True\)"):
-        LaplaceActiveSubspaceRegressor(module=net, prefit=prefit, **FAST).fit(X[20:], y[20:], **extra)
+        LaplaceActiveSubspaceRegressor(**grouped(module=net, prefit=prefit, **FAST)).fit(X[20:], y[20:], **extra)
 
 
 class _NaNAbove(nn.Module):
@@ -406,14 +408,16 @@ def test_prefit_nan_on_calibration_rows_names_the_network_and_rows():
     X_cal[[5, 17], 0] = 3.0
     with pytest.raises(ValueError, match=r"network's outputs are non-finite .* 2 of the 40 calibration rows, "
                                          r"rows \[5, 17\] of X_cal: the prefit module"):
-        LaplaceActiveSubspaceRegressor(module=_NaNAbove(), prefit=True, **FAST).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+        LaplaceActiveSubspaceRegressor(**grouped(module=_NaNAbove(), prefit=True,
+                                                 **FAST)).fit(X, y, X_cal=X_cal, y_cal=y_cal)
 
 
 @pytest.mark.parametrize("method", ["predict_interval", "predict", "sample_y"])
 def test_prefit_nan_on_test_rows_names_the_network_and_rows(method):
     X, y = _regression()
     X[:, 0] = np.clip(X[:, 0], -1.9, 1.9)
-    reg = LaplaceActiveSubspaceRegressor(module=_NaNAbove(), prefit=True, **FAST).fit(X[40:], y[40:], X_cal=X[:40],
+    reg = LaplaceActiveSubspaceRegressor(**grouped(module=_NaNAbove(), prefit=True,
+                                                   **FAST)).fit(X[40:], y[40:], X_cal=X[:40],
                                                                                        y_cal=y[:40])
     X_test = X[:12].copy()
     X_test[[3, 8], 0] = 2.5
@@ -423,7 +427,7 @@ def test_prefit_nan_on_test_rows_names_the_network_and_rows(method):
 
 def test_classifier_nan_on_test_rows_names_the_rows():
     X, y = _classes()
-    clf = LaplaceActiveSubspaceClassifier(**FAST).fit(X, y)
+    clf = LaplaceActiveSubspaceClassifier(**grouped(**FAST)).fit(X, y)
 
     class Broken(nn.Module):  # the classifier's own network, returning NaN on one row
         def __init__(self, inner):
@@ -434,7 +438,7 @@ def test_classifier_nan_on_test_rows_names_the_rows():
             out = self.inner(x)
             return torch.where((x[:, :1] > 50), torch.nan, out)
 
-    pre = LaplaceActiveSubspaceClassifier(module=Broken(clf.module_), prefit=True, dtype="float32", **FAST)
+    pre = LaplaceActiveSubspaceClassifier(**grouped(module=Broken(clf.module_), prefit=True, dtype="float32", **FAST))
     pre.fit(X[40:], y[40:], X_cal=X[:40], y_cal=y[:40])
     X_test = X[:6].copy()
     X_test[2, 0] = 100.0
@@ -448,7 +452,7 @@ def test_batchnorm_with_a_last_batch_of_one_row():
     train on one row), so the fit runs and predicts finite intervals."""
     X, y = _regression(n=175)
     net = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm1d(8), nn.Tanh(), nn.Linear(8, 1))
-    reg = LaplaceActiveSubspaceRegressor(module=net, batch_size=67, **FAST)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(module=net, batch_size=67, **FAST))
     reg.fit(X[:135], y[:135], X_cal=X[135:], y_cal=y[135:])
     assert reg.n_iter_ == len(reg.loss_curve_) > 0 and np.isfinite(reg.loss_curve_).all()
     assert np.isfinite(reg.predict_interval(X[135:])[1]).all()
@@ -461,9 +465,9 @@ def test_refit_forgets_the_previous_fit():
     """A refit on other data gives the fit of that data alone (nothing carried over from the first fit)."""
     X1, y1 = _regression(seed=1)
     X2, y2 = _regression(seed=2)
-    reg = LaplaceActiveSubspaceRegressor(**FAST).fit(X1, y1)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(**FAST)).fit(X1, y1)
     reg.fit(X2, y2)
-    fresh = LaplaceActiveSubspaceRegressor(**FAST).fit(X2, y2)
+    fresh = LaplaceActiveSubspaceRegressor(**grouped(**FAST)).fit(X2, y2)
     X = _regression(n=15, seed=3)[0]
     for a, b in zip(reg.predict_interval(X), fresh.predict_interval(X), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
@@ -473,7 +477,7 @@ def test_predictions_are_deterministic_and_independent_of_the_batch():
     """The same rows give the same predictions however they are batched, and on every call (the weight samples
     are the fit's)."""
     X, y = _regression()
-    reg = LaplaceActiveSubspaceRegressor(calibration="coverage", posterior="subspace", **FAST).fit(X, y)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(calibration="coverage", posterior="subspace", **FAST)).fit(X, y)
     X_test = _regression(n=30, seed=4)[0]
     whole = reg.predict_interval(X_test)
     again = reg.predict_interval(X_test)
@@ -486,7 +490,7 @@ def test_working_memory_bounds_the_chunks_not_the_results():
     """A tiny working_memory cuts prediction into many chunks and the posterior's evaluations too: the same
     results (up to float32 round-off of other matrix shapes)."""
     X, y = _regression()
-    reg = LaplaceActiveSubspaceRegressor(**FAST).fit(X, y)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(**FAST)).fit(X, y)
     X_test = _regression(n=300, seed=6)[0]
     ref = reg.predict_interval(X_test)
     small = clone(reg).set_params(working_memory=0.01).fit(X, y)

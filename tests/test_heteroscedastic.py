@@ -12,9 +12,10 @@ import torch
 from torch import nn
 from torch.func import functional_call, jacrev
 
-from glas_sklearn import LaplaceActiveSubspaceRegressor
+from glas_sklearn import Compute, LaplaceActiveSubspaceRegressor, LowRank, Subspace, Training
 from glas_sklearn.ggn import GGNOperator
 from glas_sklearn.likelihoods import Categorical, HeteroscedasticGaussian, NaturalParameterHead, resolve_likelihood
+from tests.reference import grouped
 
 from .stubs import AbsoluteResidual
 
@@ -143,8 +144,8 @@ def fitted_pair():
         # the pooled conformal calibrator: the formulas below are those of one quantile and one scale (the
         # default, conformal within bands of σ̂, is tested in test_mondrian.py)
         kw = dict(calibration="conformal", calibration_size=0.25, **FAST)
-        het = LaplaceActiveSubspaceRegressor(likelihood="heteroscedastic", **kw).fit(X, y)
-        hom = LaplaceActiveSubspaceRegressor(likelihood="gaussian", **kw).fit(X, y)
+        het = LaplaceActiveSubspaceRegressor(**grouped(likelihood="heteroscedastic", **kw)).fit(X, y)
+        hom = LaplaceActiveSubspaceRegressor(**grouped(likelihood="gaussian", **kw)).fit(X, y)
     return het, hom
 
 
@@ -229,8 +230,9 @@ def test_prefit_module_with_a_declared_layout(layout):
     X_cal, y_cal, _ = _hetero_data(30, 10)
     before = {k: v.clone() for k, v in net.state_dict().items()}
     lik = HeteroscedasticGaussian(layout)
-    est = LaplaceActiveSubspaceRegressor(module=net, prefit=True, likelihood=lik, max_components=5, dtype="float64",
-                                         random_state=0).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    est = LaplaceActiveSubspaceRegressor(module=net, prefit=True, likelihood=lik, random_state=0,
+                                         posterior=LowRank(max_components=5),
+                                         compute=Compute(dtype="float64")).fit(X, y, X_cal=X_cal, y_cal=y_cal)
     X_new, _, _ = _hetero_data(5, 12)  # rows the network was not trained on
     for k, v in net.state_dict().items():
         assert torch.equal(v, before[k])
@@ -249,7 +251,7 @@ def test_bad_layouts_and_settings_are_refused_clearly():
     odd = nn.Sequential(nn.Linear(1, 4), nn.Tanh(), nn.Linear(4, 3)).double()
     with pytest.raises(ValueError, match="odd number"):
         LaplaceActiveSubspaceRegressor(module=odd, prefit=True, likelihood="heteroscedastic",
-                                       dtype="float64").fit(X, y, **cal)
+                                       compute=Compute(dtype="float64")).fit(X, y, **cal)
 
     class NaNVariance(nn.Module):
         def __init__(self):
@@ -262,17 +264,18 @@ def test_bad_layouts_and_settings_are_refused_clearly():
 
     with pytest.raises(ValueError, match="non-finite"):
         LaplaceActiveSubspaceRegressor(module=NaNVariance(), prefit=True, likelihood="heteroscedastic",
-                                       dtype="float64").fit(X, y, **cal)
+                                       compute=Compute(dtype="float64")).fit(X, y, **cal)
     positive = nn.Sequential(nn.Linear(1, 2), nn.Softplus()).double()  # η2 > 0 is no natural parameter
     with pytest.raises(ValueError, match="η2 ≥ 0"):
         LaplaceActiveSubspaceRegressor(module=positive, prefit=True, likelihood=HeteroscedasticGaussian("natural"),
-                                       dtype="float64").fit(X, y, **cal)
+                                       compute=Compute(dtype="float64")).fit(X, y, **cal)
     with pytest.raises(ValueError, match="include_noise"):
-        LaplaceActiveSubspaceRegressor(likelihood="heteroscedastic", include_noise=True, max_epochs=1).fit(X, y)
+        LaplaceActiveSubspaceRegressor(likelihood="heteroscedastic", training=Training(max_epochs=1),
+                                       posterior=LowRank(include_noise=True)).fit(X, y)
     with pytest.raises(ValueError, match="classification"):
-        LaplaceActiveSubspaceRegressor(likelihood=Categorical(), max_epochs=1).fit(X, y)
+        LaplaceActiveSubspaceRegressor(likelihood=Categorical(), training=Training(max_epochs=1)).fit(X, y)
     with pytest.raises(ValueError, match="likelihood"):
-        LaplaceActiveSubspaceRegressor(likelihood="poisson", max_epochs=1).fit(X, y)
+        LaplaceActiveSubspaceRegressor(likelihood="poisson", training=Training(max_epochs=1)).fit(X, y)
 
 
 def _sampled_coverage_by_hand(est, Xc, yc, d, level):
@@ -298,9 +301,10 @@ def test_the_papers_method_is_one_argument_away_with_the_heteroscedastic_likelih
     X_cal, y_cal, _ = _hetero_data(60, 8)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        est = LaplaceActiveSubspaceRegressor(likelihood="heteroscedastic", calibration="coverage",
-                                             posterior="subspace", n_samples=64, max_epochs=60, max_components=4,
-                                             lr=3e-3, dtype="float64", random_state=0).fit(X, y, X_cal=X_cal,
+        est = LaplaceActiveSubspaceRegressor(likelihood="heteroscedastic", calibration="coverage", random_state=0,
+                                             training=Training(max_epochs=60, lr=3e-3),
+                                             posterior=Subspace(n_samples=64, max_components=4),
+                                             compute=Compute(dtype="float64")).fit(X, y, X_cal=X_cal,
                                                                                             y_cal=y_cal)
     assert est.predictive_.name == "sampled" and est.posterior_.posterior == "subspace"
     assert isinstance(est.calibrator_, CoverageCalibrator) and est.calibrator_.likelihood_ is est.likelihood_
@@ -338,9 +342,10 @@ def test_user_conformity_score_coverage_curve_and_display_under_the_heteroscedas
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         est = LaplaceActiveSubspaceRegressor(module=het.module_, prefit=True, likelihood="heteroscedastic",
-                                             standardize=False, sigma0="eb_full", max_components=5,
-                                             dtype="float64", random_state=0,
-                                             calibration=ConformalCalibrator(AbsoluteResidual()))
+                                             sigma0="eb_full", random_state=0,
+                                             calibration=ConformalCalibrator(AbsoluteResidual()),
+                                             training=Training(standardize=False), posterior=LowRank(max_components=5),
+                                             compute=Compute(dtype="float64"))
         est.fit(X, y, X_cal=X_cal, y_cal=y_cal)
     X_new, _, _ = _hetero_data(7, 12)
     with torch.no_grad():
@@ -374,8 +379,10 @@ def test_user_conformity_score_coverage_curve_and_display_under_the_heteroscedas
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         by_cov = LaplaceActiveSubspaceRegressor(module=het.module_, prefit=True, likelihood="heteroscedastic",
-                                                standardize=False, calibration="coverage", max_components=5,
-                                                dtype="float64", random_state=0).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+                                                calibration="coverage", random_state=0,
+                                                training=Training(standardize=False),
+                                                posterior=LowRank(max_components=5),
+                                                compute=Compute(dtype="float64")).fit(X, y, X_cal=X_cal, y_cal=y_cal)
     disp = CoverageDisplay.from_estimator(by_cov)
     np.testing.assert_array_equal(disp.line_.get_xdata(), by_cov.calibration_["d"])
     np.testing.assert_allclose(disp.line_.get_ydata(), by_cov.calibration_["coverage"])
@@ -394,9 +401,9 @@ def test_sigma0_by_held_out_nll_under_the_heteroscedastic_likelihood(fitted_pair
 
     Xs, ys = standardised(X, y)
     Xc, yc = standardised(X_cal, y_cal)
-    est = LaplaceActiveSubspaceRegressor(module=het.module_, prefit=True, likelihood="heteroscedastic",
-                                         sigma0="nll", max_components=10, dtype="float64",
-                                         random_state=0).fit(Xs, ys, X_cal=Xc, y_cal=yc)
+    est = LaplaceActiveSubspaceRegressor(module=het.module_, prefit=True, likelihood="heteroscedastic", sigma0="nll",
+                                         random_state=0, posterior=LowRank(max_components=10),
+                                         compute=Compute(dtype="float64")).fit(Xs, ys, X_cal=Xc, y_cal=yc)
     search = est.sigma0_search_
     table = search.table
     assert set(table["sigma0"]) >= {0.0, search.sigma0_upper}
@@ -406,8 +413,8 @@ def test_sigma0_by_held_out_nll_under_the_heteroscedastic_likelihood(fitted_pair
 
 def test_default_network_in_natural_parameters_is_trained_through_its_head():
     X, y, _ = _hetero_data(200, 8)
-    est = LaplaceActiveSubspaceRegressor(likelihood=HeteroscedasticGaussian("natural", beta_nll=0.0),
-                                         **{**FAST, "max_epochs": 20}).fit(X, y)
+    est = LaplaceActiveSubspaceRegressor(**grouped(likelihood=HeteroscedasticGaussian("natural", beta_nll=0.0),
+                                                   **{**FAST, "max_epochs": 20})).fit(X, y)
     assert isinstance(est.module_[-1], NaturalParameterHead)
     assert est.training_loss_[-1] < est.training_loss_[0]
     y_pred, std = est.predict(X[:10], return_std=True)

@@ -12,9 +12,10 @@ import pytest
 import torch
 from torch import nn
 
-from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
+from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor, LowRank
 from glas_sklearn.calibration import CalibrationWarning
 from glas_sklearn.laplace import fit_laplace_subspace
+from tests.reference import grouped
 
 from .reference import assert_unchanged, dense_ggn, snapshot
 
@@ -61,7 +62,7 @@ def test_image_classifier_curvature_is_the_dense_ggn_and_matches_the_flattened_n
     net = _cnn(2)
     before = snapshot(net)
     X_cal, y_cal = X[:12], label[:12]
-    est = LaplaceActiveSubspaceClassifier(net, prefit=True, predictive="linearized", **FAST).fit(
+    est = LaplaceActiveSubspaceClassifier(net, **grouped(prefit=True, predictive="linearized", **FAST)).fit(
         X[12:], label[12:], X_cal=X_cal, y_cal=y_cal)
     assert est.input_shape_ == (1, 6, 6) and est.n_features_in_ == 36 and est.n_records_ == 36
     # classification, "mean" scaling: β = 1 and the eigenvalues are those of G on the 36 training images
@@ -69,7 +70,7 @@ def test_image_classifier_curvature_is_the_dense_ggn_and_matches_the_flattened_n
     np.testing.assert_allclose(est.eigenvalues_, ref, rtol=1e-7)
     # the same network behind an Unflatten, on the flattened table: the same posterior and predictions
     flat_net = nn.Sequential(nn.Unflatten(1, (1, 6, 6)), *net)
-    flat = LaplaceActiveSubspaceClassifier(flat_net, prefit=True, predictive="linearized", **FAST).fit(
+    flat = LaplaceActiveSubspaceClassifier(flat_net, **grouped(prefit=True, predictive="linearized", **FAST)).fit(
         X[12:].reshape(36, -1), label[12:], X_cal=X_cal.reshape(12, -1), y_cal=y_cal)
     np.testing.assert_allclose(est.eigenvalues_, flat.eigenvalues_, rtol=1e-10)
     np.testing.assert_allclose(est.predict_proba(X), flat.predict_proba(X.reshape(48, -1)), rtol=1e-10, atol=1e-14)
@@ -83,8 +84,9 @@ def test_image_regressor_matches_the_flattened_network_in_every_method():
     X, _, target = _images()
     net = _cnn(1)
     common = dict(prefit=True, noise_std=0.1, **FAST)
-    est = LaplaceActiveSubspaceRegressor(net, **common).fit(X[12:], target[12:], X_cal=X[:12], y_cal=target[:12])
-    flat = LaplaceActiveSubspaceRegressor(nn.Sequential(nn.Unflatten(1, (1, 6, 6)), *net), **common).fit(
+    est = LaplaceActiveSubspaceRegressor(net,
+                                         **grouped(**common)).fit(X[12:], target[12:], X_cal=X[:12], y_cal=target[:12])
+    flat = LaplaceActiveSubspaceRegressor(nn.Sequential(nn.Unflatten(1, (1, 6, 6)), *net), **grouped(**common)).fit(
         X[12:].reshape(36, -1), target[12:], X_cal=X[:12].reshape(12, -1), y_cal=target[:12])
     Xf = X.reshape(48, -1)
     tol = dict(rtol=1e-9, atol=1e-12)
@@ -100,18 +102,18 @@ def test_image_estimators_train_their_own_copy_of_a_cnn_without_standardising_th
     X, label, target = _images()
     net = _cnn(2)
     before = snapshot(net)
-    clf = LaplaceActiveSubspaceClassifier(net, max_epochs=60, lr=0.05, batch_size=None, **FAST).fit(X, label)
+    clf = LaplaceActiveSubspaceClassifier(net, **grouped(max_epochs=60, lr=0.05, batch_size=None, **FAST)).fit(X, label)
     assert clf.x_mean_ is None and clf.module_ is not net and clf.training_loss_[-1] < clf.training_loss_[0]
     assert clf.score(X, label) > 0.8
     assert_unchanged(net, before)
-    reg = LaplaceActiveSubspaceRegressor(lambda: _cnn(1), max_epochs=5, **FAST).fit(
+    reg = LaplaceActiveSubspaceRegressor(lambda: _cnn(1), **grouped(max_epochs=5, **FAST)).fit(
         X[12:], target[12:], X_cal=X[:12], y_cal=target[:12])
     assert reg.x_mean_ is None and reg.y_scale_[0] == pytest.approx(target[12:].std(), rel=1e-12)  # y: "auto"
 
 
 def test_image_input_errors():
     X, label, target = _images()
-    est = LaplaceActiveSubspaceClassifier(_cnn(2), prefit=True, **FAST).fit(X[12:], label[12:], X_cal=X[:12],
+    est = LaplaceActiveSubspaceClassifier(_cnn(2), **grouped(prefit=True, **FAST)).fit(X[12:], label[12:], X_cal=X[:12],
                                                                             y_cal=label[:12])
     msg = ("X has rows of shape (1, 6, 5), but LaplaceActiveSubspaceClassifier was fitted on rows of shape "
            "(1, 6, 6): pass X of shape (n, 1, 6, 6).")
@@ -126,15 +128,15 @@ def test_image_input_errors():
         est.predict(bad)
     bad[3, 0, 2, 2] = np.inf
     with pytest.raises(ValueError, match="Input X contains infinity"):
-        LaplaceActiveSubspaceClassifier(_cnn(2), prefit=True, **FAST).fit(bad, label)
+        LaplaceActiveSubspaceClassifier(_cnn(2), **grouped(prefit=True, **FAST)).fit(bad, label)
     with pytest.raises(ValueError, match=re.escape("the default network is an MLP on 2-D tables; pass a network "
                                                    "that takes (n, 1, 6, 6) inputs as module=")):
-        LaplaceActiveSubspaceRegressor(**FAST).fit(X, target)
+        LaplaceActiveSubspaceRegressor(**grouped(**FAST)).fit(X, target)
     with pytest.raises(ValueError, match=r"standardize=True applies to 2-D tables of floats, but X has rows of shape "
                                          r"\(1, 6, 6\)"):
-        LaplaceActiveSubspaceRegressor(_cnn(1), standardize=True, max_epochs=1, **FAST).fit(X, target)
+        LaplaceActiveSubspaceRegressor(_cnn(1), **grouped(standardize=True, max_epochs=1, **FAST)).fit(X, target)
     with pytest.raises(ValueError, match="padding_idx=0 applies to integer token sequences"):
-        LaplaceActiveSubspaceRegressor(_cnn(1), padding_idx=0, max_epochs=1, **FAST).fit(X, target)
+        LaplaceActiveSubspaceRegressor(_cnn(1), **grouped(padding_idx=0, max_epochs=1, **FAST)).fit(X, target)
 
 
 # ----------------------------------------------------------------------------------- token sequences
@@ -173,7 +175,7 @@ def test_token_classifier_curvature_counts_sequences_and_equals_the_lower_level_
     X, label = _tokens()
     net = _SeqClassifier().double()
     SEEN_DTYPES.clear()
-    est = LaplaceActiveSubspaceClassifier(net, prefit=True, padding_idx=PAD, **FAST).fit(
+    est = LaplaceActiveSubspaceClassifier(net, **grouped(prefit=True, padding_idx=PAD, **FAST)).fit(
         X[10:], label[10:], X_cal=X[:10], y_cal=label[:10])
     assert SEEN_DTYPES == {torch.int64}  # token ids reach the module as torch.long, never as floats
     assert est.input_shape_ == (T,) and est.x_mean_ is None
@@ -190,7 +192,8 @@ def test_token_classifier_curvature_counts_sequences_and_equals_the_lower_level_
 def test_token_sequences_of_other_padded_lengths_are_brought_to_the_fitted_length():
     X, label = _tokens()
     unseen = dict(X_cal=X[:10], y_cal=label[:10])
-    est = LaplaceActiveSubspaceClassifier(_SeqClassifier().double(), prefit=True, padding_idx=PAD, **FAST).fit(
+    est = LaplaceActiveSubspaceClassifier(_SeqClassifier().double(),
+                                          **grouped(prefit=True, padding_idx=PAD, **FAST)).fit(
         X[10:], label[10:], **unseen)
     short = X[:, :T - 1][(X[:, T - 1] == PAD)]  # rows whose last position is padding, one column shorter
     rows = X[X[:, T - 1] == PAD]
@@ -204,7 +207,8 @@ def test_token_sequences_of_other_padded_lengths_are_brought_to_the_fitted_lengt
                                          rf"length {T}"):
         est.predict(longer)
     # without padding_idx another length is a wrong row shape
-    strict = LaplaceActiveSubspaceClassifier(_SeqClassifier().double(), prefit=True, **FAST).fit(X[10:], label[10:],
+    strict = LaplaceActiveSubspaceClassifier(_SeqClassifier().double(),
+                                             **grouped(prefit=True, **FAST)).fit(X[10:], label[10:],
                                                                                                 **unseen)
     with pytest.raises(ValueError, match=re.escape(f"X has rows of shape ({T - 1},), but")):
         strict.predict(short)
@@ -214,8 +218,9 @@ def test_token_regressor_and_token_errors():
     X, label = _tokens()
     # the share of token 3 among the real tokens, which the mean-pooling network can represent
     y = (X == 3).sum(axis=1) / (X != PAD).sum(axis=1) + 0.02 * np.random.default_rng(1).standard_normal(len(X))
-    reg = LaplaceActiveSubspaceRegressor(_SeqClassifier(n_out=1).double(), padding_idx=PAD, max_epochs=80, lr=0.05,
-                                         batch_size=None, **FAST).fit(X, y)
+    reg = LaplaceActiveSubspaceRegressor(_SeqClassifier(n_out=1).double(),
+                                         **grouped(padding_idx=PAD, max_epochs=80, lr=0.05, batch_size=None,
+                                                   **FAST)).fit(X, y)
     assert reg.x_mean_ is None and reg.input_shape_ == (T,)
     y_pred, y_pis = reg.predict_interval(X)
     assert y_pis.shape == (40, 2, 1) and np.corrcoef(y_pred, y)[0, 1] > 0.8
@@ -223,16 +228,17 @@ def test_token_regressor_and_token_errors():
                                                    "fitted on integer token ids")):
         reg.predict(X.astype(float))
     with pytest.raises(ValueError, match="standardize=True applies to 2-D tables of floats, but X has integer token"):
-        LaplaceActiveSubspaceRegressor(_SeqClassifier(n_out=1).double(), standardize=True, **FAST).fit(X, y)
+        LaplaceActiveSubspaceRegressor(_SeqClassifier(n_out=1).double(), **grouped(standardize=True, **FAST)).fit(X, y)
     # a per-position model (logits (n, T, V)) is pointed to the lower-level API and its mask
     per_token = nn.Sequential(nn.Embedding(VOCAB, 3), nn.Linear(3, 2)).double()
     with pytest.raises(ValueError, match=re.escape("fit_laplace_subspace(model, X, mask=X != padding_idx)")):
-        LaplaceActiveSubspaceClassifier(per_token, prefit=True, padding_idx=PAD, **FAST).fit(
+        LaplaceActiveSubspaceClassifier(per_token, **grouped(prefit=True, padding_idx=PAD, **FAST)).fit(
             X[10:], label[10:], X_cal=X[:10], y_cal=label[:10])
     # integer X for a network on floats: a clear error with the way out
     with pytest.raises(ValueError, match=r"cannot be evaluated on rows of shape \(8,\) and dtype torch.int64.*"
                                          r"X.astype\(float\)"):
-        LaplaceActiveSubspaceRegressor(nn.Linear(T, 1).double(), prefit=True, **FAST).fit(X[10:], y[10:], X_cal=X[:10],
+        LaplaceActiveSubspaceRegressor(nn.Linear(T, 1).double(),
+                                       **grouped(prefit=True, **FAST)).fit(X[10:], y[10:], X_cal=X[:10],
                                                                                         y_cal=y[:10])
 
 
@@ -240,8 +246,8 @@ def test_integer_table_for_the_default_mlp_is_a_table_of_numbers():
     X, _ = _tokens()
     y = X[:, 0] * 0.5 + X[:, 1]
     small = dict(module_kwargs=dict(hidden_layer_sizes=(4,)), max_epochs=5, **FAST)
-    as_int = LaplaceActiveSubspaceRegressor(**small).fit(X, y)
-    as_float = LaplaceActiveSubspaceRegressor(**small).fit(X.astype(float), y)
+    as_int = LaplaceActiveSubspaceRegressor(**grouped(**small)).fit(X, y)
+    as_float = LaplaceActiveSubspaceRegressor(**grouped(**small)).fit(X.astype(float), y)
     assert as_int.x_mean_ is not None  # standardised like any float table
     # the int table is cast to the float64 table before anything else: the same computation, bit for bit
     np.testing.assert_array_equal(as_int.x_mean_, as_float.x_mean_)
@@ -270,8 +276,8 @@ def test_fitted_skorch_regressor_as_prefit_module():
                                     train_split=None, verbose=0, batch_size=-1).fit(X, y[:, None])
     before = snapshot(net.module_)
     X_cal, y_cal = _skorch_data(n=20, seed=1)  # rows the skorch net was not trained on
-    est = LaplaceActiveSubspaceRegressor(net, prefit=True, predictive="linearized", n_components=2,
-                                         random_state=0).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    est = LaplaceActiveSubspaceRegressor(net, prefit=True, n_components=2, random_state=0,
+                                         posterior=LowRank(predictive="linearized")).fit(X, y, X_cal=X_cal, y_cal=y_cal)
     ours, ours64 = est.predict(X), est.predict(X.astype(np.float64))
     _, y_pis = est.predict_interval(X)
     assert_unchanged(net.module_, before)  # (before skorch's own predict, which switches it to eval mode)
@@ -293,7 +299,8 @@ def test_fitted_skorch_classifier_as_prefit_module():
     net.fit(X, label)
     before = snapshot(net.module_)
     X_cal, f_cal = _skorch_data(n=20, seed=1)  # rows the skorch net was not trained on
-    est = LaplaceActiveSubspaceClassifier(net, prefit=True, n_samples=50, n_components=2, random_state=0).fit(
+    est = LaplaceActiveSubspaceClassifier(net, prefit=True, n_components=2, random_state=0,
+                                          posterior=LowRank(n_samples=50)).fit(
         X, label, X_cal=X_cal, y_cal=(f_cal > 0).astype(np.int64))
     proba, pred = est.predict_proba(X), est.predict(X)
     assert_unchanged(net.module_, before)  # (before skorch's own predict, which switches it to eval mode)

@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from glas_sklearn import LaplaceActiveSubspaceRegressor
+from glas_sklearn import Compute, LaplaceActiveSubspaceRegressor, Training
 from glas_sklearn.estimators._likelihood_choice import (
     MIN_SUPPORT_GAIN,
     SUPPORT_Z,
@@ -17,6 +17,7 @@ from glas_sklearn.estimators._likelihood_choice import (
 )
 from glas_sklearn.estimators._network_training import NetworkTrainingMixin
 from glas_sklearn.likelihoods import Gaussian, HeteroscedasticGaussian
+from tests.reference import grouped
 
 
 def _nll(y, mu, var):
@@ -102,8 +103,8 @@ def _data(noise, n=600, seed=0):
 
 def _fit(X, y, likelihood="auto", **kw):
     kw = {"max_epochs": 60, **kw}
-    return LaplaceActiveSubspaceRegressor(likelihood=likelihood, n_components=5, random_state=0, device="cpu",
-                                          n_threads=1, **kw).fit(X, y)
+    return LaplaceActiveSubspaceRegressor(**grouped(likelihood=likelihood, n_components=5, random_state=0, device="cpu",
+                                                    n_threads=1, **kw)).fit(X, y)
 
 
 def test_auto_is_heteroscedastic_where_the_noise_varies(caplog):
@@ -152,8 +153,8 @@ def test_auto_is_gaussian_on_a_user_module():
     X, y = _data(lambda X: 0.05 + 0.5 * (X[:, 1] > 0), n=80)
     torch.manual_seed(0)
     module = nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 1))
-    est = LaplaceActiveSubspaceRegressor(module=module, likelihood="auto", max_epochs=3, n_components=2,
-                                         random_state=0, device="cpu").fit(X, y)
+    est = LaplaceActiveSubspaceRegressor(module=module, likelihood="auto", n_components=2, random_state=0,
+                                         training=Training(max_epochs=3), compute=Compute(device="cpu")).fit(X, y)
     assert isinstance(est.likelihood_, Gaussian) and est.likelihood_support_ is None
     assert np.ptp(est.predict_noise_std(X)) == 0  # one noise level
 
@@ -162,14 +163,16 @@ def test_auto_is_gaussian_on_a_user_module():
 def test_auto_is_gaussian_under_the_papers_settings(setting):
     # the paper's calibration (d chosen by coverage) and intervals with the constant noise are the Gaussian's
     X, y = _data(lambda X: 0.02 + 0.6 * (X[:, 1] > 0), n=150)
-    est = LaplaceActiveSubspaceRegressor(max_epochs=5, n_components=3, random_state=0, device="cpu", **setting)
+    est = LaplaceActiveSubspaceRegressor(**grouped(max_epochs=5, n_components=3, random_state=0, device="cpu",
+                                                   **setting))
     est.fit(X, y)
     assert est.likelihood == "auto" and isinstance(est.likelihood_, Gaussian) and est.likelihood_support_ is None
 
 
 def test_auto_is_gaussian_without_rows_to_test_on():
     X, y = _data(lambda X: 0.02 + 0.6 * (X[:, 1] > 0), n=90)
-    est = LaplaceActiveSubspaceRegressor(max_epochs=5, n_components=3, random_state=0, device="cpu").fit(X, y)
+    est = LaplaceActiveSubspaceRegressor(n_components=3, random_state=0, training=Training(max_epochs=5),
+                                         compute=Compute(device="cpu")).fit(X, y)
     assert isinstance(est.likelihood_, Gaussian)
     assert est.likelihood_support_["n_rows"] == 0 and not est.likelihood_support_["supported"]
 
@@ -188,8 +191,9 @@ def test_auto_on_small_data_retrains_for_the_epochs_the_held_out_rows_picked():
         original(self, *args, **kw)
         curves.append((self.validation_scores_, self.n_iter_))
 
-    est = LaplaceActiveSubspaceRegressor(max_epochs=400, n_iter_no_change=2, n_components=5, random_state=0,
-                                         device="cpu", n_threads=1)
+    est = LaplaceActiveSubspaceRegressor(n_components=5, random_state=0,
+                                         training=Training(max_epochs=400, n_iter_no_change=2),
+                                         compute=Compute(device="cpu", n_threads=1))
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(NetworkTrainingMixin, "_train", recording)
         est.fit(X, y)
@@ -202,12 +206,14 @@ def test_auto_on_small_data_retrains_for_the_epochs_the_held_out_rows_picked():
     chosen = est.likelihood_.name
     assert s["best_epochs"][chosen] <= 100
     assert last_curve is None and last_run == est.n_iter_ == s["retraining_epochs"] == s["best_epochs"][chosen]
-    ref = LaplaceActiveSubspaceRegressor(likelihood=chosen, max_epochs=s["retraining_epochs"], n_components=5,
-                                         random_state=0, device="cpu", n_threads=1).fit(X, y)
+    ref = LaplaceActiveSubspaceRegressor(likelihood=chosen, n_components=5, random_state=0,
+                                         training=Training(max_epochs=s["retraining_epochs"]),
+                                         compute=Compute(device="cpu", n_threads=1)).fit(X, y)
     np.testing.assert_allclose(est.predict(X[:50]), ref.predict(X[:50]), rtol=1e-5, atol=1e-6 * np.std(y))
     # early_stopping=False keeps its meaning: all max_epochs epochs, for the test networks and the one kept
-    off = LaplaceActiveSubspaceRegressor(max_epochs=40, early_stopping=False, n_components=5, random_state=0,
-                                         device="cpu", n_threads=1).fit(X, y)
+    off = LaplaceActiveSubspaceRegressor(n_components=5, random_state=0,
+                                         training=Training(max_epochs=40, early_stopping=False),
+                                         compute=Compute(device="cpu", n_threads=1)).fit(X, y)
     assert off.n_iter_ == 40 and "retraining_epochs" not in off.likelihood_support_
 
 

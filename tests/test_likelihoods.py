@@ -18,6 +18,7 @@ from glas_sklearn.calibration import CalibrationWarning
 from glas_sklearn.ggn import GGNOperator
 from glas_sklearn.laplace import fit_laplace_subspace
 from glas_sklearn.likelihoods import Categorical, Gaussian, Likelihood, resolve_likelihood
+from tests.reference import grouped
 
 from .reference import dense_jacobian, mlp
 from .stubs import AbsoluteResidual
@@ -271,8 +272,8 @@ def test_regressor_likelihood_string_and_object_give_identical_fits(paper):
     settings = dict(calibration="coverage", posterior="subspace") if paper else {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
-        by_name = LaplaceActiveSubspaceRegressor(likelihood="gaussian", **SMALL, **settings).fit(X, y)
-        by_object = LaplaceActiveSubspaceRegressor(likelihood=Gaussian(), **SMALL, **settings).fit(X, y)
+        by_name = LaplaceActiveSubspaceRegressor(**grouped(likelihood="gaussian", **SMALL, **settings)).fit(X, y)
+        by_object = LaplaceActiveSubspaceRegressor(**grouped(likelihood=Gaussian(), **SMALL, **settings)).fit(X, y)
     assert type(by_name.likelihood_) is Gaussian and by_object.likelihood_ == by_object.likelihood  # a copy
     assert by_name.training_loss_ == by_object.training_loss_
     assert by_name.beta_ == by_object.beta_ and by_name.n_components_ == by_object.n_components_
@@ -287,7 +288,7 @@ def test_classifier_holds_the_categorical_likelihood():
     rng = np.random.default_rng(0)
     X = rng.standard_normal((40, 2))
     y = (X[:, 0] > 0).astype(int)
-    clf = LaplaceActiveSubspaceClassifier(**SMALL).fit(X, y)
+    clf = LaplaceActiveSubspaceClassifier(**grouped(**SMALL)).fit(X, y)
     assert type(clf.likelihood_) is Categorical
     # β of the default "mean" scaling is 1 for a categorical likelihood
     assert clf.beta_ == 1.0
@@ -296,12 +297,12 @@ def test_classifier_holds_the_categorical_likelihood():
 def test_regressor_refuses_classification_and_unknown_likelihoods():
     X, y = _data(n=20)
     with pytest.raises(ValueError, match="use LaplaceActiveSubspaceClassifier"):
-        LaplaceActiveSubspaceRegressor(likelihood=Categorical(), **SMALL).fit(X, y)
+        LaplaceActiveSubspaceRegressor(**grouped(likelihood=Categorical(), **SMALL)).fit(X, y)
     with pytest.raises(ValueError, match="likelihood"):
-        LaplaceActiveSubspaceRegressor(likelihood="poisson", **SMALL).fit(X, y)
+        LaplaceActiveSubspaceRegressor(**grouped(likelihood="poisson", **SMALL)).fit(X, y)
     # a user's regression likelihood the regressor's predictive does not know is refused, not fitted as Gaussian
     with pytest.raises(ValueError, match=r"likelihood Poisson\(\) is not supported"):
-        LaplaceActiveSubspaceRegressor(likelihood=Poisson(), **SMALL).fit(X, np.abs(y))
+        LaplaceActiveSubspaceRegressor(**grouped(likelihood=Poisson(), **SMALL)).fit(X, np.abs(y))
 
 
 def test_clone_and_get_params_with_a_likelihood_instance():
@@ -453,7 +454,7 @@ def test_regressor_takes_the_student_t_likelihood():
     from glas_sklearn.likelihoods import StudentT
 
     X, y = _data(n=60)
-    est = LaplaceActiveSubspaceRegressor(likelihood=StudentT(df=3.0), **SMALL).fit(X, y)
+    est = LaplaceActiveSubspaceRegressor(**grouped(likelihood=StudentT(df=3.0), **SMALL)).fit(X, y)
     assert type(est.likelihood_) is StudentT and est.likelihood_ == StudentT(df=3.0)
     noise_var = (est.noise_std_ / est.y_scale_[0]) ** 2  # the mean squared residual, internal units
     assert est.beta_ == pytest.approx(1 / (noise_var * (3.0 - 2) / 3.0), rel=1e-10)
@@ -470,8 +471,8 @@ def test_student_t_intervals_of_y_under_coverage_calibration_are_its_quantiles()
     lik = StudentT(df=3.0)
     X, y = _data(n=60)
     X_cal, y_cal = _data(n=30, seed=5)
-    est = LaplaceActiveSubspaceRegressor(likelihood=lik, calibration="coverage", include_noise=True, n_components=2,
-                                         predictive="linearized", standardize=False, **SMALL)
+    est = LaplaceActiveSubspaceRegressor(**grouped(likelihood=lik, calibration="coverage", include_noise=True,
+                                                   n_components=2, predictive="linearized", standardize=False, **SMALL))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
         est.fit(X, y, X_cal=X_cal, y_cal=y_cal)
@@ -515,7 +516,8 @@ def test_a_likelihood_and_a_score_from_outside_the_package_plug_into_the_regress
             return AbsoluteResidual()
 
     X, y = _data(n=60)
-    reg = LaplaceActiveSubspaceRegressor(likelihood=HalfSquared(), calibration="conformal", **SMALL).fit(X, y)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(likelihood=HalfSquared(), calibration="conformal",
+                                                   **SMALL)).fit(X, y)
     assert type(reg.calibrator_.conformity_score_) is AbsoluteResidual and reg.beta_ == 1.0
     cal = reg.calibration_indices_
     residuals = np.sort(np.abs(y[cal] - reg.predict(X[cal])))
@@ -533,8 +535,8 @@ def test_student_t_by_name_through_the_regressor(calibration):
     from glas_sklearn.likelihoods import StudentT
 
     X, y = _data(n=60)
-    reg = LaplaceActiveSubspaceRegressor(likelihood="student_t", calibration=calibration, include_noise=True,
-                                         **SMALL).fit(X, y)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(likelihood="student_t", calibration=calibration, include_noise=True,
+                                                   **SMALL)).fit(X, y)
     assert type(reg.likelihood_) is StudentT and reg.calibrator_ is not None
     y_pred, bounds = reg.predict_interval(X[:7])
     assert bounds.shape == (7, 2, 1) and np.all(bounds[:, 0, 0] < y_pred) and np.all(y_pred < bounds[:, 1, 0])

@@ -13,6 +13,7 @@ from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceR
 from glas_sklearn.ggn import GGNOperator
 from glas_sklearn.laplace import fit_laplace_subspace
 from glas_sklearn.posterior import ActiveSubspacePosterior
+from tests.reference import grouped
 
 from .reference import TinyLSTM, dense_ggn, dense_jacobian, flat_params, mlp
 
@@ -206,7 +207,7 @@ def test_estimators_with_low_rank_diag():
 
     X, y = make_blobs(n_samples=120, centers=3, n_features=4, random_state=0)
     kw = dict(max_epochs=30, max_components=5, n_samples=50, random_state=0, dtype="float64")
-    clf = LaplaceActiveSubspaceClassifier(posterior="low_rank_diag", **kw).fit(X, y)
+    clf = LaplaceActiveSubspaceClassifier(**grouped(posterior="low_rank_diag", **kw)).fit(X, y)
     assert clf.predictive_.name == "linearized" and clf.posterior_.posterior == "low_rank_diag"
     proba = clf.predict_proba(X[:7])
     np.testing.assert_allclose(proba.sum(1), 1.0, rtol=1e-12)
@@ -215,15 +216,16 @@ def test_estimators_with_low_rank_diag():
     back = pickle.loads(pickle.dumps(clf))
     np.testing.assert_allclose(back.predict_proba(X[:7]), proba, rtol=1e-12)
     # the sampled predictive goes through the exact sampler
-    sampled = LaplaceActiveSubspaceClassifier(posterior="low_rank_diag", predictive="sampled", **kw).fit(X, y)
+    sampled = LaplaceActiveSubspaceClassifier(**grouped(posterior="low_rank_diag", predictive="sampled",
+                                                        **kw)).fit(X, y)
     assert sampled.predict_proba(X[:3]).shape == (3, 3)
     with pytest.raises(ValueError, match="posterior"):
-        LaplaceActiveSubspaceClassifier(posterior="low_rank_dia", **kw).fit(X, y)
+        LaplaceActiveSubspaceClassifier(**grouped(posterior="low_rank_dia", **kw)).fit(X, y)
 
     rng = np.random.default_rng(0)
     Xr = rng.uniform(-1, 1, size=(150, 2))
     yr = np.sin(3 * Xr[:, 0]) + 0.1 * rng.standard_normal(150)
-    reg = LaplaceActiveSubspaceRegressor(posterior="low_rank_diag", **kw).fit(Xr, yr)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(posterior="low_rank_diag", **kw)).fit(Xr, yr)
     assert reg.sigma0_ == pytest.approx(reg.posterior_.fit_sigma0(reg.n_components_))
     assert reg.posterior_.sigma0_method == "eb_subspace"  # the regressor's per-task choice, as for "low_rank"
     y_pred, y_std = reg.predict(Xr[:5], return_std=True)

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor, PrefitUnderfitWarning
+from tests.reference import grouped
 
 FAST = dict(max_epochs=2, max_components=2, n_samples=20, random_state=0)
 
@@ -25,12 +26,12 @@ def test_string_column_of_a_frame_is_named():
     X, y = _table()
     frame = pd.DataFrame(X, columns=["cement", "water"]).assign(grade=np.where(np.arange(len(y)) % 3, "low", "high"))
     with pytest.raises(ValueError, match=r"non-numeric values in column 'grade' \(e\.g\. 'high'\).*OneHotEncoder"):
-        LaplaceActiveSubspaceRegressor(**FAST).fit(frame, y)
+        LaplaceActiveSubspaceRegressor(**grouped(**FAST)).fit(frame, y)
 
 
 def test_string_column_of_an_array_is_numbered_also_at_predict_time():
     X, y = _table()
-    reg = LaplaceActiveSubspaceRegressor(**FAST).fit(X, y)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(**FAST)).fit(X, y)
     bad = X.astype(object)
     bad[4, 1] = "high"
     with pytest.raises(ValueError, match=r"column 1 \(0-based; e\.g\. 'high'\)"):
@@ -49,7 +50,7 @@ class _Squeezed(nn.Module):
 def test_module_returning_one_value_per_row_as_1d():
     X, y = _table()
     with pytest.raises(ValueError) as err:
-        LaplaceActiveSubspaceRegressor(_Squeezed(), **FAST).fit(X, y)
+        LaplaceActiveSubspaceRegressor(_Squeezed(), **grouped(**FAST)).fit(X, y)
     text = str(err.value)
     assert "one value per row as a 1-D tensor" in text and "(n, 1)" in text
     assert "unsqueeze(-1)" in text and "reshape(-1, 1)" in text
@@ -77,7 +78,7 @@ def test_prefit_regression_network_no_better_than_the_mean_warns():
     X32 = X.astype(np.float32)
     n = len(X) * 3 // 4
     constant = _linear([[0.0, 0.0]], [float(y[:n].mean())])  # MSE = var(y) exactly on the training rows
-    found = _prefit_warnings(LaplaceActiveSubspaceRegressor(constant, prefit=True, **FAST), X32, y)
+    found = _prefit_warnings(LaplaceActiveSubspaceRegressor(constant, **grouped(prefit=True, **FAST)), X32, y)
     assert len(found) == 1
     assert "no better than a constant" in str(found[0].message) and "R² = 0.000" in str(found[0].message)
     assert found[0].filename == __file__  # points at the user's call
@@ -85,7 +86,7 @@ def test_prefit_regression_network_no_better_than_the_mean_warns():
     A = np.column_stack([X[:n], np.ones(n)])
     coef = np.linalg.lstsq(A, y[:n], rcond=None)[0]
     fitted = _linear([coef[:2]], [coef[2]])
-    assert _prefit_warnings(LaplaceActiveSubspaceRegressor(fitted, prefit=True, **FAST), X32, y) == []
+    assert _prefit_warnings(LaplaceActiveSubspaceRegressor(fitted, **grouped(prefit=True, **FAST)), X32, y) == []
 
 
 def test_prefit_classifier_no_better_than_the_majority_class_warns():
@@ -93,7 +94,7 @@ def test_prefit_classifier_no_better_than_the_majority_class_warns():
     X = rng.normal(size=(80, 2)).astype(np.float32)
     y = np.where(X[:, 0] > -0.5, 1, 0)  # class 1 the majority
     majority = _linear([[0.0, 0.0], [0.0, 0.0]], [0.0, 1.0])  # always class 1
-    found = _prefit_warnings(LaplaceActiveSubspaceClassifier(majority, prefit=True, **FAST), X, y)
+    found = _prefit_warnings(LaplaceActiveSubspaceClassifier(majority, **grouped(prefit=True, **FAST)), X, y)
     assert len(found) == 1 and "most frequent class" in str(found[0].message)
     separating = _linear([[-5.0, 0.0], [5.0, 0.0]], [-2.5, 2.5])  # logit gap 10 (x0 + 0.5): the rule itself
-    assert _prefit_warnings(LaplaceActiveSubspaceClassifier(separating, prefit=True, **FAST), X, y) == []
+    assert _prefit_warnings(LaplaceActiveSubspaceClassifier(separating, **grouped(prefit=True, **FAST)), X, y) == []

@@ -34,7 +34,7 @@ from glas_sklearn.calibration import (
 )
 from glas_sklearn.likelihoods import Gaussian, HeteroscedasticGaussian, StudentT
 from glas_sklearn.predictive import RegressionMoments
-from tests.reference import step_noise_data
+from tests.reference import grouped, step_noise_data
 
 SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=30, lr=0.05, batch_size=None,
              n_samples=50, max_components=3, dtype="float64", random_state=0)
@@ -309,9 +309,9 @@ def test_simulation_within_bin_coverage_holds_where_pooled_conformal_fails(metho
 
 def test_regressor_with_mondrian_end_to_end():
     X, y = step_noise_data(800)
-    reg = LaplaceActiveSubspaceRegressor(calibration="mondrian", calibration_size=0.5, **SMALL).fit(X, y)
-    obj = LaplaceActiveSubspaceRegressor(calibration=MondrianConformalCalibrator(), calibration_size=0.5,
-                                         **SMALL).fit(X, y)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(calibration="mondrian", calibration_size=0.5, **SMALL)).fit(X, y)
+    obj = LaplaceActiveSubspaceRegressor(**grouped(calibration=MondrianConformalCalibrator(), calibration_size=0.5,
+                                                   **SMALL)).fit(X, y)
     assert isinstance(reg.calibrator_, MondrianConformalCalibrator)
     assert int(reg.calibrator_.bins_["n"].sum()) == reg.n_calibration_rows_ == 400
     assert len(reg.calibrator_.edges_[0]) == 4  # "auto": max(⌊400 / 200⌋, min_bins=5) = 5 bins
@@ -321,7 +321,7 @@ def test_regressor_with_mondrian_end_to_end():
     np.testing.assert_allclose(pis, obj.predict_interval(X_new, confidence_level=[0.5, 0.9])[1], rtol=1e-12)
     # the intervals by hand: ŷ ± q_b σ̂, with σ̂ the pooled conformal fit's std / std_scale_ (same network, same
     # rows, same predictive) and q_b of the row's bin
-    plain = LaplaceActiveSubspaceRegressor(calibration="conformal", calibration_size=0.5, **SMALL).fit(X, y)
+    plain = LaplaceActiveSubspaceRegressor(**grouped(calibration="conformal", calibration_size=0.5, **SMALL)).fit(X, y)
     sd_user = plain.predict(X_new, return_std=True)[1] / plain.std_scale_[0]
     sd_internal = sd_user / reg.y_scale_[0]
     q, factor = _by_hand(reg.calibrator_, sd_internal, 0.9)
@@ -337,7 +337,7 @@ def test_regressor_with_mondrian_end_to_end():
 
 def test_regressor_mondrian_multi_output_weights_and_heteroscedastic():
     X, Y = step_noise_data(300, outputs=2)
-    reg = LaplaceActiveSubspaceRegressor(calibration="mondrian", calibration_size=0.5, **SMALL)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(calibration="mondrian", calibration_size=0.5, **SMALL))
     reg.fit(X, Y, sample_weight=np.linspace(0.5, 2.0, 300))
     _, pis = reg.predict_interval(X[:7], confidence_level=[0.8, 0.9])
     assert pis.shape == (7, 2, 2, 2) and len(reg.calibrator_.edges_) == 2
@@ -345,8 +345,8 @@ def test_regressor_mondrian_multi_output_weights_and_heteroscedastic():
 
     X, y = step_noise_data(300)
     het = dict(SMALL, likelihood="heteroscedastic", calibration_size=0.5)
-    m = LaplaceActiveSubspaceRegressor(calibration=MondrianConformalCalibrator(n_bins=3), **het).fit(X, y)
-    c = LaplaceActiveSubspaceRegressor(calibration="conformal", **het).fit(X, y)
+    m = LaplaceActiveSubspaceRegressor(**grouped(calibration=MondrianConformalCalibrator(n_bins=3), **het)).fit(X, y)
+    c = LaplaceActiveSubspaceRegressor(**grouped(calibration="conformal", **het)).fit(X, y)
     assert isinstance(m.calibrator_, MondrianConformalCalibrator)
     assert type(c.calibrator_) is ConformalCalibrator  # the heteroscedastic predictive goes through the calibrators
     _, pm = m.predict_interval(X[:20], confidence_level=[0.5, 0.9])
@@ -378,7 +378,8 @@ def test_class_conditional_sets_by_hand_and_end_to_end():
     rng = np.random.default_rng(0)
     codes = rng.integers(0, 3, 300)
     Xc = np.array([[-1.0, 0.0], [1.0, 0.0], [0.0, 1.2]])[codes] + 0.6 * rng.standard_normal((300, 2))
-    clf = LaplaceActiveSubspaceClassifier(calibration="mondrian", calibration_size=0.5, **SMALL).fit(Xc, codes)
+    clf = LaplaceActiveSubspaceClassifier(**grouped(calibration="mondrian", calibration_size=0.5,
+                                                    **SMALL)).fit(Xc, codes)
     _, sets = clf.predict_set(Xc[:10], confidence_level=[0.8, 0.95])
     assert sets.shape == (10, 3, 2) and clf.calibrator_.bins_["n"].sum() == clf.n_calibration_rows_
 
@@ -403,8 +404,8 @@ def test_regressor_default_is_mondrian_over_sigma_bands_with_min_bins_on_small_d
     assert LaplaceActiveSubspaceRegressor().calibration == "mondrian"
     for likelihood, min_bins in (("heteroscedastic", 5), ("gaussian", 1)):
         kw = dict(SMALL, likelihood=likelihood, calibration_size=0.5)  # 300 calibration rows
-        small = LaplaceActiveSubspaceRegressor(**kw).fit(X, y)
-        plain = LaplaceActiveSubspaceRegressor(calibration="conformal", **kw).fit(X, y)
+        small = LaplaceActiveSubspaceRegressor(**grouped(**kw)).fit(X, y)
+        plain = LaplaceActiveSubspaceRegressor(**grouped(calibration="conformal", **kw)).fit(X, y)
         cal = small.calibrator_
         assert isinstance(cal, MondrianConformalCalibrator) and cal.min_bins_ == min_bins
         assert sorted(cal.bins_["n"]) == [60] * 5
@@ -417,8 +418,9 @@ def test_regressor_default_is_mondrian_over_sigma_bands_with_min_bins_on_small_d
         sd = plain.predict(X_new, return_std=True)[1] / plain.std_scale_[0] / small.y_scale_[0]  # σ̂, internal
         q, _ = _by_hand(small.calibrator_, sd, 0.9)
         np.testing.assert_allclose(pis[:, 1, 0] - y_pred, q * sd * small.y_scale_[0], rtol=1e-9)
-    one = LaplaceActiveSubspaceRegressor(calibration=MondrianConformalCalibrator(min_bins=1, quantile_method="higher"),
-                                         **kw).fit(X, y)
+    one = LaplaceActiveSubspaceRegressor(**grouped(calibration=MondrianConformalCalibrator(min_bins=1,
+                                                                                           quantile_method="higher"),
+                                                   **kw)).fit(X, y)
     assert len(one.calibrator_.edges_[0]) == 0
     # the same network and predictive in float64: only round-off in the order of the operations differs
     tol = dict(rtol=1e-10, atol=1e-12)
@@ -427,7 +429,8 @@ def test_regressor_default_is_mondrian_over_sigma_bands_with_min_bins_on_small_d
                                **tol)
 
     X, y = step_noise_data(2600, seed=5)
-    big = LaplaceActiveSubspaceRegressor(calibration_size=0.5, **dict(SMALL, likelihood="gaussian")).fit(X, y)
+    big = LaplaceActiveSubspaceRegressor(**grouped(calibration_size=0.5,
+                                                   **dict(SMALL, likelihood="gaussian"))).fit(X, y)
     assert big.n_calibration_rows_ == 1300 and len(big.calibrator_.edges_[0]) == 5  # ⌊1300 / 200⌋ = 6 bands
     assert sorted(big.calibrator_.bins_["n"]) == [216] * 2 + [217] * 4
 
@@ -439,7 +442,8 @@ def test_band_calibrated_estimator_served_from_threads():
     import threading
 
     X, y = step_noise_data(900, seed=2)
-    reg = LaplaceActiveSubspaceRegressor(calibration_size=0.5, **dict(SMALL, likelihood="gaussian")).fit(X, y)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(calibration_size=0.5,
+                                                   **dict(SMALL, likelihood="gaussian"))).fit(X, y)
     # 450 calibration rows, the Gaussian on a noise step: five bands of 90 (its scores differ across them)
     assert len(reg.calibrator_.edges_[0]) == 4 and reg.calibrator_.band_pvalue_[0] < 0.1
     X_new, _ = step_noise_data(300, seed=4)
@@ -472,8 +476,9 @@ def test_predictions_never_touch_the_process_wide_warning_filters(monkeypatch):
     a high level) and predict_set of a class-conditional classifier silence nothing through ``warnings``' filters:
     threads serving one estimator would restore each other's filters (and leak or drop an "ignore")."""
     X, y = step_noise_data(300, seed=2)
-    reg = LaplaceActiveSubspaceRegressor(calibration_size=0.5, **dict(SMALL, likelihood="gaussian")).fit(X, y)
-    clf = LaplaceActiveSubspaceClassifier(calibration="mondrian", **SMALL).fit(X, (X[:, 0] > 0).astype(int))
+    reg = LaplaceActiveSubspaceRegressor(**grouped(calibration_size=0.5,
+                                                   **dict(SMALL, likelihood="gaussian"))).fit(X, y)
+    clf = LaplaceActiveSubspaceClassifier(**grouped(calibration="mondrian", **SMALL)).fit(X, (X[:, 0] > 0).astype(int))
     import sys
 
     touched = []  # calls from the library's own code (scikit-learn's input validation has its own)
@@ -542,18 +547,18 @@ def test_class_conditional_calibration_rows_per_class():
     labels = np.array(["a", "b", "c", "d"])[codes]
     with warnings.catch_warnings():
         warnings.simplefilter("error", ConformalWarning)
-        clf = LaplaceActiveSubspaceClassifier(calibration="mondrian", **SMALL).fit(X, labels)
+        clf = LaplaceActiveSubspaceClassifier(**grouped(calibration="mondrian", **SMALL)).fit(X, labels)
         rows = [s.size for s in clf.calibrator_.bin_scores_[0]]
         assert min(rows) >= 9, rows  # 10 % of 600 would give the rarest class (≈ 60 rows) 6, and σ0 takes half
         assert np.isfinite(clf.calibrator_.class_quantiles(0.9)).all()
         assert clf.predict_set(X[:5])[1].shape == (5, 4, 1)
     assert clf.n_calibration_rows_ < n // 4  # raised as far as needed, not to everything
-    pooled = LaplaceActiveSubspaceClassifier(calibration="conformal", **SMALL).fit(X, labels)
+    pooled = LaplaceActiveSubspaceClassifier(**grouped(calibration="conformal", **SMALL)).fit(X, labels)
     assert len(pooled.calibration_indices_) == int(np.ceil(0.1 * n))  # a pooled calibration needs no raise
     # a class of 6 rows cannot give 19 (9 + 9 for σ0 + 1) with half the rows or fewer: the share stays, fit warns
     rare = np.where(np.arange(n) < 6, "e", labels)
     with pytest.warns(ConformalWarning, match=r"'e': \d"):
-        kept = LaplaceActiveSubspaceClassifier(calibration="mondrian", **SMALL).fit(X, rare)
+        kept = LaplaceActiveSubspaceClassifier(**grouped(calibration="mondrian", **SMALL)).fit(X, rare)
     assert len(kept.calibration_indices_) == int(np.ceil(0.1 * n))
 
     # X_cal with 4 rows of class "d": one warning, at the user's fit line, before training
@@ -563,7 +568,7 @@ def test_class_conditional_calibration_rows_per_class():
     fixed = dict(SMALL, sigma0=1.0)  # every calibration row is the quantile's
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        short = LaplaceActiveSubspaceClassifier(calibration="mondrian", **fixed).fit(
+        short = LaplaceActiveSubspaceClassifier(**grouped(calibration="mondrian", **fixed)).fit(
             X[train], labels[train], X_cal=X[cal_rows], y_cal=labels[cal_rows])
     said = [w for w in caught if issubclass(w.category, ConformalWarning)]
     assert len(said) == 1 and said[0].filename == __file__, [str(w.message) for w in said]

@@ -23,6 +23,7 @@ from glas_sklearn.plotting import (
     plot_spectrum,
 )
 from glas_sklearn.posterior import ActiveSubspacePosterior
+from tests.reference import grouped
 
 # The calibration curves are those of the paper's method (d by coverage), whose settings are passed explicitly.
 TINY = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=20, n_samples=50, max_components=4,
@@ -62,7 +63,7 @@ def data_1d():
 
 @pytest.fixture(scope="module")
 def reg_1d(data_1d):
-    return _fit_quietly(LaplaceActiveSubspaceRegressor(**TINY), *data_1d)
+    return _fit_quietly(LaplaceActiveSubspaceRegressor(**grouped(**TINY)), *data_1d)
 
 
 @pytest.fixture(scope="module")
@@ -75,13 +76,13 @@ def data_2d():
 
 @pytest.fixture(scope="module")
 def reg_2d(data_2d):
-    return _fit_quietly(LaplaceActiveSubspaceRegressor(predictive="linearized", **TINY), *data_2d)
+    return _fit_quietly(LaplaceActiveSubspaceRegressor(**grouped(predictive="linearized", **TINY)), *data_2d)
 
 
 @pytest.fixture(scope="module")
 def clf():
     X, y = make_blobs(n_samples=60, centers=3, random_state=0)
-    return _fit_quietly(LaplaceActiveSubspaceClassifier(**TINY), X, y)
+    return _fit_quietly(LaplaceActiveSubspaceClassifier(**grouped(**TINY)), X, y)
 
 
 # ----------------------------------------------------------------------------- optional dependency
@@ -223,7 +224,7 @@ def test_plot_intervals_parity(plt, reg_2d, data_2d):
 def test_plot_intervals_label_follows_the_fitted_intervals(plt, data_2d, settings, label):
     X, y = data_2d
     tiny = {**TINY, "calibration": "conformal", "posterior": "low_rank", **settings}
-    reg = _fit_quietly(LaplaceActiveSubspaceRegressor(**tiny), X, y)
+    reg = _fit_quietly(LaplaceActiveSubspaceRegressor(**grouped(**tiny)), X, y)
     ax = plot_intervals(reg, X, y)
     assert label in [t.get_text() for t in ax.get_legend().get_texts()]
 
@@ -240,7 +241,8 @@ def test_plot_intervals_rejects(plt, clf, reg_2d, data_2d):
         plot_intervals(reg_2d, X, y[:-1])
     with pytest.raises(NotFittedError):
         plot_intervals(LaplaceActiveSubspaceRegressor(), X, y)
-    two = _fit_quietly(LaplaceActiveSubspaceRegressor(predictive="linearized", **TINY), X, np.column_stack([y, y]))
+    two = _fit_quietly(LaplaceActiveSubspaceRegressor(**grouped(predictive="linearized",
+                                                                **TINY)), X, np.column_stack([y, y]))
     with pytest.raises(ValueError, match="single output"):
         plot_intervals(two, X, y)
 
@@ -430,7 +432,7 @@ def test_activity_display_holds_kappa(plt):
 
 def test_conformal_estimator_has_no_coverage_curve_over_d(plt, data_1d):
     settings = {k: v for k, v in TINY.items() if k not in ("calibration", "posterior")}
-    conformal = _fit_quietly(LaplaceActiveSubspaceRegressor(**settings), *data_1d)
+    conformal = _fit_quietly(LaplaceActiveSubspaceRegressor(**grouped(**settings)), *data_1d)
     with pytest.raises(ValueError, match="calibration='mondrian'"):
         CoverageDisplay.from_estimator(conformal)
     X, y = data_1d

@@ -9,7 +9,7 @@ import pytest
 import torch
 from sklearn.base import clone
 
-from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
+from glas_sklearn import Compute, LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor, Training
 from glas_sklearn.laplace import fit_laplace_subspace
 from glas_sklearn.posterior import (
     POSTERIOR_KINDS,
@@ -20,6 +20,7 @@ from glas_sklearn.posterior import (
     resolve_posterior,
     trace_condition,
 )
+from tests.reference import grouped
 
 from .reference import dense_ggn, dense_jacobian, flat_params, mlp
 
@@ -128,8 +129,10 @@ def test_user_kind_through_fit_laplace_subspace_and_an_estimator(setup):
     Xr = rng.uniform(-1, 1, size=(80, 2))
     yr = np.sin(3 * Xr[:, 0]) + 0.1 * rng.standard_normal(80)
     est = LaplaceActiveSubspaceRegressor(posterior=ShrunkComplementPosterior, calibration="coverage", n_components=3,
-                                         standardize=False, module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=30,
-                                         lr=0.05, batch_size=None, dtype="float64", random_state=0)
+                                         random_state=0,
+                                         training=Training(standardize=False,
+                                                           module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=30,
+                                                           lr=0.05, batch_size=None), compute=Compute(dtype="float64"))
     assert clone(est).get_params()["posterior"] is ShrunkComplementPosterior
     est.fit(Xr, yr)
     post = est.posterior_
@@ -201,8 +204,8 @@ def test_estimators_take_the_name_or_the_class(name):
     y = np.sin(3 * X[:, 0]) + 0.1 * rng.standard_normal(70)
     kw = dict(module_kwargs=dict(hidden_layer_sizes=(6,)), max_epochs=20, lr=0.05, batch_size=None, n_samples=30,
               max_components=3, dtype="float64", random_state=0)
-    a = LaplaceActiveSubspaceRegressor(posterior=name, **kw).fit(X, y)
-    b = LaplaceActiveSubspaceRegressor(posterior=POSTERIOR_KINDS[name], **kw).fit(X, y)
+    a = LaplaceActiveSubspaceRegressor(**grouped(posterior=name, **kw)).fit(X, y)
+    b = LaplaceActiveSubspaceRegressor(**grouped(posterior=POSTERIOR_KINDS[name], **kw)).fit(X, y)
     assert type(a.posterior_) is type(b.posterior_) is POSTERIOR_KINDS[name] and a.predictive_ == b.predictive_
     assert a.posterior_.sigma0 == b.posterior_.sigma0
     for u, v in zip(a.predict_interval(X[:8], confidence_level=[0.5, 0.9]),
@@ -211,8 +214,8 @@ def test_estimators_take_the_name_or_the_class(name):
     if name == "low_rank":  # the classifier's "auto" σ0 ("nll" for kinds off the subspace) either way
         Xc = np.vstack([rng.normal(-1.5, 0.5, (30, 2)), rng.normal(1.5, 0.5, (30, 2))])
         yc = np.repeat([0, 1], 30)
-        c1 = LaplaceActiveSubspaceClassifier(posterior=name, **kw).fit(Xc, yc)
-        c2 = LaplaceActiveSubspaceClassifier(posterior=LowRankPosterior, **kw).fit(Xc, yc)
+        c1 = LaplaceActiveSubspaceClassifier(**grouped(posterior=name, **kw)).fit(Xc, yc)
+        c2 = LaplaceActiveSubspaceClassifier(**grouped(posterior=LowRankPosterior, **kw)).fit(Xc, yc)
         assert c1.sigma0_search_ is not None and c1.sigma0_ == c2.sigma0_
         np.testing.assert_array_equal(c1.predict_proba(Xc[:6]), c2.predict_proba(Xc[:6]))
 
@@ -269,6 +272,6 @@ def test_resolve_posterior_and_its_errors(setup):
     with pytest.raises(TypeError, match="_Incomplete does not implement"):
         fit_laplace_subspace(setup[0], setup[1], torch.zeros(25, 2, dtype=torch.float64), n_components=2,
                              posterior=_Incomplete)
-    est = LaplaceActiveSubspaceRegressor(posterior=SubspacePosterior(*args, **kw), max_epochs=1)
+    est = LaplaceActiveSubspaceRegressor(posterior=SubspacePosterior(*args, **kw), training=Training(max_epochs=1))
     with pytest.raises(ValueError, match="posterior must be a subclass of ActiveSubspacePosterior, 'low_rank'"):
         est.fit(np.zeros((20, 3)), np.zeros(20))

@@ -23,11 +23,18 @@ import torch
 from sklearn.model_selection import GridSearchCV, cross_validate
 from torch import nn
 
-from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor, PrefitLeakageWarning
+from glas_sklearn import (
+    Compute,
+    LaplaceActiveSubspaceClassifier,
+    LaplaceActiveSubspaceRegressor,
+    LowRank,
+    PrefitLeakageWarning,
+    Training,
+)
 from glas_sklearn.calibration import CalibrationWarning
 from glas_sklearn.estimators._prefit import PrefitRowRegistry, module_fingerprint, row_digests
 from glas_sklearn.metrics import make_interval_scorer
-from tests.reference import assert_unchanged, snapshot
+from tests.reference import assert_unchanged, grouped, snapshot
 
 #: Prefit networks here are often untrained on purpose; the warning saying so is tested in test_messages.py.
 pytestmark = pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitUnderfitWarning")
@@ -99,8 +106,8 @@ def test_overfitting_prefit_network_calibrated_on_unseen_rows_covers_the_level_o
         rng = np.random.default_rng(1000 + r)
         X_cal, y_cal = _draw(n_cal, rng)
         X_test, y_test = _draw(n_test, rng)
-        est = LaplaceActiveSubspaceRegressor(net, prefit=True, dtype="float64", max_components=5,
-                                             confidence_level=LEVEL, random_state=0)
+        est = LaplaceActiveSubspaceRegressor(net, prefit=True, confidence_level=LEVEL, random_state=0,
+                                             posterior=LowRank(max_components=5), compute=Compute(dtype="float64"))
         unseen.append(_coverage(est.fit(X, y, X_cal=X_cal, y_cal=y_cal), X_test, y_test))
     expected, sd = _split_conformal_mean_coverage(n_cal, n_test, n_splits)
     assert expected == pytest.approx(LEVEL)  # k/(n + 1) = 36/40
@@ -115,8 +122,8 @@ def test_overfitting_prefit_network_calibrated_on_unseen_rows_covers_the_level_o
         rows = rng.permutation(len(X))
         fit_rows, cal_rows = rows[:n_half], rows[n_half:]
         X_test, y_test = _draw(n_test, rng)
-        est = LaplaceActiveSubspaceRegressor(net, prefit=True, dtype="float64", max_components=5,
-                                             confidence_level=LEVEL, random_state=0)
+        est = LaplaceActiveSubspaceRegressor(net, prefit=True, confidence_level=LEVEL, random_state=0,
+                                             posterior=LowRank(max_components=5), compute=Compute(dtype="float64"))
         with pytest.warns(PrefitLeakageWarning, match=r"20 of the 20 X_cal rows are rows declared as training rows"):
             est.fit(X[fit_rows], y[fit_rows], X_cal=X[cal_rows], y_cal=y[cal_rows])
         seen.append(_coverage(est, X_test, y_test))
@@ -144,7 +151,7 @@ def test_prefit_regressor_without_calibration_rows_is_refused(settings):
     X, y = _draw(40, np.random.default_rng(0))
     net = _overfitting_net(X, y)
     before = snapshot(net)
-    msg = _refused(LaplaceActiveSubspaceRegressor(net, prefit=True, dtype="float64", **settings), X, y)
+    msg = _refused(LaplaceActiveSubspaceRegressor(net, **grouped(prefit=True, dtype="float64", **settings)), X, y)
     assert "calibrated intervals would under-cover" in msg
     assert_unchanged(net, before)
 
@@ -155,7 +162,7 @@ def test_prefit_classifier_without_calibration_rows_is_refused(settings):
     X = rng.standard_normal((40, 2))
     label = (X[:, 0] > 0).astype(int)
     net = nn.Sequential(nn.Linear(2, 4), nn.Tanh(), nn.Linear(4, 2)).double()
-    msg = _refused(LaplaceActiveSubspaceClassifier(net, prefit=True, dtype="float64", **settings), X, label)
+    msg = _refused(LaplaceActiveSubspaceClassifier(net, **grouped(prefit=True, dtype="float64", **settings)), X, label)
     assert "calibrated prediction sets would under-cover" in msg
 
 
@@ -200,11 +207,11 @@ def test_own_network_is_trained_only_on_rows_held_apart_from_the_calibration_row
     X = rng.standard_normal((n, 2))
     if task == "regression":
         y = X[:, 0] - 0.5 * X[:, 1] + 0.1 * rng.standard_normal(n)
-        est = LaplaceActiveSubspaceRegressor(_Recorder(2, 1), standardize=False, batch_size=None)
+        est = LaplaceActiveSubspaceRegressor(_Recorder(2, 1), training=Training(standardize=False, batch_size=None))
         loss = lambda out, t: 0.5 * ((out[:, 0] - torch.as_tensor(t)) ** 2).mean()  # noqa: E731
     else:
         y = np.where(X[:, 0] > 0, "b", "a")
-        est = LaplaceActiveSubspaceClassifier(_Recorder(2, 2), standardize=False, batch_size=None)
+        est = LaplaceActiveSubspaceClassifier(_Recorder(2, 2), training=Training(standardize=False, batch_size=None))
         loss = lambda out, t: nn.functional.cross_entropy(out, torch.as_tensor(np.unique(t, return_inverse=True)[1]))  # noqa: E731,E501
     initial = copy.deepcopy(est.module)
     est.set_params(max_epochs=3, dtype="float64", max_components=3, n_samples=20, calibration_size=0.2,
@@ -244,7 +251,8 @@ def _prefit_setup(seed: int):
 
 def test_grid_search_over_a_prefit_network_warns_of_leakage():
     net, (X, y), (X_cal, y_cal), (X_new, y_new) = _prefit_setup(3)
-    est = LaplaceActiveSubspaceRegressor(net, prefit=True, dtype="float64", max_components=3, random_state=0)
+    est = LaplaceActiveSubspaceRegressor(net, prefit=True, random_state=0, posterior=LowRank(max_components=3),
+                                         compute=Compute(dtype="float64"))
     search = GridSearchCV(est, {"scaling": ["mean", "standard"]}, cv=3, error_score="raise")
     with pytest.warns(PrefitLeakageWarning, match=r"score: 20 of the 20 rows were declared as training rows.*"
                                                   r"cross-validated \(GridSearchCV, cross_validate\)"):
@@ -261,7 +269,8 @@ def test_grid_search_over_a_prefit_network_warns_of_leakage():
 
 def test_cross_validate_of_a_prefit_network_with_an_interval_scorer_warns_of_leakage():
     net, (X, y), (X_cal, y_cal), _ = _prefit_setup(4)
-    est = LaplaceActiveSubspaceRegressor(net, prefit=True, dtype="float64", max_components=3, random_state=0)
+    est = LaplaceActiveSubspaceRegressor(net, prefit=True, random_state=0, posterior=LowRank(max_components=3),
+                                         compute=Compute(dtype="float64"))
     with pytest.warns(PrefitLeakageWarning, match=r"predict_interval: 15 of the 15 rows"):
         cross_validate(est, X, y, cv=4, params=dict(X_cal=X_cal, y_cal=y_cal), error_score="raise",
                        scoring=make_interval_scorer("interval_score", confidence_level=LEVEL))
@@ -273,7 +282,8 @@ def test_prefit_classifier_probabilities_and_sets_on_its_training_rows_warn():
     label, label_cal = (X[:, 0] > 0).astype(int), (X_cal[:, 0] > 0).astype(int)
     torch.manual_seed(5)
     net = nn.Sequential(nn.Linear(2, 4), nn.Tanh(), nn.Linear(4, 2)).double()
-    est = LaplaceActiveSubspaceClassifier(net, prefit=True, dtype="float64", max_components=3, random_state=0)
+    est = LaplaceActiveSubspaceClassifier(net, prefit=True, random_state=0, posterior=LowRank(max_components=3),
+                                          compute=Compute(dtype="float64"))
     est.fit(X, label, X_cal=X_cal, y_cal=label_cal)
     for method in (est.predict_proba, est.predict_set, lambda Z: est.score(Z, (Z[:, 0] > 0).astype(int))):
         with pytest.warns(PrefitLeakageWarning, match="3 of the 13 rows"):

@@ -4,7 +4,7 @@ import logging
 import numpy as np
 import pytest
 
-from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
+from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor, LowRank, Training
 from glas_sklearn._progress import LOG_INTERVAL, progress, stage
 from glas_sklearn.calibration import MondrianConformalCalibrator
 
@@ -127,8 +127,9 @@ def test_closing_line_counts_the_rows_trained_on_not_the_curvature_subsample(cap
     """With ``subsample`` the curvature sees fewer records than training did; the closing line names the rows the
     network was trained on (the training line's count), not ``n_records_``."""
     X, y = _blobs_or_wave(False)
-    est = LaplaceActiveSubspaceRegressor(likelihood="gaussian", max_epochs=5, max_components=4, subsample=40,
-                                         random_state=0, verbose=1).fit(X, y)
+    est = LaplaceActiveSubspaceRegressor(likelihood="gaussian", random_state=0, verbose=1,
+                                         training=Training(max_epochs=5),
+                                         posterior=LowRank(max_components=4, subsample=40)).fit(X, y)
     lines = capsys.readouterr().err.splitlines()
     n_train = len(est.train_indices_)
     assert est.n_records_ == 40 < n_train
@@ -163,8 +164,9 @@ def test_calibration_line_says_the_bands_and_the_overshoot(capsys, likelihood, c
     with interpolated quantiles, which cover the level on average; the rank rounded up (one pooled quantile)
     covers 27/29 = 93.1 % on average, and says so."""
     X, y = _blobs_or_wave(False)
-    reg = LaplaceActiveSubspaceRegressor(likelihood=likelihood, max_epochs=5, max_components=4, calibration_size=28,
-                                         calibration=calibration, random_state=0, verbose=1).fit(X, y)
+    reg = LaplaceActiveSubspaceRegressor(likelihood=likelihood, calibration_size=28, calibration=calibration,
+                                         random_state=0, verbose=1, training=Training(max_epochs=5),
+                                         posterior=LowRank(max_components=4)).fit(X, y)
     line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("calibration: "))
     assert says in line and ("cover 93.1 % on average" in line) == overshoot, line
     p = reg.calibrator_.band_pvalue_[0] if hasattr(reg.calibrator_, "band_pvalue_") else np.nan
@@ -176,5 +178,6 @@ def test_calibration_line_says_the_bands_and_the_overshoot(capsys, likelihood, c
 
 def test_fit_is_silent_with_verbose_zero(capsys):
     X, y = _blobs_or_wave(False)
-    LaplaceActiveSubspaceRegressor(max_epochs=5, max_components=4, n_samples=20, random_state=0).fit(X, y)
+    LaplaceActiveSubspaceRegressor(random_state=0, training=Training(max_epochs=5),
+                                   posterior=LowRank(max_components=4, n_samples=20)).fit(X, y)
     assert capsys.readouterr().err == ""

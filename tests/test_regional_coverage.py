@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from glas_sklearn import LaplaceActiveSubspaceRegressor, coverage_score
+from glas_sklearn import LaplaceActiveSubspaceRegressor, LowRank, Training, coverage_score
 from glas_sklearn.regional_coverage import (
     coverage_gap,
     quantile_bins,
@@ -134,8 +134,9 @@ def test_from_a_fitted_estimator():
     rng = np.random.default_rng(0)
     X = rng.uniform(-1, 1, size=(260, 2))
     y = X[:, 0] + (0.05 + 0.4 * (X[:, 1] > 0)) * rng.standard_normal(260)
-    reg = LaplaceActiveSubspaceRegressor(module_kwargs=dict(hidden_layer_sizes=(16,)), max_epochs=30, n_samples=50,
-                                         max_components=4, random_state=0).fit(X[:160], y[:160])
+    reg = LaplaceActiveSubspaceRegressor(random_state=0,
+                                         training=Training(module_kwargs=dict(hidden_layer_sizes=(16,)), max_epochs=30),
+                                         posterior=LowRank(n_samples=50, max_components=4)).fit(X[:160], y[:160])
     t = regional_coverage(reg, X[160:], y[160:], columns=[1], n_directions=30)
     _, pis = reg.predict_interval(X[160:])
     assert t[t["by"] == "all"]["coverage"].iloc[0] == pytest.approx(coverage_score(y[160:], pis))

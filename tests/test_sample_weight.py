@@ -20,6 +20,7 @@ from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceR
 from glas_sklearn.estimators._training import train_module
 from glas_sklearn.ggn import GGNOperator
 from glas_sklearn.laplace import fit_laplace_subspace, residual_noise_variance
+from tests.reference import grouped
 
 from .reference import TinyLSTM, assert_unchanged, dense_ggn, mlp, snapshot
 
@@ -304,8 +305,8 @@ def test_weighted_standardisation_and_training_equal_repeated_rows():
     X, y = _data(30)
     X_cal, y_cal = _data(15, seed=4)
     w = _weights(30, seed=26).numpy()
-    weighted = LaplaceActiveSubspaceRegressor(**SMALL).fit(X, y, sample_weight=w, X_cal=X_cal, y_cal=y_cal)
-    repeated = LaplaceActiveSubspaceRegressor(**SMALL).fit(np.repeat(X, w, axis=0), np.repeat(y, w),
+    weighted = LaplaceActiveSubspaceRegressor(**grouped(**SMALL)).fit(X, y, sample_weight=w, X_cal=X_cal, y_cal=y_cal)
+    repeated = LaplaceActiveSubspaceRegressor(**grouped(**SMALL)).fit(np.repeat(X, w, axis=0), np.repeat(y, w),
                                                            X_cal=X_cal, y_cal=y_cal)
     np.testing.assert_allclose(weighted.x_mean_, repeated.x_mean_, rtol=1e3 * EPS)
     np.testing.assert_allclose(weighted.y_scale_, repeated.y_scale_, rtol=1e3 * EPS)
@@ -328,14 +329,14 @@ def test_weighted_standardisation_and_training_equal_repeated_rows():
 def test_estimator_refuses_bad_weights(bad, match):
     X, y = _data(40)
     with pytest.raises(ValueError, match=match):
-        LaplaceActiveSubspaceRegressor(**SMALL).fit(X, y, sample_weight=bad)
+        LaplaceActiveSubspaceRegressor(**grouped(**SMALL)).fit(X, y, sample_weight=bad)
 
 
 # --------------------------------------------------------------------------------------- routing
 
 
 def _predictions_without_routing(X, y, w, X_test):
-    pipe = Pipeline([("scale", StandardScaler()), ("reg", LaplaceActiveSubspaceRegressor(**SMALL))])
+    pipe = Pipeline([("scale", StandardScaler()), ("reg", LaplaceActiveSubspaceRegressor(**grouped(**SMALL)))])
     return pipe.fit(X, y, reg__sample_weight=w).predict(X_test)
 
 
@@ -343,7 +344,7 @@ def test_sample_weight_reaches_the_estimator_through_a_pipeline_without_routing(
     X, y = _data(40)
     w = 1.0 + np.arange(40) % 4
     X_test, _ = _data(8, seed=6)
-    direct = LaplaceActiveSubspaceRegressor(**SMALL).fit(StandardScaler().fit_transform(X), y, sample_weight=w)
+    direct = LaplaceActiveSubspaceRegressor(**grouped(**SMALL)).fit(StandardScaler().fit_transform(X), y, sample_weight=w)
     scaler = StandardScaler().fit(X)
     np.testing.assert_array_equal(_predictions_without_routing(X, y, w, X_test),
                                   direct.predict(scaler.transform(X_test)))
@@ -356,7 +357,7 @@ def test_metadata_routing_through_pipeline_and_grid_search():
     expected = _predictions_without_routing(X, y, w, X_test)
     with sklearn.config_context(enable_metadata_routing=True):
         # weights requested for fit, and for the weighted R² of the search's scores
-        reg = LaplaceActiveSubspaceRegressor(**SMALL).set_fit_request(sample_weight=True).set_score_request(
+        reg = LaplaceActiveSubspaceRegressor(**grouped(**SMALL)).set_fit_request(sample_weight=True).set_score_request(
             sample_weight=True)
         pipe = Pipeline([("scale", StandardScaler().set_fit_request(sample_weight=False)), ("reg", reg)])
         np.testing.assert_array_equal(pipe.fit(X, y, sample_weight=w).predict(X_test), expected)
@@ -364,17 +365,16 @@ def test_metadata_routing_through_pipeline_and_grid_search():
         best_pred = search.best_estimator_.predict(X_test)
         # not requested: the weights are refused loudly rather than silently dropped
         plain = Pipeline([("scale", StandardScaler().set_fit_request(sample_weight=False)),
-                          ("reg", LaplaceActiveSubspaceRegressor(**SMALL))])
+                          ("reg", LaplaceActiveSubspaceRegressor(**grouped(**SMALL)))])
         with pytest.raises(Exception, match="sample_weight"):
             plain.fit(X, y, sample_weight=w)
     # the search's refit on all rows got the weights: the same network as the weighted fit by hand
-    refit = Pipeline([("scale", StandardScaler()), ("reg", LaplaceActiveSubspaceRegressor(
-        **{**SMALL, "max_components": search.best_params_["reg__max_components"]}))])
+    refit = Pipeline([("scale", StandardScaler()), ("reg", LaplaceActiveSubspaceRegressor(**grouped(**{**SMALL, "max_components": search.best_params_["reg__max_components"]})))])
     np.testing.assert_array_equal(best_pred, refit.fit(X, y, reg__sample_weight=w).predict(X_test))
     # and each cross-validation fit got its fold's weights: the fold's score by hand (weighted R²)
     train, test = next(iter(KFold(2).split(X)))
     fold = refit.fit(X[train], y[train], reg__sample_weight=w[train])
     assert search.cv_results_["split0_test_score"][search.best_index_] == pytest.approx(
         fold.score(X[test], y[test], sample_weight=w[test]), rel=1e-12)
-    unweighted = LaplaceActiveSubspaceRegressor(**SMALL).fit(StandardScaler().fit_transform(X), y)
+    unweighted = LaplaceActiveSubspaceRegressor(**grouped(**SMALL)).fit(StandardScaler().fit_transform(X), y)
     assert not np.allclose(unweighted.predict(StandardScaler().fit(X).transform(X_test)), expected)

@@ -24,6 +24,7 @@ from glas_sklearn.calibration import (
 )
 from glas_sklearn.laplace import fit_laplace_subspace
 from glas_sklearn.likelihoods import Categorical, Gaussian
+from tests.reference import grouped
 
 CENTERS = torch.tensor([[0.0, 0.0], [1.2, 0.0], [0.0, 1.2]], dtype=torch.float64)
 
@@ -219,7 +220,7 @@ FAST = dict(max_epochs=40, max_components=6, random_state=0, dtype="float64")
 def test_default_classifier_tunes_sigma0_on_disjoint_stratified_reproducible_rows():
     X, y = _labels(120, 0)
     X_cal, y_cal = _labels(60, 1)
-    clf = LaplaceActiveSubspaceClassifier(**FAST).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    clf = LaplaceActiveSubspaceClassifier(**grouped(**FAST)).fit(X, y, X_cal=X_cal, y_cal=y_cal)
     tune = clf.sigma0_rows_
     conf = np.setdiff1d(np.arange(60), tune)
     assert clf.n_sigma0_rows_ == len(tune) == 30 and clf.n_calibration_rows_ == len(conf) == 30
@@ -236,41 +237,41 @@ def test_default_classifier_tunes_sigma0_on_disjoint_stratified_reproducible_row
     np.testing.assert_allclose(clf.conformity_scores_, np.sort(1 - proba[np.arange(30), codes]), rtol=1e-9,
                                atol=1e-12)
     # reproducible from random_state (the same path replayed: equal), another seed another split
-    again = LaplaceActiveSubspaceClassifier(**FAST).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    again = LaplaceActiveSubspaceClassifier(**grouped(**FAST)).fit(X, y, X_cal=X_cal, y_cal=y_cal)
     np.testing.assert_array_equal(again.sigma0_rows_, tune)
     assert again.sigma0_ == clf.sigma0_
-    other = LaplaceActiveSubspaceClassifier(**{**FAST, "random_state": 1}).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    other = LaplaceActiveSubspaceClassifier(**grouped(**{**FAST, "random_state": 1})).fit(X, y, X_cal=X_cal, y_cal=y_cal)
     assert not np.array_equal(other.sigma0_rows_, tune)
 
 
 def test_sigma0_nll_errors_and_the_auto_fallback():
     X, y = _labels(80, 0)
     with pytest.raises(ValueError, match="sigma0='nll'.*calibration='coverage'"):
-        LaplaceActiveSubspaceClassifier(sigma0="nll", calibration="coverage", **FAST).fit(X, y)
+        LaplaceActiveSubspaceClassifier(**grouped(sigma0="nll", calibration="coverage", **FAST)).fit(X, y)
     X_cal, y_cal = _labels(9, 1)  # exactly the 9 rows a conformal quantile needs at 90 %: none left to tune on
     with pytest.raises(ValueError, match="at least 10 calibration rows"):
-        LaplaceActiveSubspaceClassifier(sigma0="nll", **FAST).fit(X, y, X_cal=X_cal, y_cal=y_cal)
-    auto = LaplaceActiveSubspaceClassifier(**FAST).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+        LaplaceActiveSubspaceClassifier(**grouped(sigma0="nll", **FAST)).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    auto = LaplaceActiveSubspaceClassifier(**grouped(**FAST)).fit(X, y, X_cal=X_cal, y_cal=y_cal)
     assert auto.posterior_.sigma0_method == "eb_full" and auto.n_sigma0_rows_ == 0 and auto.sigma0_search_ is None
     assert auto.n_calibration_rows_ == 9
     # with a fraction, the held-out rows are raised to 10 so that both parts exist
-    frac = LaplaceActiveSubspaceClassifier(calibration_size=0.05, **FAST).fit(X, y)
+    frac = LaplaceActiveSubspaceClassifier(**grouped(calibration_size=0.05, **FAST)).fit(X, y)
     assert (frac.n_sigma0_rows_, frac.n_calibration_rows_) == (1, 9)
     # under the paper's calibration "auto" stays empirical Bayes
     with warnings.catch_warnings():  # whether the paper's calibration reaches 90 % is beside the point here
         warnings.simplefilter("ignore", CalibrationWarning)
-        paper = LaplaceActiveSubspaceClassifier(calibration="coverage", **FAST).fit(X, y)
+        paper = LaplaceActiveSubspaceClassifier(**grouped(calibration="coverage", **FAST)).fit(X, y)
     assert paper.posterior_.sigma0_method == "eb_full" and paper.sigma0_search_ is None
 
 
 def test_sigma0_nll_pickles_clones_and_grid_searches():
     X, y = _labels(150, 0)
-    clf = LaplaceActiveSubspaceClassifier(sigma0="nll", **FAST).fit(X, y)
+    clf = LaplaceActiveSubspaceClassifier(**grouped(sigma0="nll", **FAST)).fit(X, y)
     back = pickle.loads(pickle.dumps(clf))
     np.testing.assert_array_equal(back.predict_proba(X[:20]), clf.predict_proba(X[:20]))
     assert back.sigma0_ == clf.sigma0_ and back.sigma0_search_.sigma0 == clf.sigma0_search_.sigma0
     assert clone(clf).get_params()["sigma0"] == "nll"
-    grid = GridSearchCV(LaplaceActiveSubspaceClassifier(**FAST), {"sigma0": ["nll", "eb_full"]}, cv=2,
+    grid = GridSearchCV(LaplaceActiveSubspaceClassifier(**grouped(**FAST)), {"sigma0": ["nll", "eb_full"]}, cv=2,
                         scoring="neg_log_loss").fit(X, y)
     assert grid.best_params_["sigma0"] in ("nll", "eb_full")
     assert set(grid.cv_results_["param_sigma0"]) == {"nll", "eb_full"}
@@ -281,11 +282,11 @@ def test_regressor_sigma0_nll_and_its_unchanged_default():
     X = rng.uniform(-2, 2, (160, 1))
     y = np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(160)
     kw = dict(max_epochs=60, max_components=6, random_state=0, dtype="float64", include_noise=True)
-    reg = LaplaceActiveSubspaceRegressor(sigma0="nll", **kw).fit(X, y)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(sigma0="nll", **kw)).fit(X, y)
     assert reg.sigma0_ == reg.posterior_.sigma0 == reg.sigma0_search_.sigma0
     # 16 calibration rows: the conformal part keeps the 9 a quantile needs at 90 %, 7 tune σ0
     assert (reg.n_sigma0_rows_, reg.n_calibration_rows_) == (7, 9) and reg.conformity_scores_.shape == (9, 1)
     _, pis = reg.predict_interval(X[:5])
     assert np.all(pis[:, 1, 0] > pis[:, 0, 0])
-    default = LaplaceActiveSubspaceRegressor(**kw).fit(X, y)
+    default = LaplaceActiveSubspaceRegressor(**grouped(**kw)).fit(X, y)
     assert default.posterior_.sigma0_method == "eb_subspace" and default.sigma0_search_ is None

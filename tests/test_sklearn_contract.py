@@ -29,12 +29,15 @@ from sklearn.preprocessing import OneHotEncoder, StandardScaler
 from sklearn.utils.estimator_checks import parametrize_with_checks
 
 from glas_sklearn import (
+    Compute,
     LaplaceActiveSubspaceClassifier,
     LaplaceActiveSubspaceRegressor,
+    LowRank,
     coverage_score,
     make_interval_scorer,
 )
 from glas_sklearn.calibration import CalibrationWarning
+from tests.reference import grouped
 
 #: Prefit networks here are often untrained on purpose; the warning saying so is tested in test_messages.py.
 pytestmark = pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitUnderfitWarning")
@@ -59,8 +62,8 @@ PAPER = dict(posterior="subspace", calibration="coverage", predictive="sampled")
 
 
 @parametrize_with_checks(
-    [LaplaceActiveSubspaceRegressor(**SMALL), LaplaceActiveSubspaceClassifier(**SMALL),
-     LaplaceActiveSubspaceRegressor(**PAPER, **SMALL), LaplaceActiveSubspaceClassifier(**PAPER, **SMALL)],
+    [LaplaceActiveSubspaceRegressor(**grouped(**SMALL)), LaplaceActiveSubspaceClassifier(**grouped(**SMALL)),
+     LaplaceActiveSubspaceRegressor(**grouped(**PAPER, **SMALL)), LaplaceActiveSubspaceClassifier(**grouped(**PAPER, **SMALL))],
     expected_failed_checks=lambda est: EXPECTED_FAILED_CHECKS,
     xfail_strict=True,
 )
@@ -92,9 +95,9 @@ def _fitted(kind, **params):
         warnings.simplefilter("ignore", CalibrationWarning)
         if kind == "regressor":
             X, y = _regression()
-            return LaplaceActiveSubspaceRegressor(**{**SMALL, **params}).fit(X, y), X
+            return LaplaceActiveSubspaceRegressor(**grouped(**{**SMALL, **params})).fit(X, y), X
         X, y = _classification()
-        return LaplaceActiveSubspaceClassifier(**{**SMALL, **params}).fit(X, y), X
+        return LaplaceActiveSubspaceClassifier(**grouped(**{**SMALL, **params})).fit(X, y), X
 
 
 def _outputs(est, X):
@@ -146,8 +149,9 @@ def test_pickled_prefit_estimator_keeps_module_identity():
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(3, 6), torch.nn.Tanh(), torch.nn.Linear(6, 1)).double()
     X, y = _regression()
-    est = LaplaceActiveSubspaceRegressor(net, prefit=True, dtype="float64", n_samples=20, n_components=2,
-                                         random_state=0).fit(X[10:], y[10:], X_cal=X[:10], y_cal=y[:10])
+    est = LaplaceActiveSubspaceRegressor(net, prefit=True, n_components=2, random_state=0,
+                                         posterior=LowRank(n_samples=20),
+                                         compute=Compute(dtype="float64")).fit(X[10:], y[10:], X_cal=X[:10], y_cal=y[:10])
     assert est.module_ is net
     loaded = pickle.loads(pickle.dumps(est))
     assert loaded.module_ is loaded.module and loaded.module is not net
@@ -204,7 +208,7 @@ def _frame(n=60, seed=0):
 def _pipeline(**params):
     pre = ColumnTransformer([("num", StandardScaler(), ["x1", "x2"]),
                              ("cat", OneHotEncoder(handle_unknown="ignore"), ["colour"])])
-    return Pipeline([("pre", pre), ("glas", LaplaceActiveSubspaceRegressor(**{**SMALL, **params}))])
+    return Pipeline([("pre", pre), ("glas", LaplaceActiveSubspaceRegressor(**grouped(**{**SMALL, **params})))])
 
 
 def test_pipeline_with_column_transformer_on_dataframe():
@@ -232,7 +236,7 @@ def test_pipeline_with_pandas_output_sets_feature_names_of_the_estimator():
                             verbose_feature_names_out=False).set_output(transform="pandas")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
-        pipe = Pipeline([("pre", pre), ("glas", LaplaceActiveSubspaceRegressor(**SMALL))]).fit(df, y)
+        pipe = Pipeline([("pre", pre), ("glas", LaplaceActiveSubspaceRegressor(**grouped(**SMALL)))]).fit(df, y)
     assert list(pipe[-1].feature_names_in_) == ["x1", "x2", "colour_blue", "colour_green", "colour_red"]
     Xt = pipe[:-1].transform(df)
     with pytest.warns(UserWarning, match="feature names"):  # sklearn's own check of the names
@@ -264,7 +268,7 @@ def test_mapie_split_conformal_regressor_with_std_normalized_score():
     X_train, y_train, X_conf, y_conf, X_test = X[:60], y[:60], X[60:100], y[60:100], X[100:]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
-        ours = LaplaceActiveSubspaceRegressor(**SMALL).fit(X_train, y_train)
+        ours = LaplaceActiveSubspaceRegressor(**grouped(**SMALL)).fit(X_train, y_train)
     scr = mapie_regression.SplitConformalRegressor(estimator=ours, confidence_level=0.9,
                                                    conformity_score="std_normalized", prefit=True)
     scr.conformalize(X_conf, y_conf)

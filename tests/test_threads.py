@@ -8,7 +8,7 @@ import pytest
 import torch
 from torch import nn
 
-from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
+from glas_sklearn import Compute, LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor, LowRank, Training
 from glas_sklearn._threads import AUTO_WORK_PER_THREAD, adjust_threads, auto_threads, torch_threads
 
 
@@ -118,8 +118,9 @@ def _data(n=80):
 @pytest.mark.parametrize("n_threads, expected", [("auto", 1), (2, 2), (None, 2)])
 def test_estimator_calls_run_at_their_count(outside, n_threads, expected):
     X, y = _data()
-    reg = LaplaceActiveSubspaceRegressor(_Probe(), max_epochs=3, max_components=3, n_samples=20, random_state=0,
-                                         n_threads=n_threads)
+    reg = LaplaceActiveSubspaceRegressor(_Probe(), random_state=0, training=Training(max_epochs=3),
+                                         posterior=LowRank(max_components=3, n_samples=20),
+                                         compute=Compute(n_threads=n_threads))
     _Probe.seen.clear()
     reg.fit(X, y)
     assert set(_Probe.seen) == {expected}
@@ -136,8 +137,8 @@ def test_classifier_predict_set_is_scoped(outside):
     rng = np.random.default_rng(1)
     X = rng.normal(size=(90, 2))
     y = (X[:, 0] > 0).astype(int)
-    clf = LaplaceActiveSubspaceClassifier(_Probe(n_out=2), max_epochs=3, max_components=3, n_samples=20,
-                                          random_state=0).fit(X, y)
+    clf = LaplaceActiveSubspaceClassifier(_Probe(n_out=2), random_state=0, training=Training(max_epochs=3),
+                                          posterior=LowRank(max_components=3, n_samples=20)).fit(X, y)
     _Probe.seen.clear()
     clf.predict_set(X)
     clf.predict_proba(X)
@@ -149,8 +150,9 @@ def test_one_estimator_served_from_threads(outside):
     one at a time, and torch's count restored once all are done. (The sampled predictive: the linearised one's
     forward-mode JVPs are made safe to call from threads in issue 25.)"""
     X, y = _data()
-    reg = LaplaceActiveSubspaceRegressor(_Probe(), max_epochs=3, max_components=3, n_samples=20, random_state=0,
-                                         dtype="float64", predictive="sampled").fit(X, y)
+    reg = LaplaceActiveSubspaceRegressor(_Probe(), random_state=0, training=Training(max_epochs=3),
+                                         posterior=LowRank(max_components=3, n_samples=20, predictive="sampled"),
+                                         compute=Compute(dtype="float64")).fit(X, y)
     reference = reg.predict_interval(X)[1]
     _Probe.seen.clear()
     results, start = [None] * 6, threading.Barrier(6)

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
+from glas_sklearn import Compute, LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor, LowRank, Training
 from glas_sklearn.estimators import _training
 from glas_sklearn.estimators._training import (
     auto_batch_size,
@@ -23,6 +23,7 @@ from glas_sklearn.estimators._training import (
     train_module,
 )
 from glas_sklearn.likelihoods import HeteroscedasticGaussian
+from tests.reference import grouped
 
 #: Prefit networks here are often untrained on purpose; the warning saying so is tested in test_messages.py.
 pytestmark = pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitUnderfitWarning")
@@ -79,8 +80,8 @@ def test_lr_auto_resolves_with_the_batch_size_and_an_explicit_lr_is_kept():
     est = LaplaceActiveSubspaceRegressor()
     assert (est._batch_size(1999), est._lr(1999)) == (99, 1e-3)
     assert (est._batch_size(36_000), est._lr(36_000)) == (1024, 3e-3)
-    assert LaplaceActiveSubspaceRegressor(batch_size=200)._lr(36_000) == 1e-3  # the user's batch size: 1e-3
-    assert LaplaceActiveSubspaceRegressor(lr=5e-4)._lr(36_000) == 5e-4          # the user's lr: as given
+    assert LaplaceActiveSubspaceRegressor(training=Training(batch_size=200))._lr(36_000) == 1e-3  # the user's batch size: 1e-3
+    assert LaplaceActiveSubspaceRegressor(training=Training(lr=5e-4))._lr(36_000) == 5e-4          # the user's lr: as given
     assert LaplaceActiveSubspaceClassifier()._lr(36_000) == 3e-3
 
 
@@ -88,9 +89,9 @@ def test_lr_auto_trains_small_data_as_lr_1e3():
     """Below 2,000 rows ``lr="auto"`` is 1e-3: the same fit as ``lr=1e-3`` (same seed, same steps)."""
     X, y = _data(n=200)
     settings = dict(FAST, early_stopping="auto", max_epochs=20)
-    a = LaplaceActiveSubspaceRegressor(**settings).fit(X, y)
-    b = LaplaceActiveSubspaceRegressor(lr=1e-3, **settings).fit(X, y)
-    c = LaplaceActiveSubspaceRegressor(lr=3e-3, **settings).fit(X, y)
+    a = LaplaceActiveSubspaceRegressor(**grouped(**settings)).fit(X, y)
+    b = LaplaceActiveSubspaceRegressor(**grouped(lr=1e-3, **settings)).fit(X, y)
+    c = LaplaceActiveSubspaceRegressor(**grouped(lr=3e-3, **settings)).fit(X, y)
     tol = 1e-10 * len(X)  # float64, the same arithmetic on both paths
     np.testing.assert_allclose(a.loss_curve_, b.loss_curve_, rtol=tol)
     assert not np.allclose(a.loss_curve_, c.loss_curve_, rtol=1e-3)  # the comparison can tell rates apart
@@ -107,8 +108,10 @@ def test_batchnorm_network_trains_with_a_one_row_last_batch():
 
     with pytest.raises(ValueError, match="Expected more than 1 value per channel"):  # what a one-row batch does
         net().train()(torch.zeros(1, 3, dtype=torch.float64))
-    est = LaplaceActiveSubspaceRegressor(module=net(), batch_size=67, max_epochs=3, early_stopping=False,
-                                         n_samples=50, max_components=3, dtype="float64", random_state=0)
+    est = LaplaceActiveSubspaceRegressor(module=net(), random_state=0,
+                                         training=Training(batch_size=67, max_epochs=3, early_stopping=False),
+                                         posterior=LowRank(n_samples=50, max_components=3),
+                                         compute=Compute(dtype="float64"))
     est.fit(X[:135], y[:135], X_cal=X[135:], y_cal=y[135:])
     assert est.n_iter_ == 3 and np.all(np.isfinite(est.loss_curve_))
     assert np.all(np.isfinite(est.predict_interval(X[:5])[1]))
@@ -117,7 +120,7 @@ def test_batchnorm_network_trains_with_a_one_row_last_batch():
 # -------------------------------------------------------------------------------------------- early stopping
 def test_early_stopping_keeps_the_weights_of_the_lowest_held_out_loss():
     X, y = _data()
-    est = LaplaceActiveSubspaceRegressor(**FAST, max_epochs=400, lr=0.05, n_iter_no_change=5).fit(X, y)
+    est = LaplaceActiveSubspaceRegressor(**grouped(**FAST, max_epochs=400, lr=0.05, n_iter_no_change=5)).fit(X, y)
     scores = np.asarray(est.validation_scores_)
     assert est.n_iter_ == len(est.loss_curve_) == len(scores) < 400  # stopped early
     best = int(np.argmin(scores))
@@ -135,7 +138,7 @@ def test_early_stopping_keeps_the_weights_of_the_lowest_held_out_loss():
 
 def test_validation_rows_come_from_the_training_rows_and_the_calibration_rows_never_shape_the_network():
     X, y = _data()
-    est = LaplaceActiveSubspaceRegressor(**FAST, max_epochs=60, lr=0.05).fit(X, y)
+    est = LaplaceActiveSubspaceRegressor(**grouped(**FAST, max_epochs=60, lr=0.05)).fit(X, y)
     n_train = len(est.train_indices_)
     assert len(est.validation_indices_) == int(np.ceil(0.1 * n_train))
     validation = est.train_indices_[est.validation_indices_]
@@ -143,8 +146,8 @@ def test_validation_rows_come_from_the_training_rows_and_the_calibration_rows_ne
     # conformal validity: the network (and when it stopped) may not depend on the calibration targets
     y_changed = y.copy()
     y_changed[est.calibration_indices_] += 100.0
-    other = LaplaceActiveSubspaceRegressor(**FAST, max_epochs=60, lr=0.05).fit(X, y_changed)
-    same = LaplaceActiveSubspaceRegressor(**FAST, max_epochs=60, lr=0.05).fit(X, y)
+    other = LaplaceActiveSubspaceRegressor(**grouped(**FAST, max_epochs=60, lr=0.05)).fit(X, y_changed)
+    same = LaplaceActiveSubspaceRegressor(**grouped(**FAST, max_epochs=60, lr=0.05)).fit(X, y)
     assert other.n_iter_ == same.n_iter_
     for p, q in zip(other.module_.parameters(), same.module_.parameters(), strict=True):
         torch.testing.assert_close(p, q, rtol=0, atol=0)
@@ -153,15 +156,15 @@ def test_validation_rows_come_from_the_training_rows_and_the_calibration_rows_ne
 def test_early_stopping_auto_holds_rows_out_from_2000_training_rows_on():
     X, y = _data(n=2300)
     kw = {**FAST, "early_stopping": "auto", "max_epochs": 2, "max_components": 2}
-    large = LaplaceActiveSubspaceRegressor(**kw, calibration_size=300).fit(X, y)  # 2000 training rows
+    large = LaplaceActiveSubspaceRegressor(**grouped(**kw, calibration_size=300)).fit(X, y)  # 2000 training rows
     assert len(large.validation_indices_) == 200 and len(large.validation_scores_) == large.n_iter_ == 2
-    small = LaplaceActiveSubspaceRegressor(**kw, calibration_size=301).fit(X, y)  # 1999
+    small = LaplaceActiveSubspaceRegressor(**grouped(**kw, calibration_size=301)).fit(X, y)  # 1999
     assert small.validation_indices_ is None and small.validation_scores_ is None and small.n_iter_ == 2
 
 
 def test_early_stopping_off_runs_every_epoch():
     X, y = _data(n=120)
-    est = LaplaceActiveSubspaceRegressor(**{**FAST, "early_stopping": False}, max_epochs=7).fit(X, y)
+    est = LaplaceActiveSubspaceRegressor(**grouped(**{**FAST, "early_stopping": False}, max_epochs=7)).fit(X, y)
     assert est.n_iter_ == len(est.loss_curve_) == 7
     assert est.validation_scores_ is None and est.best_validation_score_ is None and est.validation_indices_ is None
 
@@ -185,7 +188,7 @@ def test_weighted_held_out_loss_is_the_weighted_mean_of_the_row_losses():
 def test_estimator_weights_the_validation_loss():
     X, y = _data(n=200)
     w = np.random.default_rng(3).integers(1, 5, len(y)).astype(float)
-    est = LaplaceActiveSubspaceRegressor(**FAST, max_epochs=30, lr=0.05).fit(X, y, sample_weight=w)
+    est = LaplaceActiveSubspaceRegressor(**grouped(**FAST, max_epochs=30, lr=0.05)).fit(X, y, sample_weight=w)
     rows = est.train_indices_[est.validation_indices_]
     Xv, yv = _internal(est, X[rows], y[rows])
     with torch.no_grad():
@@ -198,7 +201,8 @@ def test_heteroscedastic_head_stops_on_its_own_nll():
     rng = np.random.default_rng(1)
     X = rng.uniform(0, 1, size=(300, 1))
     y = np.sin(6 * X[:, 0]) + (0.05 + 0.5 * X[:, 0]) * rng.standard_normal(300)
-    est = LaplaceActiveSubspaceRegressor(**{**FAST, "likelihood": "heteroscedastic"}, max_epochs=80, lr=0.02).fit(X, y)
+    est = LaplaceActiveSubspaceRegressor(**grouped(**{**FAST, "likelihood": "heteroscedastic"}, max_epochs=80,
+                                                   lr=0.02)).fit(X, y)
     rows = est.train_indices_[est.validation_indices_]
     Xv, yv = _internal(est, X[rows], y[rows])
     with torch.no_grad():
@@ -215,7 +219,7 @@ def test_classifier_holds_out_stratified_validation_rows():
     X = rng.standard_normal((200, 2))
     y = np.where(X[:, 0] + 0.3 * rng.standard_normal(200) > 0.8, "b", "a")
     fast = {k: v for k, v in FAST.items() if k != "likelihood"}
-    clf = LaplaceActiveSubspaceClassifier(**fast, max_epochs=40, lr=0.05).fit(X, y)
+    clf = LaplaceActiveSubspaceClassifier(**grouped(**fast, max_epochs=40, lr=0.05)).fit(X, y)
     labels = y[clf.train_indices_]
     val = labels[clf.validation_indices_]
     share = np.mean(labels == "b")
@@ -226,7 +230,7 @@ def test_classifier_holds_out_stratified_validation_rows():
 def test_stop_reason_is_logged_in_one_line(caplog):
     X, y = _data(n=120)
     with caplog.at_level(logging.INFO, logger="glas_sklearn.estimators._training"):
-        LaplaceActiveSubspaceRegressor(**FAST, max_epochs=5).fit(X, y)
+        LaplaceActiveSubspaceRegressor(**grouped(**FAST, max_epochs=5)).fit(X, y)
     lines = [r.getMessage() for r in caplog.records if r.name == "glas_sklearn.estimators._training"]
     assert len(lines) == 1 and "\n" not in lines[0]
     assert "stopped after 5 epochs" in lines[0] and "max_epochs=5 reached" in lines[0]
@@ -234,7 +238,7 @@ def test_stop_reason_is_logged_in_one_line(caplog):
 
 def test_too_few_rows_for_validation_train_every_epoch():
     X, y = _data(n=12)
-    est = LaplaceActiveSubspaceRegressor(**FAST, max_epochs=4, validation_fraction=0.1).fit(X, y)
+    est = LaplaceActiveSubspaceRegressor(**grouped(**FAST, max_epochs=4, validation_fraction=0.1)).fit(X, y)
     assert est.n_iter_ == 4 and est.validation_scores_ is None  # one validation row would be too few
 
 
@@ -243,8 +247,9 @@ def test_prefit_modules_are_never_trained():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1)).double()
     before = {k: v.clone() for k, v in net.state_dict().items()}
-    est = LaplaceActiveSubspaceRegressor(module=net, prefit=True, n_samples=50, max_components=3,
-                                         random_state=0).fit(X[:80], y[:80], X_cal=X[80:], y_cal=y[80:])
+    est = LaplaceActiveSubspaceRegressor(module=net, prefit=True, random_state=0,
+                                         posterior=LowRank(n_samples=50,
+                                                           max_components=3)).fit(X[:80], y[:80], X_cal=X[80:], y_cal=y[80:])
     assert est.n_iter_ == 0 and est.loss_curve_ == [] and est.validation_scores_ is None
     for k, v in net.state_dict().items():
         assert torch.equal(v, before[k])
@@ -258,7 +263,7 @@ def test_prefit_modules_are_never_trained():
 def test_bad_training_settings_are_refused(param, value, match):
     X, y = _data(n=60)
     with pytest.raises(ValueError, match=match):
-        LaplaceActiveSubspaceRegressor(**{param: value}).fit(X, y)
+        LaplaceActiveSubspaceRegressor(**grouped(**{param: value})).fit(X, y)
 
 
 def test_train_module_stops_and_restores_on_a_validation_loss_that_rises():
@@ -287,7 +292,7 @@ def test_an_estimator_pickles_with_its_training_record_and_older_states_are_refu
     import pickle
 
     X, y = _data(n=60)
-    est = LaplaceActiveSubspaceRegressor(**{**FAST, "early_stopping": False}, max_epochs=3).fit(X, y)
+    est = LaplaceActiveSubspaceRegressor(**grouped(**{**FAST, "early_stopping": False}, max_epochs=3)).fit(X, y)
     loaded = pickle.loads(pickle.dumps(est))
     assert loaded.get_params() == est.get_params() and loaded.n_iter_ == est.n_iter_ == 3
     assert loaded.loss_curve_ == est.loss_curve_ and loaded.validation_scores_ is None
@@ -341,8 +346,8 @@ def test_the_fused_adam_trains_from_2000_training_rows_on(monkeypatch, calibrati
     real = _training.build_optimizer
     monkeypatch.setattr(_training, "build_optimizer", lambda *a, **kw: seen.append(kw["fused"]) or real(*a, **kw))
     X, y = _data(n=2300)
-    LaplaceActiveSubspaceRegressor(**{**FAST, "early_stopping": "auto", "max_components": 2}, max_epochs=1,
-                                   calibration_size=calibration_size).fit(X, y)  # 2000 / 1999 training rows
+    LaplaceActiveSubspaceRegressor(**grouped(**{**FAST, "early_stopping": "auto", "max_components": 2}, max_epochs=1,
+                                             calibration_size=calibration_size)).fit(X, y)  # 2000 / 1999 training rows
     assert seen == [fused]
 
 
@@ -354,7 +359,7 @@ def test_subsample_auto_builds_the_curvature_on_10000_of_more_rows(monkeypatch):
     monkeypatch.setattr(laplace, "GGNOperator", lambda *a, **kw: seen.append(kw["subsample"]) or real(*a, **kw))
     X, y = _data(n=10_101)
     kw = {**FAST, "module_kwargs": dict(hidden_layer_sizes=(4,)), "max_epochs": 1, "max_components": 2}
-    est = LaplaceActiveSubspaceRegressor(**kw, calibration_size=100).fit(X, y)  # 10,001 training rows
+    est = LaplaceActiveSubspaceRegressor(**grouped(**kw, calibration_size=100)).fit(X, y)  # 10,001 training rows
     assert seen == [10_000] and est.get_params()["subsample"] == "auto"
-    LaplaceActiveSubspaceRegressor(**kw, calibration_size=101).fit(X, y)  # 10,000
+    LaplaceActiveSubspaceRegressor(**grouped(**kw, calibration_size=101)).fit(X, y)  # 10,000
     assert seen == [10_000, None]

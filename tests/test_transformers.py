@@ -23,6 +23,8 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from glas_sklearn import Compute, LowRank, Subspace
+
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
@@ -127,8 +129,8 @@ def test_bert_lora_classifier_as_it_comes(tuned, task):
     model = tuned
     before = state_of(model)
     flags = {n: p.requires_grad for n, p in model.named_parameters()}
-    clf = LaplaceActiveSubspaceClassifier(module=model, prefit=True, padding_idx=PAD, max_components=8,
-                                          random_state=0)
+    clf = LaplaceActiveSubspaceClassifier(module=model, prefit=True, random_state=0,
+                                          posterior=LowRank(max_components=8), compute=Compute(padding_idx=PAD))
     clf.fit(*task["train"], X_cal=task["cal"][0], y_cal=task["cal"][1])
     X_test, y_test = task["test"]
     probs = clf.predict_proba(X_test)
@@ -160,8 +162,8 @@ def test_bert_lora_regressor_head(task):
     with torch.random.fork_rng():
         model = fine_tune(tiny_bert(num_labels=1, seed=1), X[:100], y[:100], epochs=8, regression=True)
     before = state_of(model)
-    reg = LaplaceActiveSubspaceRegressor(module=model, prefit=True, padding_idx=PAD, max_components=5,
-                                         random_state=0)
+    reg = LaplaceActiveSubspaceRegressor(module=model, prefit=True, random_state=0, posterior=LowRank(max_components=5),
+                                         compute=Compute(padding_idx=PAD))
     reg.fit(X[:100], y[:100], X_cal=X[100:130], y_cal=y[100:130])
     mean, std = reg.predict(X[130:], return_std=True)
     _, intervals = reg.predict_interval(X[130:])
@@ -175,9 +177,9 @@ def test_bert_lora_regressor_head(task):
 def test_predictions_never_copy_the_model(tuned, task, monkeypatch):
     """After fit, predictions (sampled and linearised) neither deep-copy the model nor hold more than the
     trainable weights per sample: the frozen base is read in place by functional_call."""
-    clf = LaplaceActiveSubspaceClassifier(module=tuned, prefit=True, padding_idx=PAD, max_components=4,
-                                          posterior="subspace", calibration="coverage", n_samples=20,
-                                          random_state=0)
+    clf = LaplaceActiveSubspaceClassifier(module=tuned, prefit=True, calibration="coverage", random_state=0,
+                                          posterior=Subspace(max_components=4, n_samples=20),
+                                          compute=Compute(padding_idx=PAD))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the coverage target may or may not be reached on 80 rows
         clf.fit(*task["train"], X_cal=task["cal"][0], y_cal=task["cal"][1])
@@ -279,7 +281,8 @@ def test_dict_and_tuple_outputs(kind, output):
 def test_undetermined_output_is_refused_naming_the_entries(kind, names):
     X = np.random.default_rng(0).integers(1, VOCAB, (30, 4))
     y = np.arange(30) % 3
-    clf = LaplaceActiveSubspaceClassifier(module=_Keyword(kind), prefit=True, padding_idx=0, max_components=2)
+    clf = LaplaceActiveSubspaceClassifier(module=_Keyword(kind), prefit=True, posterior=LowRank(max_components=2),
+                                          compute=Compute(padding_idx=0))
     with pytest.raises(ValueError, match="ModelAdapter") as err:
         clf.fit(X[:20], y[:20], X_cal=X[20:], y_cal=y[20:])
     assert all(name in str(err.value) for name in names)
@@ -400,7 +403,8 @@ def test_peft_on_a_plain_module_and_a_generic_peft_wrapper():
     X = rng.standard_normal((120, 4))
     y = (X[:, 0] > 0).astype(int)
     before = state_of(model)
-    clf = LaplaceActiveSubspaceClassifier(module=model, prefit=True, max_components=4, random_state=0)
+    clf = LaplaceActiveSubspaceClassifier(module=model, prefit=True, random_state=0,
+                                          posterior=LowRank(max_components=4))
     clf.fit(X[:80], y[:80], X_cal=X[80:], y_cal=y[80:])
     clf.predict_proba(X[80:85])
     assert clf.module_ is model  # a module called as model(X) returning a tensor is not wrapped
@@ -456,8 +460,8 @@ def test_bfloat16_base_with_float32_adapters():
     expected = G @ V.double()
     eps = torch.finfo(torch.bfloat16).eps
     assert (GV - expected).abs().max() <= 2 * eps * expected.abs().max()  # measured 1.8e-3 relative
-    clf = LaplaceActiveSubspaceClassifier(module=model, prefit=True, padding_idx=PAD, max_components=3,
-                                          random_state=0)
+    clf = LaplaceActiveSubspaceClassifier(module=model, prefit=True, random_state=0,
+                                          posterior=LowRank(max_components=3), compute=Compute(padding_idx=PAD))
     y = np.arange(len(X)) % 2
     X_cal = marker_task(12, seed=5)[0]
     clf.fit(X.numpy(), y, X_cal=X_cal, y_cal=y)

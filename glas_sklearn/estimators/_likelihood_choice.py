@@ -63,7 +63,6 @@ from typing import Callable
 
 import numpy as np
 import torch
-from torch import nn
 
 from .._checks import numpy_rng
 from .._functional import model_outputs
@@ -90,9 +89,6 @@ RETRAIN_RULE = "quarter"
 TEST_PATIENCE = 4
 # Offset of the seed of that split (within the training rows).
 _SUPPORT_SPLIT = 7919
-# The training record of a network, kept for the one that is chosen.
-_TRAINING_ATTRS = ("n_iter_", "loss_curve_", "training_loss_", "validation_scores_", "best_validation_score_",
-                   "validation_indices_", "n_threads_")
 
 
 def likelihood_support(heteroscedastic: Likelihood, heteroscedastic_outputs: torch.Tensor,
@@ -142,37 +138,34 @@ def likelihood_support(heteroscedastic: Likelihood, heteroscedastic_outputs: tor
             "gaussian_std": s2.sqrt().cpu().numpy()}
 
 
-def choose_auto_likelihood(est, train: Callable, Xt: torch.Tensor, yt: torch.Tensor, seed: int, dtype: torch.dtype,
-                           sample_weight: torch.Tensor | None = None) -> nn.Module:
+def choose_auto_likelihood(train: Callable, training, Xt: torch.Tensor, yt: torch.Tensor, seed: int,
+                           heteroscedastic: Likelihood, report: Callable) -> tuple:
     """θ0 for ``likelihood="auto"``: the heteroscedastic and the homoscedastic network trained on the same rows,
-    the support tested on rows neither was trained on, the chosen network returned with ``est.likelihood_`` and the
-    training record (``n_iter_``, ``loss_curve_``, ...) its own; the evidence is ``est.likelihood_support_``
-    (:func:`likelihood_support`'s dict with ``rows``, ``chosen`` and ``seconds`` added). ``train(Xt, yt, n_outputs,
-    seed, dtype, sample_weight)`` trains one network for ``est.likelihood_`` (the estimator's own θ0 step).
+    the support tested on rows neither was trained on: ``(module, likelihood, history, support)`` of the chosen
+    network, ``support`` being :func:`likelihood_support`'s dict with ``rows``, ``chosen`` and ``seconds`` added.
+    ``train(likelihood, **options)`` trains one network for ``likelihood`` and returns ``(module, history)``
+    (options: ``held_out``, ``epochs`` and ``n_iter_no_change`` of :meth:`Training.fit`, ``rows``: train on these
+    training rows only); ``training`` is the fit's :class:`~glas_sklearn.Training`; ``report`` writes the line.
 
     With early-stopping validation rows (from 2,000 training rows under ``early_stopping="auto"``) both networks
     are trained once and compared there. Without, ``SUPPORT_FRACTION`` of the training rows is held out, both
     networks are trained on the rest and compared on it, and the chosen one is trained again on all the rows.
     The calibration rows are never used, so the conformal guarantee is untouched."""
     t0 = time.perf_counter()
-    het, gaussian, k = est.likelihood_, Gaussian(), yt.shape[1]
-    if est._split_off_validation_rows(yt, seed)[1] is not None:  # training will hold validation rows out
-        het_module = train(Xt, yt, het.n_outputs(k), seed, dtype, sample_weight)
-        het_record = ({a: getattr(est, a, None) for a in _TRAINING_ATTRS}, est.timings_.get("training"))
-        est.likelihood_ = gaussian
-        module = train(Xt, yt, gaussian.n_outputs(k), seed, dtype, sample_weight)
-        index = torch.as_tensor(est.validation_indices_, device=Xt.device)
+    het, gaussian = heteroscedastic, Gaussian()
+    if training.validation_rows(yt, seed, False, "")[1] is not None:  # training will hold validation rows out
+        het_module, het_history = train(het)
+        module, history = train(gaussian)
+        index = torch.as_tensor(history.validation_indices, device=Xt.device)
         support = likelihood_support(het, model_outputs(het_module, Xt[index]), model_outputs(module, Xt[index]),
                                      yt[index])
         support["rows"] = "validation"
+        likelihood = gaussian
         if support["supported"]:
-            est.likelihood_, module = het, het_module
-            for name, value in het_record[0].items():
-                setattr(est, name, value)
-            est.timings_["training"] = het_record[1]
+            likelihood, module, history = het, het_module, het_history
     elif int(np.ceil(SUPPORT_FRACTION * len(yt))) < MIN_SUPPORT_ROWS:  # too few rows to tell: the Gaussian
-        est.likelihood_ = gaussian
-        module = train(Xt, yt, gaussian.n_outputs(k), seed, dtype, sample_weight)
+        likelihood = gaussian
+        module, history = train(gaussian)
         support = {"supported": False, "nll_gain": float("nan"), "nll_gain_se": float("nan"), "z": SUPPORT_Z,
                    "n_rows": 0, "rows": f"none (fewer than {MIN_SUPPORT_ROWS / SUPPORT_FRACTION:.0f} training rows)"}
     else:
@@ -180,41 +173,34 @@ def choose_auto_likelihood(est, train: Callable, Xt: torch.Tensor, yt: torch.Ten
         n_held = int(np.ceil(SUPPORT_FRACTION * n))
         perm = numpy_rng((seed + _SUPPORT_SPLIT) % 2**31).permutation(n)
         fit_rows, held_rows = np.sort(perm[n_held:]), np.sort(perm[:n_held])
-        fit, held = (torch.as_tensor(p, device=Xt.device) for p in (fit_rows, held_rows))
-        stop = isinstance(est.early_stopping, str)  # "auto": stopped on the held-out rows, retrained for its epochs
+        held = torch.as_tensor(held_rows, device=Xt.device)
+        stop = isinstance(training.early_stopping, str)  # "auto": stopped on the held-out rows, retrained
         if stop:
-            patience = TEST_PATIENCE * est.n_iter_no_change
-            het_part = train(Xt, yt, het.n_outputs(k), seed, dtype, sample_weight, held_out=held_rows,
-                             n_iter_no_change=patience)
-            best = {het.name: _best_epoch(est)}
-            est.likelihood_ = gaussian
-            gaussian_part = train(Xt, yt, gaussian.n_outputs(k), seed, dtype, sample_weight, held_out=held_rows,
-                                  n_iter_no_change=patience)
-            best[gaussian.name] = _best_epoch(est)
+            patience = TEST_PATIENCE * training.n_iter_no_change
+            het_part, het_history = train(het, held_out=held_rows, n_iter_no_change=patience)
+            gaussian_part, gaussian_history = train(gaussian, held_out=held_rows, n_iter_no_change=patience)
+            best = {het.name: _best_epoch(het_history), gaussian.name: _best_epoch(gaussian_history)}
         else:  # early_stopping=False: every one of the max_epochs epochs, three times
-            w = None if sample_weight is None else sample_weight[fit]
-            het_part = train(Xt[fit], yt[fit], het.n_outputs(k), seed, dtype, w)
-            est.likelihood_ = gaussian
-            gaussian_part = train(Xt[fit], yt[fit], gaussian.n_outputs(k), seed, dtype, w)
+            het_part, _ = train(het, rows=fit_rows)
+            gaussian_part, _ = train(gaussian, rows=fit_rows)
         support = likelihood_support(het, model_outputs(het_part, Xt[held]), model_outputs(gaussian_part, Xt[held]),
                                      yt[held])
         support["rows"] = "held-out training"
-        est.likelihood_ = het if support["supported"] else gaussian
+        likelihood = het if support["supported"] else gaussian
         epochs = None
         if stop:
-            epochs = retraining_epochs(best[est.likelihood_.name], len(fit_rows), n, est._batch_size, est.max_epochs)
+            epochs = retraining_epochs(best[likelihood.name], len(fit_rows), n, training.batch_rows,
+                                       training.max_epochs)
             support.update(best_epochs=best, retraining_epochs=epochs)
-        module = train(Xt, yt, est.likelihood_.n_outputs(k), seed, dtype, sample_weight, epochs=epochs)
-    support.update(chosen=est.likelihood_.name, seconds=time.perf_counter() - t0)
-    est.timings_["likelihood_choice"] = support["seconds"] - (est.timings_.get("training") or 0.0)
-    est.likelihood_support_ = support
-    est._report(support_line(support))
-    return module
+        module, history = train(likelihood, epochs=epochs)
+    support.update(chosen=likelihood.name, seconds=time.perf_counter() - t0)
+    report(support_line(support))
+    return module, likelihood, history, support
 
 
-def _best_epoch(est) -> int:
-    """The epoch (1-based) of the lowest held-out loss of the network ``est`` has just trained (the one kept)."""
-    return int(np.argmin(est.validation_scores_)) + 1
+def _best_epoch(history) -> int:
+    """The epoch (1-based) of the lowest held-out loss of a training (the one kept)."""
+    return int(np.argmin(history.validation_scores)) + 1
 
 
 def retraining_epochs(best_epoch: int, n_fit: int, n: int, batch_size: Callable, max_epochs: int) -> int:

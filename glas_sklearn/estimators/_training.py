@@ -1,27 +1,39 @@
-"""The estimators' default network and their training loop (mini-batches, early stopping on held-out rows with
-the best weights restored).
+"""The network component of the estimators: the network recipe (the user's module, or the default MLP built from
+``module_kwargs``) and :class:`Training`, the settings of the training loop, whose :meth:`Training.fit` trains a
+network and returns its :class:`TrainingResult` (mini-batches, a learning-rate schedule, early stopping on held-out
+rows with the best weights restored).
 
-Both are private to the estimators: users choose the default network's size through ``module_kwargs``
-(``hidden_layer_sizes``, ``activation``), or pass their own module.
+Every training option lives here: a new one is a parameter of :class:`Training` and a line of :func:`train_module`.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
+import functools
 import logging
+import math
+import numbers
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from sklearn.base import BaseEstimator
+from sklearn.model_selection import train_test_split
 from torch import nn
 from torch.func import vmap
 
+from .._constraints import BOOLEAN, InstanceOf, Interval, Options, Satisfies, check_settings
+from .._functional import eval_view
 from .._progress import progress
+from .._threads import adjust_threads, auto_threads
+from ..adapters import as_adapter, unwrap_model
 
-__all__ = ["ACTIVATIONS", "AUTO_EARLY_STOPPING_ROWS", "AUTO_SUBSAMPLE_ROWS", "OPTIMIZERS", "TrainingResult",
-           "auto_batch_size", "auto_lr", "auto_subsample", "batch_slices", "build_optimizer", "default_mlp",
-           "held_out_loss", "seeded_torch", "train_module"]
+__all__ = ["ACTIVATIONS", "AUTO_EARLY_STOPPING_ROWS", "OPTIMIZERS", "SCHEDULES", "Training", "TrainingResult",
+           "auto_batch_size", "auto_lr", "batch_slices", "build_network", "build_optimizer", "default_mlp",
+           "held_out_loss", "lr_factor", "seeded_torch", "train_module", "trainable_dtype"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,18 +43,19 @@ PATIENCE_STEPS = 50
 #: within [AUTO_MIN_BATCH, AUTO_MAX_BATCH] and at most n.
 AUTO_STEPS, AUTO_MIN_BATCH, AUTO_MAX_BATCH = 20, 64, 200
 #: ``batch_size="auto"`` on large data: AUTO_LARGE_BATCH rows per step from AUTO_LARGE_BATCH_ROWS rows trained on
-#: (at least 8 steps per epoch), with ``lr="auto"`` at AUTO_LARGE_LR there (benchmarks/results/default_fit.md).
+#: (at least 8 steps per epoch), with ``lr="auto"`` at AUTO_LARGE_LR there.
 AUTO_LARGE_BATCH, AUTO_LARGE_BATCH_ROWS = 1024, 8 * 1024
 #: ``lr="auto"``: AUTO_LR, or AUTO_LARGE_LR for steps of ≥ AUTO_LARGE_BATCH rows on ≥ AUTO_LARGE_BATCH_ROWS rows.
 AUTO_LR, AUTO_LARGE_LR = 1e-3, 3e-3
 #: ``early_stopping="auto"`` holds validation rows out from this many training rows on (below, the rows are worth
-#: more to the network than a stopping rule: benchmarks/results/default_fit.md).
+#: more to the network than a stopping rule).
 AUTO_EARLY_STOPPING_ROWS = 2000
-#: ``subsample="auto"``: the curvature is built on this many of the training rows when there are more
-#: (benchmarks/results/default_fit.md: the interval score unchanged, the curvature 5× cheaper on 40k rows).
-AUTO_SUBSAMPLE_ROWS = 10_000
 #: Optimizers with a fused implementation in torch (one kernel for the update of all parameters).
 _FUSABLE = ("adam", "adamw")
+#: The learning-rate schedules by name (:func:`lr_factor`).
+SCHEDULES = ("constant", "warmup_cosine")
+#: ``schedule="warmup_cosine"``: the share of the optimizer steps spent warming up linearly from 0.
+WARMUP_SHARE = 0.05
 
 
 def auto_batch_size(n: int) -> int:
@@ -59,12 +72,6 @@ def auto_lr(n: int, batch_size: int | None) -> float:
     (larger steps, larger rate), else ``AUTO_LR`` (1e-3, exactly, on every smaller data set)."""
     step = n if batch_size is None else min(batch_size, n)
     return AUTO_LARGE_LR if n >= AUTO_LARGE_BATCH_ROWS and step >= AUTO_LARGE_BATCH else AUTO_LR
-
-
-def auto_subsample(n: int) -> int | None:
-    """The rows the curvature of ``subsample="auto"`` is built on, of n training rows: ``AUTO_SUBSAMPLE_ROWS``
-    when there are more, else None (all of them)."""
-    return AUTO_SUBSAMPLE_ROWS if n > AUTO_SUBSAMPLE_ROWS else None
 
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
@@ -156,6 +163,12 @@ class TrainingResult:
         With validation rows: the epoch (1-based) whose weights were kept, the one of the lowest held-out loss.
     stop_reason : str
         Why training stopped, one sentence (also logged).
+    validation_indices : ndarray of int or None
+        Positions among the training rows of the rows held out for early stopping (:meth:`Training.fit`).
+    n_rows_trained, batch_rows, max_epochs : int
+        The rows trained on, per step, and the most epochs allowed (:meth:`Training.fit`).
+    seconds : float
+        Wall time of the training (:meth:`Training.fit`).
     """
 
     loss_curve: list[float] = field(default_factory=list)
@@ -163,6 +176,11 @@ class TrainingResult:
     n_iter: int = 0
     best_epoch: int | None = None
     stop_reason: str = ""
+    validation_indices: np.ndarray | None = None
+    n_rows_trained: int = 0
+    batch_rows: int = 0
+    max_epochs: int = 0
+    seconds: float = 0.0
 
     @property
     def best_validation_score(self) -> float | None:
@@ -195,7 +213,8 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
                  weight_decay: float, batch_size: int | None, max_epochs: int, seed: int, verbose: int = 0,
                  owner: str = "train_module", sample_weight: torch.Tensor | None = None,
                  validation: tuple | None = None, validation_loss: Callable | None = None,
-                 n_iter_no_change: int = 10, tol: float = 1e-4, fused: bool = False) -> TrainingResult:
+                 n_iter_no_change: int = 10, tol: float = 1e-4, fused: bool = False,
+                 schedule: str = "constant") -> TrainingResult:
     """Mini-batch training of ``module`` in place on the mean loss, for at most ``max_epochs`` epochs; with
     ``validation`` rows, stopped early on their loss and left at the weights of its lowest value.
 
@@ -247,6 +266,8 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
         The least decrease of the held-out loss that counts as an improvement.
     fused : bool, default=False
         "adam" / "adamw" in torch's fused implementation (:func:`build_optimizer`).
+    schedule : {"constant", "warmup_cosine"}, default="constant"
+        The learning rate of each optimizer step, ``lr`` × :func:`lr_factor` over the ``max_epochs`` epochs' steps.
 
     Returns
     -------
@@ -267,6 +288,7 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
         # patience: n_iter_no_change epochs of at least PATIENCE_STEPS optimizer steps each (short epochs count
         # for less: on small data the loss can rest on a plateau for hundreds of steps before it falls again)
         patience = max(n_iter_no_change, -(-n_iter_no_change * PATIENCE_STEPS // len(slices)))
+        total_steps, step = max_epochs * len(slices), 0
         result.stop_reason = f"max_epochs={max_epochs} reached"
         bar = progress(range(max_epochs), desc="training", verbose=verbose, leave=False)
         for epoch in bar:
@@ -274,6 +296,10 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
             total = 0.0
             for sl in slices:
                 idx = perm[sl]
+                if schedule != "constant":
+                    for group in opt.param_groups:
+                        group["lr"] = lr * lr_factor(schedule, step, total_steps)
+                    step += 1
                 opt.zero_grad(set_to_none=True)
                 if factors is None:
                     batch_loss = loss(module(X[idx]), y[idx])
@@ -315,3 +341,335 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
         p.grad = None
     logger.info("%s: training stopped after %d epochs: %s", owner, result.n_iter, result.stop_reason)
     return result
+
+
+def lr_factor(schedule: str, step: int, total_steps: int) -> float:
+    """The learning rate of optimizer step ``step`` (0-based) of ``total_steps``, as a multiple of ``lr``:
+    "constant" 1; "warmup_cosine" a linear warm-up from 0 over the first ``WARMUP_SHARE`` of the steps (at least
+    one), then a half cosine down to 0 at the last step."""
+    if schedule == "constant" or total_steps <= 1:
+        return 1.0
+    warmup = max(1, int(WARMUP_SHARE * total_steps))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress_share = (step - warmup) / max(1, total_steps - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress_share)))
+
+
+def can_stratify(y, n_held: int) -> bool:
+    """A stratified split needs two rows of every class and room for every class on both sides."""
+    _, counts = np.unique(y, return_counts=True)
+    return counts.min() >= 2 and len(counts) <= min(n_held, len(y) - n_held)
+
+
+# ------------------------------------------------------------------------------------------ the network recipe
+def trainable_dtype(module: nn.Module) -> torch.dtype | None:
+    """The dtype of a module's trainable weights: with mixed precisions (peft's float32 LoRA matrices beside a
+    bfloat16 head) the widest, as the posterior holds them; None without trainable parameters."""
+    dtypes = sorted({p.dtype for p in module.parameters() if p.requires_grad}, key=str)
+    return functools.reduce(torch.promote_types, dtypes) if dtypes else None
+
+
+def user_module(module) -> nn.Module | None:
+    """The nn.Module inside ``module`` when it is an instance (or a fitted skorch net)."""
+    if isinstance(module, nn.Module):
+        return module
+    inner = getattr(module, "module_", None)  # skorch's NeuralNet after fit
+    return inner if isinstance(inner, nn.Module) else None
+
+
+def build_network(module, module_kwargs: dict | None, n_features: int, n_outputs: int, seed: int,
+                  likelihood) -> nn.Module:
+    """A new network to train: a copy of the user's instance, ``module(**module_kwargs)`` for a callable, or the
+    default MLP (wrapped by the likelihood, e.g. its variance head); initial weights from ``seed``, the global RNG
+    untouched. Never the user's own instance."""
+    user = user_module(module)
+    kwargs = dict(module_kwargs or {})
+    with seeded_torch(seed, torch.device("cpu")):
+        if user is not None:
+            return copy.deepcopy(user)
+        if module is None:
+            return likelihood.wrap_module(default_mlp(n_features, n_outputs, **kwargs))
+        if callable(module):
+            built = module(**kwargs)
+            if not isinstance(built, nn.Module):
+                raise TypeError(f"module(**module_kwargs) must return a torch.nn.Module, got {type(built).__name__}.")
+            return built
+    raise TypeError(f"module must be None, a torch.nn.Module, a fitted skorch net or a callable returning one; "
+                    f"got {type(module).__name__}.")
+
+
+def prefit_network(module, device: torch.device, dtype: torch.dtype, owner: str, dtype_setting) -> nn.Module:
+    """The user's trained module, used as it is: it must live on the estimator's device and dtype."""
+    user = user_module(module)
+    if user is None:
+        raise ValueError(f"{owner}: prefit=True needs module to be a trained torch.nn.Module (or a fitted skorch "
+                         f"net), got {type(module).__name__}.")
+    p = next((p for p in user.parameters() if p.requires_grad), None)
+    if p is not None and (p.device != device or trainable_dtype(user) != dtype):
+        raise ValueError(f"{owner}: the prefit module lives on {p.device} with dtype {trainable_dtype(user)}, but the "
+                         f"estimator was asked for device={str(device)!r}, dtype={dtype_setting!r}; set "
+                         "compute=Compute(device=..., dtype=...) to match the module (it is never moved or copied).")
+    return user
+
+
+def called_as_network(module: nn.Module, x1: torch.Tensor, padding_idx) -> nn.Module:
+    """The module as it is when ``module(X)`` returns the predictions tensor; else (keyword inputs such as
+    ``input_ids`` / ``attention_mask``, a ``ModelOutput``, dict or tuple) a
+    :class:`~glas_sklearn.adapters.ModelAdapter` around it (the mask from ``padding_idx``), never a copy."""
+    adapter = as_adapter(module, padding_idx=padding_idx)
+    if adapter is module or not adapter.is_trivial:
+        return adapter
+    try:
+        with torch.no_grad():
+            raw = eval_view(module)(x1)
+    except Exception:  # noqa: BLE001 - check_network reports a module that cannot be evaluated
+        return module
+    return module if isinstance(raw, torch.Tensor) else adapter
+
+
+def check_trainable(module: nn.Module, owner: str, prefit: bool) -> None:
+    """A module without trainable weights is refused before any training (there is no weight posterior)."""
+    if not any(p.requires_grad for p in unwrap_model(module).parameters()):
+        what = "" if prefit else "there is nothing to train, and "
+        raise ValueError(f"{owner}: the module {type(unwrap_model(module)).__name__} has no trainable parameters "
+                         f"(none with requires_grad=True): {what}the posterior is over the trainable weights. "
+                         "Unfreeze the layers whose uncertainty you want (p.requires_grad_(True)).")
+
+
+def _one_dimensional_output(name: str, out: torch.Tensor, n_rows: int, n_outputs: int, task: str) -> str:
+    """The refusal of a module whose output has no output axis: what it returns, what is needed, how to fix it."""
+    got = f"shape {tuple(out.shape)} for {n_rows} row{'s' if n_rows != 1 else ''}"
+    if n_outputs == 1 and out.ndim == 1:
+        return (f"{name}: the module returns one value per row as a 1-D tensor ({got}), but the estimator needs a "
+                f"2-D output of shape (n, 1), one column per output. Keep the output axis: end forward with "
+                f"out.unsqueeze(-1) or out.reshape(-1, 1), or drop a final squeeze() / [:, 0] (nn.Linear(..., 1) "
+                f"already returns (n, 1)).")
+    return (f"{name}: the module returns a {out.ndim}-D tensor ({got}), but this {task} problem needs {n_outputs} "
+            f"outputs per row, a 2-D tensor of shape (n, {n_outputs}); return out.reshape(len(x), {n_outputs}) with "
+            "one row per input row.")
+
+
+def check_output_shape(module, x1: torch.Tensor, n_outputs: int, likelihood, owner: str) -> None:
+    """The module evaluates on a row and returns (1, n_outputs) in the layout the likelihood reads."""
+    try:
+        with torch.no_grad():
+            out = eval_view(module)(x1)  # a prefit module in train mode is probed through an eval-mode view
+    except (RuntimeError, TypeError, IndexError, ValueError) as err:
+        hint = ""
+        if not x1.is_floating_point():
+            hint = (" Integer inputs reach the module as torch.long token ids; for a table of integer-valued "
+                    "features pass X.astype(float).")
+        raise ValueError(f"{owner}: the module cannot be evaluated on rows of shape {tuple(x1.shape[1:])} and "
+                         f"dtype {x1.dtype}: {err}.{hint}") from err
+    if isinstance(out, torch.Tensor) and out.ndim == 2:
+        try:
+            likelihood.check_module_output(out, n_outputs)
+        except ValueError as err:
+            raise ValueError(f"{owner}: {err}") from err
+    if isinstance(out, torch.Tensor) and out.ndim <= 1:
+        raise ValueError(_one_dimensional_output(owner, out, x1.shape[0], n_outputs, likelihood.problem))
+    if not isinstance(out, torch.Tensor) or out.ndim != 2 or out.shape[1] != n_outputs:
+        shape = tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__
+        hint = ""
+        if isinstance(out, torch.Tensor) and out.ndim > 2:
+            hint = (" Per-position outputs (n, T, M), e.g. next-token logits, are not predictions per row: "
+                    "use glas_sklearn.laplace.fit_laplace_subspace(model, X, mask=X != padding_idx).")
+        raise ValueError(f"{owner}: the module returns outputs of shape {shape}, but {n_outputs} output(s) per "
+                         f"row are needed for this {likelihood.problem} problem: (n, {n_outputs}).{hint}")
+
+
+def choose_threads(n_threads, module: nn.Module, batch_rows: int):
+    """The torch intra-op thread count for a network about to be trained (or used, prefit), set for the running
+    call: ``n_threads`` as given, or for "auto" :func:`~glas_sklearn._threads.auto_threads` of the trainable
+    weights × rows per batch; None leaves torch's setting alone."""
+    if isinstance(n_threads, str):  # "auto", the only string allowed
+        n_weights = sum(p.numel() for p in module.parameters() if p.requires_grad)
+        n_threads = auto_threads(n_weights, batch_rows)
+    if n_threads is not None:
+        adjust_threads(n_threads)
+    return n_threads
+
+
+# ------------------------------------------------------------------------------------------ the settings
+def _is_optimizer_class(value) -> bool:
+    return isinstance(value, type) and issubclass(value, torch.optim.Optimizer)
+
+
+# Offset of the seed of the early-stopping validation split (within the training rows).
+_VALIDATION_SPLIT = 104729
+
+
+class Training(BaseEstimator):
+    """How the estimators train their network: optimizer, learning rate and its schedule, batches, epochs, early
+    stopping, and the recipe of the default network.
+
+    Pass it as ``training=Training(...)``; its parameters are reached as ``training__lr`` in ``set_params`` and
+    ``GridSearchCV``. Unused with ``prefit=True``.
+
+    Parameters
+    ----------
+    max_epochs : int, default=500
+        The most training epochs (all of them with ``early_stopping=False``).
+    lr : "auto" or float, default="auto"
+        Learning rate. "auto": 1e-3, and 3e-3 for steps of at least 1,024 rows on at least 8,192 rows trained on
+        (what ``batch_size="auto"`` gives there).
+    batch_size : "auto", int or None, default="auto"
+        Rows per step (None: all rows). "auto": a twentieth of the rows trained on, within [64, 200] (and at most
+        all of them); from 8,192 rows trained on, 1,024. A last batch of one row is merged into the batch before
+        it (layers such as ``BatchNorm1d`` cannot train on a single row).
+    weight_decay : float, default=0.0
+        Weight decay of the optimizer.
+    optimizer : {"adam", "adamw", "sgd"} or torch.optim.Optimizer subclass, default="adam"
+        Built as ``optimizer(params, lr=lr, weight_decay=weight_decay)``; from 2,000 training rows on "adam" and
+        "adamw" run in torch's fused implementation (the same update, one kernel for all the parameters).
+    schedule : {"constant", "warmup_cosine"}, default="constant"
+        The learning rate over the optimizer steps of ``max_epochs`` epochs: constant, or a linear warm-up over
+        the first 5 % of the steps followed by a half cosine down to 0.
+    early_stopping : "auto" or bool, default="auto"
+        True: hold ``validation_fraction`` of the training rows out (never calibration rows) and stop when their
+        loss (the likelihood's ``held_out_loss``) has not improved for ``n_iter_no_change`` epochs, keeping the
+        weights of the best epoch. "auto": True from 2,000 training rows on, False below. With fewer than 2 rows
+        on either side, training runs without stopping; why training stopped is logged at INFO level.
+    validation_fraction : float, default=0.1
+        The share of the training rows held out for early stopping (stratified by class where possible).
+    n_iter_no_change : int, default=10
+        Patience of early stopping: epochs in a row without improvement, each counted as at least 50 optimizer
+        steps.
+    tol : float, default=1e-4
+        An epoch improves when its held-out loss is below the best so far by more than ``tol`` times the best's
+        absolute value.
+    module_kwargs : dict, optional
+        Keyword arguments of the default MLP (``hidden_layer_sizes``, default (50, 50); ``activation``, one of
+        "tanh", "relu", "gelu", "silu") or of a callable ``module``.
+    standardize : "auto" or bool, default="auto"
+        Standardise the inputs (2-D float tables only) and regression targets for training; results are in the
+        original units. "auto" leaves other inputs (images, token ids) as they are; True refuses them; False
+        standardises nothing.
+
+    Examples
+    --------
+    >>> from glas_sklearn import LaplaceActiveSubspaceRegressor, Training
+    >>> reg = LaplaceActiveSubspaceRegressor(training=Training(max_epochs=200, lr=3e-3))
+    >>> reg.set_params(training__lr=1e-3).get_params()["training__lr"]
+    0.001
+    """
+
+    _parameter_constraints: dict = {
+        "max_epochs": [Interval(numbers.Integral, 0, None)],
+        "lr": [Options("auto"), Interval(numbers.Real, 0, None, closed="neither")],
+        "batch_size": [None, Options("auto"), Interval(numbers.Integral, 1, None)],
+        "weight_decay": [Interval(numbers.Real, 0, None)],
+        "optimizer": [Options(*OPTIMIZERS), Satisfies(_is_optimizer_class, "a torch.optim.Optimizer subclass")],
+        "schedule": [Options(*SCHEDULES)],
+        "early_stopping": [Options("auto"), BOOLEAN],
+        "validation_fraction": [Interval(numbers.Real, 0, 1, closed="neither")],
+        "n_iter_no_change": [Interval(numbers.Integral, 1, None)],
+        "tol": [Interval(numbers.Real, 0, None)],
+        "module_kwargs": [None, InstanceOf(dict, "a dict")],
+        "standardize": [Options("auto"), BOOLEAN],
+    }
+
+    def __init__(self, max_epochs=500, lr="auto", batch_size="auto", weight_decay=0.0, optimizer="adam",
+                 schedule="constant", early_stopping="auto", validation_fraction=0.1, n_iter_no_change=10, tol=1e-4,
+                 module_kwargs=None, standardize="auto"):
+        self.max_epochs = max_epochs
+        self.lr = lr
+        self.batch_size = batch_size
+        self.weight_decay = weight_decay
+        self.optimizer = optimizer
+        self.schedule = schedule
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
+        self.n_iter_no_change = n_iter_no_change
+        self.tol = tol
+        self.module_kwargs = module_kwargs
+        self.standardize = standardize
+
+    def check(self, owner: str) -> Training:
+        """The settings checked (a ValueError naming the parameter as ``training__name``); returns self."""
+        check_settings(self, owner, prefix="training__")
+        return self
+
+    def batch_rows(self, n_rows: int) -> int | None:
+        """Rows per step on ``n_rows`` rows trained on: ``batch_size``, with "auto" resolved (None: all rows)."""
+        return auto_batch_size(n_rows) if self.batch_size == "auto" else self.batch_size
+
+    def learning_rate(self, n_rows: int) -> float:
+        """The learning rate on ``n_rows`` rows trained on: ``lr``, with "auto" resolved (:func:`auto_lr`)."""
+        return auto_lr(n_rows, self.batch_rows(n_rows)) if self.lr == "auto" else self.lr
+
+    def validation_rows(self, yt: torch.Tensor, seed: int, classification: bool,
+                        owner: str) -> tuple[np.ndarray, np.ndarray | None]:
+        """Positions among the n training rows of the rows trained on and of the ``validation_fraction`` held out
+        for early stopping (⌈fraction · n⌉, stratified by class where possible; seeded from ``seed``), sorted;
+        ``(all rows, None)`` without early stopping ("auto" below ``AUTO_EARLY_STOPPING_ROWS`` rows), or when either
+        part would have fewer than 2 rows."""
+        n = len(yt)
+        n_val = int(np.ceil(self.validation_fraction * n))
+        auto = isinstance(self.early_stopping, str)  # "auto", the only string allowed
+        if not (n >= AUTO_EARLY_STOPPING_ROWS if auto else self.early_stopping):
+            if auto:
+                logger.info("%s: early_stopping='auto' is off below %d training rows (%d here): training on all of "
+                            "them for max_epochs=%d epochs", owner, AUTO_EARLY_STOPPING_ROWS, n, self.max_epochs)
+            return np.arange(n), None
+        if n_val < 2 or n - n_val < 2:
+            logger.info("%s: %d training rows are too few to hold out validation rows for early stopping; training "
+                        "for max_epochs=%d epochs", owner, n, self.max_epochs)
+            return np.arange(n), None
+        labels = yt.detach().cpu().numpy() if classification else None
+        stratify = labels if labels is not None and can_stratify(labels, n_val) else None
+        fit, val = train_test_split(np.arange(n), test_size=n_val, random_state=(seed + _VALIDATION_SPLIT) % 2**31,
+                                    stratify=stratify)
+        return np.sort(fit), np.sort(val)
+
+    def fit(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, likelihood, *, seed: int,
+            sample_weight: torch.Tensor | None = None, held_out: np.ndarray | None = None, epochs: int | None = None,
+            n_iter_no_change: int | None = None, verbose: int = 0, owner: str = "Training") -> TrainingResult:
+        """Train ``module`` (the estimator's own network) in place on the training rows, less the validation rows
+        held out of them for early stopping, on ``likelihood.loss``; its history returned.
+
+        ``held_out`` (positions among the training rows) are the validation rows instead, whatever
+        ``early_stopping``; ``epochs`` and ``n_iter_no_change`` replace the settings' own."""
+        t0 = time.perf_counter()
+        n_rows = len(yt)
+        if held_out is None:
+            fit_rows, val_rows = self.validation_rows(yt, seed, likelihood.is_classification, owner)
+        else:
+            val_rows = np.sort(np.asarray(held_out))
+            fit_rows = np.setdiff1d(np.arange(n_rows), val_rows)
+        validation = None
+        if val_rows is not None:
+            fit_index, val_index = (torch.as_tensor(r, device=Xt.device) for r in (fit_rows, val_rows))
+            validation = (Xt[val_index], yt[val_index], None if sample_weight is None else sample_weight[val_index])
+            Xt, yt = Xt[fit_index], yt[fit_index]
+            sample_weight = None if sample_weight is None else sample_weight[fit_index]
+        batch_size = self.batch_rows(len(Xt))
+        result = train_module(
+            module, Xt, yt, likelihood.loss, optimizer=self.optimizer, lr=self.learning_rate(len(Xt)),
+            weight_decay=self.weight_decay, batch_size=batch_size,
+            max_epochs=self.max_epochs if epochs is None else epochs, seed=seed, verbose=verbose, owner=owner,
+            sample_weight=sample_weight, validation=validation, validation_loss=likelihood.held_out_loss,
+            tol=self.tol, n_iter_no_change=self.n_iter_no_change if n_iter_no_change is None else n_iter_no_change,
+            fused=n_rows >= AUTO_EARLY_STOPPING_ROWS, schedule=self.schedule)
+        result.validation_indices = val_rows
+        result.n_rows_trained = len(Xt)
+        result.batch_rows = min(batch_size or len(Xt), len(Xt))
+        result.max_epochs = self.max_epochs if epochs is None else epochs
+        result.seconds = time.perf_counter() - t0
+        return result
+
+
+def training_line(result: TrainingResult, threads: str) -> str:
+    """E.g. "training: 500 epochs on 696 rows (batches of 64), 12.3 s, loss 0.0123 (first epoch 0.912);
+    1 torch thread (auto)", or with early stopping "training: 37 epochs on 36,000 rows (batches of 200; 4,000
+    held out, stopped early, best held-out loss 0.123), ..."."""
+    losses, held_out = result.loss_curve, result.validation_indices
+    detail = f"batches of {result.batch_rows}"
+    if held_out is not None:
+        stopped = "stopped early" if len(losses) < result.max_epochs else "ran max_epochs"
+        detail += f"; {len(held_out):,} held out, {stopped}, best held-out loss {result.best_validation_score:.4g}"
+    text = f"training: {len(losses)} epochs on {result.n_rows_trained:,} rows ({detail}), {result.seconds:.1f} s"
+    if losses:
+        text += f", loss {losses[-1]:.4g} (first epoch {losses[0]:.4g})"
+    return f"{text}; {threads}"

@@ -10,9 +10,8 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._threads import scoped_threads
 from ..likelihoods import Categorical
-from ..predictive import class_probabilities
-from ._base import LaplaceActiveSubspaceBase
-from ._docs import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, SAMPLE_WEIGHT_DOC
+from ._base import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, SAMPLE_WEIGHT_DOC, LaplaceActiveSubspaceBase
+from ._data import InputEncoder, LabelTargets
 
 __all__ = ["LaplaceActiveSubspaceClassifier"]
 
@@ -20,18 +19,13 @@ __all__ = ["LaplaceActiveSubspaceClassifier"]
 class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase):
     __doc__ = f"""Classification with a torch network and generalized Laplace active-subspace uncertainty.
 
-    The network returns logits (n, n_classes); the curvature is the generalized Gauss-Newton matrix of
-    softmax cross-entropy. Probabilities average the softmax over posterior weight samples
-    (``predictive="sampled"``) or push the linearised logit Gaussian through the softmax by the probit
-    approximation (``predictive="linearized"``, the default with the low-rank posterior). By default
-    (``calibration="conformal"``) half of the calibration rows choose the prior scale σ0 by their predictive NLL
-    (``sigma0="nll"``, between the full-space empirical Bayes value and 0, the MAP probabilities) and the
-    prediction sets are split-conformal on the other half's labels with the LAC score 1 − p_y, the most probable
-    class added to a set that would be empty (``LAC(never_empty=True)``, chosen by measured set size at 90 % on
-    digits: benchmarks/results/classifier_sets.md; other scores: ``calibration=ConformalCalibrator(APS())`` etc.,
-    :mod:`glas_sklearn.conformity_scores`); with
-    ``calibration="coverage"`` (the paper) d is chosen so that the (1 − γ) prediction
-    sets cover the calibration labels.
+    The network returns logits (n, n_classes); the curvature is the generalized Gauss-Newton matrix of softmax
+    cross-entropy. Probabilities average the softmax over posterior weight samples (sampled predictive) or push
+    the linearised logit Gaussian through the softmax by the probit approximation (linearised, the low-rank
+    posterior's). By default (``calibration="conformal"``) half of the calibration rows choose σ0 by their
+    predictive NLL and the prediction sets are split-conformal on the other half with the LAC score 1 − p_y (a set
+    never empty); with ``calibration="coverage"`` (the paper) d is chosen so that the (1 − γ) prediction sets
+    cover the calibration labels.
 
     Parameters
     ----------
@@ -53,9 +47,10 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
     Examples
     --------
     >>> from sklearn.datasets import make_blobs
-    >>> from glas_sklearn import LaplaceActiveSubspaceClassifier
+    >>> from glas_sklearn import LaplaceActiveSubspaceClassifier, LowRank, Training
     >>> X, y = make_blobs(n_samples=150, centers=3, random_state=0)
-    >>> clf = LaplaceActiveSubspaceClassifier(max_epochs=50, n_samples=100, max_components=5,
+    >>> clf = LaplaceActiveSubspaceClassifier(training=Training(max_epochs=50),
+    ...                                       posterior=LowRank(max_components=5, n_samples=100),
     ...                                       random_state=0).fit(X, y)
     >>> clf.predict_proba(X[:4]).shape
     (4, 3)
@@ -64,18 +59,29 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
     (4, 3, 1)
     """
 
-    # ------------------------------------------------------------------ hooks
-    def _resolve_likelihood(self) -> Categorical:
+    def __init__(self, module=None, *, prefit=False, training=None, posterior="low_rank", calibration="conformal",
+                 scaling="auto", n_components="auto", sigma0="auto", confidence_level=0.9, calibration_size=0.1,
+                 compute=None, random_state=None, verbose=0):
+        super().__init__(module, prefit=prefit, training=training, posterior=posterior, calibration=calibration,
+                         scaling=scaling, n_components=n_components, sigma0=sigma0,
+                         confidence_level=confidence_level, calibration_size=calibration_size, compute=compute,
+                         random_state=random_state, verbose=verbose)
+
+    # ------------------------------------------------------------------------------------------ hooks
+    def _resolve_likelihood(self, posterior) -> Categorical:
+        if posterior.include_noise:
+            raise ValueError("LaplaceActiveSubspaceClassifier: posterior__include_noise applies to regression; leave "
+                             "it False.")
         return Categorical()
 
-    def _auto_low_rank_sigma0(self) -> str:
-        # Probabilities use the scale of σ0 itself; the full-space EB σ0 is still too wide for them (digits MLP and
-        # CNN: NLL above the MAP network's), so under conformal calibration σ0 is chosen by the held-out NLL on
-        # half of the calibration rows, between that value and 0 (benchmarks/results/digits_ood.md, digits_cnn.md).
-        return "nll" if self._calibrator().requires_fixed_predictor else "eb_full"
+    def _auto_low_rank_sigma0(self, calibrator) -> str:
+        # Probabilities use the scale of σ0 itself, and the full-space EB σ0 is too wide for them, so under a
+        # conformal calibration σ0 is chosen by the held-out NLL on half of the calibration rows.
+        return "nll" if calibrator.requires_fixed_predictor else "eb_full"
 
-    def _validate_train(self, X, y):
-        X, y = self._validate_X(X, y, reset=True)
+    def _validate_train(self, X, y, settings):
+        X, y, inputs = InputEncoder.from_fit_rows(self, X, y, module=self.module,
+                                                  padding_idx=settings.compute.padding_idx)
         check_classification_targets(y)
         self.classes_, codes = np.unique(y, return_inverse=True)
         if len(self.classes_) < 2:
@@ -83,7 +89,7 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
                              f"contains only one class: {self.classes_[0]!r}.")
         if X.shape[0] < 3:
             raise ValueError(f"LaplaceActiveSubspaceClassifier needs at least 3 samples, got n_samples={X.shape[0]}.")
-        return X, codes
+        return X, codes, inputs
 
     def _encode(self, y, name: str = "y") -> np.ndarray:
         """Class indices of the labels ``y`` in ``classes_``; labels not seen in fit raise a ValueError."""
@@ -101,29 +107,30 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         return codes
 
     def _validate_calibration(self, X_cal, y_cal):
-        X_cal = self._validate_X(X_cal, reset=False)
+        X_cal = self._validate_X(X_cal)
         codes = self._encode(y_cal, "y_cal")
         if len(codes) != X_cal.shape[0]:
             raise ValueError(f"X_cal has {X_cal.shape[0]} rows but y_cal has {len(codes)}; they must match.")
         return X_cal, codes
 
-    def _n_outputs(self, y) -> int:
-        return self.likelihood_.n_outputs(len(self.classes_))
+    def _class_labels(self):
+        return self.classes_.tolist()
 
-    def _target_tensor(self, y, device, dtype) -> torch.Tensor:
-        return torch.as_tensor(np.asarray(y, dtype=np.int64)).to(device)
+    def _fit_targets(self, y, weight, standardize: bool) -> LabelTargets:
+        return LabelTargets()
 
-    _calibration_targets = _target_tensor
+    def _targets_tensor(self, y, device, dtype, inputs) -> torch.Tensor:
+        return LabelTargets.to_tensor(y, device, dtype)
 
-    def _noise_var(self, module, Xt, yt, Xc, yc, sample_weight=None):
+    def _n_outputs(self, data, likelihood) -> int:
+        return likelihood.n_outputs(len(self.classes_))
+
+    def _fit_noise(self, module, data, settings):
         return None
 
-    def _set_noise(self) -> None:
-        pass
-
-    # ------------------------------------------------------------------- API
+    # -------------------------------------------------------------------------------------------- API
     def fit(self, X, y, sample_weight=None, *, X_cal=None, y_cal=None) -> "LaplaceActiveSubspaceClassifier":
-        """Train the network (unless prefit), build the posterior and choose d.
+        """Train the network (unless prefit), build the posterior and calibrate.
 
         Parameters
         ----------
@@ -132,13 +139,9 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
             Class labels (``classes_`` are those of all rows, zero-weight rows included).
         sample_weight
         X_cal, y_cal : array-like, optional
-            Calibration rows, never used for training: the conformal scores, or the rows d is chosen on. When
-            absent, ``calibration_size`` of ``X`` is held out of training
-            (stratified when every class has two rows).
-            With ``prefit=True`` they are required and must be rows the network was not trained on (``X``
-            being its training rows). Inside a Pipeline, rely on ``calibration_size``: ``X_cal`` passed as a
-            fit parameter reaches this step without going through the earlier steps' transforms (with
-            ``prefit=True`` pass it transformed, or put the preprocessing inside the network).
+            Calibration rows, never used for training. When absent, ``calibration_size`` of ``X`` is held out
+            (stratified when every class has two rows). Required with ``prefit=True``: rows the network was not
+            trained on. Inside a Pipeline rely on ``calibration_size``.
 
         Returns
         -------
@@ -148,23 +151,15 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
 
     fit.__doc__ = fit.__doc__.replace("        sample_weight\n", SAMPLE_WEIGHT_DOC + "\n")
 
-    def _proba_chunk(self, Xt: torch.Tensor) -> torch.Tensor:
-        # sampled: the calibration's weight samples; linearised: probit (the logit variances only)
-        return class_probabilities(self.posterior_, Xt, self.n_components_, predictive=self.predictive_,
-                                   n_samples=self.n_samples, random_state=self._sample_seed_)
-
     def _proba_tensor(self, X, method=None) -> torch.Tensor:
-        """Class probabilities (n, C), chunk by chunk of rows (bounded memory for large X); ``method`` names the
-        public method for the prefit-training-rows warning."""
+        """Class probabilities (n, C), chunk by chunk of rows (bounded memory); ``method`` names the public method
+        for the prefit-training-rows warning."""
         rows = self._fitted_rows(X, method)  # made input tensors chunk by chunk (memory)
-        return self._predict_in_chunks(rows, len(self.classes_), self._proba_chunk, finite=lambda p: p)
+        return self._predict_in_chunks(rows, len(self.classes_), self._posterior_probabilities, finite=lambda p: p)
 
     @scoped_threads
     def predict_proba(self, X) -> np.ndarray:
         """Class probabilities under the GLAS predictive, columns in ``classes_`` order.
-
-        Sampled: the softmax averaged over the posterior weight samples. Linearised: the probit
-        approximation of the softmax of the logit Gaussian.
 
         Parameters
         ----------
@@ -173,7 +168,7 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         Returns
         -------
         ndarray of shape (n_samples, n_classes)
-            Rows sum to 1 (renormalised in float64, also when the network runs in float32).
+            Rows sum to 1 (renormalised in float64).
         """
         return self._proba_array(X, "predict_proba")
 
@@ -192,17 +187,15 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         Returns
         -------
         ndarray of shape (n_samples,)
-            Labels from ``classes_``.
         """
         proba = self._proba_array(X)
         return self.classes_[np.argmax(proba, axis=1)]
 
     @scoped_threads
     def predict_set(self, X, confidence_level=None) -> tuple[np.ndarray, np.ndarray]:
-        """Prediction sets: with ``calibration="conformal"`` the split-conformal sets of the conformity score, by
-        default LAC {c : 1 − p_c ≤ q} with the most probable class added to a set that would be empty (coverage
-        ≥ the level for exchangeable data; never empty), otherwise for each row the smallest
-        set of classes whose probability reaches the level.
+        """Prediction sets: with a conformal calibration the split-conformal sets of the conformity score (by
+        default LAC, never empty), otherwise for each row the smallest set of classes whose probability reaches
+        the level.
 
         Parameters
         ----------
@@ -213,21 +206,20 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         Returns
         -------
         labels : ndarray of shape (n_samples,)
-            The predicted labels.
         sets : ndarray of bool, shape (n_samples, n_classes, k)
             Membership of each class (``classes_`` order) for each of the k levels.
         """
         check_is_fitted(self, "posterior_")
         levels = self._levels(confidence_level)
         probs = self._proba_tensor(X, "predict_set")
-        sets = self.calibrator_.predict_set(probs, levels).detach().cpu().numpy()
+        sets = self._calibrated_sets(probs, levels).detach().cpu().numpy()
         labels = self.classes_[probs.argmax(dim=1).cpu().numpy()]
         return labels, sets
 
     @scoped_threads
     def score(self, X, y, sample_weight=None) -> float:
-        """Accuracy of :meth:`predict` (scikit-learn's ``ClassifierMixin.score``); rows that were training rows of
-        a prefit network raise a :class:`~glas_sklearn.PrefitLeakageWarning`.
+        """Accuracy of :meth:`predict`; rows that were training rows of a prefit network raise a
+        :class:`~glas_sklearn.PrefitLeakageWarning`.
 
         Parameters
         ----------
@@ -239,6 +231,5 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         -------
         float
         """
-        check_is_fitted(self, "posterior_")
-        self._warn_if_prefit_training_rows(self._validate_X(X, reset=False), "score")
+        self._score_rows(X)
         return super().score(X, y, sample_weight=sample_weight)

@@ -3,59 +3,80 @@
 from __future__ import annotations
 
 import numbers
+import warnings
+from dataclasses import replace
 
 import numpy as np
 import torch
 from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
-from torch import nn
 
 from .._checks import make_generator, numpy_rng
+from .._constraints import InstanceOf, Interval, Options
 from .._functional import model_outputs
 from .._threads import scoped_threads
+from ..calibration import resolve_calibration
+from ..laplace import residual_noise_variance
 from ..likelihoods import REGRESSION_LIKELIHOODS, Likelihood, resolve_likelihood
-from ._base import LaplaceActiveSubspaceBase
-from ._docs import (
-    ATTRIBUTES_DOC,
-    NOTES_DOC,
-    PARAMETERS_DOC,
-    REGRESSOR_ATTRIBUTES_DOC,
-    REGRESSOR_PARAMETERS_DOC,
-    SAMPLE_WEIGHT_DOC,
-)
+from ._base import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, SAMPLE_WEIGHT_DOC, LaplaceActiveSubspaceBase
+from ._data import InputEncoder, TargetScaler
 from ._likelihood_choice import choose_auto_likelihood
-from ._observation_noise import NOISE_SOURCES, ObservationNoiseMixin
-from ._output_layout import OutputLayoutMixin
-from ._regression_targets import RegressionTargetsMixin
-from ._validation import BOOLEAN, InstanceOf, Interval, Options
+from ._prefit import user_stacklevel
 
 __all__ = ["LaplaceActiveSubspaceRegressor"]
 
-# The likelihood names the regressor takes (resolve_likelihood turns them into objects).
-_LIKELIHOODS = (*REGRESSION_LIKELIHOODS, "auto")
+#: The sources ``noise_std`` names.
+NOISE_SOURCES = ("auto", "calibration", "training")
+# Below this many held-out rows the residual variance is too noisy to prefer it over the training residuals.
+_MIN_CALIBRATION_ROWS_FOR_NOISE = 30
+
+_REGRESSOR_PARAMETERS_DOC = """\
+    likelihood : "auto", "gaussian", "heteroscedastic", "student_t" or Likelihood, default="auto"
+        The noise model. "gaussian": y = f(x) + ε with one noise level σ per output (the paper's).
+        "heteroscedastic" (:class:`~glas_sklearn.likelihoods.HeteroscedasticGaussian`): the network outputs a
+        mean and a variance per target, so σ(x) varies with x (the default MLP gets the variance head; a module of
+        your own outputs 2k columns). "student_t": heavy-tailed noise. "auto": on a network built here with a
+        conformal calibration, both the heteroscedastic and the Gaussian network are trained and the
+        heteroscedastic one kept when its held-out NLL on training rows (never calibration rows) is lower by more
+        than one standard error and 0.02 nats per row (``likelihood_support_``); else "gaussian".
+    noise_std : "auto", "calibration", "training" or float, default="auto"
+        σ in β: from the calibration residuals, the training residuals (the paper's) or given (units of y).
+        "auto": "training" under a conformal calibration (calibration residuals would void its guarantee), else
+        "calibration" with at least 30 calibration rows."""
+
+_REGRESSOR_ATTRIBUTES_DOC = """\
+    noise_source_ : str
+        Where σ came from ("calibration", "training", "given", or the likelihood's name for σ(x)).
+    noise_std_ : float or ndarray
+        σ in the units of y (heteroscedastic: the root mean σ²(x) over the training rows).
+    std_scale_ : ndarray of shape (n_outputs,)
+        With a conformal calibration, the root mean square of the calibration scores, by which
+        ``predict(return_std=True)`` scales σ̂; ones otherwise.
+    y_mean_, y_scale_ : ndarray
+        The target standardisation (zeros and ones when off).
+    likelihood_support_ : dict or None
+        With ``likelihood="auto"`` on a network built here, the evidence of the choice."""
 
 
-class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMixin, OutputLayoutMixin, RegressorMixin,
-                                     LaplaceActiveSubspaceBase):
+class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     __doc__ = f"""Regression with a torch network and generalized Laplace active-subspace uncertainty.
 
-    ``fit`` trains the network (unless ``prefit``), builds the generalized Gauss-Newton matrix of the
-    ½-squared loss matrix-free, takes its top eigenpairs and sets the prior scale σ0 by empirical Bayes.
-    By default (``posterior="low_rank", calibration="mondrian"``) the posterior keeps the prior's variance
-    off the top-d eigenvectors and the intervals ŷ ± q σ̂ are split-conformal on the calibration rows
-    (coverage ≥ ``confidence_level`` for exchangeable data), with one q per band of σ̂ once there are enough
-    calibration rows (at least 200 a band) so that the level also holds where σ̂ is small or large; the paper's method,
-    ``posterior="subspace", calibration="coverage"``, instead chooses the subspace dimension d as the smallest
-    one whose intervals cover ``confidence_level`` of the calibration data.
+    ``fit`` trains the network (unless ``prefit``), builds the generalized Gauss-Newton matrix of the loss
+    matrix-free, takes its top eigenpairs and sets the prior scale σ0 by empirical Bayes. By default
+    (``posterior="low_rank", calibration="mondrian"``) the intervals ŷ ± q σ̂ are split-conformal on the
+    calibration rows, one q per band of σ̂ once there are enough rows; the paper's method,
+    ``posterior="subspace", calibration="coverage"``, chooses the subspace dimension d as the smallest whose
+    intervals cover ``confidence_level`` of the calibration rows.
 
     Parameters
     ----------
 {PARAMETERS_DOC}
-{REGRESSOR_PARAMETERS_DOC}
+{_REGRESSOR_PARAMETERS_DOC}
+
     Attributes
     ----------
 {ATTRIBUTES_DOC}
-{REGRESSOR_ATTRIBUTES_DOC}
+{_REGRESSOR_ATTRIBUTES_DOC}
 
     Notes
     -----
@@ -64,10 +85,11 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
     Examples
     --------
     >>> import numpy as np
-    >>> from glas_sklearn import LaplaceActiveSubspaceRegressor
+    >>> from glas_sklearn import LaplaceActiveSubspaceRegressor, LowRank, Training
     >>> rng = np.random.default_rng(0)
     >>> X = rng.uniform(-1, 1, size=(200, 2)); y = np.sin(3 * X[:, 0]) + 0.1 * rng.standard_normal(200)
-    >>> reg = LaplaceActiveSubspaceRegressor(max_epochs=100, n_samples=200, max_components=10,
+    >>> reg = LaplaceActiveSubspaceRegressor(training=Training(max_epochs=100),
+    ...                                      posterior=LowRank(max_components=10, n_samples=200),
     ...                                      random_state=0).fit(X, y)
     >>> y_pred, y_pis = reg.predict_interval(X[:5])
     >>> y_pis.shape
@@ -76,41 +98,31 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
 
     _parameter_constraints: dict = {
         **LaplaceActiveSubspaceBase._parameter_constraints,
-        "likelihood": [Options(*_LIKELIHOODS), InstanceOf(Likelihood, "a glas_sklearn.likelihoods.Likelihood")],
+        "likelihood": [Options(*REGRESSION_LIKELIHOODS, "auto"),
+                       InstanceOf(Likelihood, "a glas_sklearn.likelihoods.Likelihood")],
         "noise_std": [Options(*NOISE_SOURCES), Interval(numbers.Real, 0, None, closed="neither")],
-        "include_noise": [BOOLEAN],
     }
 
-    def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="auto", n_components="auto",
-                 max_components=50, sigma0="auto", posterior="low_rank", calibration="mondrian",
-                 predictive="auto", n_samples=1000, confidence_level=0.9, calibration_size=0.1,
-                 likelihood="auto", noise_std="auto", include_noise=False, max_epochs=500, lr="auto",
-                 batch_size="auto", weight_decay=0.0, optimizer="adam", standardize="auto", padding_idx=None,
-                 subsample="auto", eigen_method="lanczos", device="auto", dtype="auto", random_state=None, verbose=0,
-                 early_stopping="auto", validation_fraction=0.1, n_iter_no_change=10, tol=1e-4,
-                 n_threads="auto", working_memory=64):
-        super().__init__(
-            module, module_kwargs=module_kwargs, prefit=prefit, scaling=scaling, n_components=n_components,
-            max_components=max_components, sigma0=sigma0, posterior=posterior, calibration=calibration,
-            predictive=predictive, n_samples=n_samples,
-            confidence_level=confidence_level, calibration_size=calibration_size, max_epochs=max_epochs, lr=lr,
-            batch_size=batch_size, weight_decay=weight_decay, optimizer=optimizer, standardize=standardize,
-            padding_idx=padding_idx, subsample=subsample, eigen_method=eigen_method, device=device, dtype=dtype,
-            random_state=random_state, verbose=verbose, early_stopping=early_stopping,
-            validation_fraction=validation_fraction, n_iter_no_change=n_iter_no_change, tol=tol,
-            n_threads=n_threads, working_memory=working_memory)
+    def __init__(self, module=None, *, prefit=False, training=None, likelihood="auto", noise_std="auto",
+                 posterior="low_rank", calibration="mondrian", scaling="auto", n_components="auto", sigma0="auto",
+                 confidence_level=0.9, calibration_size=0.1, compute=None, random_state=None, verbose=0):
+        super().__init__(module, prefit=prefit, training=training, posterior=posterior, calibration=calibration,
+                         scaling=scaling, n_components=n_components, sigma0=sigma0,
+                         confidence_level=confidence_level, calibration_size=calibration_size, compute=compute,
+                         random_state=random_state, verbose=verbose)
         self.likelihood = likelihood
         self.noise_std = noise_std
-        self.include_noise = include_noise
 
-    # ------------------------------------------------------------------ hooks
-    def _resolve_likelihood(self) -> Likelihood:
+    # ------------------------------------------------------------------------------------------ hooks
+    def _resolve_likelihood(self, posterior) -> Likelihood:
         likelihood = self.likelihood
-        # "auto": a variance head only on a network built here, for intervals the conformal calibrator makes from σ̂,
-        # kept when held-out rows support it (_theta0_module); the Gaussian under the paper's calibration or noise
-        self._choose_likelihood = (isinstance(likelihood, str) and likelihood == "auto" and self.module is None
-                                   and not self.include_noise and not self._calibrator().chooses_dimension)
-        if isinstance(likelihood, str) and likelihood == "auto":
+        self._include_noise = bool(posterior.include_noise)
+        auto = isinstance(likelihood, str) and likelihood == "auto"
+        # "auto": a variance head only on a network built here, for intervals the conformal calibrator makes from
+        # σ̂, kept when held-out rows support it (_fit_network); the Gaussian under "coverage" or include_noise
+        self._choose_likelihood = (auto and self.module is None and not self._include_noise
+                                   and not resolve_calibration(self.calibration).chooses_dimension)
+        if auto:
             likelihood = "heteroscedastic" if self._choose_likelihood else "gaussian"
         likelihood = resolve_likelihood(likelihood)
         likelihood = type(likelihood)(**likelihood.get_params())  # as clone: checks rerun, the fit's own object
@@ -122,46 +134,143 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
             likelihood.default_conformity_score()
         except NotImplementedError as err:
             raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood {likelihood!r} is not supported: the "
-                             "regressor "
-                             "needs a likelihood that describes its predictive of y (Likelihood.predictive_moments / "
-                             "predictive_interval) and names its default conformity score (default_conformity_score), "
-                             "as 'gaussian', 'heteroscedastic' and 'student_t' do.") from err
+                             "regressor needs a likelihood that describes its predictive of y "
+                             "(Likelihood.predictive_moments / predictive_interval) and names its default conformity "
+                             "score (default_conformity_score), as 'gaussian', 'heteroscedastic' and 'student_t' "
+                             "do.") from err
+        if self._include_noise and likelihood.noise_in_outputs:
+            raise ValueError("LaplaceActiveSubspaceRegressor: posterior__include_noise applies to a likelihood with a "
+                             f"constant noise; with likelihood={self.likelihood!r} the intervals and std are always "
+                             "for y (the network's σ(x) is the noise): leave include_noise=False.")
         return likelihood
 
-    def _theta0_module(self, Xt, yt, n_outputs, seed, dtype, sample_weight=None) -> nn.Module:
-        self.likelihood_support_ = None  # "auto" on a network built here: both trained, the support tested
-        if self._choose_likelihood:
-            return choose_auto_likelihood(self, super()._theta0_module, Xt, yt, seed, dtype, sample_weight)
-        return super()._theta0_module(Xt, yt, n_outputs, seed, dtype, sample_weight)
-
-    def _resolved_scaling(self):
-        if self.scaling == "auto":
-            return self.likelihood_.default_scaling
-        return self.scaling
-
-    def _auto_low_rank_sigma0(self) -> str:
+    def _auto_low_rank_sigma0(self, calibrator) -> str:
         # Conformal intervals are rescaled, so only the shape of σ̂(x) matters, and the larger subspace-EB σ0
-        # weights the off-data directions more: wider where the network extrapolates
-        # (benchmarks/results/uci_intervals.md, uci_shift.md).
+        # weights the off-data directions more: wider where the network extrapolates.
         return "eb_subspace"
 
-    def _choose_dimension(self, Xc, yc, seed: int) -> None:
-        super()._choose_dimension(Xc, yc, seed)
-        self._set_std_scale()
+    def _validate_train(self, X, y, settings):
+        X, y, inputs = InputEncoder.from_fit_rows(self, X, y, module=self.module,
+                                                  padding_idx=settings.compute.padding_idx, multi_output=True,
+                                                  y_numeric=True)
+        if X.shape[0] < 3:
+            raise ValueError(f"LaplaceActiveSubspaceRegressor needs at least 3 samples (training and calibration "
+                             f"rows), got n_samples={X.shape[0]}.")
+        y = np.asarray(y, dtype=np.float64)
+        if y.ndim == 2 and y.shape[1] == 0:
+            raise ValueError("y has 0 columns; at least one target is needed.")
+        self._y_shape = (y.ndim == 1, 1 if y.ndim == 1 else y.shape[1])
+        return X, y, inputs
 
-    def _set_std_scale(self) -> None:
-        """``std_scale_``: with conformal calibration the root mean square of the calibration scores per output, the
-        Gaussian maximum-likelihood scale that turns σ̂ into the calibrated std of ``predict(return_std=True)``;
-        ones otherwise."""
-        if self.conformity_scores_ is not None:
-            sc = np.asarray(self.conformity_scores_, dtype=np.float64).reshape(len(self.conformity_scores_), -1)
+    def _validate_calibration(self, X_cal, y_cal):
+        X_cal, y_cal = self._validate_X(X_cal, y_cal, multi_output=True, y_numeric=True)
+        y_cal = np.asarray(y_cal, dtype=np.float64)
+        y_1d, n_out = self._y_shape
+        expected = (X_cal.shape[0],) if y_1d else (X_cal.shape[0], n_out)
+        if y_cal.shape != expected and not (y_1d and y_cal.shape == (X_cal.shape[0], 1)):
+            raise ValueError(f"y_cal has shape {y_cal.shape}, but y had {n_out} output(s): expected {expected}.")
+        return X_cal, y_cal.reshape(expected)
+
+    def _fit_targets(self, y, weight, standardize: bool) -> TargetScaler:
+        self._targets = TargetScaler.fit(y, weight, standardize, type(self).__name__)
+        return self._targets
+
+    def _targets_tensor(self, y, device, dtype, inputs) -> torch.Tensor:
+        return self._targets.to_tensor(y, device, dtype, inputs)
+
+    def _n_outputs(self, data, likelihood) -> int:
+        return likelihood.n_outputs(data.targets.n_outputs)
+
+    def _fit_network(self, data, settings, dtype):
+        self.likelihood_support_ = None
+        if not self._choose_likelihood:
+            return super()._fit_network(data, settings, dtype)
+
+        def train(likelihood, rows=None, **options):
+            part = data
+            if rows is not None:  # train on these training rows only
+                index = torch.as_tensor(rows, device=data.Xt.device)
+                part = replace(data, Xt=data.Xt[index], yt=data.yt[index],
+                               weight=None if data.weight is None else data.weight[index])
+            module, _, history = self._train_network(part, settings, dtype, likelihood, **options)
+            return module, history
+
+        module, likelihood, history, support = choose_auto_likelihood(
+            train, settings.training, data.Xt, data.yt, settings.seed, settings.likelihood, self._report)
+        self.likelihood_support_ = support
+        self.timings_["likelihood_choice"] = support["seconds"] - history.seconds
+        return module, likelihood, history
+
+    def _fit_noise(self, module, data, settings):
+        """σ² for β (pooled over outputs, internal units; training residuals weighted, calibration residuals
+        unweighted); the per-output values are kept for intervals. With the noise in the network's outputs no σ²
+        enters β, and the mean of σ²(x) over the training rows is kept for ``noise_std_``."""
+        likelihood, Xt, yt, Xc, yc = self.likelihood_, data.Xt, data.yt, data.Xc, data.yc
+        fixed = settings.plan.calibrator.requires_fixed_predictor
+        var = None
+        if likelihood.noise_in_outputs:
+            out = model_outputs(module, Xt)
+            likelihood.check_output(out, "the module")
+            source = likelihood.name
+            per_output = likelihood.noise_variance(out).to(torch.float64).reshape(len(out), -1).mean(0).cpu().numpy()
+        else:
+            source = self.noise_std
+            if source == "auto":
+                source = "calibration" if len(Xc) >= _MIN_CALIBRATION_ROWS_FOR_NOISE and not fixed else "training"
+            elif source == "calibration" and fixed:
+                warnings.warn("LaplaceActiveSubspaceRegressor: noise_std='calibration' with calibration='conformal' "
+                              "estimates σ from the calibration rows, so the conformal scores depend on those rows "
+                              "and the coverage guarantee is only approximate; use noise_std='training' or a given "
+                              "σ for the exact guarantee.", UserWarning, stacklevel=user_stacklevel())
+            if source == "training":
+                per_output = residual_noise_variance(module, Xt, yt, per_output=True, sample_weight=data.weight)
+            elif source == "calibration":
+                if len(Xc) < 2:
+                    raise ValueError(f"noise_std='calibration' needs at least 2 calibration rows, got {len(Xc)}.")
+                per_output = residual_noise_variance(module, Xc, yc, per_output=True)
+            else:
+                per_output = (float(self.noise_std) / self._targets.y_scale) ** 2
+            source = source if isinstance(source, str) else "given"
+        self._noise_var_out = np.asarray(per_output, dtype=np.float64)
+        if not likelihood.noise_in_outputs:
+            var = float(np.mean(self._noise_var_out))
+        self.noise_source_ = source
+        std = np.sqrt(self._noise_var_out) * self._targets.y_scale
+        if not isinstance(self.noise_std, str):
+            std = np.full_like(std, float(self.noise_std))  # a given σ is reported exactly as given
+        self.noise_std_ = float(std[0]) if self._y_shape[0] else std
+        return var
+
+    def _interval_noise_var(self):
+        return self._noise_var_out if self._include_noise else 0.0
+
+    def _after_calibration(self, calibrator) -> None:
+        """``std_scale_``: with conformal calibration the root mean square of the calibration scores per output,
+        the Gaussian maximum-likelihood scale that turns σ̂ into the calibrated std of
+        ``predict(return_std=True)``; ones otherwise."""
+        scores = calibrator.scores_
+        if scores is not None:
+            sc = np.asarray(scores, dtype=np.float64).reshape(len(scores), -1)
             self.std_scale_ = np.sqrt(np.mean(sc**2, axis=0))
         else:
-            self.std_scale_ = np.ones(self._n_out)
+            self.std_scale_ = np.ones(self._y_shape[1])
 
-    # ------------------------------------------------------------------- API
+    def _table_in_user_units(self, table):
+        if len(self._targets.y_scale) == 1 and "mean_width" in table:
+            table = table.assign(mean_width=table["mean_width"] * float(self._targets.y_scale[0]))
+        return table
+
+    @property
+    def y_mean_(self):
+        return self._targets.y_mean
+
+    @property
+    def y_scale_(self):
+        return self._targets.y_scale
+
+    # -------------------------------------------------------------------------------------------- API
     def fit(self, X, y, sample_weight=None, *, X_cal=None, y_cal=None) -> "LaplaceActiveSubspaceRegressor":
-        """Train the network (unless prefit), build the posterior and choose d.
+        """Train the network (unless prefit), build the posterior and calibrate.
 
         Parameters
         ----------
@@ -169,12 +278,9 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
         y : array-like of shape (n_samples,) or (n_samples, n_outputs)
         sample_weight
         X_cal, y_cal : array-like, optional
-            Calibration rows, never used for training: the conformal scores, or the rows d is chosen on. When
-            absent, ``calibration_size`` of ``X`` is held out of training.
-            With ``prefit=True`` they are required and must be rows the network was not trained on (``X``
-            being its training rows). Inside a Pipeline, rely on ``calibration_size``: ``X_cal`` passed as a
-            fit parameter reaches this step without going through the earlier steps' transforms (with
-            ``prefit=True`` pass it transformed, or put the preprocessing inside the network).
+            Calibration rows, never used for training. When absent, ``calibration_size`` of ``X`` is held out.
+            Required with ``prefit=True``: rows the network was not trained on. Inside a Pipeline rely on
+            ``calibration_size`` (``X_cal`` as a fit parameter skips the earlier steps' transforms).
 
         Returns
         -------
@@ -184,20 +290,12 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
 
     fit.__doc__ = fit.__doc__.replace("        sample_weight\n", SAMPLE_WEIGHT_DOC + "\n")
 
-    def _predictive(self, Xt: torch.Tensor, levels=None):
-        """For one chunk of rows, in internal units: the predictive mean and standard deviation (of f, or
-        of y with ``include_noise``), (n, M) each, and the interval bounds (n, M, 2, k) when ``levels``, as
-        the fitted calibrator makes them ("conformal": ŷ ± q σ̂; "coverage": the posterior's own intervals).
-        The likelihood supplies the predictive of y (heteroscedastic: N(μ̂, σ_ale² + σ_epi²))."""
-        return self.calibrator_.predict_interval(self.posterior_, Xt, levels)
-
     def _predict_rows(self, X, levels=None, method=None):
-        """:meth:`_predictive` over all rows of X, chunk by chunk (bounded memory for large X); ``method`` names
-        the public method for the prefit-training-rows warning."""
+        """The calibrated predictive (mean, std, bounds) of all rows of X, chunk by chunk (bounded memory);
+        ``method`` names the public method for the prefit-training-rows warning."""
         rows = self._fitted_rows(X, method)  # made input tensors chunk by chunk (memory)
-        mean, std, bounds = self._predict_in_chunks(rows, self._n_out, lambda rows: self._predictive(rows, levels),
-                                                    finite=lambda part: torch.stack([part[0], part[1]]))
-        return mean, std, bounds
+        return self._predict_in_chunks(rows, self._y_shape[1], lambda rows: self._calibrated_interval(rows, levels),
+                                       finite=lambda part: torch.stack([part[0], part[1]]))
 
     @scoped_threads
     def predict(self, X, return_std: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
@@ -207,13 +305,9 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
         ----------
         X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
         return_std : bool, default=False
-            Also return the predictive standard deviation of y. With conformal calibration it is calibrated:
-            the conformal normalisation σ̂(x) (heteroscedastic: sqrt(σ_ale²(x) + σ_epi²(x)); homoscedastic: σ_f,
-            or σ_f ⊕ σ with ``include_noise``) times ``std_scale_``, the root mean square of the calibration
-            scores ``|y − ŷ|/σ̂``, so that N(ŷ, std²) has the maximum-likelihood scale on the calibration rows
-            (``calibration="mondrian"``, the default: the scale of the row's σ̂ band, one per band).
-            With ``calibration="coverage"`` (the paper) it is the posterior's own: of f, or of y (``noise_std_``
-            added in quadrature) with ``include_noise=True``, or heteroscedastic sqrt(σ_ale² + σ_epi²).
+            Also return the predictive standard deviation of y: with a conformal calibration σ̂(x) times
+            ``std_scale_`` (the maximum-likelihood scale on the calibration rows, per σ̂ band with "mondrian");
+            with "coverage" the posterior's own (of f, or of y with ``include_noise``).
 
         Returns
         -------
@@ -221,20 +315,17 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
         y_std : ndarray, same shape, only with ``return_std``
         """
         mean, std, _ = self._predict_rows(X)
-        y_pred = self._to_user_units(mean)
-        y_std = self._to_user_units(std, shift=False) * self.std_scale_.reshape((-1,) + (1,) * (std.ndim - 2))
-        if self._y_1d:
+        y_pred = self._targets.to_user_units(mean)
+        y_std = self._targets.to_user_units(std, shift=False) * self.std_scale_.reshape((-1,) + (1,) * (std.ndim - 2))
+        if self._y_shape[0]:
             y_pred, y_std = y_pred[:, 0], y_std[:, 0]
         return (y_pred, y_std) if return_std else y_pred
 
     @scoped_threads
     def predict_interval(self, X, confidence_level=None) -> tuple[np.ndarray, np.ndarray]:
-        """Central (1 − γ) intervals: split-conformal ŷ ± q σ̂ for y (``calibration="mondrian"``: q per band of σ̂;
-        ``"conformal"``: one q), or those of
-        the GLAS predictive (for f, or for y with ``include_noise=True``; ``calibration="coverage"``).
-
-        A level the estimator was not fitted with works too: conformal quantiles are computed from the stored
-        calibration scores (infinite intervals, with a warning, when there are fewer than 1/γ − 1 rows).
+        """Central (1 − γ) intervals: split-conformal ŷ ± q σ̂ (``"mondrian"``: q per band of σ̂), or the GLAS
+        predictive's own (``calibration="coverage"``). A level the estimator was not fitted with works too
+        (conformal quantiles from the stored scores).
 
         Parameters
         ----------
@@ -251,18 +342,17 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
         check_is_fitted(self, "posterior_")
         levels = self._levels(confidence_level)
         mean, _, bounds = self._predict_rows(X, levels, method="predict_interval")
-        y_pred = self._to_user_units(mean)
-        b = bounds.detach().cpu().double().numpy() * self.y_scale_[None, :, None, None] \
-            + self.y_mean_[None, :, None, None]
-        if self._y_1d:
+        y_pred = self._targets.to_user_units(mean)
+        b = bounds.detach().cpu().double().numpy() * self._targets.y_scale[None, :, None, None] \
+            + self._targets.y_mean[None, :, None, None]
+        if self._y_shape[0]:
             return y_pred[:, 0], b[:, 0]
         return y_pred, b
 
     @scoped_threads
     def predict_noise_std(self, X) -> np.ndarray:
         """The noise level σ_ale(x) per row, in the units of y: the network's own σ(x; θ0) with
-        ``likelihood="heteroscedastic"``, the constant ``noise_std_`` otherwise (the aleatoric part; the
-        epistemic part is in ``predict(return_std=True)``, which adds it in quadrature).
+        ``likelihood="heteroscedastic"``, the constant ``noise_std_`` otherwise.
 
         Parameters
         ----------
@@ -276,20 +366,15 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
         if self.likelihood_.noise_in_outputs:
             out = model_outputs(self.module_, Xt)
             self._check_finite_rows(out, Xt)
-            std = self._to_user_units(self.likelihood_.noise_variance(out).sqrt(), shift=False)
+            std = self._targets.to_user_units(self.likelihood_.noise_variance(out).sqrt(), shift=False)
         else:
-            std = np.broadcast_to(np.atleast_1d(self.noise_std_), (Xt.shape[0], self._n_out)).copy()
-        return std[:, 0] if self._y_1d else std
+            std = np.broadcast_to(np.atleast_1d(self.noise_std_), (Xt.shape[0], self._y_shape[1])).copy()
+        return std[:, 0] if self._y_shape[0] else std
 
     @scoped_threads
     def sample_y(self, X, n_samples: int = 1, random_state=0) -> np.ndarray:
-        """Draws of f(x; θ) for θ from the posterior, pushed through the network (plus N(0, σ²) noise
-        with ``include_noise=True``: draws of y). With ``likelihood="heteroscedastic"``, draws of y: for each θ,
-        y = μ(x; θ) + σ(x; θ) ε with ε ~ N(0, 1).
-
-        With ``posterior="low_rank"`` and the linearised predictive they are draws of the linearised network
-        f(x; θ0) + J(x)(θ − θ0), whose distribution is the linearised predictive; either way they are the
-        posterior's, not conformally rescaled.
+        """Draws of f(x; θ) for θ from the posterior (plus N(0, σ²) noise with ``include_noise``; with the
+        heteroscedastic likelihood draws of y = μ(x; θ) + σ(x; θ) ε). Not conformally rescaled.
 
         Parameters
         ----------
@@ -302,18 +387,17 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
         ndarray of shape (n_samples_X, n_samples) or (n_samples_X, n_outputs, n_samples)
         """
         Xt = self._check_fitted_X(X)
-        p = self.posterior_
-        s = self.predictive_.draw_outputs(p, Xt, self.n_components_, n_samples, random_state=random_state)
+        s = self._posterior_draws(Xt, n_samples, random_state)
         gen = make_generator(None if random_state is None else numpy_rng(random_state).integers(2**62) + 1, s.device)
-        s = self.likelihood_.draw_y(s, self._noise_var_out if self.include_noise else None, gen)
+        s = self.likelihood_.draw_y(s, self._noise_var_out if self._include_noise else None, gen)
         self._check_finite_rows(s.transpose(0, 1), Xt)
-        out = self._to_user_units(s.permute(1, 2, 0))
-        return out[:, 0, :] if self._y_1d else out
+        out = self._targets.to_user_units(s.permute(1, 2, 0))
+        return out[:, 0, :] if self._y_shape[0] else out
 
     @scoped_threads
     def score(self, X, y, sample_weight=None) -> float:
-        """R² of :meth:`predict` (scikit-learn's ``RegressorMixin.score``); rows that were training rows of a
-        prefit network raise a :class:`~glas_sklearn.PrefitLeakageWarning`.
+        """R² of :meth:`predict`; rows that were training rows of a prefit network raise a
+        :class:`~glas_sklearn.PrefitLeakageWarning`.
 
         Parameters
         ----------
@@ -325,8 +409,7 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
         -------
         float
         """
-        check_is_fitted(self, "posterior_")
-        self._warn_if_prefit_training_rows(self._validate_X(X, reset=False), "score")
+        self._score_rows(X)
         return super().score(X, y, sample_weight=sample_weight)
 
     def __sklearn_tags__(self):

@@ -1,4 +1,4 @@
-"""Declarative hyperparameter constraints of the estimators, checked by one function at fit.
+"""Declarative hyperparameter constraints, checked by one function at fit.
 
 Each estimator class holds ``_parameter_constraints``, a dict parameter name → list of allowed forms (any one
 suffices): ``None``, an :class:`Options` of values, an :class:`Interval` of numbers, an :class:`InstanceOf` or a
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.utils import check_scalar
 
-__all__ = ["BOOLEAN", "InstanceOf", "Interval", "NO_VALIDATION", "Options", "Satisfies",
+__all__ = ["BOOLEAN", "InstanceOf", "Interval", "NO_VALIDATION", "Options", "Satisfies", "check_settings",
            "validate_hyperparameters"]
 
 
@@ -111,20 +111,22 @@ def _satisfied(constraint, value) -> bool:
     return value is None if constraint is None else constraint.is_satisfied_by(value)
 
 
-def validate_hyperparameters(estimator) -> None:
-    """Check every constructor parameter of ``estimator`` against its class's ``_parameter_constraints``.
+def check_settings(obj, owner: str | None = None, prefix: str = "") -> None:
+    """Check every constructor parameter of ``obj`` (an estimator or a settings object) against its class's
+    ``_parameter_constraints``.
 
     Raises
     ------
     ValueError
-        Naming the estimator, the parameter, what is allowed and the value received, for the first parameter
-        (as ``get_params`` lists them) that satisfies none of its constraints.
+        Naming ``owner`` (default: the class), the parameter (after ``prefix``, e.g. ``training__lr``), what is
+        allowed and the value received, for the first parameter (as ``get_params`` lists them) that satisfies none
+        of its constraints.
     RuntimeError
         When a constructor parameter has no entry in the table (a programming error).
     """
-    name = type(estimator).__name__
-    table = type(estimator)._parameter_constraints
-    for param, value in estimator.get_params(deep=False).items():
+    name = type(obj).__name__ if owner is None else owner
+    table = type(obj)._parameter_constraints
+    for param, value in obj.get_params(deep=False).items():
         if param not in table:
             raise RuntimeError(f"{name}: the constructor parameter {param!r} has no entry in _parameter_constraints.")
         constraints = table[param]
@@ -134,4 +136,9 @@ def validate_hyperparameters(estimator) -> None:
         for c in constraints:
             words += [repr(v) for v in c.values] if isinstance(c, Options) else ["None" if c is None else str(c)]
         allowed = _join(words)
-        raise ValueError(f"{name}: {param} must be {allowed}, got {value!r}.")
+        raise ValueError(f"{name}: {prefix}{param} must be {allowed}, got {value!r}.")
+
+
+def validate_hyperparameters(estimator) -> None:
+    """:func:`check_settings` of an estimator, named by its class."""
+    check_settings(estimator)

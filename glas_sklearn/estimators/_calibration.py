@@ -1,0 +1,327 @@
+"""The calibration component of the estimators: the calibrator with the rows it needs (how many are held out of
+``X``, the split, the warning when they are too few), the σ0 policy (``sigma0="nll"`` tunes σ0 on part of the
+calibration rows), and :meth:`CalibrationPlan.fit`, which fits the calibrator on the calibration rows (d chosen,
+or fixed) and returns a :class:`FittedCalibration` with its report line."""
+
+from __future__ import annotations
+
+import logging
+import numbers
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from sklearn.model_selection import train_test_split
+
+from .._silenced import silenced
+from ..calibration import Calibrator, ConformalWarning, resolve_calibration, tune_sigma0
+from ..calibration.conformal import conformal_rank
+from ..calibration.mondrian import BAND_TEST_LEVEL
+from ._prefit import user_stacklevel
+from ._training import can_stratify
+
+__all__ = ["CalibrationPlan", "FittedCalibration"]
+
+logger = logging.getLogger("glas_sklearn.estimators")
+
+# Offset of the seed of the sigma0="nll" tuning / conformal split from the calibration split's seed.
+_SIGMA0_SPLIT = 7919
+
+
+@dataclass
+class FittedCalibration:
+    """What :meth:`CalibrationPlan.fit` returns: the fitted calibrator and what the estimator reports of it."""
+
+    calibrator: Calibrator
+    n_components: int
+    sample_seed: int
+    sigma0: float
+    n_rows: int
+    sigma0_rows: np.ndarray
+    sigma0_search: object | None
+    seconds: float
+    lines: list[str] = field(default_factory=list)
+
+
+@dataclass
+class CalibrationPlan:
+    """The calibration of one fit, resolved before training: the unfitted calibrator, the levels (the first the
+    target), the σ0 choice ("nll", "eb_subspace", "eb_full", "auto" left to the kind, or a float) and whether
+    the targets are class labels. ``owner`` names the estimator in messages."""
+
+    calibrator: Calibrator
+    levels: list[float]
+    sigma0_choice: object
+    classification: bool
+    owner: str
+    explicit_nll: bool = False
+
+    @classmethod
+    def resolve(cls, calibration, levels, sigma0, likelihood, *, off_subspace: bool, auto_low_rank_sigma0,
+                owner: str) -> CalibrationPlan:
+        """The plan for the estimator's ``calibration`` and ``sigma0`` settings: "auto" σ0 resolved for the kinds
+        with variance off the subspace by the estimator's per-task ``auto_low_rank_sigma0(calibrator)``; the
+        settings checked together."""
+        calibrator = resolve_calibration(calibration)
+        calibrator.check_settings(likelihood)
+        choice = sigma0
+        if isinstance(sigma0, str) and sigma0 == "auto" and off_subspace:
+            choice = auto_low_rank_sigma0(calibrator)
+        if isinstance(sigma0, str) and sigma0 == "nll" and not calibrator.requires_fixed_predictor:
+            raise ValueError(f"{owner}: sigma0='nll' tunes σ0 on part of the calibration rows for "
+                             f"calibration='conformal'; with calibration={calibration!r} (the paper) σ0 is "
+                             "empirical Bayes at every d: use sigma0='auto', 'eb_subspace', 'eb_full' or a float.")
+        explicit = isinstance(sigma0, str) and sigma0 == "nll"
+        return cls(calibrator, levels, choice, likelihood.is_classification, owner, explicit)
+
+    @property
+    def tunes_sigma0(self) -> bool:
+        return isinstance(self.sigma0_choice, str) and self.sigma0_choice == "nll"
+
+    @property
+    def posterior_sigma0(self):
+        """The posterior's σ0 setting: the choice, with "nll" starting from the full-space EB value (the top of
+        its search range)."""
+        return "eb_full" if self.tunes_sigma0 else self.sigma0_choice
+
+    # ------------------------------------------------------------------------------- the rows it needs
+    def rows_needed(self) -> int:
+        """The calibration rows the calibrator needs at the levels ("conformal": ⌈1/γ⌉ − 1 at the highest)."""
+        return self.calibrator.rows_needed(self.levels)
+
+    def class_rows_needed(self) -> int:
+        """The calibration rows every class needs (class-conditional calibration); 0 where rows are pooled."""
+        return self.calibrator.class_rows_needed(self.levels) if self.classification else 0
+
+    def n_calibration_rows(self, n: int, calibration_size, y=None) -> int:
+        """Rows held out of the n training rows ``y`` for calibration (at least one, leaving at least two; with
+        a conformal calibration and a fraction, at least the ⌈1/γ⌉ − 1 rows a finite quantile needs at the highest
+        level; with a class-conditional calibration, as many as give the rarest class that many, where half the
+        rows or fewer do)."""
+        cs = calibration_size
+        if isinstance(cs, numbers.Integral):
+            if cs > n - 2:
+                raise ValueError(f"{self.owner}: calibration_size={cs} rows, but only {n} rows were passed; hold out "
+                                 f"at most {n - 2} rows, give a fraction, or pass X_cal and y_cal.")
+            return int(cs)
+        n_cal = max(1, int(np.ceil(cs * n)))
+        tuned = self.tunes_sigma0  # one more row to tune σ0 on
+        n_cal = max(n_cal, self.rows_needed() + tuned)
+        per_class = self.class_rows_needed()
+        if per_class and y is not None:
+            # a stratified split gives class c about n_cal · n_c / n rows (one more for rounding); σ0 tuning takes
+            # half of them
+            rarest = int(np.bincount(np.asarray(y)).min(initial=n) or 1)
+            rows = (2 * per_class + 1 if tuned else per_class) + 1
+            wanted = int(np.ceil(rows * n / rarest))
+            if wanted <= n // 2:  # else the rarest class is too rare for it: the share stays, fit warns
+                n_cal = max(n_cal, wanted)
+        return int(min(n_cal, n - 2))
+
+    def split(self, n: int, y, calibration_size, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """Positions of the training and calibration rows among n rows (stratified for classes when possible)."""
+        labels = y if self.classification else None
+        n_cal = self.n_calibration_rows(n, calibration_size, labels)
+        stratify = y if self.classification and can_stratify(y, n_cal) else None
+        return train_test_split(np.arange(n), test_size=n_cal, random_state=seed, stratify=stratify)
+
+    def check_sigma0_rows(self, n: int) -> bool:
+        """Whether n calibration rows leave one or more to tune σ0 on besides the conformal quantile's; an explicit
+        sigma0="nll" with fewer raises (``fit`` asks as soon as it knows n, before training)."""
+        n_need = self.rows_needed()
+        if n >= n_need + 1:
+            return True
+        if self.explicit_nll:
+            raise ValueError(f"{self.owner}: sigma0='nll' needs at least {n_need + 1} calibration rows (one or more to "
+                             f"choose σ0 on, and the {n_need} a conformal quantile needs at level {max(self.levels)}), "
+                             f"got {n}; pass more calibration rows or a fixed sigma0.")
+        return False
+
+    def sigma0_split(self, yc, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+        """Sorted indices of the tuning and conformal rows among the n calibration rows (targets ``yc``, a tensor or
+        array): half each, the conformal part at least the rows of a finite conformal quantile (and the tuning
+        part at least one row); stratified by class where possible; seeded from ``seed``."""
+        n_conf = min(n - 1, max(int(np.ceil(n / 2)), self.rows_needed()))
+        labels = None
+        if self.classification:
+            labels = np.asarray(yc.detach().cpu() if isinstance(yc, torch.Tensor) else yc)
+        stratify = labels if labels is not None and can_stratify(labels, n - n_conf) else None
+        tune, conf = train_test_split(np.arange(n), test_size=n_conf, random_state=(seed + _SIGMA0_SPLIT) % 2**31,
+                                      stratify=stratify)
+        return np.sort(tune), np.sort(conf)
+
+    def conformal_part(self, y_cal, seed: int) -> np.ndarray:
+        """Indices of the calibration rows the conformal scores will be computed on: all of them, or those left
+        after the rows that tune σ0."""
+        n = len(y_cal)
+        if not self.tunes_sigma0 or not self.check_sigma0_rows(n):
+            return np.arange(n)
+        return self.sigma0_split(y_cal, n, seed)[1]
+
+    def warn_few_rows(self, y_cal, seed: int, class_labels=None) -> bool:
+        """A ConformalWarning before training when the calibration rows ``y_cal`` are too few for a finite
+        conformal quantile at the highest level, in all or (class-conditional calibration) in some class, counting
+        the rows left after those that tune σ0. Whether it warned (the calibration then does not warn again)."""
+        n_cal, need, level = len(y_cal), self.rows_needed(), max(self.levels)
+        fix = ("calibration rows (X_cal and y_cal, or a larger calibration_size), or lower confidence_level. "
+               "Training goes on.")
+        if n_cal < need:
+            what = "prediction sets hold every class" if self.classification else "intervals are infinite"
+            warnings.warn(f"{self.owner}.fit: {n_cal} calibration rows are too few for a conformal quantile at level "
+                          f"{level} (it needs {need}); at that level the {what}. Pass at least {need} {fix}",
+                          ConformalWarning, stacklevel=user_stacklevel())
+            return True
+        per_class = self.class_rows_needed()
+        if per_class == 0:
+            return False
+        labels = np.asarray(y_cal)[self.conformal_part(y_cal, seed)]
+        counts = np.bincount(labels, minlength=len(class_labels))
+        short = np.flatnonzero(counts < per_class)
+        if short.size == 0:
+            return False
+        tuned = " (after the rows that tune sigma0)" if len(labels) < n_cal else ""
+        listed = ", ".join(f"{class_labels[c]!r}: {counts[c]}" for c in short)
+        warnings.warn(f"{self.owner}.fit: class-conditional calibration needs {per_class} calibration rows of every "
+                      f"class for a quantile at level {level}, but {short.size} class(es) have fewer{tuned}: "
+                      f"{listed}. Those classes would be in every prediction set at that level. Pass more {fix}",
+                      ConformalWarning, stacklevel=user_stacklevel())
+        return True
+
+    # ------------------------------------------------------------------------------------------- the fit
+    def fit(self, posterior, Xc, yc, *, n_components, predictive, n_samples: int, noise_var, seed: int,
+            likelihood, verbose: int = 0, class_labels=None, warned: bool = False) -> FittedCalibration:
+        """d on the calibration rows by the calibrator: the smallest reaching the first level ("auto" under
+        "coverage"), or the given one; with a calibrator that needs a fixed predictor d is fixed (given, or
+        ``max_components``) and σ0 may be tuned on part of the rows first. ``warned``: the few-rows warning was
+        given before training (not repeated)."""
+        t0 = time.perf_counter()
+        calibrator = resolve_calibration(self.calibrator)  # a fresh one for every fit
+        lines, search, sigma0_rows = [], None, np.zeros(0, dtype=np.int64)
+        d = n_components
+        if d == "auto" and not calibrator.chooses_dimension:  # fixed before the calibration rows are seen
+            d = posterior.max_components
+        if self.tunes_sigma0:
+            if self.check_sigma0_rows(len(Xc)):
+                sigma0_rows, conf = self.sigma0_split(yc, len(Xc), seed)
+                t1 = time.perf_counter()
+                index = torch.as_tensor(sigma0_rows, device=Xc.device)
+                search = tune_sigma0(posterior, Xc[index], yc[index], d=d, predictive=predictive, n_samples=n_samples,
+                                     noise_var=noise_var, random_state=seed, likelihood=likelihood)
+                posterior.set_sigma0(search.sigma0)
+                lines.append(f"sigma0: {search.sigma0:.4g} chosen by the predictive NLL of {len(sigma0_rows)} "
+                             f"calibration rows (full-space empirical Bayes {search.sigma0_upper:.4g}), "
+                             f"{time.perf_counter() - t1:.1f} s")
+                index = torch.as_tensor(conf, device=Xc.device)
+                Xc, yc = Xc[index], yc[index]
+            else:
+                logger.info("%s: %d calibration rows are too few to tune sigma0 on some of them (%d needed); keeping "
+                            "the full-space empirical Bayes sigma0", self.owner, len(Xc), self.rows_needed() + 1)
+        with silenced(*(("few_calibration_rows",) if warned else ())):  # said once, before training
+            calibrator.fit(posterior, Xc, yc, n_components=d, confidence_levels=self.levels, predictive=predictive,
+                           n_samples=n_samples, noise_var=noise_var, random_state=seed, verbose=verbose,
+                           likelihood=likelihood)
+        if class_labels is not None:  # the labels a calibrator's warnings name classes by
+            calibrator.class_labels_ = list(class_labels)
+        n_comp = int(calibrator.n_components_)
+        return FittedCalibration(calibrator, n_comp, int(calibrator.sample_seed_),
+                                 float(posterior.fit_sigma0(n_comp)), int(len(Xc)), sigma0_rows, search,
+                                 time.perf_counter() - t0, lines)
+
+
+# ------------------------------------------------------------------------------------------ the report line
+def _pct(level: float) -> str:
+    return f"{100 * float(level):g} %"
+
+
+def calibration_name(calibration) -> str:
+    return calibration if isinstance(calibration, str) else type(calibration).__name__
+
+
+def calibration_line(name: str, fitted: FittedCalibration, table, levels, classification: bool,
+                     reached) -> str:
+    """E.g. "calibration: conformal at d = 50 on 78 rows, 0.4 s: quantile 1.64 at 90 %" or "calibration:
+    coverage at d = 12 on 78 rows, 0.9 s: coverage 0.91 of the 90 % target (reached)"."""
+    d, n, cal = fitted.n_components, fitted.n_rows, fitted.calibrator
+    text = f"calibration: {name} at d = {d} on {n} rows, {fitted.seconds:.1f} s"
+    if "quantile" in table and "level" in table:
+        text += ": " + ", ".join(f"quantile {row.quantile:.3g} at {_pct(row.level)}" for row in table.itertuples())
+        level = float(table["level"].iloc[0])
+        bands = 1
+        if "n_bins" in table and len(table):
+            if classification:
+                bands = len(cal.bin_scores_[0])
+                text += f" (pooled; each of the {bands} classes has its own, calibrator_.bins_)"
+            else:
+                bands = max(len(e) + 1 for e in cal.edges_)
+                top = float(table["level"].max())  # the bands serve the highest level
+                text += f" ({'pooled; ' if bands > 1 else ''}{_bands_text(cal, top, n)})"
+        if getattr(cal, "quantile_method", "higher") == "higher" and bands == 1:  # interpolated: the level on average
+            text += _expected_coverage(n, level)
+    elif "coverage" in table and len(table):
+        level = levels[0]
+        row = table[table["d"] == d].iloc[-1] if (table["d"] == d).any() else table.iloc[-1]
+        text += f": coverage {row['coverage']:.3f} of the {_pct(level)} target"
+        text += {True: " (reached)", False: " (not reached)", None: ""}[reached]
+    return text
+
+
+def _bands_text(cal, level: float, n_rows: int) -> str:
+    """The σ̂ bands of a fitted MondrianConformalCalibrator and why, per output (once where the outputs agree), e.g.
+    "5 bands of σ̂, each with its own quantile, as the scores differ across them (Kruskal–Wallis p = 0.031)"."""
+    if cal.n_bins != "auto":
+        bands = max(len(e) + 1 for e in cal.edges_)
+        merged = f", merged to {bands} for {cal.rows_needed(level)} rows a band" if bands < cal.n_bins else ""
+        return f"n_bins={cal.n_bins} as set{merged}"
+    pvalues = getattr(cal, "band_pvalue_", None)
+    if cal.min_bins == "auto" or cal.min_bins_ > 1:
+        need = 2 * cal.rows_needed(level)
+    else:
+        need = 2 * max(cal.min_bin_size, cal.rows_needed(level))
+    texts = []
+    for j, edges in enumerate(cal.edges_):
+        bands = len(edges) + 1
+        p = np.nan if pvalues is None else float(pvalues[j])
+        own = f"{bands} bands of σ̂, each with its own quantile"
+        if np.isfinite(p):
+            test = f"Kruskal–Wallis p {_pvalue(p)}"
+            if p < BAND_TEST_LEVEL:
+                texts.append(f"{own}, as the scores differ across them ({test})")
+            elif bands == 1:
+                texts.append(f"one band of σ̂: the scores are alike across bands ({test})")
+            else:
+                texts.append(f"{own}, by the row count (the scores are alike across narrower ones, {test})")
+        elif bands == 1 and n_rows < need:
+            texts.append(f"one band of σ̂: bands need {need} calibration rows")
+        elif bands == 1:
+            texts.append("one band of σ̂")
+        else:
+            texts.append(own)
+    if len(set(texts)) == 1:
+        return texts[0] + (f", every output of {len(texts)}" if len(texts) > 1 else "")
+    if len(texts) > 4:
+        counts = [len(e) + 1 for e in cal.edges_]
+        return f"σ̂ bands per output {counts}, each with its own quantile (band_pvalue_ says why)"
+    return "; ".join(f"output {j}: {t}" for j, t in enumerate(texts))
+
+
+def _pvalue(p: float) -> str:
+    """"= 0.43" or "< 0.1": two significant digits, never rounded across the test's level (0.0996 is "< 0.1")."""
+    shown = f"{p:.2g}"
+    if p < BAND_TEST_LEVEL <= float(shown):
+        return f"< {BAND_TEST_LEVEL:g}"
+    return f"= {shown}"
+
+
+def _expected_coverage(n: int, level: float) -> str:
+    """With few calibration rows a conformal interval covers ⌈(n + 1)(1 − γ)⌉ / (n + 1) on average, above the level:
+    said when that is a point or more (e.g. 93.1 % from 28 rows at 90 %), so that the overshoot is not a surprise."""
+    if n < 1:
+        return ""
+    k = int(conformal_rank(n, level)[0])
+    expected = k / (n + 1)
+    if k > n or expected - level < 0.01:
+        return ""
+    return (f"; with {n} rows conformal intervals cover {100 * expected:.1f} % on average (⌈(n + 1)(1 − γ)⌉/(n + 1); "
+            "more calibration rows bring it to the level)")
