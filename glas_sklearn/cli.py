@@ -36,16 +36,16 @@ def _demo(args) -> int:
     import pandas as pd
     from sklearn.model_selection import train_test_split
 
-    from . import LaplaceActiveSubspaceRegressor, load_concrete
+    from . import LaplaceActiveSubspaceRegressor, LowRank, Training, load_concrete
     from .metrics import coverage_score, mean_width_score
 
     X, y = load_concrete(as_frame=True)
     X_train, X_test, y_train, y_test = train_test_split(X, y, test_size=0.2, random_state=args.seed)
     levels = sorted({0.5, args.level})
-    size = dict(max_epochs=30, max_components=10) if args.quick else {}
+    size = dict(training=Training(max_epochs=30), posterior=LowRank(max_components=10)) if args.quick else {}
     print(f"UCI concrete: {len(X)} rows, {X.shape[1]} features, target {y.name} in MPa; "
           f"{len(X_train)} rows to fit, {len(X_test)} held out to test.")
-    settings = ", ".join(f"{k}={v}" for k, v in size.items())
+    settings = ", ".join(f"{k}={v!r}" for k, v in size.items())
     print(f"Fitting LaplaceActiveSubspaceRegressor({settings or 'the default settings'}, "
           f"random_state={args.seed}) ...", flush=True)
     t0 = time.perf_counter()
@@ -101,7 +101,7 @@ def _paper_demo(args) -> int:
     import pandas as pd
     from sklearn.model_selection import train_test_split
 
-    from . import LaplaceActiveSubspaceRegressor, load_concrete
+    from . import LaplaceActiveSubspaceRegressor, Subspace, Training, load_concrete
     from .calibration import CalibrationWarning
     from .metrics import coverage_score, mean_width_score
 
@@ -112,11 +112,11 @@ def _paper_demo(args) -> int:
     rows, fitted = [], {}
     for scaling in ("mean", "standard"):
         t0 = time.perf_counter()
-        size = dict(max_epochs=30, max_components=10) if args.quick else dict(max_components=50)
+        size = dict(training=Training(max_epochs=30)) if args.quick else {}
         # the paper's method (d chosen by coverage); the estimator's defaults are low-rank + conformal
+        posterior = Subspace(max_components=10 if args.quick else 50, n_samples=args.n_samples)
         reg = LaplaceActiveSubspaceRegressor(scaling=scaling, confidence_level=args.level,
-                                             calibration="coverage", posterior="subspace",
-                                             n_samples=args.n_samples, random_state=args.seed,
+                                             calibration="coverage", posterior=posterior, random_state=args.seed,
                                              verbose=0 if args.quiet else 1, **size)
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", CalibrationWarning)

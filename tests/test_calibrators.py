@@ -234,7 +234,8 @@ def test_coverage_display_asks_the_fitted_calibrator():
     X, y = _data(60)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
-        paper = LaplaceActiveSubspaceRegressor(**grouped(**{**SMALL, **PAPER, "calibration": CoverageCalibrator()})).fit(X, y)
+        settings = grouped(**{**SMALL, **PAPER, "calibration": CoverageCalibrator()})
+        paper = LaplaceActiveSubspaceRegressor(**settings).fit(X, y)
     disp = CoverageDisplay.from_estimator(paper)
     np.testing.assert_array_equal(disp.line_.get_ydata(), paper.calibration_["coverage"].to_numpy())
     assert disp.reached == (paper.calibration_reached_ is not False) and not disp.classification
@@ -257,7 +258,7 @@ def test_pickles_round_trip_and_older_pickles_are_refused_naming_the_version():
     loaded = pickle.loads(pickle.dumps(est))
     np.testing.assert_array_equal(loaded.predict_interval(X[:5])[1], est.predict_interval(X[:5])[1])
     state = est.__getstate__()
-    assert state["_glas_pickle"] == (glas_sklearn.__version__, 1)
+    assert state["_glas_pickle"] == (glas_sklearn.__version__, 2)
     for stamp in (None, ("0.0.9", 0)):
         old = dict(state)
         old.pop("_glas_pickle")

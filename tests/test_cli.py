@@ -11,7 +11,7 @@ def test_demo_quick_prints_intervals_coverage_and_writes_a_plot(tmp_path, capsys
     assert main(["demo", "--quick", "--quiet", "--rows", "5", "--output-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "UCI concrete: 1030 rows" in out and "824 rows to fit, 206 held out" in out
-    assert "max_epochs=30, max_components=10" in out  # a quick run says how it differs from the defaults
+    assert "training=Training(max_epochs=30), posterior=LowRank(max_components=10)" in out  # how a quick run differs
     # the interval table: 5 rows of y, prediction, lower, upper, inside, each inside flag agreeing with its bounds
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["y", "(MPa)"]) + 1

@@ -86,7 +86,8 @@ def test_our_estimators_in_a_pipeline_give_their_own_intervals_and_sets():
 
 def test_transformed_target_with_standard_scaler_maps_the_bounds_affinely():
     X, y = _data()
-    ttr = TransformedTargetRegressor(LaplaceActiveSubspaceRegressor(**grouped(**SMALL)), transformer=StandardScaler()).fit(X, y)
+    ttr = TransformedTargetRegressor(LaplaceActiveSubspaceRegressor(**grouped(**SMALL)),
+                                     transformer=StandardScaler()).fit(X, y)
     y_pred, y_pis = predict_interval(ttr, X[:10], confidence_level=[0.5, 0.9])
     inner_pred, inner_pis = ttr.regressor_.predict_interval(X[:10], confidence_level=[0.5, 0.9])
     mean, scale = y.mean(), y.std()  # StandardScaler's statistics, by hand

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
+from glas_sklearn import Compute, LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
 from glas_sklearn.calibration import CalibrationWarning
 from tests.reference import assert_unchanged, grouped, mlp, snapshot
 
@@ -33,7 +33,7 @@ def _data(n=40, seed=0):
 
 @pytest.mark.parametrize("estimator", [LaplaceActiveSubspaceRegressor, LaplaceActiveSubspaceClassifier])
 def test_auto_is_the_default(estimator):
-    assert estimator().get_params()["dtype"] == "auto"
+    assert estimator().get_params()["compute"] is None and Compute().dtype == "auto"  # None: Compute()
 
 
 @pytest.mark.parametrize("torch_dtype", [torch.float64, torch.float32])

@@ -474,7 +474,8 @@ def test_constraint_table_refuses_each_bad_value_naming_parameter_value_and_allo
 
 def test_classifier_checks_the_shared_constraints_and_has_no_regression_ones():
     X, y = _labels(n=10)
-    with pytest.raises(ValueError, match=r"^LaplaceActiveSubspaceClassifier: posterior__n_samples must be an int >= 2, got 1\.$"):
+    with pytest.raises(ValueError,
+                       match=r"^LaplaceActiveSubspaceClassifier: posterior__n_samples must be an int >= 2, got 1\.$"):
         _clf(n_samples=1).fit(X, y)
     assert "noise_std" not in LaplaceActiveSubspaceClassifier._parameter_constraints
 

@@ -18,7 +18,7 @@ import torch
 from sklearn.base import clone
 from torch import nn
 
-from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
+from glas_sklearn import Compute, LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
 from glas_sklearn.calibration import CalibrationWarning
 from glas_sklearn.posterior import ActiveSubspacePosterior
 from tests.reference import grouped
@@ -366,7 +366,7 @@ def test_test_rows_beyond_float32_are_refused(regressors):
 def test_integer_X_with_a_float_module_is_refused_before_training(monkeypatch):
     """Integer X reaches a user's module as token ids: a float module cannot take them; said before training,
     with the hint, not as a dtype error from inside the training loop."""
-    import glas_sklearn.estimators._network_training as training
+    import glas_sklearn.estimators._training as training
 
     def no_training(*args, **kwargs):
         raise AssertionError("training started")
@@ -493,9 +493,9 @@ def test_working_memory_bounds_the_chunks_not_the_results():
     reg = LaplaceActiveSubspaceRegressor(**grouped(**FAST)).fit(X, y)
     X_test = _regression(n=300, seed=6)[0]
     ref = reg.predict_interval(X_test)
-    small = clone(reg).set_params(working_memory=0.01).fit(X, y)
+    small = clone(reg).set_params(compute=Compute(working_memory=0.01)).fit(X, y)
     got = small.predict_interval(X_test)
     for a, b in zip(got, ref, strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match="working_memory"):
-        clone(reg).set_params(working_memory=0).fit(X, y)
+        clone(reg).set_params(compute=Compute(working_memory=0)).fit(X, y)

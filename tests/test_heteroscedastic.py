@@ -283,7 +283,8 @@ def _sampled_coverage_by_hand(est, Xc, yc, d, level):
     variance), written out from the samples, in internal units."""
     from scipy import stats
 
-    s = est.posterior_.predict_samples(Xc, d, n_samples=est.n_samples, random_state=est.calibrator_.sample_seed_)
+    s = est.posterior_.predict_samples(Xc, d, n_samples=est.get_params()["posterior__n_samples"],
+                                       random_state=est.calibrator_.sample_seed_)
     mu, var = s[..., 0], s[..., 1].clamp(-30, 30).exp()
     mean, total = mu.mean(0), var.mean(0) + mu.var(0, unbiased=False)
     half = stats.norm.ppf(0.5 + level / 2) * total.sqrt()

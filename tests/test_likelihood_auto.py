@@ -15,7 +15,6 @@ from glas_sklearn.estimators._likelihood_choice import (
     likelihood_support,
     retraining_epochs,
 )
-from glas_sklearn.estimators._network_training import NetworkTrainingMixin
 from glas_sklearn.likelihoods import Gaussian, HeteroscedasticGaussian
 from tests.reference import grouped
 
@@ -185,17 +184,19 @@ def test_auto_on_small_data_retrains_for_the_epochs_the_held_out_rows_picked():
     trains for that many epochs."""
     X, y = _data(lambda X: 0.5, n=300)
     curves = []
-    original = NetworkTrainingMixin._train
+    original = Training.fit
 
     def recording(self, *args, **kw):
-        original(self, *args, **kw)
-        curves.append((self.validation_scores_, self.n_iter_))
+        history = original(self, *args, **kw)
+        curves.append((history.validation_scores if history.validation_indices is not None else None,
+                       history.n_iter))
+        return history
 
     est = LaplaceActiveSubspaceRegressor(n_components=5, random_state=0,
                                          training=Training(max_epochs=400, n_iter_no_change=2),
                                          compute=Compute(device="cpu", n_threads=1))
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(NetworkTrainingMixin, "_train", recording)
+        mp.setattr(Training, "fit", recording)
         est.fit(X, y)
     s = est.likelihood_support_
     assert len(curves) == 3

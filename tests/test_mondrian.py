@@ -236,7 +236,7 @@ def test_band_report_per_output_and_by_row_count():
     """The fit line says per output why it has its bands: 500 calibration rows give ⌊500/200⌋ = 2 bands by row
     count, five where the scores differ across five (output 0: noise ∝ σ̂²), and it says which output is which;
     a p-value just under the test's level is never printed as the level itself."""
-    from glas_sklearn.estimators._report import _bands_text, _pvalue
+    from glas_sklearn.estimators._calibration import _bands_text, _pvalue
 
     rng = np.random.default_rng(0)
     sd = rng.uniform(0.5, 2.0, size=(500, 2))
@@ -581,7 +581,7 @@ def test_class_conditional_calibration_rows_per_class():
     assert sets[:, 3, 1].all()  # class "d" in every 90 % set
     # the calibrator fitted on its own says it once too, at the caller's line (classes by index)
     p = short.posterior_
-    Xt = short._to_tensor(short._transform_X(X[cal_rows]), p.device, p.dtype)
+    Xt = short._inputs.rows_tensor(X[cal_rows], p.device, p.dtype)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         MondrianConformalCalibrator().fit(p, Xt, short._encode(labels[cal_rows]), likelihood=short.likelihood_)

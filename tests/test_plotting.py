@@ -145,7 +145,7 @@ def _full_curve(reg, data, confidence_level):
     """choose_dimension's full coverage curve of ``reg``'s posterior on the first 20 rows of ``data``, in the
     units the posterior works in (transformed X, standardised y)."""
     post = reg.posterior_
-    Xc = torch.as_tensor(reg._transform_X(data[0][:20]), dtype=post.dtype)
+    Xc = torch.as_tensor(reg._inputs.transform(data[0][:20]), dtype=post.dtype)
     yc = torch.as_tensor((data[1][:20] - reg.y_mean_[0]) / reg.y_scale_[0], dtype=post.dtype)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
@@ -206,12 +206,12 @@ def test_plot_intervals_parity(plt, reg_2d, data_2d):
     assert "50 % intervals" in ax.get_title()
     assert "50 % interval for f" in [t.get_text() for t in ax.get_legend().get_texts()]
     # the label follows the fitted intervals, not a parameter changed since the fit
-    reg_2d.set_params(include_noise=True)
+    reg_2d.set_params(posterior__include_noise=True)
     try:
         ax = plot_intervals(reg_2d, X, y, confidence_level=0.5)
         assert "50 % interval for f" in [t.get_text() for t in ax.get_legend().get_texts()]
     finally:
-        reg_2d.set_params(include_noise=False)
+        reg_2d.set_params(posterior__include_noise=False)
 
 
 @pytest.mark.parametrize("settings, label", [

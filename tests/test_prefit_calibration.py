@@ -214,8 +214,8 @@ def test_own_network_is_trained_only_on_rows_held_apart_from_the_calibration_row
         est = LaplaceActiveSubspaceClassifier(_Recorder(2, 2), training=Training(standardize=False, batch_size=None))
         loss = lambda out, t: nn.functional.cross_entropy(out, torch.as_tensor(np.unique(t, return_inverse=True)[1]))  # noqa: E731,E501
     initial = copy.deepcopy(est.module)
-    est.set_params(max_epochs=3, dtype="float64", max_components=3, n_samples=20, calibration_size=0.2,
-                   random_state=0).fit(X, y)
+    est.set_params(training__max_epochs=3, compute=Compute(dtype="float64"),
+                   posterior=LowRank(max_components=3, n_samples=20), calibration_size=0.2, random_state=0).fit(X, y)
     train, cal = est.train_indices_, est.calibration_indices_
     # disjoint, together every row of X once
     assert len(set(train) & set(cal)) == 0

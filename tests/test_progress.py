@@ -103,7 +103,8 @@ def test_fit_log_in_a_pipe_is_one_line_per_stage(cls, capsys):
     """verbose=1 with standard error captured (not a terminal): no carriage return, one line per finished stage
     with its time, the eigen-solver's line counting products, and a closing line saying what the fit did."""
     X, y = _blobs_or_wave(cls is LaplaceActiveSubspaceClassifier)
-    est = cls(max_epochs=5, max_components=4, n_samples=20, random_state=0, verbose=1).fit(X, y)
+    est = cls(random_state=0, verbose=1, training=Training(max_epochs=5),
+              posterior=LowRank(max_components=4, n_samples=20)).fit(X, y)
     err = capsys.readouterr().err
     assert "\r" not in err
     lines = err.splitlines()
@@ -142,7 +143,7 @@ def test_expected_coverage_note_for_few_calibration_rows(n, expected):
     """⌈(n + 1)(1 − γ)⌉ / (n + 1) at 90 %: 27/29 from 28 rows, 18/19 from 18; a point or less above the level
     (9 rows: 9/10; 30: 28/31) says nothing, nor does a level the rows cannot reach (8 rows: infinite intervals,
     warned elsewhere)."""
-    from glas_sklearn.estimators._report import _expected_coverage
+    from glas_sklearn.estimators._calibration import _expected_coverage
 
     note = _expected_coverage(n, 0.9)
     if expected is None:

@@ -261,8 +261,8 @@ def test_prefit_estimator_with_integer_weights_equals_repeated_rows(kind):
     w = _weights(40, seed=25).numpy()
     before = snapshot(net)
     kw = dict(module=net, prefit=True, max_components=4, dtype="float64", random_state=0, n_samples=20)
-    weighted = Est(**kw).fit(X, y, sample_weight=w, X_cal=X_cal, y_cal=y_cal)
-    repeated = Est(**kw).fit(np.repeat(X, w, axis=0), np.repeat(y, w), X_cal=X_cal, y_cal=y_cal)
+    weighted = Est(**grouped(**kw)).fit(X, y, sample_weight=w, X_cal=X_cal, y_cal=y_cal)
+    repeated = Est(**grouped(**kw)).fit(np.repeat(X, w, axis=0), np.repeat(y, w), X_cal=X_cal, y_cal=y_cal)
     assert_unchanged(net, before)  # a prefit module never changes
     assert weighted.n_records_ == int((w > 0).sum()) and repeated.n_records_ == int(w.sum())
     np.testing.assert_allclose(weighted.eigenvalues_, repeated.eigenvalues_, rtol=1e-6)
@@ -286,16 +286,16 @@ def test_zero_weights_equal_dropping_rows_and_ones_equal_none(Est):
     w = np.where(np.arange(40) % 5 == 0, 0.0, 1.0 + (np.arange(40) % 3))
     X_test, _ = _data(8, seed=3)
     method = "predict_proba" if Est is LaplaceActiveSubspaceClassifier else "predict"
-    weighted = Est(**SMALL).fit(X, y, sample_weight=w)
-    dropped = Est(**SMALL).fit(X[w > 0], y[w > 0], sample_weight=w[w > 0])
-    unweighted = Est(**SMALL).fit(X[w > 0], y[w > 0])
+    weighted = Est(**grouped(**SMALL)).fit(X, y, sample_weight=w)
+    dropped = Est(**grouped(**SMALL)).fit(X[w > 0], y[w > 0], sample_weight=w[w > 0])
+    unweighted = Est(**grouped(**SMALL)).fit(X[w > 0], y[w > 0])
     np.testing.assert_array_equal(getattr(weighted, method)(X_test), getattr(dropped, method)(X_test))
     kept = np.flatnonzero(w > 0)  # the split's positions are in the user's X; zero-weight rows are in neither
     np.testing.assert_array_equal(weighted.train_indices_, kept[dropped.train_indices_])
     np.testing.assert_array_equal(weighted.calibration_indices_, kept[dropped.calibration_indices_])
     assert not np.allclose(getattr(weighted, method)(X_test), getattr(unweighted, method)(X_test))
-    ones = Est(**SMALL).fit(X, y, sample_weight=np.ones(40))
-    none = Est(**SMALL).fit(X, y)
+    ones = Est(**grouped(**SMALL)).fit(X, y, sample_weight=np.ones(40))
+    none = Est(**grouped(**SMALL)).fit(X, y)
     np.testing.assert_array_equal(getattr(ones, method)(X_test), getattr(none, method)(X_test))
 
 
@@ -344,7 +344,8 @@ def test_sample_weight_reaches_the_estimator_through_a_pipeline_without_routing(
     X, y = _data(40)
     w = 1.0 + np.arange(40) % 4
     X_test, _ = _data(8, seed=6)
-    direct = LaplaceActiveSubspaceRegressor(**grouped(**SMALL)).fit(StandardScaler().fit_transform(X), y, sample_weight=w)
+    direct = LaplaceActiveSubspaceRegressor(**grouped(**SMALL)).fit(StandardScaler().fit_transform(X), y,
+                                                                     sample_weight=w)
     scaler = StandardScaler().fit(X)
     np.testing.assert_array_equal(_predictions_without_routing(X, y, w, X_test),
                                   direct.predict(scaler.transform(X_test)))
@@ -361,7 +362,7 @@ def test_metadata_routing_through_pipeline_and_grid_search():
             sample_weight=True)
         pipe = Pipeline([("scale", StandardScaler().set_fit_request(sample_weight=False)), ("reg", reg)])
         np.testing.assert_array_equal(pipe.fit(X, y, sample_weight=w).predict(X_test), expected)
-        search = GridSearchCV(pipe, {"reg__max_components": [2, 3]}, cv=KFold(2)).fit(X, y, sample_weight=w)
+        search = GridSearchCV(pipe, {"reg__posterior__max_components": [2, 3]}, cv=KFold(2)).fit(X, y, sample_weight=w)
         best_pred = search.best_estimator_.predict(X_test)
         # not requested: the weights are refused loudly rather than silently dropped
         plain = Pipeline([("scale", StandardScaler().set_fit_request(sample_weight=False)),
@@ -369,7 +370,9 @@ def test_metadata_routing_through_pipeline_and_grid_search():
         with pytest.raises(Exception, match="sample_weight"):
             plain.fit(X, y, sample_weight=w)
     # the search's refit on all rows got the weights: the same network as the weighted fit by hand
-    refit = Pipeline([("scale", StandardScaler()), ("reg", LaplaceActiveSubspaceRegressor(**grouped(**{**SMALL, "max_components": search.best_params_["reg__max_components"]})))])
+    best = search.best_params_["reg__posterior__max_components"]
+    refit = Pipeline([("scale", StandardScaler()),
+                      ("reg", LaplaceActiveSubspaceRegressor(**grouped(**{**SMALL, "max_components": best})))])
     np.testing.assert_array_equal(best_pred, refit.fit(X, y, reg__sample_weight=w).predict(X_test))
     # and each cross-validation fit got its fold's weights: the fold's score by hand (weighted R²)
     train, test = next(iter(KFold(2).split(X)))

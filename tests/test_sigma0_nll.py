@@ -240,7 +240,8 @@ def test_default_classifier_tunes_sigma0_on_disjoint_stratified_reproducible_row
     again = LaplaceActiveSubspaceClassifier(**grouped(**FAST)).fit(X, y, X_cal=X_cal, y_cal=y_cal)
     np.testing.assert_array_equal(again.sigma0_rows_, tune)
     assert again.sigma0_ == clf.sigma0_
-    other = LaplaceActiveSubspaceClassifier(**grouped(**{**FAST, "random_state": 1})).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    other = LaplaceActiveSubspaceClassifier(**grouped(**{**FAST, "random_state": 1})).fit(X, y, X_cal=X_cal,
+                                                                                           y_cal=y_cal)
     assert not np.array_equal(other.sigma0_rows_, tune)
 
 

@@ -63,7 +63,8 @@ PAPER = dict(posterior="subspace", calibration="coverage", predictive="sampled")
 
 @parametrize_with_checks(
     [LaplaceActiveSubspaceRegressor(**grouped(**SMALL)), LaplaceActiveSubspaceClassifier(**grouped(**SMALL)),
-     LaplaceActiveSubspaceRegressor(**grouped(**PAPER, **SMALL)), LaplaceActiveSubspaceClassifier(**grouped(**PAPER, **SMALL))],
+     LaplaceActiveSubspaceRegressor(**grouped(**PAPER, **SMALL)),
+     LaplaceActiveSubspaceClassifier(**grouped(**PAPER, **SMALL))],
     expected_failed_checks=lambda est: EXPECTED_FAILED_CHECKS,
     xfail_strict=True,
 )
@@ -151,7 +152,8 @@ def test_pickled_prefit_estimator_keeps_module_identity():
     X, y = _regression()
     est = LaplaceActiveSubspaceRegressor(net, prefit=True, n_components=2, random_state=0,
                                          posterior=LowRank(n_samples=20),
-                                         compute=Compute(dtype="float64")).fit(X[10:], y[10:], X_cal=X[:10], y_cal=y[:10])
+                                         compute=Compute(dtype="float64"))
+    est.fit(X[10:], y[10:], X_cal=X[:10], y_cal=y[:10])
     assert est.module_ is net
     loaded = pickle.loads(pickle.dumps(est))
     assert loaded.module_ is loaded.module and loaded.module is not net

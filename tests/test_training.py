@@ -5,18 +5,20 @@ training attributes and the stop reason in the log."""
 from __future__ import annotations
 
 import logging
+import re
 
 import numpy as np
 import pytest
 import torch
 from torch import nn
 
+import glas_sklearn
 from glas_sklearn import Compute, LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor, LowRank, Training
 from glas_sklearn.estimators import _training
+from glas_sklearn.estimators._posterior import auto_subsample
 from glas_sklearn.estimators._training import (
     auto_batch_size,
     auto_lr,
-    auto_subsample,
     batch_slices,
     build_optimizer,
     held_out_loss,
@@ -41,7 +43,7 @@ def _data(n=300, seed=0, noise=0.3):
 
 def _internal(est, X, y):
     """Rows and targets in the estimator's internal (standardised) units, as training saw them."""
-    Xt = torch.as_tensor(est._transform_X(X), dtype=torch.float64)
+    Xt = torch.as_tensor(est._inputs.transform(X), dtype=torch.float64)
     yt = torch.as_tensor(((y - est.y_mean_[0]) / est.y_scale_[0])[:, None], dtype=torch.float64)
     return Xt, yt
 
@@ -76,13 +78,12 @@ def test_auto_lr_is_1e3_except_for_steps_of_1024_rows_or_more_on_large_data(n, b
 
 
 def test_lr_auto_resolves_with_the_batch_size_and_an_explicit_lr_is_kept():
-    assert LaplaceActiveSubspaceRegressor().lr == "auto"
-    est = LaplaceActiveSubspaceRegressor()
-    assert (est._batch_size(1999), est._lr(1999)) == (99, 1e-3)
-    assert (est._batch_size(36_000), est._lr(36_000)) == (1024, 3e-3)
-    assert LaplaceActiveSubspaceRegressor(training=Training(batch_size=200))._lr(36_000) == 1e-3  # the user's batch size: 1e-3
-    assert LaplaceActiveSubspaceRegressor(training=Training(lr=5e-4))._lr(36_000) == 5e-4          # the user's lr: as given
-    assert LaplaceActiveSubspaceClassifier()._lr(36_000) == 3e-3
+    assert Training().lr == "auto" and LaplaceActiveSubspaceRegressor().training is None  # None: Training()
+    est = Training()
+    assert (est.batch_rows(1999), est.learning_rate(1999)) == (99, 1e-3)
+    assert (est.batch_rows(36_000), est.learning_rate(36_000)) == (1024, 3e-3)
+    assert Training(batch_size=200).learning_rate(36_000) == 1e-3  # the user's batch size: 1e-3
+    assert Training(lr=5e-4).learning_rate(36_000) == 5e-4  # the user's lr: as given
 
 
 def test_lr_auto_trains_small_data_as_lr_1e3():
@@ -126,7 +127,7 @@ def test_early_stopping_keeps_the_weights_of_the_lowest_held_out_loss():
     best = int(np.argmin(scores))
     assert est.best_validation_score_ == scores[best]
     # stopped after n_iter_no_change epochs without an improvement of more than tol over the best
-    assert np.all(scores[best + 1:] > scores[best] - est.tol) and len(scores) - 1 - best >= 5
+    assert np.all(scores[best + 1:] > scores[best] - est.training.tol) and len(scores) - 1 - best >= 5
     # the network kept is that epoch's: its loss on the validation rows, recomputed independently
     rows = est.train_indices_[est.validation_indices_]
     Xv, yv = _internal(est, X[rows], y[rows])
@@ -248,8 +249,8 @@ def test_prefit_modules_are_never_trained():
     net = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 1)).double()
     before = {k: v.clone() for k, v in net.state_dict().items()}
     est = LaplaceActiveSubspaceRegressor(module=net, prefit=True, random_state=0,
-                                         posterior=LowRank(n_samples=50,
-                                                           max_components=3)).fit(X[:80], y[:80], X_cal=X[80:], y_cal=y[80:])
+                                         posterior=LowRank(n_samples=50, max_components=3))
+    est.fit(X[:80], y[:80], X_cal=X[80:], y_cal=y[80:])
     assert est.n_iter_ == 0 and est.loss_curve_ == [] and est.validation_scores_ is None
     for k, v in net.state_dict().items():
         assert torch.equal(v, before[k])
@@ -294,12 +295,18 @@ def test_an_estimator_pickles_with_its_training_record_and_older_states_are_refu
     X, y = _data(n=60)
     est = LaplaceActiveSubspaceRegressor(**grouped(**{**FAST, "early_stopping": False}, max_epochs=3)).fit(X, y)
     loaded = pickle.loads(pickle.dumps(est))
-    assert loaded.get_params() == est.get_params() and loaded.n_iter_ == est.n_iter_ == 3
+    assert repr(loaded.get_params()) == repr(est.get_params()) and loaded.n_iter_ == est.n_iter_ == 3
     assert loaded.loss_curve_ == est.loss_curve_ and loaded.validation_scores_ is None
     np.testing.assert_array_equal(loaded.predict(X[:5]), est.predict(X[:5]))
     state = est.__getstate__()
     state.pop("_glas_pickle")
     with pytest.raises(ValueError, match="earlier development build of glas-sklearn.*Refit"):
+        LaplaceActiveSubspaceRegressor.__new__(LaplaceActiveSubspaceRegressor).__setstate__(state)
+    # the format of the estimators before their settings objects (format 1, the flat constructor) is refused too,
+    # naming the version that made it
+    state["_glas_pickle"] = (glas_sklearn.__version__, 1)
+    with pytest.raises(ValueError, match=rf"glas-sklearn {re.escape(glas_sklearn.__version__)} \(pickle format 1\)"
+                                         r".*not migrated.*Refit"):
         LaplaceActiveSubspaceRegressor.__new__(LaplaceActiveSubspaceRegressor).__setstate__(state)
 
 
@@ -360,6 +367,6 @@ def test_subsample_auto_builds_the_curvature_on_10000_of_more_rows(monkeypatch):
     X, y = _data(n=10_101)
     kw = {**FAST, "module_kwargs": dict(hidden_layer_sizes=(4,)), "max_epochs": 1, "max_components": 2}
     est = LaplaceActiveSubspaceRegressor(**grouped(**kw, calibration_size=100)).fit(X, y)  # 10,001 training rows
-    assert seen == [10_000] and est.get_params()["subsample"] == "auto"
+    assert seen == [10_000] and est.get_params()["posterior__subsample"] == "auto"
     LaplaceActiveSubspaceRegressor(**grouped(**kw, calibration_size=101)).fit(X, y)  # 10,000
     assert seen == [10_000, None]

@@ -358,8 +358,10 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
                             standardize=self._standardizes(settings), device=device, dtype=dtype,
                             class_labels=self._class_labels())
         self._inputs = data.inputs
-        self.module_, self.likelihood_, history = self._fit_network(data, settings, dtype)
+        self.train_indices_, self.calibration_indices_ = data.train_indices, data.calibration_indices
+        self.module_, self.likelihood_, history, timings = self._fit_network(data, settings, dtype)
         self._keep_history(history)
+        self.timings_.update(timings)
         self._check_network_outputs(data)
         noise_var = self._fit_noise(self.module_, data, settings)
         laplace = settings.posterior.fit(self.module_, data.Xt, data.yt, self.likelihood_,
@@ -424,8 +426,9 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
 
     def _fit_network(self, data: PreparedData, settings: FitSettings, dtype: torch.dtype):
         """θ0: the prefit module as it is, or a network built from the recipe and trained on the training rows
-        (:meth:`Training.fit`): ``(module, likelihood, history)``, history None when prefit."""
-        return self._train_network(data, settings, dtype, settings.likelihood)
+        (:meth:`Training.fit`): ``(module, likelihood, history, timings)``, history None when prefit, timings
+        of extra stages."""
+        return (*self._train_network(data, settings, dtype, settings.likelihood), {})
 
     def _train_network(self, data: PreparedData, settings: FitSettings, dtype, likelihood, **train_options):
         """One network for ``likelihood``, built and trained (``train_options`` go to :meth:`Training.fit`)."""

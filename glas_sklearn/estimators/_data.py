@@ -122,13 +122,13 @@ def _split_out(out):
 @dataclass
 class InputEncoder:
     """How rows of ``X`` become the network's input tensors: the row shape and kind seen in fit (a table of
-    floats, n-d rows, integer token ids), padding to the fitted length with ``padding_idx``, and the
+    floats, n-d rows, integer token ids), padding to the fitted length with ``pad_id`` (the ``padding_idx``), and the
     standardisation of float tables (``x_mean``, ``x_scale``; None when off), fitted on the training rows only."""
 
     owner: str
     input_shape: tuple
     integer_input: bool
-    padding_idx: int | None = None
+    pad_id: int | None = None
     feature_names: np.ndarray | None = None
     x_mean: np.ndarray | None = None
     x_scale: np.ndarray | None = None
@@ -163,7 +163,7 @@ class InputEncoder:
         if self.integer_input and not np.issubdtype(X.dtype, np.integer):
             raise ValueError(f"X has {X.dtype} values, but {name} was fitted on integer token ids; pass the ids as "
                              "integers (e.g. X.astype(np.int64)).")
-        if self.padding_idx is not None and X.ndim == 2 and len(self.input_shape) == 1:
+        if self.pad_id is not None and X.ndim == 2 and len(self.input_shape) == 1:
             X = self._to_fitted_length(X)
         if tuple(X.shape[1:]) != self.input_shape:
             raise ValueError(f"X has rows of shape {tuple(X.shape[1:])}, but {name} was fitted on rows of shape "
@@ -173,7 +173,7 @@ class InputEncoder:
     def _to_fitted_length(self, X: np.ndarray) -> np.ndarray:
         """Token sequences (n, T') right-padded with ``padding_idx`` to the fitted length T, or cut to it where
         only padding follows."""
-        T, pad = self.input_shape[0], self.padding_idx
+        T, pad = self.input_shape[0], self.pad_id
         if X.shape[1] < T:
             return np.concatenate([X, np.full((X.shape[0], T - X.shape[1]), pad, dtype=X.dtype)], axis=1)
         if X.shape[1] > T:
@@ -201,8 +201,8 @@ class InputEncoder:
             raise ValueError(f"{name}: training__standardize=True applies to 2-D tables of floats, but X has {what}; "
                              "use standardize='auto' (inputs left as they are, regression targets standardised) or "
                              "False, and normalise the inputs in the module or beforehand.")
-        if self.padding_idx is not None and not (self.integer_input and len(shape) == 1):
-            raise ValueError(f"{name}: compute__padding_idx={self.padding_idx} applies to integer token sequences "
+        if self.pad_id is not None and not (self.integer_input and len(shape) == 1):
+            raise ValueError(f"{name}: compute__padding_idx={self.pad_id} applies to integer token sequences "
                              f"(n, T) passed to a module, but X has rows of shape {shape} and "
                              f"{'integer' if self.integer_input else 'float'} values"
                              f"{' for the default MLP' if module is None else ''}.")

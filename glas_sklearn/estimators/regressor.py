@@ -198,8 +198,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         module, likelihood, history, support = choose_auto_likelihood(
             train, settings.training, data.Xt, data.yt, settings.seed, settings.likelihood, self._report)
         self.likelihood_support_ = support
-        self.timings_["likelihood_choice"] = support["seconds"] - history.seconds
-        return module, likelihood, history
+        return module, likelihood, history, {"likelihood_choice": support["seconds"] - history.seconds}
 
     def _fit_noise(self, module, data, settings):
         """σ² for β (pooled over outputs, internal units; training residuals weighted, calibration residuals
