@@ -680,3 +680,35 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence], align: str =
              "|" + "|".join("---:" if a == "r" else "---" for a in align) + "|"]
     lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
     return lines
+
+
+#: Settings the estimators take inside their settings objects, by object.
+_TRAINING = ("max_epochs", "lr", "batch_size", "weight_decay", "optimizer", "schedule", "early_stopping",
+             "validation_fraction", "n_iter_no_change", "tol", "module_kwargs", "standardize")
+_POSTERIOR = ("max_components", "eigen_method", "subsample", "predictive", "n_samples", "include_noise")
+_COMPUTE = ("device", "dtype", "n_threads", "working_memory", "padding_idx")
+
+
+def grouped(**settings) -> dict:
+    """Estimator keyword arguments from one flat dict of settings, as the benchmarks' configurations hold them: the
+    training, posterior and compute settings gathered into ``Training``, the posterior kind's settings object and
+    ``Compute`` (a preset and a test's own settings merge as plain dicts first)."""
+    from glas_sklearn import Compute, Posterior, Training
+    from glas_sklearn.estimators._posterior import resolve_posterior_settings
+
+    out = {k: v for k, v in settings.items() if k not in _TRAINING + _POSTERIOR + _COMPUTE}
+    training = {k: settings[k] for k in _TRAINING if k in settings}
+    posterior = {k: settings[k] for k in _POSTERIOR if k in settings}
+    compute = {k: settings[k] for k in _COMPUTE if k in settings}
+    if training:
+        out["training"] = Training(**training)
+    if posterior:
+        kind = out.get("posterior", "low_rank")
+        try:
+            base = kind if isinstance(kind, Posterior) else resolve_posterior_settings(kind)
+        except ValueError:  # a kind the estimator is to refuse: left as it is
+            return out
+        out["posterior"] = base.set_params(**posterior)
+    if compute:
+        out["compute"] = Compute(**compute)
+    return out

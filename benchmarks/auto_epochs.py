@@ -78,7 +78,7 @@ def fit(X, y, seed: int, **settings):
                         "batch": self._batch_size(n_fit),
                         "validation_scores": None if scores is None else list(scores)})
 
-    est = LaplaceActiveSubspaceRegressor(confidence_level=LEVEL, random_state=seed, **settings)
+    est = LaplaceActiveSubspaceRegressor(**_common.grouped(confidence_level=LEVEL, random_state=seed, **settings))
     NetworkTrainingMixin._train = recording
     try:
         t0, c0 = time.perf_counter(), time.process_time()

@@ -44,7 +44,7 @@ import torch
 from paper_concrete import split_data
 from torch.func import functional_call, vmap
 
-from glas_sklearn import LaplaceActiveSubspaceRegressor
+from glas_sklearn import Compute, LaplaceActiveSubspaceRegressor, Subspace
 from glas_sklearn.calibration import CalibrationWarning, choose_dimension
 
 LEVEL = 0.9
@@ -70,10 +70,10 @@ def load_network(args, Xt: torch.Tensor, yt: torch.Tensor):
 def fit_case(net, data, scaling: str, noise_std: str, level: float, n_samples: int, seed: int):
     (Xtr, ytr), (Xcal, ycal) = data
     t0 = time.perf_counter()
-    est = LaplaceActiveSubspaceRegressor(
-        net, prefit=True, scaling=scaling, n_components="auto", max_components=K, predictive="sampled",
-        calibration="coverage", posterior="subspace", n_samples=n_samples, confidence_level=level,
-        noise_std=noise_std, device="cpu", random_state=seed)
+    est = LaplaceActiveSubspaceRegressor(net, prefit=True, scaling=scaling, n_components="auto", calibration="coverage",
+                                         confidence_level=level, noise_std=noise_std, random_state=seed,
+                                         posterior=Subspace(max_components=K, predictive="sampled",
+                                                            n_samples=n_samples), compute=Compute(device="cpu"))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
         est.fit(Xtr, ytr, X_cal=Xcal, y_cal=ycal)

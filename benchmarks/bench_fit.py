@@ -87,9 +87,9 @@ def _sync(device: torch.device) -> None:
 
 def run_ours(net, data, device, settings: dict, *, n_samples: int, K: int, seed: int) -> dict:
     (Xf, yf), (Xc, yc), (Xt, yt) = data["fit"], data["cal"], data["test"]
-    est = LaplaceActiveSubspaceRegressor(
-        net, prefit=True, scaling="mean", n_components="auto", max_components=K, n_samples=n_samples,
-        confidence_level=LEVEL, noise_std="training", device=str(device), random_state=seed, **settings)
+    est = LaplaceActiveSubspaceRegressor(net, **_common.grouped(
+        prefit=True, scaling="mean", n_components="auto", max_components=K, n_samples=n_samples,
+        confidence_level=LEVEL, noise_std="training", device=str(device), random_state=seed, **settings))
     _sync(device)
     t0 = time.perf_counter()
     est.fit(Xf, yf, X_cal=Xc, y_cal=yc)

@@ -23,7 +23,7 @@ import torch
 from sklearn.datasets import load_diabetes
 from sklearn.model_selection import train_test_split
 
-from glas_sklearn import LaplaceActiveSubspaceRegressor
+from glas_sklearn import Compute, LaplaceActiveSubspaceRegressor, Training
 
 Z = 1.6448536269514722
 STEM = "calibrated_std"
@@ -40,8 +40,9 @@ def run(split: int, epochs: int) -> dict:
     for lik in ("gaussian", "heteroscedastic"):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            est = LaplaceActiveSubspaceRegressor(likelihood=lik, max_epochs=epochs, random_state=split,
-                                                 device="cpu").fit(X_tr, y_tr)
+            est = LaplaceActiveSubspaceRegressor(likelihood=lik, random_state=split,
+                                                 training=Training(max_epochs=epochs),
+                                                 compute=Compute(device="cpu")).fit(X_tr, y_tr)
         mu, std = est.predict(X_te, return_std=True)
         raw = std / est.std_scale_[0]
         q = float(est.calibration_["quantile"].iloc[0])

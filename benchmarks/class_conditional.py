@@ -51,7 +51,7 @@ import torch
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
-from glas_sklearn import LaplaceActiveSubspaceClassifier
+from glas_sklearn import Compute, LaplaceActiveSubspaceClassifier, Training
 from glas_sklearn.calibration import ConformalWarning, MondrianConformalCalibrator
 
 LEVEL = 0.9
@@ -73,10 +73,10 @@ def _warning_record(caught) -> dict:
 
 
 def run_one(X_fit, y_fit, X_te, y_te, seed: int, share: float, method: str, cfg) -> tuple[dict, np.ndarray]:
-    clf = LaplaceActiveSubspaceClassifier(module_kwargs={"hidden_layer_sizes": tuple(cfg.hidden)},
-                                          max_epochs=cfg.epochs, verbose=0, n_threads=1, random_state=seed,
-                                          calibration=METHODS[method][1](), calibration_size=share,
-                                          confidence_level=LEVEL)
+    clf = LaplaceActiveSubspaceClassifier(verbose=0, random_state=seed, calibration=METHODS[method][1](),
+                                          calibration_size=share, confidence_level=LEVEL,
+                                          training=Training(module_kwargs={"hidden_layer_sizes": tuple(cfg.hidden)},
+                                                            max_epochs=cfg.epochs), compute=Compute(n_threads=1))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         t0 = time.perf_counter()

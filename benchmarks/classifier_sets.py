@@ -67,7 +67,8 @@ def run_seed(seed: int, cfg: argparse.Namespace) -> dict:
     kw = {} if cfg.epochs is None else {"max_epochs": cfg.epochs}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        clf = LaplaceActiveSubspaceClassifier(random_state=seed, **kw).fit(X_tr, y_tr, X_cal=X_ca, y_cal=y_ca)
+        clf = LaplaceActiveSubspaceClassifier(**_common.grouped(random_state=seed,
+                                                        **kw)).fit(X_tr, y_tr, X_cal=X_ca, y_cal=y_ca)
     fit_seconds = time.perf_counter() - t0
     conf_rows = np.setdiff1d(np.arange(len(X_ca)), clf.sigma0_rows_)
     codes_ca = np.searchsorted(clf.classes_, y_ca[conf_rows])

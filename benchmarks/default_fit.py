@@ -142,7 +142,7 @@ def run_ours(method: str, X, y, X_te, y_te, seed: int) -> dict:
         settings = {"batch_size": 200, "lr": 1e-3, **GAUSSIAN_SETTINGS}
     known = inspect.signature(LaplaceActiveSubspaceRegressor).parameters
     settings = {k: v for k, v in settings.items() if k in known}  # the code before early stopping lacks it
-    est = LaplaceActiveSubspaceRegressor(confidence_level=LEVEL, random_state=seed, **settings)
+    est = LaplaceActiveSubspaceRegressor(**_common.grouped(confidence_level=LEVEL, random_state=seed, **settings))
     t0, c0 = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -93,9 +93,9 @@ def run_seed(seed: int, cfg: argparse.Namespace) -> dict:
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            clf = LaplaceActiveSubspaceClassifier(module=net, prefit=True, max_components=cfg.max_components,
-                                                  n_samples=cfg.n_samples, confidence_level=LEVEL, random_state=seed,
-                                                  device="cpu", **params)
+            clf = LaplaceActiveSubspaceClassifier(**_common.grouped(
+                module=net, prefit=True, max_components=cfg.max_components, n_samples=cfg.n_samples,
+                confidence_level=LEVEL, random_state=seed, device="cpu", **params))
             clf.fit(Z["tr"], yi[tr], X_cal=Z["ca"], y_cal=yi[ca])
         p_te, p_ood = clf.predict_proba(Z["te"]), clf.predict_proba(Z["ood"])
         _, sets = clf.predict_set(Z["te"])

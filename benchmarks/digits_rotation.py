@@ -196,9 +196,9 @@ def laplace_kron(net: nn.Module, X: np.ndarray, y: np.ndarray):
 def glas(net: nn.Module, data: dict, cfg: argparse.Namespace, seed: int, **params) -> LaplaceActiveSubspaceClassifier:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return LaplaceActiveSubspaceClassifier(
-            module=net, prefit=True, max_components=cfg.max_components, random_state=seed, device="cpu",
-            **params).fit(data["X_train"], data["y_train"], X_cal=data["X_cal"], y_cal=data["y_cal"])
+        clf = LaplaceActiveSubspaceClassifier(**_common.grouped(
+            module=net, prefit=True, max_components=cfg.max_components, random_state=seed, device="cpu", **params))
+        return clf.fit(data["X_train"], data["y_train"], X_cal=data["X_cal"], y_cal=data["y_cal"])
 
 
 def sweep_probabilities(posterior, X: np.ndarray, d: int, sigma0s) -> list[np.ndarray]:

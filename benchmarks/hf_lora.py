@@ -213,9 +213,10 @@ def run(args) -> dict:
         t0 = time.perf_counter()
         with warnings.catch_warnings(), PeakRSS() as mem:
             warnings.simplefilter("ignore")
-            clf = LaplaceActiveSubspaceClassifier(module=model, prefit=True, padding_idx=PAD,
-                                                  max_components=args.max_components, n_samples=args.n_samples,
-                                                  confidence_level=LEVEL, random_state=args.seed, **params)
+            clf = LaplaceActiveSubspaceClassifier(**_common.grouped(module=model, prefit=True, padding_idx=PAD,
+                                                            max_components=args.max_components,
+                                                            n_samples=args.n_samples, confidence_level=LEVEL,
+                                                            random_state=args.seed, **params))
             clf.fit(*data["tune"], X_cal=data["cal"][0], y_cal=data["cal"][1])
         seconds = time.perf_counter() - t0
         t0 = time.perf_counter()

@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from sklearn.datasets import make_friedman1
 
-from glas_sklearn import LaplaceActiveSubspaceRegressor
+from glas_sklearn import Compute, LaplaceActiveSubspaceRegressor
 
 torch.set_num_threads(1)
 
@@ -25,7 +25,7 @@ for n in (500, 2500):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 est = LaplaceActiveSubspaceRegressor(likelihood=lik, confidence_level=0.9, random_state=seed,
-                                                     device="cpu", n_threads=1)
+                                                     compute=Compute(device="cpu", n_threads=1))
                 est.fit(Xtr[nc:], ytr[nc:], X_cal=Xtr[:nc], y_cal=ytr[:nc])
             _, pis = est.predict_interval(Xte)
             lo, hi = pis[:, 0, 0], pis[:, 1, 0]

@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 import torch
 
-from glas_sklearn import LaplaceActiveSubspaceRegressor, coverage_score
+from glas_sklearn import Compute, LaplaceActiveSubspaceRegressor, Subspace, coverage_score
 from glas_sklearn.calibration import CalibrationResult, CalibrationWarning, choose_dimension
 from glas_sklearn.datasets import load_concrete
 from glas_sklearn.likelihoods import Gaussian
@@ -348,10 +348,10 @@ def compute(args, argv, out: Path, prefix: str) -> dict:
 
     # -- stage 1: the public estimator (eigenpairs once, mean scaling, training noise, sampled, d = auto)
     t0 = time.perf_counter()
-    est = LaplaceActiveSubspaceRegressor(
-        net, prefit=True, scaling="mean", n_components="auto", max_components=K, predictive="sampled",
-        calibration="coverage", posterior="subspace",  # the paper's method (the estimator's defaults differ)
-        n_samples=n_samples, confidence_level=SAMPLED_LEVEL, noise_std="training", device="cpu", random_state=seed)
+    est = LaplaceActiveSubspaceRegressor(net, prefit=True, scaling="mean", n_components="auto", calibration="coverage",
+                                         confidence_level=SAMPLED_LEVEL, noise_std="training", random_state=seed,
+                                         posterior=Subspace(max_components=K, predictive="sampled",
+                                                            n_samples=n_samples), compute=Compute(device="cpu"))
     est.fit(Xtr, ytr, X_cal=Xcal, y_cal=ycal)
     timings["estimator fit (total)"] = time.perf_counter() - t0
     timings["eigen"] = est.timings_["curvature"]

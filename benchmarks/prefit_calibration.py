@@ -74,8 +74,9 @@ def trained_net(X: np.ndarray, y: np.ndarray, *, width: int, steps: int, seed: i
 
 
 def evaluate(net, X, y, X_cal, y_cal, X_te, y_te, *, settings: dict, seed: int, n_samples: int, K: int) -> dict:
-    est = LaplaceActiveSubspaceRegressor(net, prefit=True, confidence_level=LEVEL, max_components=K,
-                                         n_samples=n_samples, random_state=seed, **settings)
+    est = LaplaceActiveSubspaceRegressor(net,
+                                         **_common.grouped(prefit=True, confidence_level=LEVEL, max_components=K,
+                                                   n_samples=n_samples, random_state=seed, **settings))
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)  # a level not reached shows in the coverage

@@ -42,6 +42,8 @@ import numpy as np
 import torch
 from scipy.optimize import minimize
 
+from glas_sklearn import Compute
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _common  # noqa: E402
 import regional_calibration as rcal  # noqa: E402
@@ -94,7 +96,7 @@ def held_out_fit(name: str, split: int, data_dir: Path) -> dict:
     n_held = int(np.ceil(HELD_SHARE * len(fit)))
     held, part = order[:n_held], order[n_held:]
     est = LaplaceActiveSubspaceRegressor(likelihood="heteroscedastic", confidence_level=LEVEL, random_state=split,
-                                         device="cpu", verbose=0)
+                                         verbose=0, compute=Compute(device="cpu"))
     est.fit(X[part], y[part], X_cal=X[cal], y_cal=y[cal])
     out = {"X_cal": X[cal], "X_held": X[held], "r_held": y[held] - est.predict(X[held]),
            "ale_held": est.predict_noise_std(X[held]) * np.ones(len(held)),

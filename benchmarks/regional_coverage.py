@@ -51,7 +51,7 @@ import numpy as np
 import torch
 from sklearn.base import clone
 
-from glas_sklearn import LaplaceActiveSubspaceRegressor
+from glas_sklearn import Compute, LaplaceActiveSubspaceRegressor
 from glas_sklearn.calibration import ConformalCalibrator, MondrianConformalCalibrator
 from glas_sklearn.predictive import RegressionMoments
 from glas_sklearn.regional_coverage import regional_coverage_from_predictions, worst_slab_coverage
@@ -181,15 +181,15 @@ DEFAULT_BEFORE = dict(likelihood="gaussian", posterior="low_rank", scaling="auto
 def fit_default_before(X_fit, y_fit, X_cal, y_cal, seed):
     from glas_sklearn.calibration import StdNormalizedResidual
     # epistemic_weight=1.0: the calibration of 03f817a (λ fitted came later; for this one-part σ̂ it stays 1 anyway)
-    est = LaplaceActiveSubspaceRegressor(calibration=ConformalCalibrator(StdNormalizedResidual(), epistemic_weight=1.0),
-                                         random_state=seed,
-                                         **DEFAULT_BEFORE)
+    est = LaplaceActiveSubspaceRegressor(**_common.grouped(calibration=ConformalCalibrator(StdNormalizedResidual(),
+                                                                                   epistemic_weight=1.0),
+                                                   random_state=seed, **DEFAULT_BEFORE))
     return _quiet_fit(est, X_fit, y_fit, X_cal, y_cal)
 
 
 def fit_glas(likelihood, X_fit, y_fit, X_cal, y_cal, seed, calibration="conformal"):
     est = LaplaceActiveSubspaceRegressor(likelihood=likelihood, calibration=calibration, confidence_level=LEVEL,
-                                         random_state=seed, device="cpu")
+                                         random_state=seed, compute=Compute(device="cpu"))
     return _quiet_fit(est, X_fit, y_fit, X_cal, y_cal)
 
 

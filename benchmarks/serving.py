@@ -60,7 +60,7 @@ def _fit(kind: str, params: dict, n: int = 1000):
     cls = LaplaceActiveSubspaceClassifier if kind == "classifier" else LaplaceActiveSubspaceRegressor
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return cls(**FIT, **params).fit(*_data(kind, n))
+        return cls(**_common.grouped(**FIT, **params)).fit(*_data(kind, n))
 
 
 def _call(est, kind: str):

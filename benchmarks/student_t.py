@@ -73,7 +73,8 @@ def run_seed(seed: int, cfg: argparse.Namespace) -> dict:
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            est = LaplaceActiveSubspaceRegressor(likelihood=likelihood, random_state=seed, **kw).fit(X, y)
+            est = LaplaceActiveSubspaceRegressor(**_common.grouped(likelihood=likelihood, random_state=seed, **kw))
+            est.fit(X, y)
         return est, time.perf_counter() - t0
 
     fitted = {}

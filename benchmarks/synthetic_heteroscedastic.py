@@ -27,7 +27,7 @@ import _common
 import numpy as np
 import torch
 
-from glas_sklearn import LaplaceActiveSubspaceRegressor
+from glas_sklearn import Compute, LaplaceActiveSubspaceRegressor
 from glas_sklearn.metrics import interval_score
 
 LEVEL = 0.9
@@ -81,7 +81,7 @@ def run_seed(seed: int, cfg) -> dict:
         warnings.simplefilter("ignore")
         for lik in ("gaussian", "heteroscedastic"):
             t0 = time.perf_counter()
-            est = LaplaceActiveSubspaceRegressor(likelihood=lik, **common).fit(X, y)
+            est = LaplaceActiveSubspaceRegressor(**_common.grouped(likelihood=lik, **common)).fit(X, y)
             out["methods"][lik] = {**evaluate(est, X_te, y_te, X_quiet, X_noisy), "seconds": time.perf_counter() - t0}
             if seed == 0:
                 grid = np.linspace(-1.5, 1.5, 301)[:, None]
@@ -110,8 +110,8 @@ def _refit(est, scaling, sigma0, X, y, seed):
     X_fit, X_cal, y_fit, y_cal = train_test_split(X, y, test_size=n_cal, random_state=est._seed())
     net = _OriginalUnits(est)
     return LaplaceActiveSubspaceRegressor(module=net, prefit=True, likelihood="heteroscedastic", sigma0=sigma0,
-                                          scaling=scaling,
-                                          confidence_level=LEVEL, random_state=seed, device="cpu").fit(
+                                          scaling=scaling, confidence_level=LEVEL, random_state=seed,
+                                          compute=Compute(device="cpu")).fit(
         X_fit, y_fit, X_cal=X_cal, y_cal=y_cal)
 
 

@@ -65,7 +65,7 @@ import torch
 from sklearn.base import BaseEstimator, RegressorMixin
 from torch import nn
 
-from glas_sklearn import LaplaceActiveSubspaceRegressor
+from glas_sklearn import Compute, LaplaceActiveSubspaceRegressor, Posterior
 from glas_sklearn.metrics import coverage_score, interval_score, mean_width_score
 from glas_sklearn.regional_coverage import worst_slab_coverage
 
@@ -188,11 +188,13 @@ def run_glas(net, X_fit, y_fit, X_cal, y_cal, X_te, y_te, *, scaling, predictive
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        est = LaplaceActiveSubspaceRegressor(module=net, prefit=True, scaling=scaling, predictive=predictive,
-                                             n_samples=n_samples, max_components=max_components,
-                                             confidence_level=LEVEL, noise_std=noise_std,
-                                             include_noise=include_noise, calibration=calibration,
-                                             posterior=posterior, sigma0=sigma0, random_state=seed, device="cpu")
+        est = LaplaceActiveSubspaceRegressor(module=net, prefit=True, scaling=scaling, confidence_level=LEVEL,
+                                             noise_std=noise_std, calibration=calibration, sigma0=sigma0,
+                                             random_state=seed,
+                                             posterior=Posterior(kind=posterior, predictive=predictive,
+                                                                 n_samples=n_samples, max_components=max_components,
+                                                                 include_noise=include_noise),
+                                             compute=Compute(device="cpu"))
         est.fit(X_fit, y_fit, X_cal=X_cal, y_cal=y_cal)
     t_fit = time.perf_counter() - t0
     t0 = time.perf_counter()

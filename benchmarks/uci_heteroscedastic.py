@@ -40,7 +40,7 @@ import numpy as np
 import torch
 import uci
 
-from glas_sklearn import LaplaceActiveSubspaceRegressor
+from glas_sklearn import Compute, LaplaceActiveSubspaceRegressor, Training
 from glas_sklearn.calibration import conformal_quantile
 from glas_sklearn.likelihoods import HeteroscedasticGaussian
 
@@ -106,8 +106,9 @@ def run_glas_prefit(net, rows, dist, seed, **kwargs):
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        est = LaplaceActiveSubspaceRegressor(module=net, prefit=True, confidence_level=LEVEL, random_state=seed,
-                                             device="cpu", **kwargs).fit(X_fit, y_fit, X_cal=X_cal, y_cal=y_cal)
+        est = LaplaceActiveSubspaceRegressor(**_common.grouped(module=net, prefit=True, confidence_level=LEVEL,
+                                                       random_state=seed, device="cpu",
+                                                       **kwargs)).fit(X_fit, y_fit, X_cal=X_cal, y_cal=y_cal)
     return _glas_metrics(est, X_te, y_te, dist, time.perf_counter() - t0), est
 
 
@@ -116,11 +117,12 @@ def run_glas_het_own(rows, dist, seed, cfg):
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        est = LaplaceActiveSubspaceRegressor(
-            likelihood=HeteroscedasticGaussian(beta_nll=cfg.beta_nll),
-            module_kwargs={"hidden_layer_sizes": (cfg.hidden,)},
-            max_epochs=cfg.epochs, lr=cfg.lr, batch_size=cfg.batch_size, confidence_level=LEVEL, random_state=seed,
-            device="cpu").fit(X_fit, y_fit, X_cal=X_cal, y_cal=y_cal)
+        est = LaplaceActiveSubspaceRegressor(likelihood=HeteroscedasticGaussian(beta_nll=cfg.beta_nll),
+                                             confidence_level=LEVEL, random_state=seed,
+                                             training=Training(module_kwargs={"hidden_layer_sizes": (cfg.hidden,)},
+                                                               max_epochs=cfg.epochs, lr=cfg.lr,
+                                                               batch_size=cfg.batch_size),
+                                             compute=Compute(device="cpu")).fit(X_fit, y_fit, X_cal=X_cal, y_cal=y_cal)
     return _glas_metrics(est, X_te, y_te, dist, time.perf_counter() - t0), est
 
 

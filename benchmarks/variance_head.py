@@ -97,9 +97,9 @@ def run_one(X_fit, y_fit, X_cal, y_cal, X_te, y_te, seed, noise=None, options=OP
         t0 = time.perf_counter()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            est = LaplaceActiveSubspaceRegressor(**OPTIONS[name], confidence_level=LEVEL, random_state=seed,
-                                                 device="cpu", n_threads=1).fit(X_fit, y_fit, X_cal=X_cal,
-                                                                                y_cal=y_cal)
+            est = LaplaceActiveSubspaceRegressor(**_common.grouped(**OPTIONS[name], confidence_level=LEVEL,
+                                                                   random_state=seed, device="cpu", n_threads=1))
+            est.fit(X_fit, y_fit, X_cal=X_cal, y_cal=y_cal)
         e = {"fit_seconds": time.perf_counter() - t0, "n_iter": int(est.n_iter_)}
         for rows, Xr, yr in (("fit", X_fit, y_fit), ("test", X_te, y_te)):
             mu = est.predict(Xr)

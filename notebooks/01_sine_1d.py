@@ -30,7 +30,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from glas_sklearn import LaplaceActiveSubspaceRegressor
+from glas_sklearn import Compute, LaplaceActiveSubspaceRegressor, Subspace
 from glas_sklearn.calibration import CalibrationWarning, choose_dimension
 from glas_sklearn.laplace import fit_laplace_subspace
 from glas_sklearn.likelihoods import Gaussian
@@ -305,11 +305,10 @@ regs = {}
 for scaling in ("mean", "standard"):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
-        regs[scaling] = LaplaceActiveSubspaceRegressor(
-            module=net64, prefit=True, dtype="float64", scaling=scaling, max_components=D_MAX, noise_std="training",
-            calibration="coverage", posterior="subspace",  # the paper's method; the defaults are low-rank + conformal
-            n_samples=N_SAMPLES, confidence_level=0.9, random_state=SEED,
-        ).fit(x, y.ravel(), X_cal=x_cal, y_cal=y_cal.ravel())
+        regs[scaling] = LaplaceActiveSubspaceRegressor(module=net64, prefit=True, scaling=scaling, noise_std="training",
+                                                       calibration="coverage", confidence_level=0.9, random_state=SEED,
+                                                       posterior=Subspace(max_components=D_MAX, n_samples=N_SAMPLES),
+                                                       compute=Compute(dtype="float64")).fit(x, y.ravel(), X_cal=x_cal, y_cal=y_cal.ravel())
 
 pd.DataFrame([
     {"scaling": s, "d": r.n_components_, "reached": r.calibration_reached_,

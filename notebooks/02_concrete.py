@@ -24,7 +24,15 @@ import torch
 from sklearn.base import clone
 from sklearn.model_selection import train_test_split
 
-from glas_sklearn import LaplaceActiveSubspaceRegressor, coverage_score, interval_score, load_concrete, mean_width_score
+from glas_sklearn import (
+    LaplaceActiveSubspaceRegressor,
+    LowRank,
+    Training,
+    coverage_score,
+    interval_score,
+    load_concrete,
+    mean_width_score,
+)
 from glas_sklearn.calibration import CalibrationWarning
 from glas_sklearn.plotting import plot_activity, plot_calibration, plot_intervals, plot_spectrum
 
@@ -67,9 +75,10 @@ X.assign(strength=y).describe().T.round(1)
 # coverages below are comparable.)
 
 # %%
-base = LaplaceActiveSubspaceRegressor(
-    module_kwargs={"hidden_layer_sizes": HIDDEN}, max_epochs=MAX_EPOCHS, max_components=MAX_COMPONENTS,
-    n_samples=N_SAMPLES, confidence_level=CONFIDENCE, random_state=SEED, noise_std="training")
+base = LaplaceActiveSubspaceRegressor(confidence_level=CONFIDENCE, random_state=SEED, noise_std="training",
+                                      training=Training(module_kwargs={"hidden_layer_sizes": HIDDEN},
+                                                        max_epochs=MAX_EPOCHS),
+                                      posterior=LowRank(max_components=MAX_COMPONENTS, n_samples=N_SAMPLES))
 base.set_params(calibration="coverage", posterior="subspace")  # the paper's method; defaults: low-rank + conformal
 
 models, notes = {}, {}

@@ -33,6 +33,8 @@ from torch import nn
 from glas_sklearn import (
     LaplaceActiveSubspaceClassifier,
     LaplaceActiveSubspaceRegressor,
+    LowRank,
+    Training,
     coverage_score,
     interval_score,
     load_concrete,
@@ -42,6 +44,7 @@ from glas_sklearn import (
 )
 from glas_sklearn.calibration import CalibrationWarning
 from glas_sklearn.plotting import plot_calibration, plot_intervals
+from tests.reference import grouped
 
 # %matplotlib inline
 plt.rcParams["figure.dpi"] = 80
@@ -89,9 +92,8 @@ features = ColumnTransformer([
 PAPER = dict(calibration="coverage", posterior="subspace")
 pipe = Pipeline([
     ("features", features),
-    ("glas", LaplaceActiveSubspaceRegressor(max_epochs=MAX_EPOCHS, max_components=MAX_COMPONENTS,
-                                            **PAPER,
-                                            n_samples=N_SAMPLES, random_state=SEED)),
+    ("glas", LaplaceActiveSubspaceRegressor(**grouped(max_epochs=MAX_EPOCHS, max_components=MAX_COMPONENTS, **PAPER,
+                                                      n_samples=N_SAMPLES, random_state=SEED))),
 ])
 X_train.head()
 
@@ -173,8 +175,8 @@ pd.DataFrame([
 # %%
 default_pipe = Pipeline([
     ("features", clone(features)),
-    ("glas", LaplaceActiveSubspaceRegressor(max_epochs=MAX_EPOCHS, max_components=MAX_COMPONENTS,
-                                            random_state=SEED, verbose=1)),
+    ("glas", LaplaceActiveSubspaceRegressor(random_state=SEED, verbose=1, training=Training(max_epochs=MAX_EPOCHS),
+                                            posterior=LowRank(max_components=MAX_COMPONENTS))),
 ]).fit(X_train, y_train)
 
 # %%
@@ -242,9 +244,8 @@ print(f"{TORCH_STEPS} Adam steps in {time.perf_counter() - t0:.1f} s, training R
 before = {k: v.clone() for k, v in model.state_dict().items()}
 grads = [p.grad is None for p in model.parameters()]
 
-prefit = LaplaceActiveSubspaceRegressor(module=model, prefit=True, max_components=MAX_COMPONENTS,
-                                        **PAPER,
-                                        n_samples=N_SAMPLES, random_state=SEED, noise_std="training")
+prefit = LaplaceActiveSubspaceRegressor(**grouped(module=model, prefit=True, max_components=MAX_COMPONENTS, **PAPER,
+                                                  n_samples=N_SAMPLES, random_state=SEED, noise_std="training"))
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always", CalibrationWarning)
     prefit.fit(X_fit, y_fit, X_cal=X_cal, y_cal=y_cal)
@@ -311,11 +312,10 @@ rows = np.arange(len(yi_test))
 
 classifiers, table = {}, []
 for scaling in ("mean", "standard"):
-    clf = LaplaceActiveSubspaceClassifier(module_kwargs={"hidden_layer_sizes": (16,)}, max_epochs=CLF_EPOCHS,
-                                          **PAPER,
-                                          scaling=scaling, max_components=MAX_COMPONENTS, n_samples=N_SAMPLES,
-                                          calibration_size=0.2, confidence_level=0.9, dtype="float64",
-                                          random_state=SEED)
+    clf = LaplaceActiveSubspaceClassifier(**grouped(module_kwargs={"hidden_layer_sizes": (16,)}, max_epochs=CLF_EPOCHS,
+                                                    **PAPER, scaling=scaling, max_components=MAX_COMPONENTS,
+                                                    n_samples=N_SAMPLES, calibration_size=0.2, confidence_level=0.9,
+                                                    dtype="float64", random_state=SEED))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CalibrationWarning)
         clf.fit(Xi_train, yi_train)

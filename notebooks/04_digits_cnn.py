@@ -45,7 +45,7 @@ from sklearn.metrics import log_loss, roc_auc_score
 from sklearn.model_selection import train_test_split
 from torch import nn
 
-from glas_sklearn import LaplaceActiveSubspaceClassifier
+from glas_sklearn import LaplaceActiveSubspaceClassifier, LowRank, Subspace, Training
 from glas_sklearn.calibration import CalibrationWarning
 from glas_sklearn.predictive import mean_set_size, prediction_sets, set_coverage
 
@@ -108,18 +108,22 @@ class SmallCNN(nn.Module):
         return self.head(self.features(x))
 
 
-clf = LaplaceActiveSubspaceClassifier(SmallCNN, max_epochs=MAX_EPOCHS, lr=2e-3, batch_size=64, weight_decay=1e-4,
-                                      max_components=MAX_COMPONENTS, n_samples=N_SAMPLES, confidence_level=LEVEL,
-                                      random_state=SEED).fit(X_train, y_train, X_cal=X_cal, y_cal=y_cal)
-paper = LaplaceActiveSubspaceClassifier(clf.module_, prefit=True, calibration="coverage", posterior="subspace",
-                                        predictive="sampled", max_components=MAX_COMPONENTS, n_samples=N_SAMPLES,
-                                        confidence_level=LEVEL, random_state=SEED)
+clf = LaplaceActiveSubspaceClassifier(SmallCNN, confidence_level=LEVEL, random_state=SEED,
+                                      training=Training(max_epochs=MAX_EPOCHS, lr=2e-3, batch_size=64,
+                                                        weight_decay=1e-4),
+                                      posterior=LowRank(max_components=MAX_COMPONENTS,
+                                                        n_samples=N_SAMPLES)).fit(X_train, y_train, X_cal=X_cal, y_cal=y_cal)
+paper = LaplaceActiveSubspaceClassifier(clf.module_, prefit=True, calibration="coverage", confidence_level=LEVEL,
+                                        random_state=SEED,
+                                        posterior=Subspace(predictive="sampled", max_components=MAX_COMPONENTS,
+                                                           n_samples=N_SAMPLES))
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", CalibrationWarning)  # reported below, reached or not
     paper.fit(X_train, y_train, X_cal=X_cal, y_cal=y_cal)
-eb_full = LaplaceActiveSubspaceClassifier(clf.module_, prefit=True, sigma0="eb_full", max_components=MAX_COMPONENTS,
-                                          n_samples=N_SAMPLES, confidence_level=LEVEL,
-                                          random_state=SEED).fit(X_train, y_train, X_cal=X_cal, y_cal=y_cal)
+eb_full = LaplaceActiveSubspaceClassifier(clf.module_, prefit=True, sigma0="eb_full", confidence_level=LEVEL,
+                                          random_state=SEED,
+                                          posterior=LowRank(max_components=MAX_COMPONENTS,
+                                                            n_samples=N_SAMPLES)).fit(X_train, y_train, X_cal=X_cal, y_cal=y_cal)
 D = sum(p.numel() for p in clf.module_.parameters())
 print(f"input_shape_ {clf.input_shape_}, D = {D} weights, final training loss {clf.training_loss_[-1]:.4f}")
 search = clf.sigma0_search_

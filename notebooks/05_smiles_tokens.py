@@ -29,7 +29,7 @@ from sklearn.model_selection import train_test_split
 from torch import nn
 
 import glas_sklearn
-from glas_sklearn import LaplaceActiveSubspaceClassifier
+from glas_sklearn import Compute, LaplaceActiveSubspaceClassifier, LowRank, Training
 from glas_sklearn.contrib.smiles import Vocabulary, encode_batch, load_smiles, tokenize
 from glas_sklearn.predictive import mean_set_size, prediction_sets, set_coverage
 
@@ -92,10 +92,13 @@ class SmilesCNN(nn.Module):
         return self.head((h * real).sum(1) / 20.0)
 
 
-clf = LaplaceActiveSubspaceClassifier(SmilesCNN, module_kwargs=dict(n_tokens=len(vocab), padding_idx=vocab.stop_id),
-                                      padding_idx=vocab.stop_id, max_epochs=MAX_EPOCHS, lr=3e-3, batch_size=32,
-                                      weight_decay=1e-4, calibration_size=0.25, max_components=MAX_COMPONENTS,
-                                      n_samples=N_SAMPLES, confidence_level=LEVEL, random_state=SEED)
+clf = LaplaceActiveSubspaceClassifier(SmilesCNN, calibration_size=0.25, confidence_level=LEVEL, random_state=SEED,
+                                      training=Training(module_kwargs=dict(n_tokens=len(vocab),
+                                                                           padding_idx=vocab.stop_id),
+                                                        max_epochs=MAX_EPOCHS, lr=3e-3, batch_size=32,
+                                                        weight_decay=1e-4),
+                                      posterior=LowRank(max_components=MAX_COMPONENTS, n_samples=N_SAMPLES),
+                                      compute=Compute(padding_idx=vocab.stop_id))
 clf.fit(X_train, y_train)
 print(f"input_shape_ {clf.input_shape_} (token ids), N = {clf.n_records_} molecules as records, "
       f"D = {sum(p.numel() for p in clf.module_.parameters())} weights, d = {clf.n_components_}, "

@@ -29,7 +29,7 @@ import transformers
 from IPython.display import display
 from torch.func import functional_call
 
-from glas_sklearn import LaplaceActiveSubspaceClassifier
+from glas_sklearn import Compute, LaplaceActiveSubspaceClassifier, LowRank
 from glas_sklearn.laplace import fit_laplace_subspace
 from glas_sklearn.predictive import mean_set_size, prediction_sets, set_coverage
 from glas_sklearn.sampling import sample_parameters
@@ -120,8 +120,9 @@ print(f"{EPOCHS} epochs, last loss {loss.item():.3f}, one epoch {np.mean(epoch_s
 # %%
 before = {k: v.detach().clone() for k, v in model.state_dict().items()}
 t0 = time.perf_counter()
-clf = LaplaceActiveSubspaceClassifier(module=model, prefit=True, padding_idx=PAD, max_components=MAX_COMPONENTS,
-                                      confidence_level=LEVEL, random_state=SEED)
+clf = LaplaceActiveSubspaceClassifier(module=model, prefit=True, confidence_level=LEVEL, random_state=SEED,
+                                      posterior=LowRank(max_components=MAX_COMPONENTS),
+                                      compute=Compute(padding_idx=PAD))
 clf.fit(X_tune, y_tune, X_cal=X_cal, y_cal=y_cal)
 fit_seconds = time.perf_counter() - t0
 unchanged = all(torch.equal(v, model.state_dict()[k]) for k, v in before.items())
