@@ -48,8 +48,8 @@ from ._training import (
     user_module,
 )
 
-__all__ = ["ATTRIBUTES_DOC", "Compute", "FitSettings", "LaplaceActiveSubspaceBase", "NOTES_DOC", "PARAMETERS_DOC",
-           "SAMPLE_WEIGHT_DOC", "check_level_list"]
+__all__ = ["ATTRIBUTES_DOC", "Compute", "FitSettings", "LaplaceActiveSubspaceBase", "PARAMETERS_DOC",
+           "check_level_list"]
 
 logger = logging.getLogger("glas_sklearn.estimators")
 
@@ -185,123 +185,55 @@ class FitSettings:
 
 PARAMETERS_DOC = """\
     module : None, torch.nn.Module, skorch net or callable, default=None
-        None: an MLP (two tanh layers of 50; ``Training(module_kwargs=...)`` sets ``hidden_layer_sizes`` and
-        ``activation``), for 2-D tables. A module instance is copied before training; with ``prefit=True`` it is
-        used as θ0 as it is, never trained, moved or modified. A callable is called with ``module_kwargs``. The
-        network maps rows ``(n, *input_shape)`` to (n, n_outputs) (classification: logits). Integer ``X`` reaches
-        a module as ``torch.long`` token ids; a module taking keyword inputs or returning a ``ModelOutput`` (a
-        Hugging Face model, with or without ``peft``) is wrapped in a :class:`~glas_sklearn.adapters.ModelAdapter`.
-        The posterior covers the trainable parameters only (``requires_grad=True``).
+        The network, (n, *input_shape) → (n, outputs) (logits); None: an MLP. Copied before training.
     prefit : bool, default=False
-        The module is already trained (in the user's units; nothing is standardised). The rows of ``X`` are taken
-        to be its training rows, so ``fit`` needs rows it was not trained on as ``X_cal, y_cal``; intervals,
-        sets or scores asked for on the rows of ``X`` raise a :class:`~glas_sklearn.PrefitLeakageWarning`.
+        Use the trained module as θ0 as it is (never trained or moved); ``fit`` then needs ``X_cal, y_cal``.
     training : Training, optional
-        How the network is trained (:class:`~glas_sklearn.Training`: epochs, learning rate and schedule, batches,
-        early stopping, the default MLP's size); None: ``Training()``. Nested names: ``training__lr``.
+        How the network is trained (:class:`~glas_sklearn.Training`); None: ``Training()``.
     posterior : {"low_rank", "low_rank_diag", "subspace"} or Posterior, default="low_rank"
-        The posterior kind with its hyperparameters (:class:`~glas_sklearn.LowRank`,
-        :class:`~glas_sklearn.LowRankDiag`, :class:`~glas_sklearn.Subspace`: ``max_components``, the
-        eigen-solver, the curvature's subsample, the predictive); a name takes the defaults. "subspace" (the
-        paper): θ = θ0 + P z. "low_rank": the directions the data do not constrain keep the prior's variance, so
-        intervals widen where the network extrapolates. Nested names: ``posterior__max_components``.
+        The posterior kind and its hyperparameters (:class:`~glas_sklearn.LowRank`, ...; a name: the defaults).
     calibration : {"mondrian", "conformal", "coverage"} or Calibrator
-        "mondrian" (:class:`~glas_sklearn.calibration.MondrianConformalCalibrator`): split conformal within bands
-        of the predictive std σ̂ (classifier: within classes). "conformal": split conformal at a fixed d, coverage
-        ≥ 1 − γ for exchangeable rows. "coverage" (the paper): d is the smallest whose posterior intervals cover
-        the level. The paper's method is ``calibration="coverage", posterior="subspace"``.
+        Split conformal per band of σ̂ (or class), split conformal, or d chosen by coverage (with
+        ``posterior="subspace"``: the paper's method).
     scaling : {"auto", "mean", "standard"} or float, default="auto"
-        Posterior scaling: β = 1/σ² ("mean", the paper's proposal), N/σ² ("standard") or a given β (classification
-        and the heteroscedastic likelihood: 1 and N). "auto": the likelihood's own.
+        β = 1/σ² ("mean"), N/σ² ("standard") or a given β; "auto": the likelihood's own.
     n_components : "auto" or int, default="auto"
-        The subspace dimension d. "auto": under "coverage" the smallest d reaching the first level, else
-        ``max_components`` (fixed before the calibration rows are seen).
+        d. "auto": the smallest reaching the level under "coverage", else ``max_components``.
     sigma0 : {"auto", "eb_subspace", "eb_full", "nll"} or float, default="auto"
-        Prior standard deviation, fitted at each d: "eb_subspace" by the paper's empirical Bayes in the subspace,
-        "eb_full" by the full-space condition tr Σ = ‖θ0‖², "nll" (conformal calibration only) the σ0 in
-        [0, σ0_EB] minimising the predictive NLL of half of the calibration rows (the other half are scored).
-        "auto": "eb_subspace" for the subspace posterior and the regressor; the classifier's low-rank posterior
-        "nll" under a conformal calibration, else "eb_full".
+        Prior standard deviation: empirical Bayes (subspace, full space) or by held-out NLL (conformal only).
     confidence_level : float or list of float, default=0.9
-        Interval (or prediction-set) level(s) 1 − γ; the first is the calibration target.
+        Level(s) 1 − γ; the first is the calibration target.
     calibration_size : float or int, default=0.1
-        Share (or number) of rows of ``X`` held out for calibration when ``X_cal`` is not passed; a share is raised
-        to the rows a finite conformal quantile needs at the highest level.
+        Share (or number) of rows of ``X`` held out for calibration when ``X_cal`` is not passed.
     compute : Compute, optional
-        Device, dtype, torch threads, prediction memory, padding token (:class:`~glas_sklearn.Compute`); None:
-        ``Compute()``.
-    random_state : int, RandomState or None, default=None
-        Seeds weight initialisation, training order, the splits, Lanczos and posterior samples.
-    verbose : int, default=0
-        ≥ 1 writes progress and one line per finished stage to standard error (always logged at INFO level)."""
+        Device, dtype, threads, prediction memory, padding token (:class:`~glas_sklearn.Compute`).
+    random_state : int, RandomState or None; verbose : int, default=0
+        ``verbose`` ≥ 1 writes one line per finished stage to standard error (always logged at INFO level)."""
 
 ATTRIBUTES_DOC = """\
-    module_ : torch.nn.Module
-        The trained network θ0 (possibly a :class:`~glas_sklearn.adapters.ModelAdapter` around it).
-    likelihood_ : Likelihood
-        The likelihood of the fit: training loss, curvature's output Hessian and β.
-    posterior_ : ActiveSubspacePosterior
-        The fitted posterior on the top eigenpairs.
-    calibrator_ : Calibrator
-        The fitted calibrator; predictions ask it.
-    predictive_ : PredictiveMode
-        The predictive mode used (``Linearized`` or ``Sampled``).
-    n_components_ : int
-        The subspace dimension d used.
-    sigma0_, beta_ : float
-        The prior standard deviation at d (0: the MAP predictive) and the posterior scaling.
-    eigenvalues_ : ndarray of shape (K,)
-        Top eigenvalues of the GGN (internal units); ``eigen_info_`` holds the solver's products and residuals.
-    n_weights_, n_records_ : int
-        D, the trainable weights; N, the training rows the curvature averages over.
-    trainable_parameters_ : dict
-        Name → shape of the parameters the posterior covers.
-    calibration_ : pandas.DataFrame
-        The calibration's table (per level, or per d evaluated under "coverage").
-    conformity_scores_ : ndarray or None
-        The sorted calibration scores of a conformal calibration.
-    calibration_reached_ : bool or None
-        Whether "coverage" reached the target.
-    calibration_seed_ : int
-        The seed of the calibration's posterior samples (predictions reuse them).
-    n_calibration_rows_, n_sigma0_rows_ : int
-        Calibration rows scored, and those σ0 was tuned on with "nll" (positions ``sigma0_rows_``; the search
-        ``sigma0_search_``).
-    train_indices_, calibration_indices_ : ndarray of int or None
-        Positions in ``X`` of the training and calibration rows (None when ``X_cal`` was passed).
-    n_iter_, loss_curve_ : int, list of float
-        Training epochs run and the mean training loss of each (``training_loss_`` the same list); with early
-        stopping ``validation_scores_``, ``best_validation_score_`` and ``validation_indices_`` (None without).
-    timings_ : dict
-        Wall seconds of the stages.
-    n_threads_ : int or None
-        torch's thread count the methods run with.
-    x_mean_, x_scale_ : ndarray or None
-        The input standardisation (None when off).
-    input_shape_, n_features_in_, feature_names_in_
-        The row shape seen in fit, its number of values, and the column names of a DataFrame."""
+    module_, likelihood_, posterior_, calibrator_, predictive_
+        The fitted components: the network θ0, the likelihood, the posterior, the calibrator, the predictive mode.
+    n_components_, sigma0_, beta_ : int, float, float
+        d, the prior standard deviation at d and the posterior scaling.
+    eigenvalues_, eigen_info_, n_weights_, n_records_, trainable_parameters_
+        The curvature's top eigenvalues and solver record; D; N; the parameters the posterior covers.
+    calibration_, conformity_scores_, calibration_reached_, calibration_seed_
+        The calibration's table, scores, whether "coverage" reached the level, the samples' seed.
+    n_calibration_rows_, n_sigma0_rows_, sigma0_rows_, sigma0_search_, train_indices_, calibration_indices_
+        Rows scored, rows σ0 was tuned on ("nll"), positions in ``X`` of training and calibration rows.
+    n_iter_, loss_curve_, validation_scores_, best_validation_score_, validation_indices_
+        The training record (``training_loss_`` = ``loss_curve_``).
+    timings_, n_threads_, x_mean_, x_scale_, input_shape_, n_features_in_, feature_names_in_
+        Stage times, torch threads, the input standardisation and the row shape seen in fit.
 
-SAMPLE_WEIGHT_DOC = """\
-        sample_weight : array-like of shape (n_samples,), optional
-            Non-negative frequency weights of the rows of ``X``: zero-weight rows are dropped, and the weights
-            apply to the training rows (loss, curvature, σ², standardisation, N in β); calibration rows are
-            unweighted (split conformal's guarantee is for exchangeable rows)."""
-
-NOTES_DOC = """\
-    ``fit`` runs one component per step, in the order the data flows: the prepared data (rows validated, the
-    calibration rows held out, the standardisation fitted on the training rows, tensors), the network
-    (:class:`~glas_sklearn.Training`, or the prefit module as it is), the noise, the posterior (the curvature's
-    top eigenpairs at θ0), the calibration. Nothing fitted before calibration sees the calibration rows.
-    Posterior samples are drawn from a generator seeded by ``random_state`` and shared by all rows, so a
-    prediction does not depend on the other rows passed with it. A fitted estimator pickles with its network."""
-
+    Nothing fitted before the calibration sees its rows; posterior samples are seeded by ``random_state``."""
 
 class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
     """What :class:`LaplaceActiveSubspaceRegressor` and :class:`LaplaceActiveSubspaceClassifier` share: the
     orchestration of ``fit``, the fitted attributes, ``coverage_curve`` and the prediction helpers. Each subclass
     supplies its targets and its likelihood through the abstract hooks."""
 
-    _parameter_constraints: dict = {
+    _parameter_constraints = {
         "module": NO_VALIDATION,  # checked when the network is built
         "prefit": [InstanceOf((bool, np.bool_), "True or False")],
         "training": [None, InstanceOf(Training, "a glas_sklearn.Training")],
@@ -358,6 +290,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
                             standardize=self._standardizes(settings), device=device, dtype=dtype,
                             class_labels=self._class_labels())
         self._inputs = data.inputs
+        self.x_mean_, self.x_scale_, self.input_shape_ = data.inputs.x_mean, data.inputs.x_scale, inputs.input_shape
         self.train_indices_, self.calibration_indices_ = data.train_indices, data.calibration_indices
         self.module_, self.likelihood_, history, timings = self._fit_network(data, settings, dtype)
         self._keep_history(history)
@@ -557,19 +490,6 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
                 f"{self.n_components_}; {calibration_name(self.calibration)} {what} at {levels} from "
                 f"{self.n_calibration_rows_} calibration rows; {self._threads_text()}")
 
-    # ----------------------------------------------------------------------------------- fitted forwards
-    @property
-    def x_mean_(self):
-        return self._inputs.x_mean
-
-    @property
-    def x_scale_(self):
-        return self._inputs.x_scale
-
-    @property
-    def input_shape_(self):
-        return self._inputs.input_shape
-
     # ------------------------------------------------------------------------------- prediction helpers
     def _thread_count(self) -> int | None:
         """torch's intra-op threads for the current call: the given count, None (torch's setting left alone), or
@@ -727,28 +647,10 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
 
     @scoped_threads
     def coverage_curve(self, X, y, *, d_max: int | None = None, confidence_level: float | None = None) -> pd.DataFrame:
-        """Coverage on ``(X, y)`` of the (1 − γ) intervals (or prediction sets) for every d = 1 … d_max.
+        """Coverage on ``(X, y)`` of the posterior's own (1 − γ) intervals or sets for every d = 1 … ``d_max``
+        (default K), σ0 refitted at every d, with the calibration's samples (the paper's Fig. 6).
 
-        The posterior samples are those of the calibration (same seed), and σ0 is refitted at every d by
-        empirical Bayes (a σ0 given as a number, or chosen by "nll", stays fixed): on the calibration rows this
-        reproduces ``calibration_`` of ``calibration="coverage"`` and fills in every other d (the paper's Fig. 6).
-        These are the posterior's own intervals (or sets), not the conformal ones.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
-        y : array-like
-            Targets (regression) or labels (classification).
-        d_max : int, optional
-            Largest d (default: every eigenpair computed in fit).
-        confidence_level : float, optional
-            Defaults to the first of the estimator's levels.
-
-        Returns
-        -------
-        pandas.DataFrame
-            Columns d, coverage, mean_width (regression, in the units of y for a single output) or
-            mean_set_size (classification), sigma0.
+        Returns a DataFrame with columns d, coverage, mean_width (units of y) or mean_set_size, sigma0.
         """
         check_is_fitted(self, "posterior_")
         X, y = self._validate_calibration(X, y)
@@ -769,8 +671,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
 
     # ---------------------------------------------------------------------------------------- pickling
     def __getstate__(self) -> dict:
-        """Torch objects (the module, the posterior) are stored through ``torch.save`` so that a pickle made on CUDA
-        loads on a CPU-only machine; the state carries the package version and the pickle format."""
+        # torch objects through torch.save (a CUDA pickle loads on a CPU-only machine), stamped with the version
         state = dict(super().__getstate__())
         state["_glas_pickle"] = (__version__, _PICKLE_FORMAT)
         torch_part = {k: state.pop(k) for k in _TORCH_STATE if k in state}

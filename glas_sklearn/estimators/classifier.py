@@ -10,7 +10,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._threads import scoped_threads
 from ..likelihoods import Categorical
-from ._base import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, SAMPLE_WEIGHT_DOC, LaplaceActiveSubspaceBase
+from ._base import ATTRIBUTES_DOC, PARAMETERS_DOC, LaplaceActiveSubspaceBase
 from ._data import InputEncoder, LabelTargets
 
 __all__ = ["LaplaceActiveSubspaceClassifier"]
@@ -39,8 +39,6 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
 
     Notes
     -----
-{NOTES_DOC}
-
     Labels passed as calibration data (``y_cal``) must be among the classes seen in ``y``. The calibration
     split is stratified when every class has two rows and fits on both sides.
 
@@ -130,26 +128,11 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
 
     # -------------------------------------------------------------------------------------------- API
     def fit(self, X, y, sample_weight=None, *, X_cal=None, y_cal=None) -> "LaplaceActiveSubspaceClassifier":
-        """Train the network (unless prefit), build the posterior and calibrate.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
-        y : array-like of shape (n_samples,)
-            Class labels (``classes_`` are those of all rows, zero-weight rows included).
-        sample_weight
-        X_cal, y_cal : array-like, optional
-            Calibration rows, never used for training. When absent, ``calibration_size`` of ``X`` is held out
-            (stratified when every class has two rows). Required with ``prefit=True``: rows the network was not
-            trained on. Inside a Pipeline rely on ``calibration_size``.
-
-        Returns
-        -------
-        self
-        """
+        """Train the network (unless prefit), build the posterior and calibrate; returns self. ``y``: class labels
+        (``classes_`` are those of all rows); ``sample_weight``: frequency weights of the training rows;
+        ``X_cal, y_cal``: calibration rows never trained on (default: ``calibration_size`` of ``X``, stratified)."""
         return self._fit(X, y, X_cal, y_cal, sample_weight)
 
-    fit.__doc__ = fit.__doc__.replace("        sample_weight\n", SAMPLE_WEIGHT_DOC + "\n")
 
     def _proba_tensor(self, X, method=None) -> torch.Tensor:
         """Class probabilities (n, C), chunk by chunk of rows (bounded memory); ``method`` names the public method

@@ -9,6 +9,7 @@ from dataclasses import replace
 import numpy as np
 import torch
 from sklearn.base import RegressorMixin
+from sklearn.utils import metadata_routing
 from sklearn.utils.validation import check_is_fitted
 
 from .._checks import make_generator, numpy_rng
@@ -18,7 +19,7 @@ from .._threads import scoped_threads
 from ..calibration import resolve_calibration
 from ..laplace import residual_noise_variance
 from ..likelihoods import REGRESSION_LIKELIHOODS, Likelihood, resolve_likelihood
-from ._base import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, SAMPLE_WEIGHT_DOC, LaplaceActiveSubspaceBase
+from ._base import ATTRIBUTES_DOC, PARAMETERS_DOC, LaplaceActiveSubspaceBase
 from ._data import InputEncoder, TargetScaler
 from ._likelihood_choice import choose_auto_likelihood
 from ._prefit import user_stacklevel
@@ -32,41 +33,22 @@ _MIN_CALIBRATION_ROWS_FOR_NOISE = 30
 
 _REGRESSOR_PARAMETERS_DOC = """\
     likelihood : "auto", "gaussian", "heteroscedastic", "student_t" or Likelihood, default="auto"
-        The noise model. "gaussian": y = f(x) + ε with one noise level σ per output (the paper's).
-        "heteroscedastic" (:class:`~glas_sklearn.likelihoods.HeteroscedasticGaussian`): the network outputs a
-        mean and a variance per target, so σ(x) varies with x (the default MLP gets the variance head; a module of
-        your own outputs 2k columns). "student_t": heavy-tailed noise. "auto": on a network built here with a
-        conformal calibration, both the heteroscedastic and the Gaussian network are trained and the
-        heteroscedastic one kept when its held-out NLL on training rows (never calibration rows) is lower by more
-        than one standard error and 0.02 nats per row (``likelihood_support_``); else "gaussian".
+        The noise model: one σ per output, σ(x) from a variance head, heavy tails. "auto": heteroscedastic when
+        held-out training rows support it (a network built here, conformal calibration), else Gaussian.
     noise_std : "auto", "calibration", "training" or float, default="auto"
-        σ in β: from the calibration residuals, the training residuals (the paper's) or given (units of y).
-        "auto": "training" under a conformal calibration (calibration residuals would void its guarantee), else
-        "calibration" with at least 30 calibration rows."""
+        σ in β: from calibration or training residuals, or given (units of y). "auto": "training" under a
+        conformal calibration, else "calibration" from 30 calibration rows."""
 
 _REGRESSOR_ATTRIBUTES_DOC = """\
-    noise_source_ : str
-        Where σ came from ("calibration", "training", "given", or the likelihood's name for σ(x)).
-    noise_std_ : float or ndarray
-        σ in the units of y (heteroscedastic: the root mean σ²(x) over the training rows).
-    std_scale_ : ndarray of shape (n_outputs,)
-        With a conformal calibration, the root mean square of the calibration scores, by which
-        ``predict(return_std=True)`` scales σ̂; ones otherwise.
-    y_mean_, y_scale_ : ndarray
-        The target standardisation (zeros and ones when off).
-    likelihood_support_ : dict or None
-        With ``likelihood="auto"`` on a network built here, the evidence of the choice."""
+    noise_source_, noise_std_, std_scale_, y_mean_, y_scale_, likelihood_support_
+        σ's source and value (units of y), the std's scale, the target scaling, the evidence of "auto"."""
 
 
 class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     __doc__ = f"""Regression with a torch network and generalized Laplace active-subspace uncertainty.
 
-    ``fit`` trains the network (unless ``prefit``), builds the generalized Gauss-Newton matrix of the loss
-    matrix-free, takes its top eigenpairs and sets the prior scale σ0 by empirical Bayes. By default
-    (``posterior="low_rank", calibration="mondrian"``) the intervals ŷ ± q σ̂ are split-conformal on the
-    calibration rows, one q per band of σ̂ once there are enough rows; the paper's method,
-    ``posterior="subspace", calibration="coverage"``, chooses the subspace dimension d as the smallest whose
-    intervals cover ``confidence_level`` of the calibration rows.
+    ``fit`` trains the network, takes the top eigenpairs of the generalized Gauss-Newton matrix and sets σ0 by
+    empirical Bayes; the intervals ŷ ± q σ̂ are split-conformal on the calibration rows, per band of σ̂.
 
     Parameters
     ----------
@@ -78,25 +60,21 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 {ATTRIBUTES_DOC}
 {_REGRESSOR_ATTRIBUTES_DOC}
 
-    Notes
-    -----
-{NOTES_DOC}
-
     Examples
     --------
     >>> import numpy as np
     >>> from glas_sklearn import LaplaceActiveSubspaceRegressor, LowRank, Training
-    >>> rng = np.random.default_rng(0)
-    >>> X = rng.uniform(-1, 1, size=(200, 2)); y = np.sin(3 * X[:, 0]) + 0.1 * rng.standard_normal(200)
-    >>> reg = LaplaceActiveSubspaceRegressor(training=Training(max_epochs=100),
-    ...                                      posterior=LowRank(max_components=10, n_samples=200),
+    >>> X = np.random.default_rng(0).uniform(-1, 1, size=(200, 2)); y = np.sin(3 * X[:, 0])
+    >>> reg = LaplaceActiveSubspaceRegressor(training=Training(max_epochs=100), posterior=LowRank(max_components=10),
     ...                                      random_state=0).fit(X, y)
-    >>> y_pred, y_pis = reg.predict_interval(X[:5])
-    >>> y_pis.shape
+    >>> reg.predict_interval(X[:5])[1].shape
     (5, 2, 1)
     """
 
-    _parameter_constraints: dict = {
+    # return_std is an option of the output, not metadata to route
+    __metadata_request__predict = {"return_std": metadata_routing.UNUSED}
+
+    _parameter_constraints = {
         **LaplaceActiveSubspaceBase._parameter_constraints,
         "likelihood": [Options(*REGRESSION_LIKELIHOODS, "auto"),
                        InstanceOf(Likelihood, "a glas_sklearn.likelihoods.Likelihood")],
@@ -173,6 +151,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
     def _fit_targets(self, y, weight, standardize: bool) -> TargetScaler:
         self._targets = TargetScaler.fit(y, weight, standardize, type(self).__name__)
+        self.y_mean_, self.y_scale_ = self._targets.y_mean, self._targets.y_scale
         return self._targets
 
     def _targets_tensor(self, y, device, dtype, inputs) -> torch.Tensor:
@@ -259,35 +238,12 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             table = table.assign(mean_width=table["mean_width"] * float(self._targets.y_scale[0]))
         return table
 
-    @property
-    def y_mean_(self):
-        return self._targets.y_mean
-
-    @property
-    def y_scale_(self):
-        return self._targets.y_scale
-
     # -------------------------------------------------------------------------------------------- API
     def fit(self, X, y, sample_weight=None, *, X_cal=None, y_cal=None) -> "LaplaceActiveSubspaceRegressor":
-        """Train the network (unless prefit), build the posterior and calibrate.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
-        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
-        sample_weight
-        X_cal, y_cal : array-like, optional
-            Calibration rows, never used for training. When absent, ``calibration_size`` of ``X`` is held out.
-            Required with ``prefit=True``: rows the network was not trained on. Inside a Pipeline rely on
-            ``calibration_size`` (``X_cal`` as a fit parameter skips the earlier steps' transforms).
-
-        Returns
-        -------
-        self
-        """
+        """Train the network (unless prefit), build the posterior and calibrate; returns self. ``sample_weight``:
+        frequency weights of the training rows (calibration rows are unweighted); ``X_cal, y_cal``: calibration
+        rows never trained on (default: ``calibration_size`` of ``X``; required with ``prefit``)."""
         return self._fit(X, y, X_cal, y_cal, sample_weight)
-
-    fit.__doc__ = fit.__doc__.replace("        sample_weight\n", SAMPLE_WEIGHT_DOC + "\n")
 
     def _predict_rows(self, X, levels=None, method=None):
         """The calibrated predictive (mean, std, bounds) of all rows of X, chunk by chunk (bounded memory);
@@ -298,21 +254,8 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
     @scoped_threads
     def predict(self, X, return_std: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
-        """Predictive mean (sampled: the mean over posterior samples; linearised: f(x; θ0)).
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
-        return_std : bool, default=False
-            Also return the predictive standard deviation of y: with a conformal calibration σ̂(x) times
-            ``std_scale_`` (the maximum-likelihood scale on the calibration rows, per σ̂ band with "mondrian");
-            with "coverage" the posterior's own (of f, or of y with ``include_noise``).
-
-        Returns
-        -------
-        y_pred : ndarray of shape (n_samples,) or (n_samples, n_outputs)
-        y_std : ndarray, same shape, only with ``return_std``
-        """
+        """Predictive mean, and with ``return_std`` its standard deviation (conformal: σ̂(x) × ``std_scale_``;
+        "coverage": the posterior's own), of shape (n_samples,) or (n_samples, n_outputs)."""
         mean, std, _ = self._predict_rows(X)
         y_pred = self._targets.to_user_units(mean)
         y_std = self._targets.to_user_units(std, shift=False) * self.std_scale_.reshape((-1,) + (1,) * (std.ndim - 2))
@@ -322,22 +265,8 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
     @scoped_threads
     def predict_interval(self, X, confidence_level=None) -> tuple[np.ndarray, np.ndarray]:
-        """Central (1 − γ) intervals: split-conformal ŷ ± q σ̂ (``"mondrian"``: q per band of σ̂), or the GLAS
-        predictive's own (``calibration="coverage"``). A level the estimator was not fitted with works too
-        (conformal quantiles from the stored scores).
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
-        confidence_level : float or list of float, optional
-            Defaults to the estimator's ``confidence_level``.
-
-        Returns
-        -------
-        y_pred : ndarray of shape (n_samples,) or (n_samples, n_outputs)
-        y_pis : ndarray of shape (n_samples, 2, k) or (n_samples, n_outputs, 2, k)
-            Lower ([:, 0, :]) and upper ([:, 1, :]) bounds for each of the k levels (the level axis is kept).
-        """
+        """Central (1 − γ) intervals at ``confidence_level`` (default: the estimator's): ``y_pred`` and ``y_pis``
+        of shape (n_samples, 2, k) or (n_samples, n_outputs, 2, k), lower and upper bounds per level."""
         check_is_fitted(self, "posterior_")
         levels = self._levels(confidence_level)
         mean, _, bounds = self._predict_rows(X, levels, method="predict_interval")
@@ -350,17 +279,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
     @scoped_threads
     def predict_noise_std(self, X) -> np.ndarray:
-        """The noise level σ_ale(x) per row, in the units of y: the network's own σ(x; θ0) with
-        ``likelihood="heteroscedastic"``, the constant ``noise_std_`` otherwise.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
-
-        Returns
-        -------
-        ndarray of shape (n_samples,) or (n_samples, n_outputs)
-        """
+        """The noise level σ_ale(x) per row in the units of y: the network's σ(x; θ0), or ``noise_std_``."""
         Xt = self._check_fitted_X(X)
         if self.likelihood_.noise_in_outputs:
             out = model_outputs(self.module_, Xt)
@@ -372,19 +291,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
     @scoped_threads
     def sample_y(self, X, n_samples: int = 1, random_state=0) -> np.ndarray:
-        """Draws of f(x; θ) for θ from the posterior (plus N(0, σ²) noise with ``include_noise``; with the
-        heteroscedastic likelihood draws of y = μ(x; θ) + σ(x; θ) ε). Not conformally rescaled.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples_X, n_features) or ``(n_samples_X, *input_shape_)``
-        n_samples : int, default=1
-        random_state : int or None, default=0
-
-        Returns
-        -------
-        ndarray of shape (n_samples_X, n_samples) or (n_samples_X, n_outputs, n_samples)
-        """
+        """Draws of f(x; θ), θ from the posterior (of y with ``include_noise`` or σ(x)), not conformally rescaled."""
         Xt = self._check_fitted_X(X)
         s = self._posterior_draws(Xt, n_samples, random_state)
         gen = make_generator(None if random_state is None else numpy_rng(random_state).integers(2**62) + 1, s.device)
@@ -395,19 +302,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
     @scoped_threads
     def score(self, X, y, sample_weight=None) -> float:
-        """R² of :meth:`predict`; rows that were training rows of a prefit network raise a
-        :class:`~glas_sklearn.PrefitLeakageWarning`.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
-        y : array-like of shape (n_samples,) or (n_samples, n_outputs)
-        sample_weight : array-like of shape (n_samples,), optional
-
-        Returns
-        -------
-        float
-        """
+        """R² of :meth:`predict` (a prefit network's training rows raise a PrefitLeakageWarning)."""
         self._score_rows(X)
         return super().score(X, y, sample_weight=sample_weight)
 
