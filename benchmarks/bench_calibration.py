@@ -86,13 +86,13 @@ def one_evaluation(est, Xc: torch.Tensor, yc: torch.Tensor, d: int) -> float:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", CalibrationWarning)
         choose_dimension(est.posterior_, Xc, yc, confidence_level=est.confidence_level, d_min=d, d_max=d,
-                         n_samples=est.n_samples, random_state=est.calibration_seed_)
+                         n_samples=est.posterior.n_samples, random_state=est.calibration_seed_)
     return time.perf_counter() - t0
 
 
 def prediction_timing(est, X_rows: np.ndarray, repeats: int) -> dict:
     """predict_interval vs S plain batched forward passes (vmap over functional_call, and a loop), interleaved."""
-    post, d, S = est.posterior_, est.n_components_, est.n_samples
+    post, d, S = est.posterior_, est.n_components_, est.posterior.n_samples
     X = torch.as_tensor(X_rows, dtype=post.dtype)
     n = X.shape[0]
     chunk = post._chunk(n, S)

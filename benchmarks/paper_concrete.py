@@ -421,7 +421,7 @@ def compute(args, argv, out: Path, prefix: str) -> dict:
                    f"{len(est_d)} sampled evaluations (d = {', '.join(map(str, est_d))}); the lower-level full scan "
                    f"on its eigenpairs gives d = {runs[0]['sampled']['d']} and "
                    f"{'identical' if same else 'DIFFERENT'} coverage at those d.")
-    if n_samples != est.n_samples:
+    if n_samples != est.posterior.n_samples:
         consistency += " (The sample count was reduced after the estimator ran, so the rows need not agree.)"
     print(consistency, flush=True)
 
@@ -478,7 +478,7 @@ def compute(args, argv, out: Path, prefix: str) -> dict:
         "noise_sweep": sweep, "activity": {str(k): v for k, v in activity.items()},
         "parity": [{k: (v.tolist() if isinstance(v, np.ndarray) else v) for k, v in p.items()} for p in parity],
         "consistency": consistency,
-        "estimator": {"noise": "training residuals", "scaling": "mean", "n_samples": est.n_samples,
+        "estimator": {"noise": "training residuals", "scaling": "mean", "n_samples": est.posterior.n_samples,
                       "level": SAMPLED_LEVEL, "d": est.n_components_, "reached": bool(est.calibration_reached_),
                       "coverage": est_at_d, "sigma0": est.sigma0_,
                       "curve": curve_rows(est.calibration_, std["y_std"])},

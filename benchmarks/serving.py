@@ -154,7 +154,7 @@ def _peak_child(name: str, rows: int, threads: int, model_path: str) -> None:
     io = (X.nbytes + y_pred.nbytes + y_pis.nbytes) / 2**20
     print(json.dumps({"case": name, "rows": rows, "peak_above_before_mb": peak - before, "inputs_outputs_mb": io,
                       "excess_mb": peak - before - io, "seconds": seconds,
-                      "working_memory_mib": est.working_memory}))
+                      "working_memory_mib": getattr(est.compute, "working_memory", 64)}))
 
 
 def peak_memory(name: str, rows: int, threads: int, repeats: int = 3) -> dict:
