@@ -308,7 +308,8 @@ for scaling in ("mean", "standard"):
         regs[scaling] = LaplaceActiveSubspaceRegressor(module=net64, prefit=True, scaling=scaling, noise_std="training",
                                                        calibration="coverage", confidence_level=0.9, random_state=SEED,
                                                        posterior=Subspace(max_components=D_MAX, n_samples=N_SAMPLES),
-                                                       compute=Compute(dtype="float64")).fit(x, y.ravel(), X_cal=x_cal, y_cal=y_cal.ravel())
+                                                       compute=Compute(dtype="float64"))
+        regs[scaling].fit(x, y.ravel(), X_cal=x_cal, y_cal=y_cal.ravel())
 
 pd.DataFrame([
     {"scaling": s, "d": r.n_components_, "reached": r.calibration_reached_,

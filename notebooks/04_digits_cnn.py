@@ -112,7 +112,8 @@ clf = LaplaceActiveSubspaceClassifier(SmallCNN, confidence_level=LEVEL, random_s
                                       training=Training(max_epochs=MAX_EPOCHS, lr=2e-3, batch_size=64,
                                                         weight_decay=1e-4),
                                       posterior=LowRank(max_components=MAX_COMPONENTS,
-                                                        n_samples=N_SAMPLES)).fit(X_train, y_train, X_cal=X_cal, y_cal=y_cal)
+                                                        n_samples=N_SAMPLES))
+clf.fit(X_train, y_train, X_cal=X_cal, y_cal=y_cal)
 paper = LaplaceActiveSubspaceClassifier(clf.module_, prefit=True, calibration="coverage", confidence_level=LEVEL,
                                         random_state=SEED,
                                         posterior=Subspace(predictive="sampled", max_components=MAX_COMPONENTS,
@@ -123,7 +124,8 @@ with warnings.catch_warnings():
 eb_full = LaplaceActiveSubspaceClassifier(clf.module_, prefit=True, sigma0="eb_full", confidence_level=LEVEL,
                                           random_state=SEED,
                                           posterior=LowRank(max_components=MAX_COMPONENTS,
-                                                            n_samples=N_SAMPLES)).fit(X_train, y_train, X_cal=X_cal, y_cal=y_cal)
+                                                            n_samples=N_SAMPLES))
+paper.fit(X_train, y_train, X_cal=X_cal, y_cal=y_cal)
 D = sum(p.numel() for p in clf.module_.parameters())
 print(f"input_shape_ {clf.input_shape_}, D = {D} weights, final training loss {clf.training_loss_[-1]:.4f}")
 search = clf.sigma0_search_
