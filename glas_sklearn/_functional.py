@@ -22,7 +22,7 @@ from typing import Iterator
 
 import torch
 from torch import nn
-from torch.func import functional_call, jacrev, vjp, vmap
+from torch.func import functional_call, jacrev, jvp, vjp, vmap
 
 try:  # torch ≥ 2.3
     from torch.nn.attention import SDPBackend, sdpa_kernel
@@ -261,6 +261,10 @@ def model_outputs(model: nn.Module, X: torch.Tensor, batch_size: int | None = No
         return torch.cat([call(X[i:i + size]) for i in range(0, X.shape[0], size)])
 
 
+def _tap(taps: list, weight: str, bias: str | None, module, args, output) -> None:
+    taps.append((weight, bias, args[0], output))
+
+
 class FunctionalModel:
     """A trained model as a pure function of its weights: f(x; θ), with θ0 its trained weights.
 
@@ -367,6 +371,54 @@ class FunctionalModel:
         if self.layout.param_dtypes is not None and out.is_floating_point() and out.dtype != self.dtype:
             out = out.to(self.dtype)  # mixed precisions: outputs in the weights' (widest) dtype
         return out
+
+    def linear_taps(self, inputs, params: dict) -> tuple[torch.Tensor, list] | None:
+        """f(inputs; params) and, for every ``nn.Linear`` layer whose weight is trainable, its input and output in
+        that call (in call order): ``(out, [(weight name, bias name or None, input, output), ...])``.
+
+        Forward hooks on this thread's structure copy of the model (never on the model itself), removed before
+        returning. None when the taps cannot describe every trainable weight: a trainable weight outside an
+        ``nn.Linear`` (or a frozen weight beside a trainable bias), a layer called more than once, a layer input
+        that is not one vector per record, or a model that cannot be copied per thread."""
+        view = self._thread_module()
+        names = set(self.layout.names)
+        if view is None:
+            return None
+        layers = {}
+        for prefix, m in view.named_modules():
+            if isinstance(m, nn.Linear):
+                weight, bias = (f"{prefix}.{n}" if prefix else n for n in ("weight", "bias"))
+                if weight in names:
+                    layers[prefix] = (m, weight, bias if bias in names else None)
+                elif bias in names:
+                    return None
+        covered = {n for _, w, b in layers.values() for n in (w, b) if n is not None}
+        if covered != names:
+            return None
+        taps: list = []
+        handles = [m.register_forward_hook(functools.partial(_tap, taps, w, b)) for m, w, b in layers.values()]
+        try:
+            out = self(inputs, params)
+        finally:
+            for h in handles:
+                h.remove()
+        rows = out.shape[0] if out.ndim else -1
+        if len(taps) != len(layers) or any(a.ndim != 2 or a.shape[0] != rows for _, _, a, _ in taps):
+            return None
+        return out, taps
+
+    def flops_per_record(self, X: torch.Tensor) -> float | None:
+        """Floating-point operations of one forward pass on the first record of ``X`` (torch's FlopCounterMode:
+        matrix products and convolutions), None where they cannot be counted."""
+        try:
+            from torch.utils.flop_counter import FlopCounterMode
+
+            with FlopCounterMode(display=False) as counter, torch.no_grad(), self.autodiff():
+                self(X[:1])
+            return float(counter.get_total_flops())
+        except Exception as err:  # noqa: BLE001 - an op the counter cannot follow: no estimate
+            logger.debug("cannot count the forward pass's operations (%s)", err)
+            return None
 
     def autodiff(self) -> contextlib.AbstractContextManager:
         """:func:`autodiff_context` for this model: gradients on, oneDNN off for recurrent layers on CPU."""
@@ -540,6 +592,132 @@ class BoundModel:
                                         for gi, p in zip(g, params.values(), strict=True)]))
             rows.append(torch.stack(grads).reshape(*out.shape, -1))
         return torch.stack(rows).detach()
+
+    def tangent_products(self, Xb: torch.Tensor, tangents: torch.Tensor) -> torch.Tensor:
+        """J(Xb) t_k for every row t_k of ``tangents`` (c, D): shape ``(c, nb, *out)``, in the weights' dtype.
+
+        Reverse over reverse: J t = ∂/∂u ⟨Jᵀu, t⟩, the pullback of the (linear in u) pullback u ↦ Jᵀu, one
+        forward pass and its pullback for all tangents, then one pass back through that pullback per tangent,
+        ``torch.func.vmap``-ed over the tangents (a loop where the model does not allow it). Reverse mode keeps
+        no state shared between threads, so threads compute their products at once. A model without a
+        derivative of its backward pass falls back to forward-mode JVPs (:meth:`_forward_mode_products`), whose
+        state torch keeps per process: one thread at a time there.
+        """
+        fm = self.functional_model
+        batched = fm.layout.unflatten_rows(tangents)
+        if getattr(self, "_reverse_jvp_ok", None) is not False:
+            try:
+                with fm.autodiff():
+                    out, pull = vjp(lambda p: fm(Xb, p), fm.params0)
+                    _, pull_pull = vjp(lambda u: pull(u)[0], torch.zeros_like(out))
+                    if getattr(self, "_vmap_tangents_ok", None) is not False:
+                        try:
+                            (jt,) = vmap(pull_pull)(batched)
+                            self._vmap_tangents_ok = True
+                        except Exception as err:  # noqa: BLE001 - any failure of the vectorised path: a loop
+                            if getattr(self, "_vmap_tangents_ok", None):
+                                raise
+                            logger.debug("vmap over tangents failed (%s); one tangent at a time", err)
+                            self._vmap_tangents_ok = False
+                    if getattr(self, "_vmap_tangents_ok", None) is False:
+                        jt = torch.stack([pull_pull({n: t[k] for n, t in batched.items()})[0]
+                                          for k in range(tangents.shape[0])])
+                self._reverse_jvp_ok = True
+                return jt.detach()
+            except Exception as err:  # noqa: BLE001 - no double backward: forward mode
+                if getattr(self, "_reverse_jvp_ok", None):
+                    raise
+                logger.debug("no derivative of the backward pass (%s); forward-mode JVPs", err)
+                self._reverse_jvp_ok = False
+        return self._forward_mode_products(Xb, batched, tangents.shape[0])
+
+    def _forward_mode_products(self, Xb: torch.Tensor, batched: dict, count: int) -> torch.Tensor:
+        """J(Xb) t_k by forward-mode JVPs, under :func:`forward_ad_section` (torch's forward-mode state is global
+        to the process); ``vmap``-ed over the tangents where the model allows it, else one dual level each."""
+        fm = self.functional_model
+
+        def f(params):
+            return fm(Xb, params)
+
+        with forward_ad_section(), fm.autodiff():
+            if getattr(self, "_vmap_jvp_ok", None) is not False:
+                try:
+                    out = vmap(lambda t: jvp(f, (fm.params0,), (t,))[1])(batched)
+                    self._vmap_jvp_ok = True
+                    return out.detach()
+                except Exception as err:  # noqa: BLE001 - any failure of the vectorised path falls back to a loop
+                    if getattr(self, "_vmap_jvp_ok", None):
+                        raise
+                    logger.debug("vmap over JVP tangents failed (%s); computing them one by one", err)
+                    self._vmap_jvp_ok = False
+            cols = []
+            for k in range(count):
+                with torch.autograd.forward_ad.dual_level():
+                    duals = {n: torch.autograd.forward_ad.make_dual(p, batched[n][k])
+                             for n, p in fm.params0.items()}
+                    primal, tangent = torch.autograd.forward_ad.unpack_dual(fm(Xb, duals))
+                cols.append(torch.zeros_like(primal) if tangent is None else tangent.detach())
+            return torch.stack(cols)
+
+    def record_gram(self, Xb: torch.Tensor, full_cov: bool = False, *, jacobians: bool = True) -> torch.Tensor | None:
+        """J(x) J(x)ᵀ over the last output axis for every record of Xb, in float64: ‖J_m(x)‖² of shape ``(c, *out)``,
+        or the (M × M) blocks, shape ``(c, *out[:-1], M, M)`` (``full_cov``).
+
+        For a network whose trainable weights all sit in ``nn.Linear`` layers, each called once on one vector per
+        record (an MLP), without the per-record Jacobians: a layer's weight gradient for record i is the outer
+        product g_i a_iᵀ of the gradient at its output and its input, so J_m J_mᵀ sums (a_i·a_i + 1) (g_i^m·g_i^m')
+        over the layers, from one forward pass and M passes back (checked once against the Jacobians). Otherwise
+        from the per-record Jacobians (:meth:`record_jacobians`); with ``jacobians=False`` None then.
+        """
+        if getattr(self, "_linear_gram_ok", None) is not False:
+            gram = self._linear_gram(Xb, full_cov)
+            if gram is not None and getattr(self, "_linear_gram_ok", None) is None:
+                # once: the layer taps must give what the Jacobians give (a weight used outside its layer, rows
+                # that see each other, would not)
+                ref = self._jacobian_gram(self.record_jacobians(Xb[:2]), full_cov)
+                tol = 1e3 * torch.finfo(self.layout.dtype).eps * float(ref.abs().max().clamp_min(1e-30))
+                self._linear_gram_ok = bool((gram[:2] - ref).abs().max() <= tol)
+                if not self._linear_gram_ok:
+                    logger.debug("layer taps disagree with the Jacobians; J Jᵀ from the per-record Jacobians")
+            elif gram is None:
+                self._linear_gram_ok = False
+            if self._linear_gram_ok:
+                return gram
+        return self._jacobian_gram(self.record_jacobians(Xb), full_cov) if jacobians else None
+
+    @staticmethod
+    def _jacobian_gram(jac: torch.Tensor, full_cov: bool) -> torch.Tensor:
+        """J Jᵀ of per-record Jacobians ``(c, *out, D)``, in float64 (products in the Jacobians' dtype)."""
+        if full_cov:
+            return (jac @ jac.transpose(-1, -2)).to(torch.float64)
+        return torch.linalg.vector_norm(jac, dim=-1).to(torch.float64).square_()
+
+    def _linear_gram(self, Xb: torch.Tensor, full_cov: bool) -> torch.Tensor | None:
+        fm = self.functional_model
+        params = {n: p.detach().requires_grad_(True) for n, p in fm.params0.items()}
+        with fm.autodiff():
+            traced = fm.linear_taps(Xb, params)
+            if traced is None:
+                return None
+            out, taps = traced
+            c = out.shape[0]
+            flat = out.reshape(c, -1)
+            M = flat.shape[1]
+            outputs = [o for _, _, _, o in taps]
+            scale = [(a.detach().to(torch.float64) ** 2).sum(1) + (b is not None) for _, b, a, _ in taps]
+            grads = [torch.autograd.grad(flat[:, m].sum(), outputs, retain_graph=m < M - 1, allow_unused=True)
+                     for m in range(M)]
+        gram = torch.zeros(c, M, M, dtype=torch.float64, device=out.device)
+        for layer, s in enumerate(scale):
+            g = torch.stack([torch.zeros_like(outputs[layer]) if gm[layer] is None else gm[layer]
+                             for gm in grads], 1).to(torch.float64)  # (c, M, width)
+            gram += s[:, None, None] * (g @ g.transpose(1, 2))
+        out_shape = tuple(out.shape[1:])
+        if not full_cov:
+            return torch.diagonal(gram, dim1=1, dim2=2).reshape(c, *out_shape)
+        lead, last = math.prod(out_shape[:-1]), out_shape[-1]  # the blocks over the last output axis
+        blocks = torch.diagonal(gram.reshape(c, lead, last, lead, last), dim1=1, dim2=3)  # (c, last, last, lead)
+        return torch.movedim(blocks, -1, 1).reshape(c, *out_shape[:-1], last, last)
 
     def record_jacobian_chunks(self, X: torch.Tensor, max_bytes: int,
                                batch_size: int | None = None) -> Iterator[tuple[slice, torch.Tensor]]:

@@ -302,13 +302,13 @@ def test_jacobian_projection_cache_costs_k_jvps(setup):
     net, X, lam, P, _ = setup
     post = ActiveSubspacePosterior(net, lam, P, beta=BETA)
     counted = []
-    original = post._jvp_many
+    original = post.tangent_products
 
-    def counting(tangents, Xb):
+    def counting(Xb, tangents):
         counted.append(tangents.shape[0])
-        return original(tangents, Xb)
+        return original(Xb, tangents)
 
-    post._jvp_many = counting
+    post.tangent_products = counting
     for d in range(1, K + 1):
         post.linearized_variance(X, d)
     post.linearized_variance(X, 3)
