@@ -481,6 +481,56 @@ class FunctionalModel:
                 f"device={self.device})")
 
 
+class LinearFactors:
+    """Per-record Jacobians of a network of ``nn.Linear`` layers in factored form: the weight gradient of output m
+    of record i at a layer is the outer product g_i^m a_iᵀ of the gradient at the layer's output and its input
+    (and g_i^m for the bias), so neither J Jᵀ nor J t needs the (c, M, D) Jacobians.
+
+    Parameters
+    ----------
+    out_shape : tuple
+        The per-record output shape.
+    layers : list of (weight name, bias name or None, a, g)
+        a of shape (c, in), g of shape (M, c, out) with M = prod(out_shape).
+    """
+
+    def __init__(self, out_shape: tuple, layers: list) -> None:
+        self.out_shape = out_shape
+        self.layers = layers
+
+    def rows(self, sl: slice) -> LinearFactors:
+        """The factors of the records ``sl``."""
+        return LinearFactors(self.out_shape, [(w, b, a[sl], g[:, sl]) for w, b, a, g in self.layers])
+
+    def gram(self, full_cov: bool = False) -> torch.Tensor:
+        """J Jᵀ over the last output axis, float64: ``(c, *out)`` or ``(c, *out[:-1], M, M)``."""
+        c = self.layers[0][2].shape[0]
+        M = math.prod(self.out_shape)
+        gram = torch.zeros(c, M, M, dtype=torch.float64, device=self.layers[0][2].device)
+        for _, b, a, g in self.layers:
+            g = g.to(torch.float64).transpose(0, 1)  # (c, M, out)
+            gram += ((a.to(torch.float64) ** 2).sum(1) + (b is not None))[:, None, None] * (g @ g.transpose(1, 2))
+        if not full_cov:
+            return torch.diagonal(gram, dim1=1, dim2=2).reshape(c, *self.out_shape)
+        lead, last = math.prod(self.out_shape[:-1]), self.out_shape[-1]  # the blocks over the last output axis
+        blocks = torch.diagonal(gram.reshape(c, lead, last, lead, last), dim1=1, dim2=3)  # (c, last, last, lead)
+        return torch.movedim(blocks, -1, 1).reshape(c, *self.out_shape[:-1], last, last)
+
+    def projections(self, tangents: dict) -> torch.Tensor:
+        """J t_k for the tangents ``tangents`` (name → (k, *shape), e.g. ``ParameterLayout.unflatten_rows``): shape
+        ``(c, *out, k)``. Per layer one batched product of the inputs with the k weight tangents (about one forward
+        pass per tangent), then its contraction with g."""
+        total = None
+        for w, b, a, g in self.layers:
+            V = tangents[w]  # (k, out, in)
+            h = torch.matmul(a.to(V.dtype), V.transpose(1, 2))  # (k, c, out)
+            if b is not None:
+                h = h + tangents[b][:, None, :]
+            part = torch.einsum("kco,mco->cmk", h, g.to(h.dtype))
+            total = part if total is None else total + part
+        return total.reshape(total.shape[0], *self.out_shape, total.shape[-1])
+
+
 class BoundModel:
     """Read-only views of a ``functional_model`` attribute: the layout, dtype, device and θ0 of the bound model,
     for the classes (the GGN operator, the posterior) that hold one."""
@@ -659,30 +709,53 @@ class BoundModel:
                 cols.append(torch.zeros_like(primal) if tangent is None else tangent.detach())
             return torch.stack(cols)
 
+    def linear_factors(self, Xb: torch.Tensor) -> LinearFactors | None:
+        """The per-record Jacobians of Xb in factored form, for a network whose trainable weights all sit in
+        ``nn.Linear`` layers, each called once on one vector per record (an MLP): one forward pass and M passes
+        back (:class:`LinearFactors`). None for other networks (found on the first call and remembered); the
+        factors are checked once against the per-record Jacobians."""
+        if getattr(self, "_linear_factors_ok", None) is False:
+            return None
+        fm = self.functional_model
+        params = {n: p.detach().requires_grad_(True) for n, p in fm.params0.items()}
+        with fm.autodiff():
+            traced = fm.linear_taps(Xb, params)
+            if traced is None:
+                self._linear_factors_ok = False
+                return None
+            out, taps = traced
+            flat = out.reshape(out.shape[0], -1)
+            outputs = [o for _, _, _, o in taps]
+            grads = [torch.autograd.grad(flat[:, m].sum(), outputs, retain_graph=m < flat.shape[1] - 1,
+                                         allow_unused=True) for m in range(flat.shape[1])]
+        layers = [(w, b, a.detach(), torch.stack([torch.zeros_like(o) if gm[i] is None else gm[i] for gm in grads]))
+                  for i, (w, b, a, o) in enumerate(taps)]
+        factors = LinearFactors(tuple(out.shape[1:]), layers)
+        if getattr(self, "_linear_factors_ok", None) is None:
+            # once: the factors must give what the Jacobians give (a weight used outside its layer, or records that
+            # see each other, would not)
+            jac = self.record_jacobians(Xb[:2])
+            tangents = torch.randn(3, self.layout.size, generator=torch.Generator().manual_seed(0),
+                                   dtype=self.layout.dtype).to(jac.device)
+            ref = jac @ tangents.T
+            got = factors.rows(slice(0, 2)).projections(self.layout.unflatten_rows(tangents))
+            tol = 1e3 * torch.finfo(self.layout.dtype).eps * float(ref.abs().max().clamp_min(1e-30))
+            self._linear_factors_ok = bool((got - ref).abs().max() <= tol)
+            if not self._linear_factors_ok:
+                logger.debug("layer factors disagree with the Jacobians; per-record Jacobians instead")
+                return None
+        return factors
+
     def record_gram(self, Xb: torch.Tensor, full_cov: bool = False, *, jacobians: bool = True) -> torch.Tensor | None:
         """J(x) J(x)ᵀ over the last output axis for every record of Xb, in float64: ‖J_m(x)‖² of shape ``(c, *out)``,
         or the (M × M) blocks, shape ``(c, *out[:-1], M, M)`` (``full_cov``).
 
-        For a network whose trainable weights all sit in ``nn.Linear`` layers, each called once on one vector per
-        record (an MLP), without the per-record Jacobians: a layer's weight gradient for record i is the outer
-        product g_i a_iᵀ of the gradient at its output and its input, so J_m J_mᵀ sums (a_i·a_i + 1) (g_i^m·g_i^m')
-        over the layers, from one forward pass and M passes back (checked once against the Jacobians). Otherwise
-        from the per-record Jacobians (:meth:`record_jacobians`); with ``jacobians=False`` None then.
+        From :meth:`linear_factors` where the network allows it (no per-record Jacobians), else from the per-record
+        Jacobians (:meth:`record_jacobians`); with ``jacobians=False`` None then.
         """
-        if getattr(self, "_linear_gram_ok", None) is not False:
-            gram = self._linear_gram(Xb, full_cov)
-            if gram is not None and getattr(self, "_linear_gram_ok", None) is None:
-                # once: the layer taps must give what the Jacobians give (a weight used outside its layer, rows
-                # that see each other, would not)
-                ref = self._jacobian_gram(self.record_jacobians(Xb[:2]), full_cov)
-                tol = 1e3 * torch.finfo(self.layout.dtype).eps * float(ref.abs().max().clamp_min(1e-30))
-                self._linear_gram_ok = bool((gram[:2] - ref).abs().max() <= tol)
-                if not self._linear_gram_ok:
-                    logger.debug("layer taps disagree with the Jacobians; J Jᵀ from the per-record Jacobians")
-            elif gram is None:
-                self._linear_gram_ok = False
-            if self._linear_gram_ok:
-                return gram
+        factors = self.linear_factors(Xb)
+        if factors is not None:
+            return factors.gram(full_cov)
         return self._jacobian_gram(self.record_jacobians(Xb), full_cov) if jacobians else None
 
     @staticmethod
@@ -691,33 +764,6 @@ class BoundModel:
         if full_cov:
             return (jac @ jac.transpose(-1, -2)).to(torch.float64)
         return torch.linalg.vector_norm(jac, dim=-1).to(torch.float64).square_()
-
-    def _linear_gram(self, Xb: torch.Tensor, full_cov: bool) -> torch.Tensor | None:
-        fm = self.functional_model
-        params = {n: p.detach().requires_grad_(True) for n, p in fm.params0.items()}
-        with fm.autodiff():
-            traced = fm.linear_taps(Xb, params)
-            if traced is None:
-                return None
-            out, taps = traced
-            c = out.shape[0]
-            flat = out.reshape(c, -1)
-            M = flat.shape[1]
-            outputs = [o for _, _, _, o in taps]
-            scale = [(a.detach().to(torch.float64) ** 2).sum(1) + (b is not None) for _, b, a, _ in taps]
-            grads = [torch.autograd.grad(flat[:, m].sum(), outputs, retain_graph=m < M - 1, allow_unused=True)
-                     for m in range(M)]
-        gram = torch.zeros(c, M, M, dtype=torch.float64, device=out.device)
-        for layer, s in enumerate(scale):
-            g = torch.stack([torch.zeros_like(outputs[layer]) if gm[layer] is None else gm[layer]
-                             for gm in grads], 1).to(torch.float64)  # (c, M, width)
-            gram += s[:, None, None] * (g @ g.transpose(1, 2))
-        out_shape = tuple(out.shape[1:])
-        if not full_cov:
-            return torch.diagonal(gram, dim1=1, dim2=2).reshape(c, *out_shape)
-        lead, last = math.prod(out_shape[:-1]), out_shape[-1]  # the blocks over the last output axis
-        blocks = torch.diagonal(gram.reshape(c, lead, last, lead, last), dim1=1, dim2=3)  # (c, last, last, lead)
-        return torch.movedim(blocks, -1, 1).reshape(c, *out_shape[:-1], last, last)
 
     def record_jacobian_chunks(self, X: torch.Tensor, max_bytes: int,
                                batch_size: int | None = None) -> Iterator[tuple[slice, torch.Tensor]]:

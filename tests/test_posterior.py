@@ -8,6 +8,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn.utils import vector_to_parameters
 
+from glas_sklearn._functional import LinearFactors
 from glas_sklearn.likelihoods import Categorical, Gaussian
 from glas_sklearn.posterior import ActiveSubspacePosterior, estimate_noise_variance
 
@@ -298,21 +299,35 @@ def test_linearized_variance_matches_dense_jacobian(setup, setup2, which):
         torch.testing.assert_close(post.jacobian_projections(X, d), J @ P[:, :d], rtol=1e-10, atol=1e-14)
 
 
-def test_jacobian_projection_cache_costs_k_jvps(setup):
+@pytest.mark.parametrize("factored", [False, True])
+def test_jacobian_projection_cache_costs_k_jvps(setup, factored, monkeypatch):
+    """d = 1, ..., K cost K columns in total, by products along the eigenvectors or from the MLP's factored
+    Jacobians."""
     net, X, lam, P, _ = setup
     post = ActiveSubspacePosterior(net, lam, P, beta=BETA)
     counted = []
-    original = post.tangent_products
+    if factored:
+        original = LinearFactors.projections
 
-    def counting(Xb, tangents):
-        counted.append(tangents.shape[0])
-        return original(Xb, tangents)
+        def counting(self, tangents):
+            counted.append(next(iter(tangents.values())).shape[0])
+            return original(self, tangents)
 
-    post.tangent_products = counting
+        monkeypatch.setattr(LinearFactors, "projections", counting)
+    else:
+        post._linear_factors_ok = False  # an MLP takes the factored path otherwise
+        original = post.tangent_products
+
+        def counting(Xb, tangents):
+            counted.append(tangents.shape[0])
+            return original(Xb, tangents)
+
+        post.tangent_products = counting
     for d in range(1, K + 1):
         post.linearized_variance(X, d)
     post.linearized_variance(X, 3)
-    assert sum(counted) == K
+    # (the factored path checks itself once on three random tangents)
+    assert sum(counted) == K + 3 * factored
     # an in-place change of X invalidates the cache
     X2 = X.clone()
     post.linearized_variance(X2, 2)

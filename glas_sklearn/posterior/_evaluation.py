@@ -255,18 +255,22 @@ class PosteriorEvaluation(BoundModel):
 
     def _new_projections(self, X: torch.Tensor, start: int, d: int, cache: dict,
                          batch_size: int | None) -> torch.Tensor:
-        """J P[:, start:stop] of every record of X, stop = d by products along the columns, K by Jacobians."""
+        """J P[:, start:stop] of every record of X: from the factored Jacobians of an MLP (stop = d; J Jᵀ's diagonal
+        beside it for the kinds that use it), else the cheaper of products along the columns (stop = d) and the
+        per-record Jacobians (stop = K)."""
+        want_gram = self._uses_gram and cache.get("gram_diag") is None
+        if getattr(self, "_linear_factors_ok", None) is not False:
+            jp = self._factor_projections(X, start, d, cache if want_gram else None, batch_size)
+            if jp is not None:
+                return jp
         n = X.shape[0]
         n_out = math.prod(self.functional_model.output_shape(X))
-        if self._uses_gram and cache.get("gram_diag") is None:
-            cache["gram_diag"] = self._gram(X, False, batch_size, jacobians=False)  # None: no way without them
-        needed = self._keep_record_jacobians or (self._uses_gram and cache.get("gram_diag") is None)
+        needed = self._keep_record_jacobians or want_gram
         rows = max(1, min(n, batch_size or n, _jacobian_chunk_bytes() // (n_out * self.n_weights *
                                                                               self.theta0.element_size())))
         if not jacobians_cheaper(rows, n_out, d - start, self._weight_reuse(X), jacobians_needed=needed):
             return self._tangent_projections(X, start, d, batch_size)
         P = self.eigenvectors[:, start:]
-        fill_gram = self._uses_gram and cache.get("gram_diag") is None
         jp = gram = None
         # the results are allocated once and filled chunk by chunk: small results allocated between the chunks'
         # large temporaries would pin the heap and make it grow with the number of chunks
@@ -275,12 +279,40 @@ class PosteriorEvaluation(BoundModel):
             jac = self.record_jacobians(X[sl])  # (c, *out, D)
             if jp is None:
                 jp = torch.empty(n, *jac.shape[1:-1], P.shape[1], dtype=self.dtype, device=jac.device)
-                gram = torch.empty(n, *jac.shape[1:-1], dtype=torch.float64, device=jac.device) if fill_gram else None
+                gram = torch.empty(n, *jac.shape[1:-1], dtype=torch.float64, device=jac.device) if want_gram else None
             torch.matmul(jac, P, out=jp[sl])
-            if fill_gram:
+            if want_gram:
                 gram[sl] = self._jacobian_gram(jac, False)
             del jac
-        if fill_gram:
+        if want_gram:
+            cache["gram_diag"] = gram
+        return jp
+
+    def _factor_projections(self, X: torch.Tensor, start: int, stop: int, cache: dict | None,
+                            batch_size: int | None) -> torch.Tensor | None:
+        """J p_j for start ≤ j < stop from :meth:`~glas_sklearn._functional.BoundModel.linear_factors` (and J Jᵀ's
+        diagonal into ``cache`` when given); None for a network they do not describe."""
+        n, cols = X.shape[0], stop - start
+        tangents = self.eigenvectors.T  # (K, D): the rows are the tangents
+        jp = gram = None
+        for sl in self._row_batches(n, batch_size or max(1, _max_batched_rows())):
+            factors = self.linear_factors(X[sl])
+            if factors is None:  # (only ever the first chunk)
+                return None
+            if cache is not None:
+                part = factors.gram(False)
+                if gram is None:
+                    gram = torch.empty(n, *part.shape[1:], dtype=part.dtype, device=part.device)
+                gram[sl] = part
+            chunk = min(cols, max(1, _max_batched_rows() // max(1, sl.stop - sl.start)))
+            for k in range(start, stop, chunk):
+                block = self.layout.unflatten_rows(tangents[k:min(k + chunk, stop)])
+                part = factors.projections(block)  # (c, *out, k)
+                if jp is None:
+                    jp = torch.empty(n, *part.shape[1:-1], cols, dtype=self.dtype, device=part.device)
+                jp[sl, ..., k - start:k - start + part.shape[-1]] = part
+            del factors
+        if cache is not None:
             cache["gram_diag"] = gram
         return jp
 
@@ -324,7 +356,7 @@ class PosteriorEvaluation(BoundModel):
         and ``jacobians`` is False."""
         n = X.shape[0]
         gram = None
-        if getattr(self, "_linear_gram_ok", None) is not False:  # without the Jacobians: chunks by activations
+        if getattr(self, "_linear_factors_ok", None) is not False:  # without the Jacobians: chunks by activations
             for sl in self._row_batches(n, batch_size or max(1, _max_batched_rows())):
                 part = self.record_gram(X[sl], full_cov, jacobians=False)
                 if part is None:  # (only ever the first chunk)
