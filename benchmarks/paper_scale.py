@@ -7,8 +7,9 @@ standardised concrete rows (cached under ``--cache-dir``) and handed to ``Laplac
 with its defaults (low-rank posterior, K = 50 eigenpairs): 824 fit rows, 103 calibration rows and the other 103 rows
 to predict. Each configuration (code, width, threads) runs in a fresh subprocess, so that its peak memory is its own:
 
-- the resident set (``VmRSS`` after a garbage collection and ``malloc_trim``) is taken before fit; the peak
-  (``VmHWM``, reset through ``/proc/self/clear_refs``) during fit and during the predictions, above that start;
+- the resident set (``VmRSS`` after a garbage collection and ``malloc_trim``) is taken before fit (after a fit and
+  prediction of a small network, so that the code they load is not counted); the peak (``VmHWM``, reset through
+  ``/proc/self/clear_refs``) during fit and during the predictions, above that start;
 - one forward pass of the 103 rows (``torch.no_grad``, best of 30) and ``predict_interval`` on them (best of 3;
   from 4 threads: every thread calls it 3 times at once, the wall time ÷ the calls), as the ratio
   predict ÷ (d × forward) with the d the estimator chose;
@@ -117,6 +118,11 @@ def _child(args) -> None:
     X_t = torch.as_tensor(X)
     with torch.no_grad():
         net(X_t)
+    with warnings.catch_warnings():  # a small fit and prediction first: the code they load is not counted
+        warnings.simplefilter("ignore")
+        small = _common.mlp(8, [16, 16], 1, seed=1).eval()
+        _estimator(small, args.threads).fit(*fit_rows, X_cal=cal_rows[0], y_cal=cal_rows[1]).predict_interval(X)
+        del small
     _release_free_memory()
     start = _status_mb("VmRSS")
     _reset_peak()
@@ -183,7 +189,7 @@ def _child(args) -> None:
         "held_after_fit_mb": held, "predict_peak_mb": predict_peak, "fit_peak_over_P": fit_peak / P_mb,
         "predict_peak_over_P": predict_peak / P_mb, "peak_over_P": max(fit_peak, predict_peak) / P_mb,
         "calls": calls * args.serving_threads + 1, "different": wrong, "exceptions": len(errors),
-        "first_error": errors[0] if errors else None}))
+        "first_error": errors[0] if errors else None, "load_average": os.getloadavg()[0]}))
 
 
 # ------------------------------------------------------------------------------------------------ the parent

@@ -161,7 +161,7 @@ def _ritz(T: np.ndarray, beta: float) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 # Bytes of basis columns rotated at once in a restart (the rotation's only temporary).
-_ROTATE_BYTES = 64 << 20
+_ROTATE_BYTES = 16 << 20
 
 
 def _column_blocks(D: int, rows: int, element: int) -> list[slice]:
@@ -192,11 +192,17 @@ class _Basis:
 
     def rotate(self, Y: torch.Tensor, size: int) -> None:
         """Rows 0 … n − 1 ← Yᵀ (rows 0 … size − 1) for the (size, n) Ritz coefficients Y, a block of columns at a
-        time (the temporary is one block of the size + n rows)."""
+        time (the temporary is one block of n rows)."""
         n = Y.shape[1]
         first = self.leading(size)
-        for cols in _column_blocks(self.blocks[0].shape[1], size + n, self.blocks[0].element_size()):
-            new = Y.T @ torch.cat([b[:, cols] for b in first])
+        coeffs = [c.T for c in torch.split(Y, [b.shape[0] for b in first])]
+        blocks = _column_blocks(self.blocks[0].shape[1], n, self.blocks[0].element_size())
+        buffer = torch.empty(n, blocks[0].stop, dtype=Y.dtype, device=Y.device)  # the one temporary, reused
+        for cols in blocks:
+            new = buffer[:, :cols.stop - cols.start]
+            torch.mm(coeffs[0], first[0][:, cols], out=new)
+            if first[1].shape[0]:
+                new.addmm_(coeffs[1], first[1][:, cols])
             for b, part in zip(self.leading(n), torch.split(new, [min(n, self.k), max(0, n - self.k)]), strict=True):
                 b[:, cols] = part
 
@@ -216,7 +222,7 @@ def _lanczos(matvec, D: int, k: int, dtype, device, *, tol: float, max_matvecs: 
     The basis lives on the operator's device; the small projected matrix T lives on the host in float64,
     so each step moves only the j + 1 new entries of T and β there (the stopping test needs them), and the
     vectors never leave the device. Memory: the basis, ncv + 1 vectors of length D in the operator's dtype,
-    rotated in place at a restart (in column blocks of at most 64 MiB); at the end the k eigenvectors are
+    rotated in place at a restart (in column blocks of at most 16 MiB); at the end the k eigenvectors are
     formed in place in its first k rows and the others freed, so the peak is (ncv + 1) D entries plus the
     product's own few D-vectors."""
     m = min(ncv, D)
