@@ -10,8 +10,7 @@ from torch.nn.utils import vector_to_parameters
 
 from glas_sklearn._functional import LinearFactors
 from glas_sklearn.likelihoods import Categorical, Gaussian
-from glas_sklearn.posterior import ActiveSubspacePosterior, estimate_noise_variance
-from glas_sklearn.posterior import _evaluation
+from glas_sklearn.posterior import ActiveSubspacePosterior, _evaluation, estimate_noise_variance
 from glas_sklearn.posterior._evaluation import jacobians_cheaper
 
 from .reference import TinyLSTM, assert_unchanged, dense_ggn, dense_jacobian, flat_params, mlp, snapshot
