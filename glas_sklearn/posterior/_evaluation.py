@@ -1,5 +1,6 @@
-"""The evaluation engine of the posterior: the network at many weight vectors, JVPs along many tangents, Jacobian
-projections J P and per-record Jacobians, with their caches, in memory-bounded chunks.
+"""The evaluation engine of the posterior: the network at many weight vectors, Jacobian projections J P (from an
+MLP's factored Jacobians, by products along the eigenvectors, or from per-record Jacobians, whichever is cheaper)
+and J Jᵀ, with their caches, in memory-bounded chunks.
 
 :class:`PosteriorEvaluation` is a mixin of :class:`~glas_sklearn.posterior.ActiveSubspacePosterior`: it holds no
 posterior state and works for every posterior kind. Weight vectors are evaluated with ``torch.func.vmap`` over
