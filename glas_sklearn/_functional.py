@@ -516,6 +516,12 @@ class LinearFactors:
         blocks = torch.diagonal(gram.reshape(c, lead, last, lead, last), dim1=1, dim2=3)  # (c, last, last, lead)
         return torch.movedim(blocks, -1, 1).reshape(c, *self.out_shape[:-1], last, last)
 
+    def bytes_per_tangent(self) -> int:
+        """Bytes :meth:`projections` holds at once per tangent (the widest layer's products and their
+        contraction)."""
+        return max(3 * a.shape[0] * g.shape[-1] * g.element_size() + a.numel() * a.element_size()
+                   for _, _, a, g in self.layers)
+
     def projections(self, tangents: dict) -> torch.Tensor:
         """J t_k for the tangents ``tangents`` (name → (k, *shape), e.g. ``ParameterLayout.unflatten_rows``): shape
         ``(c, *out, k)``. Per layer one batched product of the inputs with the k weight tangents (about one forward

@@ -305,7 +305,7 @@ class PosteriorEvaluation(BoundModel):
                 if gram is None:
                     gram = torch.empty(n, *part.shape[1:], dtype=part.dtype, device=part.device)
                 gram[sl] = part
-            chunk = min(cols, max(1, _max_batched_rows() // max(1, sl.stop - sl.start)))
+            chunk = min(cols, max(1, _weight_chunk_bytes() // factors.bytes_per_tangent()))
             for k in range(start, stop, chunk):
                 block = self.layout.unflatten_rows(tangents[k:min(k + chunk, stop)])
                 part = factors.projections(block)  # (c, *out, k)
