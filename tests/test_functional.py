@@ -9,7 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from glas_sklearn._functional import BoundModel, FunctionalModel
+from glas_sklearn._functional import FunctionalModel
+from glas_sklearn._jacobians import JacobianProducts
 
 from .reference import TinyLSTM, assert_unchanged, dense_jacobian, flat_params, mlp, snapshot
 
@@ -200,7 +201,7 @@ def test_record_jacobians_when_vmap_over_records_fails(mix):
 
 
 # ------------------------------------------------------------------- J t, the factored Jacobians and J Jᵀ
-class _Bound(BoundModel):
+class _Bound(JacobianProducts):
     def __init__(self, model):
         self.functional_model = FunctionalModel(model)
 

@@ -8,7 +8,7 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn.utils import vector_to_parameters
 
-from glas_sklearn._functional import LinearFactors
+from glas_sklearn._jacobians import LinearFactors
 from glas_sklearn.likelihoods import Categorical, Gaussian
 from glas_sklearn.posterior import ActiveSubspacePosterior, _evaluation, estimate_noise_variance
 from glas_sklearn.posterior._evaluation import jacobians_cheaper

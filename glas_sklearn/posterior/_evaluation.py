@@ -21,7 +21,7 @@ import torch
 from torch.func import vmap
 
 from .._checks import check_positive_int
-from .._functional import BoundModel
+from .._jacobians import JacobianProducts
 
 __all__ = ["PosteriorEvaluation", "jacobians_cheaper", "memory_budget"]
 
@@ -102,7 +102,7 @@ def _max_batched_rows() -> int:
     return max(1, min(_MAX_BATCHED_ROWS, budget // 2 // getattr(_BUDGET, "per_evaluation", _BYTES_PER_EVALUATION)))
 
 
-class PosteriorEvaluation(BoundModel):
+class PosteriorEvaluation(JacobianProducts):
     """Forwards at weight rows, JVPs, Jacobian projections and per-record Jacobians of a bound model.
 
     The host class sets ``functional_model`` and ``eigenvectors`` (D, K) and calls :meth:`_init_evaluation` in its
@@ -250,7 +250,7 @@ class PosteriorEvaluation(BoundModel):
         shared across positions, as in convolutions and recurrent layers); cached."""
         reuse = getattr(self, "_reuse", None)
         if reuse is None:
-            flops = self.functional_model.flops_per_record(X)
+            flops = self.flops_per_record(X)
             reuse = self._reuse = 1.0 if not flops else max(1.0, flops / (2 * self.n_weights))
         return reuse
 
