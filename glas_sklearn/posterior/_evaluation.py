@@ -227,7 +227,7 @@ class PosteriorEvaluation(JacobianProducts):
         """J(x) p_j for j ≤ d; shape ``(n, *out, d)``, in the weights' dtype.
 
         Per chunk of records the cheaper of two ways (:func:`jacobians_cheaper`): d products J p_j
-        (:meth:`~glas_sklearn._functional.BoundModel.tangent_products`, reverse over reverse), or the per-record
+        (:meth:`~glas_sklearn._jacobians.JacobianProducts.tangent_products`, reverse over reverse), or the per-record
         Jacobians times P (all K columns at once; J Jᵀ's diagonal from the same Jacobians for the kinds that
         need it). The result for the last ``X`` (the same tensor object, unmodified) is cached and extended
         column by column, so calling it for d = 1, …, K costs K products in total.
@@ -291,7 +291,7 @@ class PosteriorEvaluation(JacobianProducts):
 
     def _factor_projections(self, X: torch.Tensor, start: int, stop: int, cache: dict | None,
                             batch_size: int | None) -> torch.Tensor | None:
-        """J p_j for start ≤ j < stop from :meth:`~glas_sklearn._functional.BoundModel.linear_factors` (and J Jᵀ's
+        """J p_j for start ≤ j < stop from :meth:`~glas_sklearn._jacobians.JacobianProducts.linear_factors` (and J Jᵀ's
         diagonal into ``cache`` when given); None for a network they do not describe."""
         n, cols = X.shape[0], stop - start
         tangents = self.eigenvectors.T  # (K, D): the rows are the tangents
@@ -340,7 +340,7 @@ class PosteriorEvaluation(JacobianProducts):
         or the (M × M) blocks, shape ``(n, *out[:-1], M, M)``; in float64.
 
         From one forward pass and its pullbacks for a network whose trainable weights all sit in ``nn.Linear``
-        layers (:meth:`~glas_sklearn._functional.BoundModel.record_gram`), else from per-record Jacobians by
+        layers (:meth:`~glas_sklearn._jacobians.JacobianProducts.record_gram`), else from per-record Jacobians by
         reverse mode, in chunks of records holding at most about 128 MiB of Jacobian entries (at least one
         record at a time). Cached for the last ``X`` like :meth:`jacobian_projections`.
         """
