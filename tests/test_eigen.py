@@ -136,3 +136,17 @@ def test_fit_laplace_subspace_passes_the_lanczos_budget(problem):
         fitted = fit_laplace_subspace(net, X, y, n_components=6, noise_var=0.1, max_matvecs=7, ncv=7,
                                       tol=1e-12, random_state=0)
     assert fitted.eigen.n_matvecs == 7 and not fitted.eigen.converged
+
+
+def test_the_eigenvectors_are_stored_once():
+    """Lanczos forms the eigenvectors in place in its basis and frees the rest: they hold k × D entries and no
+    more, and the posterior built from them holds the same tensor (no copy)."""
+    from glas_sklearn.laplace import fit_laplace_subspace
+
+    model = mlp(n_out=1, hidden=12).float()
+    X = torch.randn(40, 3, generator=torch.Generator().manual_seed(0))
+    fitted = fit_laplace_subspace(model, X, torch.sin(X[:, :1]), n_components=6, random_state=0)
+    P = fitted.eigen.eigenvectors
+    D = sum(p.numel() for p in model.parameters())
+    assert P.shape == (D, 6) and P.untyped_storage().nbytes() == 6 * D * P.element_size()
+    assert fitted.posterior.eigenvectors.data_ptr() == P.data_ptr()
