@@ -10,6 +10,7 @@ from .estimators import (
     PrefitUnderfitWarning,
 )
 from .metrics import coverage_score, interval_score, make_interval_scorer, mean_width_score
+from .serialization import load, save
 
 __all__ = [
     "LaplaceActiveSubspaceRegressor",
@@ -23,5 +24,7 @@ __all__ = [
     "predict_interval",
     "predict_set",
     "load_concrete",
+    "save",
+    "load",
     "__version__",
 ]

@@ -1,0 +1,431 @@
+"""glas_sklearn.save / glas_sklearn.load: model files of data only.
+
+Round trips are checked against the estimator saved: every piece of its fitted state (walked generically, so the
+check follows the state's layout wherever it goes), the aliasing inside it (one tensor held in two places stays
+one), and every prediction bit for bit (the loaded estimator takes the same computational path). Tampered files
+are refused without running anything: each load runs under a guard that fails on any unpickling, and planted
+payloads carry a side effect (a file written) that is asserted never to happen.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import math
+import pathlib
+import pickle
+import zipfile
+
+import joblib
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+from sklearn.base import BaseEstimator, clone
+from torch import nn
+
+import glas_sklearn
+from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
+from glas_sklearn.serialization import FORMAT_VERSION, ModelFileError
+
+SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=10, lr=0.05, batch_size=None, n_samples=30,
+             max_components=3, random_state=0)
+_REAL_PICKLE_LOADS = pickle.loads
+# The tiny fits here calibrate on few rows; what the calibration warns about is tested elsewhere.
+pytestmark = [pytest.mark.filterwarnings("ignore::glas_sklearn.calibration.CalibrationWarning"),
+              pytest.mark.filterwarnings("ignore::glas_sklearn.calibration.ConformalWarning")]
+
+
+def _regression(n=80, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-1, 1, size=(n, 3))
+    return X, np.sin(2 * X[:, 0]) + 0.5 * X[:, 1] + 0.1 * rng.standard_normal(n)
+
+
+def _classification(n=90, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 3))
+    return X, np.array(["a", "b", "c"])[(X[:, 0] > 0).astype(int) + (X[:, 1] > 0.5).astype(int)]
+
+
+class TinyNet(nn.Module):
+    """A user's own module class (prefit): loading it runs its code, so it loads only when trusted."""
+
+    def __init__(self, n_in=3, hidden=6):
+        super().__init__()
+        self.hidden = nn.Linear(n_in, hidden)
+        self.out = nn.Linear(hidden, 1)
+        self.scale = 2.0
+
+    def forward(self, x):
+        return self.out(torch.tanh(self.hidden(x) * self.scale))
+
+
+class _Payload:
+    """Unpickling this writes ``path``: the side effect a planted pickle would have."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return pathlib.Path.write_text, (pathlib.Path(self.path), "payload ran")
+
+
+# ---------------------------------------------------------------------------------------------------------- helpers
+@contextlib.contextmanager
+def no_unpickling():
+    """Every way to unpickle (pickle, _pickle, torch.load, numpy.load, joblib.load) raises inside the block."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("something was unpickled during glas_sklearn.load")
+
+    class RefusingUnpickler:
+        def __init__(self, *args, **kwargs):
+            refuse()
+
+    import _pickle
+
+    with pytest.MonkeyPatch.context() as mp:
+        for module in (pickle, _pickle):
+            mp.setattr(module, "Unpickler", RefusingUnpickler)
+            mp.setattr(module, "load", refuse)
+            mp.setattr(module, "loads", refuse)
+        mp.setattr(torch, "load", refuse)
+        mp.setattr(torch.serialization, "load", refuse)
+        mp.setattr(np, "load", refuse)
+        mp.setattr(joblib, "load", refuse)
+        yield
+
+
+def safe_load(path, **kwargs):
+    with no_unpickling():
+        return glas_sklearn.load(path, **kwargs)
+
+
+def _bits(t: torch.Tensor) -> bytes:
+    return t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+
+
+def assert_same_state(a, b, where="estimator", pairs=None):
+    """``b`` is a faithful copy of ``a``: same types, the same bits in every tensor and array (dtype, shape,
+    device, requires_grad), the same values elsewhere, and the same aliasing (what ``a`` holds twice, ``b`` holds
+    twice as one object)."""
+    pairs = {} if pairs is None else pairs
+    if type(a) in (type(None), bool, int, str):
+        assert type(b) is type(a) and a == b, where
+        return
+    if type(a) is float:
+        assert type(b) is float and (a == b or (math.isnan(a) and math.isnan(b))), where
+        assert math.copysign(1.0, a) == math.copysign(1.0, b), where
+        return
+    if id(a) in pairs:
+        assert pairs[id(a)][1] is b, f"{where}: aliasing not kept"
+        return
+    pairs[id(a)] = (a, b)  # both kept alive: no id is reused while the walk goes on
+    assert type(b) is type(a), f"{where}: {type(a)} became {type(b)}"
+    if isinstance(a, torch.Tensor):
+        assert (a.dtype, a.shape, a.device, a.requires_grad, a.stride()) == (b.dtype, b.shape, b.device,
+                                                                               b.requires_grad, b.stride()), where
+        assert _bits(a) == _bits(b), where
+    elif isinstance(a, np.ndarray):
+        assert (a.dtype, a.shape) == (b.dtype, b.shape), where
+        if a.dtype.hasobject:
+            for i, (u, v) in enumerate(zip(a.reshape(-1), b.reshape(-1), strict=True)):
+                assert_same_state(u, v, f"{where}[{i}]", pairs)
+        else:
+            assert a.tobytes() == b.tobytes(), where
+    elif isinstance(a, np.generic):
+        assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), where
+    elif isinstance(a, pd.DataFrame):
+        pd.testing.assert_frame_equal(a, b, check_exact=True)
+    elif isinstance(a, (dict,)):
+        assert list(a) == list(b), f"{where}: keys differ"
+        for k in a:
+            assert_same_state(a[k], b[k], f"{where}.{k}", pairs)
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (u, v) in enumerate(zip(a, b, strict=True)):
+            assert_same_state(u, v, f"{where}[{i}]", pairs)
+    elif isinstance(a, (set, frozenset, torch.dtype, torch.device, torch.Size, np.dtype, type, bytes)):
+        assert a == b, where
+    elif isinstance(a, np.random.RandomState):
+        assert_same_state(a.get_state(legacy=False), b.get_state(legacy=False), where, pairs)
+    elif isinstance(a, torch.Generator):
+        assert torch.equal(a.get_state(), b.get_state()), where
+    else:
+        state_a = dict(vars(a)) if isinstance(a, BaseEstimator) else a.__getstate__()
+        state_b = dict(vars(b)) if isinstance(b, BaseEstimator) else b.__getstate__()
+        assert_same_state(state_a, state_b, where, pairs)
+
+
+def _predictions(est, X):
+    """Every prediction the estimator gives, as arrays."""
+    if isinstance(est, LaplaceActiveSubspaceClassifier):
+        return [est.predict(X), est.predict_proba(X), *est.predict_set(X), *est.predict_set(X, [0.5, 0.8])]
+    mean, std = est.predict(X, return_std=True)
+    return [mean, std, *est.predict_interval(X), *est.predict_interval(X, [0.5, 0.8]),
+            est.sample_y(X, n_samples=3, random_state=1)]
+
+
+def _assert_round_trip(est, X, y, path, **load_kwargs):
+    glas_sklearn.save(est, path)
+    loaded = safe_load(path, **load_kwargs)
+    assert loaded is not est
+    assert_same_state(est, loaded)
+    for want, got in zip(_predictions(est, X), _predictions(loaded, X), strict=True):
+        assert want.dtype == got.dtype and want.shape == got.shape
+        np.testing.assert_array_equal(got, want, strict=True)
+    pd.testing.assert_frame_equal(loaded.coverage_curve(X, y, d_max=2), est.coverage_curve(X, y, d_max=2),
+                                  check_exact=True)
+    assert clone(loaded).get_params().keys() == est.get_params().keys()
+    return loaded
+
+
+# ------------------------------------------------------------------------------------------------------ round trips
+REGRESSORS = {
+    "default": {},
+    "gaussian": dict(likelihood="gaussian"),
+    "heteroscedastic": dict(likelihood="heteroscedastic"),
+    "student_t": dict(likelihood="student_t"),
+    "subspace": dict(likelihood="gaussian", posterior="subspace"),
+    "low_rank_diag": dict(likelihood="gaussian", posterior="low_rank_diag"),
+    "mondrian": dict(likelihood="gaussian", calibration="mondrian"),
+    "coverage_sampled": dict(likelihood="gaussian", posterior="subspace", calibration="coverage",
+                             predictive="sampled"),
+    "float64": dict(likelihood="gaussian", dtype="float64", random_state=np.random.RandomState(3)),
+}
+
+
+@pytest.mark.parametrize("name", list(REGRESSORS))
+def test_regressor_round_trips_bit_for_bit(name, tmp_path):
+    X, y = _regression()
+    kwargs = {**SMALL, **REGRESSORS[name]}
+    if name == "default":
+        kwargs = dict(max_epochs=10, n_samples=30, random_state=0)
+    est = LaplaceActiveSubspaceRegressor(**kwargs).fit(X, y)
+    _assert_round_trip(est, X, y, tmp_path / "reg.glas")
+
+
+@pytest.mark.parametrize("kwargs", [{}, dict(posterior="subspace", calibration="coverage", predictive="sampled"),
+                                    dict(posterior="low_rank_diag", calibration="mondrian", dtype="float64")],
+                         ids=["default", "paper", "low_rank_diag_mondrian_float64"])
+def test_classifier_round_trips_bit_for_bit(kwargs, tmp_path):
+    X, y = _classification()
+    est = LaplaceActiveSubspaceClassifier(**{**SMALL, **kwargs}).fit(X, y)
+    loaded = _assert_round_trip(est, X, y, tmp_path / "clf.glas")
+    assert loaded.classes_.tolist() == ["a", "b", "c"]
+
+
+@pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitUnderfitWarning")  # an untrained network serves here
+def test_prefit_user_module_loads_only_when_trusted(tmp_path):
+    X, y = _regression()
+    torch.manual_seed(0)
+    net = TinyNet()
+    X_cal, y_cal = _regression(40, seed=1)
+    est = LaplaceActiveSubspaceRegressor(module=net, prefit=True, likelihood="gaussian", **{
+        k: v for k, v in SMALL.items() if k not in ("module_kwargs",)}).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    path = tmp_path / "prefit.glas"
+    glas_sklearn.save(est, path)
+    name = f"{TinyNet.__module__}.{TinyNet.__qualname__}"
+    with pytest.raises(ModelFileError, match=rf"{name}.*does not trust.*trusted=\['{name}'\]"):
+        safe_load(path)
+    loaded = _assert_round_trip(est, X_cal, y_cal, path, trusted=[name])  # rows the network was not trained on
+    assert type(loaded.module) is TinyNet and loaded.module is not net
+    _assert_round_trip(est, X_cal, y_cal, path, trusted=[TinyNet])  # the class itself names it too
+
+
+def test_pickle_and_joblib_keep_working(tmp_path):
+    X, y = _regression()
+    est = LaplaceActiveSubspaceRegressor(**SMALL).fit(X, y)
+    joblib.dump(est, tmp_path / "reg.joblib")
+    for loaded in (pickle.loads(pickle.dumps(est)), joblib.load(tmp_path / "reg.joblib")):
+        np.testing.assert_array_equal(loaded.predict_interval(X)[1], est.predict_interval(X)[1])
+
+
+def test_model_fitted_on_cuda_loads_on_the_cpu(tmp_path, caplog):
+    """A file saved from CUDA records "cuda:0" for every storage and torch.device; here (no CUDA) it loads onto the
+    CPU and predicts as the CPU original (the bytes of a storage do not depend on its device)."""
+    X, y = _regression()
+    est = LaplaceActiveSubspaceRegressor(**SMALL).fit(X, y)
+    path = tmp_path / "reg.glas"
+    glas_sklearn.save(est, path)
+    schema, data = _read(path)
+    for storage in schema["storages"]:
+        storage["device"] = "cuda:0"
+    n_devices = _replace_nodes(schema["root"], lambda n: n.get("@") == "torch.device",
+                               lambda n: {**n, "name": "cuda:0"})
+    assert n_devices > 0 and schema["storages"]
+    as_cuda = tmp_path / "cuda.glas"
+    _write(as_cuda, schema, data)
+    if torch.cuda.is_available():  # pragma: no cover - CPU-only CI
+        pytest.skip("the CPU fallback is checked where CUDA is absent")
+    for kwargs in ({}, {"map_location": "cpu"}):
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="glas_sklearn.serialization"):
+            loaded = safe_load(as_cuda, **kwargs)
+        assert ("not available here" in caplog.text) == (not kwargs)
+        assert loaded.posterior_.device == torch.device("cpu")
+        assert all(p.device.type == "cpu" for p in loaded.module_.parameters())
+        for want, got in zip(_predictions(est, X), _predictions(loaded, X), strict=True):
+            np.testing.assert_array_equal(got, want, strict=True)
+
+
+def test_save_refuses_what_is_not_data(tmp_path):
+    est = LaplaceActiveSubspaceRegressor(module=lambda: nn.Linear(3, 1))
+    with pytest.raises(ModelFileError, match=r"estimator\.module .*function"):
+        glas_sklearn.save(est, tmp_path / "x.glas")
+
+    class Local(nn.Module):
+        pass
+
+    with pytest.raises(ModelFileError, match="defined inside a function"):
+        glas_sklearn.save(LaplaceActiveSubspaceRegressor(module=Local()), tmp_path / "x.glas")
+
+
+# ---------------------------------------------------------------------------------------------------------- tampering
+def _read(path):
+    with zipfile.ZipFile(path) as archive:
+        return json.loads(archive.read("model.json")), archive.read("data.bin")
+
+
+def _write(path, schema, data, extra=()):
+    with zipfile.ZipFile(path, "w") as archive:
+        archive.writestr("model.json", schema if isinstance(schema, (str, bytes)) else json.dumps(schema))
+        archive.writestr("data.bin", data)
+        for name, content in extra:
+            archive.writestr(name, content)
+
+
+def _replace_nodes(node, match, replace) -> int:
+    """Replace, in place, every JSON node for which ``match`` holds; the number replaced."""
+    count = 0
+    children = node.values() if isinstance(node, dict) else node if isinstance(node, list) else ()
+    for child in list(children):
+        count += _replace_nodes(child, match, replace)
+    if isinstance(node, dict):
+        for key, child in node.items():
+            if isinstance(child, dict) and match(child):
+                node[key] = replace(child)
+                count += 1
+    elif isinstance(node, list):
+        for i, child in enumerate(node):
+            if isinstance(child, dict) and match(child):
+                node[i] = replace(child)
+                count += 1
+    return count
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    X, y = _regression()
+    est = LaplaceActiveSubspaceRegressor(**SMALL).fit(X, y)
+    path = tmp_path_factory.mktemp("saved") / "reg.glas"
+    glas_sklearn.save(est, path)
+    return path
+
+
+@pytest.fixture
+def marker(tmp_path):
+    path = tmp_path / "payload-ran"
+    payload = pickle.dumps(_Payload(path))
+    _REAL_PICKLE_LOADS(payload)  # the payload is live: unpickling it writes the marker
+    assert path.exists()
+    path.unlink()
+    yield path, payload
+    assert not path.exists(), "a planted payload ran"
+
+
+def test_the_guard_refuses_unpickling():
+    with no_unpickling():
+        for load in (lambda: pickle.loads(pickle.dumps(1)), lambda: torch.load(io.BytesIO(b"")),
+                     lambda: pickle.Unpickler(io.BytesIO(b"")).load()):
+            with pytest.raises(AssertionError, match="unpickled"):
+                load()
+
+
+def test_a_planted_pickle_member_is_refused(saved, marker, tmp_path):
+    path, payload = marker
+    schema, data = _read(saved)
+    for extra, pattern in ((("payload.pkl", payload),), "members other than.*payload.pkl"), (
+            (("data.pkl", payload), ("__reduce__.json", b"{}")), "payload|data.pkl"):
+        planted = tmp_path / "planted.glas"
+        _write(planted, schema, data, extra)
+        with pytest.raises(ModelFileError, match=pattern):
+            safe_load(planted)
+    # the payload in place of the data, or of the JSON
+    for schema_bytes, data_bytes in ((json.dumps(schema), payload), (payload, data)):
+        planted = tmp_path / "swapped.glas"
+        _write(planted, schema_bytes, data_bytes)
+        with pytest.raises(ModelFileError, match="beyond its data|not valid JSON"):
+            safe_load(planted)
+    # a pickle or joblib file given to load
+    pickled = tmp_path / "model.pkl"
+    pickled.write_bytes(payload)
+    with pytest.raises(ModelFileError, match="not a glas-sklearn model file.*not a zip"):
+        safe_load(pickled)
+
+
+@pytest.mark.parametrize("module, name", [
+    ("os", "system"), ("posix", "system"), ("subprocess", "Popen"), ("builtins", "eval"),
+    ("pathlib", "Path"), ("sklearn.linear_model", "LogisticRegression"), ("collections", "defaultdict"),
+])
+def test_an_edited_class_path_is_refused_by_name(saved, marker, tmp_path, module, name):
+    """Every class of the file named something outside the allow-list is refused by that name before anything
+    is imported or made (a naive loader would call the edited name with the state: writing the marker)."""
+    path, _ = marker
+    schema, data = _read(saved)
+    linear = next(i for i, c in enumerate(schema["classes"]) if c["name"] == "Linear")
+    schema["classes"][linear] = {"module": module, "name": name}
+    _replace_nodes(schema["root"], lambda n: n.get("@") == "object" and n.get("cls") == linear,
+                   lambda n: {**n, "state": {"@": "dict", "map": {"args": f"touch {path}", "path": str(path)}}})
+    edited = tmp_path / "edited.glas"
+    _write(edited, schema, data)
+    with pytest.raises(ModelFileError, match=rf"{module}\.{name}, which glas_sklearn.load does not trust.*"
+                                             r"trusted=.*Nothing was imported"):
+        safe_load(edited)
+
+
+@pytest.mark.parametrize("module, name, pattern", [
+    ("glas_sklearn.__main__", "main", "not class paths"),  # importing it would run the command line
+    ("glas_sklearn._functional", "threading.Thread", "not a class defined under that name"),  # an alias
+    ("glas_sklearn.serialization", "load", "not a class defined under that name"),  # a function
+    ("glas_sklearn", "__builtins__", "not class paths"),
+])
+def test_an_edited_class_path_inside_the_package_is_refused(saved, tmp_path, module, name, pattern):
+    schema, data = _read(saved)
+    schema["classes"][0] = {"module": module, "name": name}
+    edited = tmp_path / "edited.glas"
+    _write(edited, schema, data)
+    with pytest.raises(ModelFileError, match=pattern):
+        safe_load(edited)
+
+
+def test_edited_nodes_are_refused(saved, tmp_path):
+    schema, data = _read(saved)
+    edits = {
+        "unknown kind": (lambda n: n.get("@") == "tensor", lambda n: {**n, "@": "pickle"}, "unknown kind 'pickle'"),
+        "out of bounds": (lambda n: n.get("@") == "tensor", lambda n: {**n, "offset": 10**9}, "beyond its storage"),
+        "object as list": (lambda n: n.get("@") == "object", lambda n: {**n, "cls": 10**6}, "class table"),
+    }
+    for what, (match, replace, pattern) in edits.items():
+        edited_schema = json.loads(json.dumps(schema))
+        assert _replace_nodes(edited_schema["root"], match, replace) > 0, what
+        edited = tmp_path / "edited.glas"
+        _write(edited, edited_schema, data)
+        with pytest.raises(ModelFileError, match=pattern):
+            safe_load(edited)
+
+
+def test_another_format_version_says_so(saved, tmp_path):
+    schema, data = _read(saved)
+    assert schema["format_version"] == FORMAT_VERSION
+    assert schema["written_by"]["glas_sklearn"] == glas_sklearn.__version__
+    schema["format_version"] = FORMAT_VERSION + 1
+    schema["written_by"]["glas_sklearn"] = "9.9"
+    edited = tmp_path / "future.glas"
+    _write(edited, schema, data)
+    with pytest.raises(ModelFileError, match=rf"format version {FORMAT_VERSION + 1} \(written by glas-sklearn 9\.9\)"
+                                             rf".*reads format version {FORMAT_VERSION} only"):
+        safe_load(edited)
