@@ -17,9 +17,12 @@ so that no pickling hook of theirs runs either.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import struct
 import zipfile
+import zlib
 from collections.abc import Iterable
 from typing import Any, BinaryIO
 
@@ -33,6 +36,9 @@ from ._trust import resolve_classes, trusted_names
 from ._writer import Writer
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "ModelFileError", "load", "save"]
+
+#: A zip member's local header: signature, versions, flags, method, time, date, CRC, sizes, name and extra lengths.
+_LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 
 
 def save(estimator: Any, path: str | os.PathLike | BinaryIO) -> None:
@@ -121,16 +127,18 @@ def load(path: str | os.PathLike | BinaryIO, trusted: Iterable[str | type] | Non
         As described above.
     """
     trusted_classes = trusted_names(trusted)
-    try:
-        archive = zipfile.ZipFile(path, "r")
-    except (zipfile.BadZipFile, OSError) as err:
-        raise ModelFileError(f"{_describe(path)} is not a glas-sklearn model file (not a zip archive: {err}); "
-                             "glas_sklearn.load reads files written by glas_sklearn.save. A pickle or joblib file "
-                             "is loaded with pickle / joblib, which runs code: only from a source you trust.") from None
-    with archive:
+    with contextlib.ExitStack() as stack:
+        file = stack.enter_context(open(path, "rb")) if isinstance(path, (str, os.PathLike)) else path
+        try:
+            archive = stack.enter_context(zipfile.ZipFile(file, "r"))
+        except zipfile.BadZipFile as err:
+            raise ModelFileError(f"{_describe(path)} is not a glas-sklearn model file (not a zip archive: {err}); "
+                                 "glas_sklearn.load reads files written by glas_sklearn.save. A pickle or joblib "
+                                 "file is loaded with pickle / joblib, which runs code: only from a source you "
+                                 "trust.") from None
         schema = _read_schema(archive, path)
         classes = resolve_classes(schema.get("classes"), trusted_classes)
-        data = archive.read(DATA_MEMBER)
+        data = _read_data(archive, file, path)
     reader = Reader(classes, schema.get("storages"), data, map_location)
     try:
         return reader.decode(schema.get("root"))
@@ -140,6 +148,32 @@ def load(path: str | os.PathLike | BinaryIO, trusted: Iterable[str | type] | Non
             RecursionError) as err:
         raise ModelFileError(f"{_describe(path)} is damaged or was edited: its object graph does not decode "
                              f"({type(err).__name__}: {err}).") from None
+
+
+def _read_data(archive: zipfile.ZipFile, file: BinaryIO, path) -> np.ndarray:
+    """data.bin's bytes read once, straight from the file, into the buffer that the tensors and arrays then view
+    (no copy per tensor), its CRC checked."""
+    info = archive.getinfo(DATA_MEMBER)
+    if info.compress_type != zipfile.ZIP_STORED or info.compress_size != info.file_size:
+        raise ModelFileError(f"{_describe(path)}: {DATA_MEMBER} is compressed, which glas_sklearn.save never does: "
+                             "the file was rewritten by another tool.")
+    file.seek(info.header_offset)
+    header = file.read(_LOCAL_HEADER.size)
+    if len(header) != _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
+        raise ModelFileError(f"{_describe(path)} is damaged: the zip header of {DATA_MEMBER} is missing.")
+    name_length, extra_length = _LOCAL_HEADER.unpack(header)[-2:]
+    file.seek(info.header_offset + _LOCAL_HEADER.size + name_length + extra_length)
+    data = np.empty(info.file_size, dtype=np.uint8)  # one buffer, filled once (not zeroed first)
+    if hasattr(file, "readinto"):
+        n_read = file.readinto(memoryview(data))
+    else:
+        chunk = file.read(info.file_size)
+        n_read = len(chunk)
+        data[:n_read] = chunk
+    if n_read != info.file_size or zlib.crc32(data) != info.CRC:
+        raise ModelFileError(f"{_describe(path)} is damaged: {DATA_MEMBER} is truncated or its bytes do not match "
+                             "their checksum.")
+    return data
 
 
 def _describe(path) -> str:

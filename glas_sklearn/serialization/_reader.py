@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import base64
 import enum
+import functools
 import logging
+import math
 from collections import OrderedDict
 from typing import Any
 
@@ -37,7 +39,7 @@ def device_available(device: torch.device) -> bool:
 class Reader:
     """JSON nodes → objects, the tensors' bytes taken from ``data``."""
 
-    def __init__(self, classes: list[type], storages, data: bytes, map_location) -> None:
+    def __init__(self, classes: list[type], storages, data: np.ndarray, map_location) -> None:
         self.classes = classes
         self.data = data
         self.target = None if map_location is None else torch.device(map_location)
@@ -66,21 +68,20 @@ class Reader:
         return self._devices[recorded]
 
     # ------------------------------------------------------------------ data
-    def _bytes(self, offset, nbytes) -> memoryview:
+    def _check_span(self, offset, nbytes) -> None:
         if not (type(offset) is int and type(nbytes) is int and 0 <= offset and 0 <= nbytes
                 and offset + nbytes <= len(self.data)):
             raise ModelFileError(f"The model file names bytes {offset!r}..+{nbytes!r} beyond its data "
                                  f"({len(self.data)} bytes): the file is damaged or was edited.")
-        return memoryview(self.data)[offset:offset + nbytes]
 
     def _storage(self, index) -> torch.UntypedStorage:
         if type(index) is not int or not 0 <= index < len(self.storages):
             raise ModelFileError(f"The model file refers to storage {index!r}, which it does not hold.")
         if index not in self._storages:
             entry = self.storages[index]
-            raw = self._bytes(entry["at"], entry["nbytes"])
-            flat = (torch.frombuffer(bytearray(raw), dtype=torch.uint8) if len(raw)
-                    else torch.empty(0, dtype=torch.uint8))
+            offset, nbytes = entry["at"], entry["nbytes"]
+            self._check_span(offset, nbytes)
+            flat = torch.from_numpy(self.data[offset:offset + nbytes])  # a view of the file's buffer: no copy
             self._storages[index] = flat.to(self.device(entry["device"])).untyped_storage()
         return self._storages[index]
 
@@ -199,10 +200,13 @@ class Reader:
         dtype = np.dtype(node["dtype"])
         if dtype.hasobject or dtype.fields is not None:
             raise ModelFileError(f"The model file holds a data array of dtype {dtype}, which is not data.")
-        raw = self._bytes(node["at"], node["nbytes"])
-        fortran = node["order"] == "F"
-        flat = np.frombuffer(raw, dtype=dtype).copy() if len(raw) else np.empty(0, dtype=dtype)
-        out = flat.reshape(shape[::-1]).T if fortran else flat.reshape(shape)
+        offset, nbytes = node["at"], node["nbytes"]
+        self._check_span(offset, nbytes)
+        if nbytes != math.prod(shape) * dtype.itemsize:
+            raise ModelFileError(f"The model file holds an array of shape {shape} and dtype {dtype} in {nbytes!r} "
+                                 "bytes: it is damaged or was edited.")
+        flat = self.data[offset:offset + nbytes].view(dtype)  # a view of the file's buffer: no copy
+        out = flat.reshape(shape[::-1]).T if node["order"] == "F" else flat.reshape(shape)
         return self._keep(node, out)
 
     def _numpy_scalar(self, node):
@@ -289,10 +293,7 @@ class Reader:
         name = node.get("pandas_dtype")
         if name is None:
             return values
-        dtype = pd.api.types.pandas_dtype(str(name))
-        if not isinstance(dtype, pd.StringDtype):
-            raise ModelFileError(f"The model file names the pandas dtype {name!r}, which is not a string dtype.")
-        return pd.array(values, dtype=dtype)
+        return pd.array(values, dtype=_string_dtype(str(name)))
 
     def _pandas_index(self, node):
         return pd.Index(self._column(node["values"]), name=self.decode(node["name"]), copy=False)
@@ -311,6 +312,15 @@ class Reader:
         frame.columns = columns
         frame.attrs.update(self._state_dict(node["attrs"]))
         return self._keep(node, frame)
+
+
+@functools.lru_cache(maxsize=8)
+def _string_dtype(name: str) -> pd.StringDtype:
+    """The pandas string dtype ``name`` names (``"str"``, ``"string"``); any other dtype is refused."""
+    dtype = pd.api.types.pandas_dtype(name)
+    if not isinstance(dtype, pd.StringDtype):
+        raise ModelFileError(f"The model file names the pandas dtype {name!r}, which is not a string dtype.")
+    return dtype
 
 
 def _default_setstate(obj, state) -> None:
