@@ -9,7 +9,9 @@ payloads carry a side effect (a file written) that is asserted never to happen.
 
 from __future__ import annotations
 
+import base64
 import contextlib
+import enum
 import io
 import json
 import logging
@@ -429,3 +431,65 @@ def test_another_format_version_says_so(saved, tmp_path):
     with pytest.raises(ModelFileError, match=rf"format version {FORMAT_VERSION + 1} \(written by glas-sklearn 9\.9\)"
                                              rf".*reads format version {FORMAT_VERSION} only"):
         safe_load(edited)
+
+
+def _glas_classes():
+    import importlib
+    import inspect
+    import pkgutil
+
+    for info in pkgutil.walk_packages(glas_sklearn.__path__, "glas_sklearn."):
+        if info.name.endswith("__main__"):
+            continue
+        try:
+            module = importlib.import_module(info.name)
+        except ImportError:  # an optional dependency (rdkit) is missing
+            continue
+        for cls in vars(module).values():
+            if inspect.isclass(cls) and cls.__module__ == info.name:
+                yield cls
+
+
+def test_load_runs_only_reviewed_hooks_of_the_package():
+    """What load may run of the package's own classes: ``cls.__new__(cls)`` and ``__setstate__`` of every class it
+    does not restore by ``__dict__`` (estimators and the classes they inherit pickling hooks from are restored by
+    ``__dict__``; tuples, enums and classes pickled through ``__reduce__`` are never made as plain objects). This
+    list is the review: a new ``__new__`` or ``__setstate__`` in the package must be read for what it does with a
+    state an attacker wrote, and added here."""
+    from glas_sklearn.serialization._format import state_is_dict
+
+    found = set()
+    for cls in _glas_classes():
+        if state_is_dict(cls) or issubclass(cls, (tuple, enum.Enum, BaseException)):
+            continue
+        for hook in ("__new__", "__setstate__"):
+            owner = next((c for c in cls.__mro__ if hook in vars(c)), object)
+            if owner is not object:
+                found.add((hook, f"{owner.__module__}.{owner.__qualname__}"))
+    assert found == {
+        ("__new__", "glas_sklearn.posterior._base.ActiveSubspacePosterior"),  # resolves a kind's name to its class
+        ("__new__", "tqdm.std.tqdm"),  # a progress bar (never in a fitted state)
+        ("__setstate__", "glas_sklearn._functional.FunctionalModel"),  # rebuilds per-thread views
+        ("__setstate__", "glas_sklearn.posterior._base.ActiveSubspacePosterior"),  # per-thread caches
+        ("__setstate__", "torch.nn.modules.module.Module"),  # fills in hook dicts
+    }
+
+
+def test_an_estimator_pickling_hook_named_in_a_file_does_not_unpickle(saved, marker, tmp_path):
+    """The estimators' own __setstate__ loads their torch state from pickle bytes; a file that names the class it
+    comes from, with a torch blob as state, gets an inert object: nothing is unpickled, the payload never runs."""
+    from glas_sklearn.estimators._pickling import PicklingMixin
+
+    path, payload = marker
+    blob = io.BytesIO()
+    torch.save({"posterior_": _Payload(path)}, blob)
+    schema, data = _read(saved)
+    schema["classes"].append({"module": PicklingMixin.__module__, "name": PicklingMixin.__qualname__})
+    state = {"_glas_pickle": {"@": "tuple", "items": [glas_sklearn.__version__, 1]},
+             "_torch_state": {"@": "bytes", "b64": base64.b64encode(blob.getvalue()).decode()}}
+    schema["root"]["state"]["map"]["planted_"] = {"@": "object", "cls": len(schema["classes"]) - 1,
+                                                     "state": {"@": "dict", "map": state}}
+    edited = tmp_path / "hook.glas"
+    _write(edited, schema, data)
+    loaded = safe_load(edited)
+    assert type(loaded.planted_) is PicklingMixin and isinstance(loaded.planted_._torch_state, bytes)

@@ -3,10 +3,13 @@ JSON names torch dtypes and classes."""
 
 from __future__ import annotations
 
+import functools
+
 import torch
+from sklearn.base import BaseEstimator
 
 __all__ = ["ALIGN", "DATA_MEMBER", "FORMAT", "FORMAT_VERSION", "ModelFileError", "SCHEMA_MEMBER", "VALUE_NODES",
-           "class_path", "dtype_name", "torch_dtype"]
+           "class_path", "dtype_name", "state_is_dict", "torch_dtype"]
 
 #: The ``format`` a model file names in its ``model.json``.
 FORMAT = "glas-sklearn-model"
@@ -42,3 +45,22 @@ def torch_dtype(name) -> torch.dtype:
     if not isinstance(dtype, torch.dtype):
         raise ModelFileError(f"The model file names the torch dtype {name!r}, which is not one.")
     return dtype
+
+
+def _subclasses(cls: type):
+    for sub in cls.__subclasses__():
+        yield sub
+        yield from _subclasses(sub)
+
+
+@functools.lru_cache(maxsize=None)
+def state_is_dict(cls: type) -> bool:
+    """Whether objects of ``cls`` are stored as their ``__dict__`` and restored by a ``__dict__`` update, with no
+    pickling hook of theirs run: scikit-learn estimators, and every class whose ``__getstate__`` or
+    ``__setstate__`` an estimator inherits (the estimators' pickling hooks, which carry the torch state as pickle
+    bytes). Other classes go through their ``__getstate__`` and ``__setstate__``, as pickle does."""
+    if issubclass(cls, BaseEstimator):
+        return True
+    hooks = [next((c for c in cls.__mro__ if name in vars(c)), object) for name in ("__getstate__", "__setstate__")]
+    return any(hook is not object and any(issubclass(sub, BaseEstimator) for sub in _subclasses(hook))
+               for hook in hooks)

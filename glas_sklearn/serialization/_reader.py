@@ -14,10 +14,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 import torch
-from sklearn.base import BaseEstimator
 from torch import nn
 
-from ._format import ModelFileError, torch_dtype
+from ._format import ModelFileError, state_is_dict, torch_dtype
 from ._trust import BUILTIN_TYPES
 
 __all__ = ["Reader", "device_available"]
@@ -273,9 +272,9 @@ class Reader:
                 cls.__reduce_ex__ is not object.__reduce_ex__ or cls.__reduce__ is not object.__reduce__):
             raise ModelFileError(f"The model file stores {cls.__module__}.{cls.__qualname__} as a plain object, which "
                                  "it is not: the file was edited.")
-        obj = self._keep(node, cls.__new__(cls))
+        obj = self._keep(node, cls.__new__(cls))  # as pickle makes objects: no __init__
         state = self.decode(node.get("state"))
-        if isinstance(obj, BaseEstimator):  # as saved: the __dict__, no pickling hook of the estimator run
+        if state_is_dict(cls):  # an estimator: its __dict__, none of its pickling hooks run
             if type(state) is not dict or not all(type(k) is str for k in state):
                 raise ModelFileError(f"The model file holds a {cls.__qualname__} whose state is not a dict of names.")
             obj.__dict__.update(state)

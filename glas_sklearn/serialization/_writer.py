@@ -11,10 +11,9 @@ from collections import OrderedDict
 import numpy as np
 import pandas as pd
 import torch
-from sklearn.base import BaseEstimator
 from torch import nn
 
-from ._format import ALIGN, VALUE_NODES, ModelFileError, class_path, dtype_name
+from ._format import ALIGN, VALUE_NODES, ModelFileError, class_path, dtype_name, state_is_dict
 from ._trust import BUILTIN_TYPES, import_attribute
 
 __all__ = ["Writer"]
@@ -174,7 +173,7 @@ class Writer:
         node = {"@": "object", "cls": self._class(t, where)}
         self._memo[id(obj)] = node  # before the state: an object's state may refer back to it
         self._alive.append(obj)
-        state = dict(vars(obj)) if isinstance(obj, BaseEstimator) else obj.__getstate__()
+        state = dict(vars(obj)) if state_is_dict(t) else obj.__getstate__()
         self._alive.append(state)
         node["state"] = self.encode(state, where)
         return node
