@@ -19,6 +19,7 @@ import math
 import pathlib
 import pickle
 import zipfile
+from collections import OrderedDict
 
 import joblib
 import numpy as np
@@ -142,6 +143,10 @@ def assert_same_state(a, b, where="estimator", pairs=None):
         assert a.dtype == b.dtype and a.tobytes() == b.tobytes(), where
     elif isinstance(a, pd.DataFrame):
         pd.testing.assert_frame_equal(a, b, check_exact=True)
+    elif isinstance(a, pd.Series):
+        pd.testing.assert_series_equal(a, b, check_exact=True)
+    elif isinstance(a, pd.Index):
+        pd.testing.assert_index_equal(a, b, exact=True, check_exact=True)
     elif isinstance(a, (dict,)):
         assert list(a) == list(b), f"{where}: keys differ"
         for k in a:
@@ -493,3 +498,53 @@ def test_an_estimator_pickling_hook_named_in_a_file_does_not_unpickle(saved, mar
     _write(edited, schema, data)
     loaded = safe_load(edited)
     assert type(loaded.planted_) is PicklingMixin and isinstance(loaded.planted_._torch_state, bytes)
+
+
+def test_the_object_graph_round_trips_whatever_its_layout(tmp_path):
+    """The format is generic over the object graph (the estimators' state may take any layout): containers,
+    shared and cyclic references, tensor views of one storage, every dtype and memory order, random generators'
+    states, pandas objects, named tuples and class references come back as they were."""
+    from glas_sklearn.predictive.modes import RegressionMoments
+
+    base = torch.arange(12, dtype=torch.float64).reshape(3, 4)
+    shared = [1, 2]
+    generator = torch.Generator().manual_seed(5)
+    torch.randn(4, generator=generator)  # the state moved past its seed
+    rng = np.random.default_rng(7)
+    rng.normal(size=3)
+    cyclic: dict = {"name": "loop"}
+    cyclic["self"] = cyclic
+    graph = {
+        "tensors": {"base": base, "column": base[:, 1], "transposed": base.T,
+                    "bf16": torch.ones(3, dtype=torch.bfloat16),
+                    "int": torch.tensor([1, -2], dtype=torch.int64), "bool": torch.tensor([True, False]),
+                    "scalar": torch.tensor(-0.0), "empty": torch.zeros(0, 3),
+                    "parameter": nn.Parameter(torch.randn(2, 2)), "frozen": nn.Parameter(torch.ones(2), False)},
+        "arrays": {"fortran": np.asfortranarray(np.arange(6.0).reshape(2, 3)), "strings": np.array(["a", "bc"]),
+                   "objects": np.array(["a", 1, None], dtype=object), "uint": np.arange(3, dtype=np.uint16),
+                   "complex": np.array([1 + 2j]), "empty": np.zeros((0, 2), dtype=np.float32)},
+        "scalars": [np.float32(1.5), np.int64(-3), np.bool_(True), 1 + 2j, float("nan"), float("-inf"), -0.0, 2**70],
+        "containers": (shared, shared, {1: "int key", (2, 3): "tuple key"}, {3, 4}, frozenset({5}), b"\x00\xff",
+                       bytearray(b"ab"), OrderedDict(b=1, a=2)),
+        "cyclic": cyclic,
+        "random": {"torch": generator, "numpy": rng, "legacy": np.random.RandomState(3)},
+        "types": [float, np.float32, torch.float16, torch.device("cpu"), torch.Size([2, 3]), np.dtype("<i4"),
+                  LaplaceActiveSubspaceRegressor, torch.optim.SGD],
+        "pandas": {"frame": pd.DataFrame({"d": [1, 2], "x": [0.5, np.nan], "s": ["a", None]}, index=[10, 20]),
+                   "series": pd.Series([1.0, 2.0], index=pd.Index(["u", "v"], name="k"), name="y"),
+                   "range": pd.RangeIndex(2, 8, 3, name="r")},
+        "named": RegressionMoments(torch.zeros(2), torch.ones(2)),
+    }
+    glas_sklearn.save(graph, tmp_path / "graph.glas")
+    loaded = safe_load(tmp_path / "graph.glas")
+    assert_same_state(graph, loaded)
+    t = loaded["tensors"]
+    assert t["column"].untyped_storage().data_ptr() == t["base"].untyped_storage().data_ptr()
+    t["base"][0, 1] = 100.0  # views of one storage stay views of one storage
+    assert t["column"][0] == 100.0 and t["transposed"][1, 0] == 100.0
+    assert type(t["parameter"]) is nn.Parameter and not t["frozen"].requires_grad
+    assert loaded["containers"][0] is loaded["containers"][1] and loaded["cyclic"]["self"] is loaded["cyclic"]
+    assert loaded["random"]["numpy"].normal() == rng.normal()
+    assert torch.equal(torch.randn(3, generator=loaded["random"]["torch"]), torch.randn(3, generator=generator))
+    assert loaded["random"]["legacy"].rand() == np.random.RandomState(3).rand()
+    assert isinstance(loaded["named"], RegressionMoments)
