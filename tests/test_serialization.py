@@ -243,6 +243,23 @@ def test_prefit_user_module_loads_only_when_trusted(tmp_path):
     _assert_round_trip(est, X_cal, y_cal, path, trusted=[TinyNet])  # the class itself names it too
 
 
+def test_a_pipeline_round_trips(tmp_path):
+    """A Pipeline and a TransformedTargetRegressor around the regressor (what glas_sklearn.compose serves)."""
+    from sklearn.compose import TransformedTargetRegressor
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    X, y = _regression()
+    model = make_pipeline(StandardScaler(), TransformedTargetRegressor(
+        LaplaceActiveSubspaceRegressor(**SMALL), transformer=StandardScaler())).fit(X, 10 * y)
+    glas_sklearn.save(model, tmp_path / "pipe.glas")
+    loaded = safe_load(tmp_path / "pipe.glas")
+    assert_same_state(model, loaded)
+    for want, got in zip(glas_sklearn.predict_interval(model, X), glas_sklearn.predict_interval(loaded, X),
+                         strict=True):
+        np.testing.assert_array_equal(got, want, strict=True)
+
+
 def test_pickle_and_joblib_keep_working(tmp_path):
     X, y = _regression()
     est = LaplaceActiveSubspaceRegressor(**SMALL).fit(X, y)

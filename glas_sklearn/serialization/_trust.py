@@ -6,7 +6,16 @@ from __future__ import annotations
 import importlib
 
 import numpy as np
-from sklearn.preprocessing import LabelBinarizer, LabelEncoder, MinMaxScaler, OneHotEncoder, StandardScaler
+from sklearn.compose import TransformedTargetRegressor
+from sklearn.pipeline import Pipeline
+from sklearn.preprocessing import (
+    LabelBinarizer,
+    LabelEncoder,
+    MinMaxScaler,
+    OneHotEncoder,
+    RobustScaler,
+    StandardScaler,
+)
 
 from ._format import ModelFileError, class_path
 
@@ -16,9 +25,12 @@ __all__ = ["BUILTIN_TYPES", "TRUSTED_CLASSES", "TRUSTED_PACKAGES", "import_attri
 #: Packages whose classes load without being trusted: glas-sklearn's own, torch.nn's built-in layers and
 #: torch.optim's optimizers (named by a ``optimizer=`` setting).
 TRUSTED_PACKAGES = ("glas_sklearn", "torch.nn.modules", "torch.optim")
-#: Classes of other packages that load without being trusted.
+#: Classes of other packages that load without being trusted: the scikit-learn composites glas_sklearn.compose
+#: serves and a few preprocessing steps (restored by ``__dict__``, as scikit-learn estimators are), numpy's random
+#: generators (restored through their state).
 TRUSTED_CLASSES = frozenset(f"{c.__module__}.{c.__qualname__}" for c in (
-    StandardScaler, MinMaxScaler, LabelEncoder, LabelBinarizer, OneHotEncoder,
+    Pipeline, TransformedTargetRegressor, StandardScaler, MinMaxScaler, RobustScaler, LabelEncoder, LabelBinarizer,
+    OneHotEncoder,
     np.random.RandomState, np.random.Generator, np.random.PCG64, np.random.PCG64DXSM, np.random.MT19937,
     np.random.Philox, np.random.SFC64))
 #: Builtin types a file may name as values (e.g. a ``dtype=float`` setting).
