@@ -295,7 +295,7 @@ class Reader:
         return pd.array(values, dtype=_string_dtype(str(name)))
 
     def _pandas_index(self, node):
-        return pd.Index(self._column(node["values"]), name=self.decode(node["name"]), copy=False)
+        return self._keep(node, pd.Index(self._column(node["values"]), name=self.decode(node["name"]), copy=False))
 
     def _pandas_series(self, node):
         return self._keep(node, pd.Series(self._column(node["values"]), index=self.decode(node["index"]),
