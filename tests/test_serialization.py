@@ -61,9 +61,10 @@ class TinyNet(nn.Module):
         self.hidden = nn.Linear(n_in, hidden)
         self.out = nn.Linear(hidden, 1)
         self.scale = 2.0
+        self.activation = torch.nn.functional.gelu  # a function held as an attribute (torch's, trusted by default)
 
     def forward(self, x):
-        return self.out(torch.tanh(self.hidden(x) * self.scale))
+        return self.out(self.activation(self.hidden(x) * self.scale))
 
 
 class _Payload:
@@ -244,6 +245,30 @@ def test_prefit_user_module_loads_only_when_trusted(tmp_path):
     _assert_round_trip(est, X_cal, y_cal, path, trusted=[TinyNet])  # the class itself names it too
 
 
+@pytest.mark.filterwarnings("ignore::glas_sklearn.PrefitUnderfitWarning")  # an untrained network serves here
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # transformers' own deprecations
+def test_a_prefit_transformers_lora_model_loads_once_its_classes_are_trusted(tmp_path):
+    """A Hugging Face peft LoRA classifier: its many classes are named in the refusal, and with them trusted the
+    estimator comes back bit for bit (its activation functions are stored by import path)."""
+    pytest.importorskip("peft")
+    from .test_transformers import LENGTH, PAD, VOCAB, tiny_bert
+
+    rng = np.random.default_rng(0)
+    X, X_cal = rng.integers(1, VOCAB, size=(40, LENGTH)), rng.integers(1, VOCAB, size=(30, LENGTH))
+    y, y_cal = (X[:, 0] > VOCAB // 2).astype(int), (X_cal[:, 0] > VOCAB // 2).astype(int)
+    est = LaplaceActiveSubspaceClassifier(module=tiny_bert(), prefit=True, padding_idx=PAD, max_components=3,
+                                          n_samples=20, random_state=0).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    path = tmp_path / "lora.glas"
+    glas_sklearn.save(est, path)
+    with pytest.raises(ModelFileError, match=r"peft\.peft_model\.PeftModelForSequenceClassification.*transformers"
+                                             r"\.models\.bert\.modeling_bert\.BertEncoder") as refusal:
+        safe_load(path)
+    trusted = json.loads(str(refusal.value).split("trusted=")[1].split(")")[0].replace("'", '"'))
+    loaded = safe_load(path, trusted=trusted)
+    assert_same_state(est, loaded)
+    np.testing.assert_array_equal(loaded.predict_proba(X_cal), est.predict_proba(X_cal), strict=True)
+
+
 def test_a_pipeline_round_trips(tmp_path):
     """A Pipeline and a TransformedTargetRegressor around the regressor (what glas_sklearn.compose serves)."""
     from sklearn.compose import TransformedTargetRegressor
@@ -259,6 +284,31 @@ def test_a_pipeline_round_trips(tmp_path):
     for want, got in zip(glas_sklearn.predict_interval(model, X), glas_sklearn.predict_interval(loaded, X),
                          strict=True):
         np.testing.assert_array_equal(got, want, strict=True)
+
+
+def test_an_edited_function_entry_is_refused(tmp_path, marker):
+    """A network's activation is stored as a function entry of the class table; edited to os.system it is refused
+    by name (also with the network's class trusted), and a function entry may not stand for a class."""
+    path, _ = marker
+    X, y = _regression()
+    X_cal, y_cal = _regression(40, seed=1)
+    with pytest.warns(glas_sklearn.PrefitUnderfitWarning):
+        est = LaplaceActiveSubspaceRegressor(module=TinyNet(), prefit=True, likelihood="gaussian", max_components=3,
+                                             n_samples=30, random_state=0).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    glas_sklearn.save(est, tmp_path / "net.glas")
+    schema, data = _read(tmp_path / "net.glas")
+    gelu = next(i for i, c in enumerate(schema["classes"]) if c.get("kind") == "function")
+    assert schema["classes"][gelu]["name"] == "gelu"
+    trusted = [TinyNet]
+    for entry, pattern in (({"module": "os", "name": "system", "kind": "function"}, "os.system, which glas_sklearn"),
+                           ({"module": "torch._C._nn", "name": "gelu"}, "does not trust"),
+                           ({"module": "torch.nn.functional", "name": "Tensor", "kind": "function"},  # an import
+                            "not a function defined under that name")):
+        edited_schema = json.loads(json.dumps(schema))
+        edited_schema["classes"][gelu] = entry
+        _write(tmp_path / "edited.glas", edited_schema, data)
+        with pytest.raises(ModelFileError, match=pattern):
+            safe_load(tmp_path / "edited.glas", trusted=trusted)
 
 
 def test_pickle_and_joblib_keep_working(tmp_path):
@@ -417,6 +467,7 @@ def test_an_edited_class_path_is_refused_by_name(saved, marker, tmp_path, module
     ("glas_sklearn._functional", "threading.Thread", "not a class defined under that name"),  # an alias
     ("glas_sklearn.serialization", "load", "not a class defined under that name"),  # a function
     ("glas_sklearn", "__builtins__", "not class paths"),
+    ("torch.nn.functional", "gelu", "does not trust"),  # a function named as a class
 ])
 def test_an_edited_class_path_inside_the_package_is_refused(saved, tmp_path, module, name, pattern):
     schema, data = _read(saved)

@@ -20,7 +20,7 @@ ALIGN = 64  # every storage and array starts at a multiple of this many bytes of
 #: Nodes that stand for a value (no identity to keep): never memoised, never the target of a reference.
 VALUE_NODES = frozenset({"tuple", "frozenset", "bytes", "complex", "torch.dtype", "torch.device", "torch.Size",
                          "numpy.scalar", "numpy.dtype", "builtin_type", "numpy.type", "type", "enum",
-                         "namedtuple", "pandas.RangeIndex"})
+                         "namedtuple", "function", "pandas.RangeIndex"})
 
 
 class ModelFileError(ValueError):

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from ._format import ModelFileError, state_is_dict, torch_dtype
-from ._trust import BUILTIN_TYPES
+from ._trust import BUILTIN_TYPES, FUNCTION_TYPES
 
 __all__ = ["Reader", "device_available"]
 
@@ -228,10 +228,23 @@ class Reader:
             raise ModelFileError(f"The model file names the builtin {node['name']!r}, which is not an allowed type.")
         return BUILTIN_TYPES[node["name"]]
 
-    def _class(self, index) -> type:
+    def _entry(self, index):
         if type(index) is not int or not 0 <= index < len(self.classes):
             raise ModelFileError(f"The model file refers to class {index!r}, which its class table does not hold.")
         return self.classes[index]
+
+    def _class(self, index) -> type:
+        cls = self._entry(index)
+        if not isinstance(cls, type):
+            raise ModelFileError(f"The model file uses the function {cls.__qualname__} as a class: it was edited.")
+        return cls
+
+    def _function(self, node):
+        function = self._entry(node["fn"])
+        if not isinstance(function, FUNCTION_TYPES):
+            raise ModelFileError(f"The model file uses the class {function.__qualname__} as a function: it was "
+                                 "edited.")
+        return function
 
     def _type(self, node):
         return self._class(node["cls"])
@@ -342,7 +355,8 @@ _DECODERS = {
     "torch.dtype": Reader._torch_dtype, "torch.device": Reader._torch_device, "torch.Size": Reader._torch_size,
     "torch.Generator": Reader._generator, "ndarray": Reader._array, "numpy.scalar": Reader._numpy_scalar,
     "numpy.dtype": Reader._numpy_dtype, "numpy.type": Reader._numpy_type, "builtin_type": Reader._builtin_type,
-    "type": Reader._type, "enum": Reader._enum, "namedtuple": Reader._namedtuple, "object": Reader._object,
+    "type": Reader._type, "function": Reader._function, "enum": Reader._enum, "namedtuple": Reader._namedtuple,
+    "object": Reader._object,
     "pandas.RangeIndex": Reader._pandas_range_index, "pandas.Index": Reader._pandas_index,
     "pandas.Series": Reader._pandas_series, "pandas.DataFrame": Reader._pandas_frame,
 }

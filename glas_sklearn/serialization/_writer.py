@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from ._format import ALIGN, VALUE_NODES, ModelFileError, class_path, dtype_name, state_is_dict
-from ._trust import BUILTIN_TYPES, import_attribute
+from ._trust import BUILTIN_TYPES, FUNCTION_TYPES, import_attribute
 
 __all__ = ["Writer"]
 
@@ -51,22 +51,24 @@ class Writer:
         self._size += view.nbytes
         return offset
 
-    def _class(self, cls, where: str) -> int:
+    def _class(self, cls, where: str, kind: str = "class") -> int:
+        """The index of ``cls`` (a class, or a function when ``kind="function"``) in the class table."""
         module, name = class_path(cls)
         if "<locals>" in name or "<lambda>" in name:
-            raise ModelFileError(f"{where} is of class {module}.{name}, defined inside a function: a model file "
-                                 "names classes by their import path. Define it at the top level of a module.")
+            raise ModelFileError(f"{where} is the {kind} {module}.{name}, defined inside a function (or a lambda): a "
+                                 f"model file names a {kind} by its import path. Define it at the top level of a "
+                                 "module.")
         key = (module, name)
         if key not in self._class_index:
             try:
                 found = import_attribute(module, name)
-            except (ImportError, AttributeError):
+            except (ImportError, AttributeError, TypeError):
                 found = None
             if found is not cls:
-                raise ModelFileError(f"{where} is of class {module}.{name}, which cannot be imported under that "
+                raise ModelFileError(f"{where} is the {kind} {module}.{name}, which cannot be imported under that "
                                      "name; define it at the top level of an importable module.")
             self._class_index[key] = len(self.classes)
-            self.classes.append({"module": module, "name": name})
+            self.classes.append({"module": module, "name": name, **({"kind": kind} if kind != "class" else {})})
         return self._class_index[key]
 
     # ------------------------------------------------------------------ walk
@@ -162,6 +164,8 @@ class Writer:
 
     def _object(self, obj, where: str) -> dict:
         t = type(obj)
+        if isinstance(obj, FUNCTION_TYPES) and isinstance(getattr(obj, "__module__", None), str):
+            return {"@": "function", "fn": self._class(obj, where, kind="function")}  # by its import path
         if isinstance(obj, _CODE):
             raise ModelFileError(f"{where} is {obj!r}, a function or module: a model file holds data, not code. "
                                  "Hold a name (a string) that the code maps to the function instead.")
