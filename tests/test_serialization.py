@@ -240,6 +240,8 @@ def test_prefit_user_module_loads_only_when_trusted(tmp_path):
     name = f"{TinyNet.__module__}.{TinyNet.__qualname__}"
     with pytest.raises(ModelFileError, match=rf"{name}.*does not trust.*trusted=\['{name}'\]"):
         safe_load(path)
+    with pytest.raises(TypeError, match="not a bool"):
+        safe_load(path, trusted=True)
     loaded = _assert_round_trip(est, X_cal, y_cal, path, trusted=[name])  # rows the network was not trained on
     assert type(loaded.module) is TinyNet and loaded.module is not net
     _assert_round_trip(est, X_cal, y_cal, path, trusted=[TinyNet])  # the class itself names it too

@@ -47,6 +47,9 @@ def trusted_names(trusted) -> frozenset[str]:
     """``load``'s ``trusted`` (None, a name, a class, or an iterable of names and classes) as dotted class paths."""
     if trusted is None:
         return frozenset()
+    if isinstance(trusted, bool):
+        raise TypeError("trusted must name the classes to trust (a list of import paths or classes), not a bool: "
+                        "trusting every class a file names would let the file run any code.")
     if isinstance(trusted, (str, type)):
         trusted = [trusted]
     names = set()
