@@ -67,7 +67,7 @@ def measure(name: str, rounds: int, repeats: int) -> dict:
     X, y = _data(kind)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        est = cls(**getattr(_common, "grouped", dict)(**FIT, **params)).fit(X, y)
+        est = cls(**_common.grouped(**FIT, **params)).fit(X, y)
     buffer = io.BytesIO()
     t0 = time.perf_counter()
     glas_sklearn.save(est, buffer)

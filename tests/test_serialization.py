@@ -32,12 +32,7 @@ from torch import nn
 import glas_sklearn
 from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
 from glas_sklearn.serialization import FORMAT_VERSION, ModelFileError
-
-try:  # the constructor that groups its settings (Training, the posterior's settings, Compute), where it exists
-    from tests.reference import grouped
-except ImportError:  # the flat constructor: settings pass as they are (drop this once branch i41 is merged)
-    def grouped(**settings):
-        return settings
+from tests.reference import grouped
 
 SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=10, lr=0.05, batch_size=None, n_samples=30,
              max_components=3, random_state=0)

@@ -67,7 +67,8 @@ def save(estimator: Any, path: str | os.PathLike | BinaryIO) -> None:
     --------
     >>> import io, numpy as np, glas_sklearn
     >>> X = np.random.default_rng(0).normal(size=(60, 2)); y = X[:, 0]
-    >>> reg = glas_sklearn.LaplaceActiveSubspaceRegressor(max_epochs=2, max_components=2, random_state=0)
+    >>> reg = glas_sklearn.LaplaceActiveSubspaceRegressor(training=glas_sklearn.Training(max_epochs=2),
+    ...                                                   n_components=2, random_state=0)
     >>> reg = reg.fit(X, y)
     >>> buffer = io.BytesIO(); glas_sklearn.save(reg, buffer); _ = buffer.seek(0)
     >>> bool(np.array_equal(glas_sklearn.load(buffer).predict(X), reg.predict(X)))
