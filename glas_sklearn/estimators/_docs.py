@@ -28,7 +28,7 @@ PARAMETERS_DOC = """\
         ignored). The rows of ``X`` are taken to be its training rows (the curvature is built on them), so
         ``fit`` needs calibration rows the network was not trained on as ``X_cal``, ``y_cal`` and refuses
         without them: rows held out of its training rows have training residuals and would give intervals or
-        sets that under-cover (benchmarks/results/prefit_calibration.md). Hold them out before training the
+        sets that under-cover (docs/benchmarks/studies.md#prefit-calibration). Hold them out before training the
         network. Cross-validating a prefit estimator (``GridSearchCV``, ``cross_validate``) leaks the same
         way: every test fold was training data of the one network. The rows of ``X`` are recorded (as 8-byte
         digests, per network, in this process) so that intervals, probabilities, prediction sets or ``score``
@@ -40,7 +40,7 @@ PARAMETERS_DOC = """\
         for classification and the heteroscedastic likelihood "mean" is β = 1 and "standard" is β = N.
         "auto": "standard" for the heteroscedastic likelihood (under "mean" the posterior's variance in the
         data-constrained directions swamps the network's own σ(x) on the quiet rows,
-        benchmarks/results/synthetic_heteroscedastic.md), "mean" otherwise.
+        docs/benchmarks/studies.md#synthetic-heteroscedastic), "mean" otherwise.
     n_components : "auto" or int, default="auto"
         The subspace dimension d. "auto": with ``calibration="coverage"`` the smallest d whose intervals
         cover the first level on the calibration rows (up to ``max_components``); with
@@ -200,7 +200,7 @@ PARAMETERS_DOC = """\
         batch (``batch_size``), so one thread up to about two million weights at ``batch_size=64``, and never
         more than torch's count outside the call (``torch.get_num_threads()``, e.g. as set by ``OMP_NUM_THREADS``).
         A small network gains nothing from threads and loses up to 10× when the cores are shared with other work
-        (the README example: 6.8× on two busy cores, benchmarks/results/threads_under_load.md). An int sets the
+        (the README example: 6.8× on two busy cores, docs/benchmarks/studies.md#threads-under-load). An int sets the
         count; None leaves torch's setting alone. The setting is process-wide: calls running at once (threads
         serving one estimator, nested calls) share the count of the first to start, and the last to finish
         restores the previous one.
@@ -321,8 +321,8 @@ REGRESSOR_PARAMETERS_DOC = """\
         ``max_epochs``): heteroscedastic when it is lower by more than one standard error and 0.02 nats per row
         (``likelihood_support_``;
         fewer than 100 training rows: "gaussian"). A module of your own, ``include_noise=True`` and the
-        paper's ``calibration="coverage"`` take "gaussian" (benchmarks/results/likelihood_auto.md,
-        naval_like.md). "gaussian": y = f(x) + ε with one noise level σ per output (the paper's).
+        paper's ``calibration="coverage"`` take "gaussian" (docs/benchmarks/studies.md#likelihood-auto,
+        #naval-like). "gaussian": y = f(x) + ε with one noise level σ per output (the paper's).
         "heteroscedastic"
         (:class:`~glas_sklearn.likelihoods.HeteroscedasticGaussian`): per target the network outputs a mean μ(x)
         and a variance parameter, so the noise level σ(x) varies with x. The default MLP then has 2k outputs

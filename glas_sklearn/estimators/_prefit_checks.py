@@ -26,7 +26,7 @@ from ._prefit import (
 __all__ = ["PrefitChecksMixin"]
 
 # Test coverage of 90 % intervals of an overfitting prefit network calibrated on rows held out of its training
-# rows, and on unseen rows (benchmarks/results/prefit_calibration.md, default settings, mean (range) over
+# rows, and on unseen rows (docs/benchmarks/studies.md#prefit-calibration, default settings, mean (range) over
 # 5 seeds).
 _SEEN_COVERAGE, _UNSEEN_COVERAGE = "59 % (52–63 %)", "90 %"
 
@@ -39,7 +39,7 @@ def _prefit_needs_calibration_rows(name: str, classification: bool) -> str:
             f"training rows, so rows held out of them (calibration_size) would have training residuals, smaller "
             f"than on new rows, and the calibrated {what} would under-cover: on concrete an overfitting "
             f"8-256-256-1 network's 90 % intervals covered {_SEEN_COVERAGE} of new rows calibrated that way, "
-            f"{_UNSEEN_COVERAGE} with unseen X_cal (benchmarks/results/prefit_calibration.md). Hold rows out "
+            f"{_UNSEEN_COVERAGE} with unseen X_cal (docs/benchmarks/studies.md#prefit-calibration). Hold rows out "
             "before training the network (e.g. with sklearn.model_selection.train_test_split) and pass them as "
             "X_cal, y_cal; X stays the network's training rows (the curvature is built on them).")
 

@@ -28,7 +28,7 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
     (``sigma0="nll"``, between the full-space empirical Bayes value and 0, the MAP probabilities) and the
     prediction sets are split-conformal on the other half's labels with the LAC score 1 − p_y, the most probable
     class added to a set that would be empty (``LAC(never_empty=True)``, chosen by measured set size at 90 % on
-    digits: benchmarks/results/classifier_sets.md; other scores: ``calibration=ConformalCalibrator(APS())`` etc.,
+    digits: docs/benchmarks/studies.md#classifier-sets; other scores: ``calibration=ConformalCalibrator(APS())`` etc.,
     :mod:`glas_sklearn.conformity_scores`); with
     ``calibration="coverage"`` (the paper) d is chosen so that the (1 − γ) prediction
     sets cover the calibration labels.
@@ -71,7 +71,7 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
     def _auto_low_rank_sigma0(self) -> str:
         # Probabilities use the scale of σ0 itself; the full-space EB σ0 is still too wide for them (digits MLP and
         # CNN: NLL above the MAP network's), so under conformal calibration σ0 is chosen by the held-out NLL on
-        # half of the calibration rows, between that value and 0 (benchmarks/results/digits_ood.md, digits_cnn.md).
+        # half of the calibration rows, between that value and 0 (docs/benchmarks/studies.md#digits-ood).
         return "nll" if self._calibrator().requires_fixed_predictor else "eb_full"
 
     def _validate_train(self, X, y):

@@ -142,7 +142,7 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
     def _auto_low_rank_sigma0(self) -> str:
         # Conformal intervals are rescaled, so only the shape of σ̂(x) matters, and the larger subspace-EB σ0
         # weights the off-data directions more: wider where the network extrapolates
-        # (benchmarks/results/uci_intervals.md, uci_shift.md).
+        # (docs/benchmarks/studies.md#uci-settings).
         return "eb_subspace"
 
     def _choose_dimension(self, Xc, yc, seed: int) -> None:

@@ -1,4 +1,4 @@
-"""REINVENT-style SMILES LSTM for the paper's third case (§2.4): model, sampler and training entry point.
+"""REINVENT-style SMILES LSTM for the paper's third case (§2.4), a helper of paper_smiles.py: model, sampler, training.
 
 Model: Embedding(34, 256) -> LSTM(256, 256, 3 layers, batch_first) -> Linear(256, 34), about 1.6 M weights.
 It reads the token ids of a SMILES prefix (starting with the start token ``^``) and returns the
@@ -6,18 +6,18 @@ logits of the next token at every position.
 
 Training (teacher forcing, masked cross-entropy over real target tokens incl. the stop token)::
 
-    python benchmarks/smiles_lstm.py train --max-epochs 6 --max-minutes 70
+    python benchmarks/_smiles_lstm.py train --max-epochs 6 --max-minutes 70
 
 saves ``benchmarks/models/smiles_lstm.pt`` (weights + config + history) and
 ``benchmarks/models/smiles_lstm_vocab.json`` after every epoch, and logs per-epoch train/validation
 loss and the share of valid SMILES among 1000 freshly generated ones.
-``python benchmarks/smiles_lstm.py estimate`` times a few batches to size a run.
+``python benchmarks/_smiles_lstm.py estimate`` times a few batches to size a run.
 
 The corpus is ``$GLAS_DATA_DIR/smiles/chembl_78k.smi`` (default ``../shared/data`` next to the repository).
-Using the trained model from another benchmark script (``benchmarks/`` is on ``sys.path`` when a
+Using the trained model in paper_smiles.py (``benchmarks/`` is on ``sys.path`` when a
 script in it is run)::
 
-    from smiles_lstm import load_model, generate
+    from _smiles_lstm import load_model, generate
     model, vocab = load_model()
     smiles = generate(model, vocab, 1000, generator=torch.Generator().manual_seed(0))
     # at perturbed weights (a name -> tensor dict; missing names keep the model's own weights):
@@ -49,7 +49,7 @@ MODEL_DIR = os.path.join(HERE, "models")
 MODEL_PATH = os.path.join(MODEL_DIR, "smiles_lstm.pt")
 VOCAB_PATH = os.path.join(MODEL_DIR, "smiles_lstm_vocab.json")
 OPTIM_PATH = os.path.join(MODEL_DIR, "smiles_lstm_optim.pt")  # resume only; not for committing
-LOG_PATH = os.path.join(HERE, "results", "smiles_training.log")
+LOG_PATH = os.path.join(MODEL_DIR, "smiles_lstm_training.log")
 
 # The paper's Table 3, index 0..33 (index 1 is the start token, written "^" here).
 PAPER_TABLE3_TOKENS = [
