@@ -361,7 +361,12 @@ REGRESSOR_PARAMETERS_DOC = """\
         prediction intervals in the usual statistical sense, usually reaching the level at a smaller d.
         With ``calibration="conformal"`` the intervals are for y either way; ``include_noise`` sets the
         scale the scores are normalised by, σ̂² = σ_f² (False) or σ_f² + σ² (True), which
-        ``predict(return_std=True)`` returns (times ``std_scale_``)."""
+        ``predict(return_std=True)`` returns (times ``std_scale_``).
+    y_bounds : (low, high), list of (low, high) per output, or None, default=None
+        The support of the targets, where it is known: ``y_bounds=(0, None)`` for a strength, a price or a count,
+        None on a side without a bound. ``predict`` and ``predict_interval`` clip to it, so no interval reaches
+        values y cannot take; clipped intervals cover every target the unclipped ones covered, and are never
+        wider. ``fit`` refuses targets outside the bounds."""
 
 REGRESSOR_ATTRIBUTES_DOC = """\
     noise_source_ : {"calibration", "training", "given", "heteroscedastic"}
@@ -383,7 +388,9 @@ REGRESSOR_ATTRIBUTES_DOC = """\
         ``z``, ``n_rows``, ``rows`` (which rows), the fitted scales and ``seconds``; below 2,000 training rows
         with ``early_stopping="auto"`` also ``best_epochs`` (per likelihood, the epoch of the lowest held-out
         loss) and ``retraining_epochs`` (the epochs the chosen network was trained again for on all rows); None
-        otherwise."""
+        otherwise.
+    y_bounds_ : ndarray of shape (n_outputs, 2)
+        The targets' support from ``y_bounds``, [low, high] per output (−inf and +inf where unbounded)."""
 
 # The sample_weight parameter of both estimators' fit.
 SAMPLE_WEIGHT_DOC = """\

@@ -8,12 +8,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from .._checks import check_target_bounds
+
 __all__ = ["RegressionTargetsMixin"]
 
 
 class RegressionTargetsMixin:
     """Regression targets validated and in and out of the internal units, for ``LaplaceActiveSubspaceRegressor``
-    (which provides ``likelihood``, ``include_noise`` and ``likelihood_``)."""
+    (which provides ``likelihood``, ``include_noise``, ``y_bounds`` and ``likelihood_``)."""
 
     def _validate_train(self, X, y):
         X, y = self._validate_X(X, y, reset=True, multi_output=True, y_numeric=True)
@@ -25,6 +27,7 @@ class RegressionTargetsMixin:
             raise ValueError("y has 0 columns; at least one target is needed.")
         self._y_1d = y.ndim == 1
         self._n_out = 1 if y.ndim == 1 else y.shape[1]
+        self.y_bounds_ = check_target_bounds(self.y_bounds, y)
         if self.include_noise and self.likelihood_.noise_in_outputs:
             raise ValueError("LaplaceActiveSubspaceRegressor: include_noise applies to a likelihood with a constant "
                              f"noise; with likelihood={self.likelihood!r} the intervals and std are always for y (the "
@@ -40,6 +43,7 @@ class RegressionTargetsMixin:
         expected = (X_cal.shape[0],) if self._y_1d else (X_cal.shape[0], self._n_out)
         if y_cal.shape != expected and not (self._y_1d and y_cal.shape == (X_cal.shape[0], 1)):
             raise ValueError(f"y_cal has shape {y_cal.shape}, but y had {self._n_out} output(s): expected {expected}.")
+        check_target_bounds(self.y_bounds, y_cal, "y_cal")
         return X_cal, y_cal.reshape(expected)
 
     def _fit_scalers(self, X, y, sample_weight=None) -> None:

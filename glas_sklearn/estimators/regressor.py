@@ -10,7 +10,7 @@ from sklearn.base import RegressorMixin
 from sklearn.utils.validation import check_is_fitted
 from torch import nn
 
-from .._checks import make_generator, numpy_rng
+from .._checks import clip_to_bounds, make_generator, numpy_rng
 from .._functional import model_outputs
 from .._threads import scoped_threads
 from ..likelihoods import REGRESSION_LIKELIHOODS, Likelihood, resolve_likelihood
@@ -79,6 +79,7 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
         "likelihood": [Options(*_LIKELIHOODS), InstanceOf(Likelihood, "a glas_sklearn.likelihoods.Likelihood")],
         "noise_std": [Options(*NOISE_SOURCES), Interval(numbers.Real, 0, None, closed="neither")],
         "include_noise": [BOOLEAN],
+        "y_bounds": [None, InstanceOf((tuple, list), "a (low, high) pair, or one pair per output")],
     }
 
     def __init__(self, module=None, *, module_kwargs=None, prefit=False, scaling="auto", n_components="auto",
@@ -88,7 +89,7 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
                  batch_size="auto", weight_decay=0.0, optimizer="adam", standardize="auto", padding_idx=None,
                  subsample="auto", eigen_method="lanczos", device="auto", dtype="auto", random_state=None, verbose=0,
                  early_stopping="auto", validation_fraction=0.1, n_iter_no_change=10, tol=1e-4,
-                 n_threads="auto", working_memory=64):
+                 n_threads="auto", working_memory=64, y_bounds=None):
         super().__init__(
             module, module_kwargs=module_kwargs, prefit=prefit, scaling=scaling, n_components=n_components,
             max_components=max_components, sigma0=sigma0, posterior=posterior, calibration=calibration,
@@ -102,6 +103,7 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
         self.likelihood = likelihood
         self.noise_std = noise_std
         self.include_noise = include_noise
+        self.y_bounds = y_bounds
 
     # ------------------------------------------------------------------ hooks
     def _resolve_likelihood(self) -> Likelihood:
@@ -221,7 +223,7 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
         y_std : ndarray, same shape, only with ``return_std``
         """
         mean, std, _ = self._predict_rows(X)
-        y_pred = self._to_user_units(mean)
+        y_pred = clip_to_bounds(self._to_user_units(mean), self.y_bounds_)
         y_std = self._to_user_units(std, shift=False) * self.std_scale_.reshape((-1,) + (1,) * (std.ndim - 2))
         if self._y_1d:
             y_pred, y_std = y_pred[:, 0], y_std[:, 0]
@@ -251,9 +253,10 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
         check_is_fitted(self, "posterior_")
         levels = self._levels(confidence_level)
         mean, _, bounds = self._predict_rows(X, levels, method="predict_interval")
-        y_pred = self._to_user_units(mean)
+        y_pred = clip_to_bounds(self._to_user_units(mean), self.y_bounds_)
         b = bounds.detach().cpu().double().numpy() * self.y_scale_[None, :, None, None] \
             + self.y_mean_[None, :, None, None]
+        b = clip_to_bounds(b, self.y_bounds_)  # within the support: every covered target stays covered
         if self._y_1d:
             return y_pred[:, 0], b[:, 0]
         return y_pred, b
