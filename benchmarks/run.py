@@ -58,8 +58,8 @@ BENCHMARKS = {
                      data="uci", full=("--threads", "1")),
     "regional_coverage": Benchmark("coverage per region (fifths of the noise, of the predicted std) on synthetic "
                                    "noise shapes and the UCI sets, against conformal and Bayesian anchors",
-                                   quick=("--study", "synthetic", "--methods", "default", "split_nn", "--threads",
-                                          "1"),
+                                   quick=("--study", "synthetic", "--shapes", "interaction", "--no-check", "--methods",
+                                          "default", "split_nn", "--threads", "1"),
                                    modules=("mapie",), full=("--study", "synthetic", "--seeds", "3")),
     "serving": Benchmark("a fitted estimator served from threads: throughput, identical results, memory",
                          quick=("--threads", "1")),
