@@ -273,13 +273,12 @@ def run_ensemble(members_orig, X_fit, y_fit, X_te, y_te, train_seconds, dist=Non
 def run_split(folder: Path, split: int, cfg: argparse.Namespace, Laplace) -> dict:
     """One standard random split: every method."""
     X, y, train, test = _common.load_uci(folder, split)
-    return run_rows(X, y, train, test, split, cfg, Laplace, shift=False)
+    return run_rows(X, y, train, test, split, cfg, Laplace)
 
 
-def run_rows(X, y, train, test, split: int, cfg: argparse.Namespace, Laplace, *, shift: bool) -> dict:
+def run_rows(X, y, train, test, split: int, cfg: argparse.Namespace, Laplace) -> dict:
     """All methods on one train/test partition (the training rows split 90/10 into fitting/calibration at
-    random, seeded by ``split``), on the same network. ``shift``: the reduced method set of the shift protocol
-    (no standard-scaling or sampled paper rows)."""
+    random, seeded by ``split``), on the same network."""
     rng = np.random.default_rng(1000 + split)
     perm = rng.permutation(train)
     n_cal = int(round(0.1 * len(train)))
@@ -304,16 +303,13 @@ def run_rows(X, y, train, test, split: int, cfg: argparse.Namespace, Laplace, *,
     rows = (X_fit, y_fit, X_cal, y_cal, X_te, y_te)
 
     ests = {}
-    paper = [("mean", "linearized")] if shift else [(a, b) for a in ("mean", "standard")
-                                                     for b in ("sampled", "linearized")]
+    paper = [(a, b) for a in ("mean", "standard") for b in ("sampled", "linearized")]
     for scaling, predictive in paper:  # the paper's method, its settings passed explicitly
         key = f"glas_{scaling}_{predictive}"
         res["methods"][key], ests[key] = run_glas(net, *rows, scaling=scaling, predictive=predictive, **common)
-    if not shift:
-        res["methods"]["glas_mean_linearized_calnoise"], _ = run_glas(
-            net, *rows, scaling="mean", predictive="linearized", noise_std="calibration", **common)
-    for scaling, predictive in ((("mean", "linearized"),) if shift else
-                                (("mean", "sampled"), ("mean", "linearized"), ("standard", "linearized"))):
+    res["methods"]["glas_mean_linearized_calnoise"], _ = run_glas(
+        net, *rows, scaling="mean", predictive="linearized", noise_std="calibration", **common)
+    for scaling, predictive in (("mean", "sampled"), ("mean", "linearized"), ("standard", "linearized")):
         res["methods"][f"glas_{scaling}_{predictive}_y"], _ = run_glas(
             net, *rows, scaling=scaling, predictive=predictive, include_noise=True, **common)
     # the new settings: d = d_max, split-conformal calibration, σ from the training residuals
@@ -331,10 +327,8 @@ def run_rows(X, y, train, test, split: int, cfg: argparse.Namespace, Laplace, *,
     res["methods"]["split_conformal"] = run_split_conformal(net, X_cal, y_cal, X_te, y_te, dist, A)
     base = ests["glas_mean_linearized"]
     t_base = res["methods"]["glas_mean_linearized"]["time"]
-    if not shift:
-        res["methods"]["conformal_laplace"] = run_conformal_laplace(base, X_cal, y_cal, X_te, y_te,
-                                                                    with_noise=False, glas_seconds=t_base, dist=dist,
-                                                                    X_slab=A)
+    res["methods"]["conformal_laplace"] = run_conformal_laplace(base, X_cal, y_cal, X_te, y_te, with_noise=False,
+                                                                glas_seconds=t_base, dist=dist, X_slab=A)
     res["methods"]["conformal_laplace_noise"] = run_conformal_laplace(base, X_cal, y_cal, X_te, y_te,
                                                                       with_noise=True, glas_seconds=t_base, dist=dist,
                                                                       X_slab=A)
@@ -499,32 +493,25 @@ def conditional_markdown(summaries: dict, title: str) -> list[str]:
     return lines
 
 
-def target_findings(summaries: dict, *, shift: bool) -> list[str]:
+def target_findings(summaries: dict) -> list[str]:
     """The issue's targets for the default (glas_conformal) against split conformal, computed."""
     keys = [k for k in ("glas_conformal_ebsub", "glas_conformal", "glas_conformal_y", "glas_mean_linearized",
                         "glas_mean_linearized_y") if any(k in s for s in summaries.values())]
     lines = []
     for key in keys:
-        ratios, covs, sc_covs = {}, [], []
+        ratios, covs = {}, []
         for name, summ in summaries.items():
             if key not in summ or "split_conformal" not in summ:
                 continue
             ratios[name] = summ[key]["interval_score"]["mean"] / summ["split_conformal"]["interval_score"]["mean"]
             covs.append(summ[key]["coverage"]["mean"])
-            sc_covs.append(summ["split_conformal"]["coverage"]["mean"])
         if not ratios:
             continue
         per = ", ".join(f"{n} {r:.3f}×" for n, r in ratios.items())
-        if shift:
-            better = sum(r <= 0.85 for r in ratios.values())
-            lines.append(f"- {dict(METHODS)[key]}: interval score / split conformal's: {per}; ≥ 15 % better on "
-                         f"{better} of {len(ratios)} sets; mean coverage {100 * np.mean(covs):.1f} % vs "
-                         f"{100 * np.mean(sc_covs):.1f} % ({100 * (np.mean(covs) - np.mean(sc_covs)):+.1f} pp).")
-        else:
-            ok = sum(r <= 1.02 for r in ratios.values())
-            lines.append(f"- {dict(METHODS)[key]}: mean coverage {100 * np.mean(covs):.1f} % (lowest set "
-                         f"{100 * min(covs):.1f} %); interval score / split conformal's: {per} (≤ 1.02× on {ok} of "
-                         f"{len(ratios)} sets).")
+        ok = sum(r <= 1.02 for r in ratios.values())
+        lines.append(f"- {dict(METHODS)[key]}: mean coverage {100 * np.mean(covs):.1f} % (lowest set "
+                     f"{100 * min(covs):.1f} %); interval score / split conformal's: {per} (≤ 1.02× on {ok} of "
+                     f"{len(ratios)} sets).")
     return lines
 
 
@@ -534,7 +521,7 @@ def _new_settings_section(summaries: dict) -> list[str]:
                   "Default: `posterior=\"low_rank\", calibration=\"conformal\"` (linearised, d = d_max, σ0 by "
                   "subspace EB, σ from the training residuals). NLL in the tables is that of the posterior "
                   "predictive N(ŷ, σ_f² + σ²); the interval-implied N(ŷ, (q σ̂ / 1.645)²) is given here.", ""]
-                 + target_findings(summaries, shift=False))
+                 + target_findings(summaries))
     for name, summ in summaries.items():
         e = summ.get("glas_conformal_ebsub", {})
         if "nll_interval" in e:
