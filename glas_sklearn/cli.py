@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 import time
 import warnings
@@ -34,11 +35,12 @@ def _noise_model(reg) -> str:
     support = getattr(reg, "likelihood_support_", None)
     varying = reg.likelihood_.noise_in_outputs
     kind = "a noise level that varies with the input" if varying else "one noise level for every input"
-    if not support or "nll_gain" not in support:
+    if not support or not math.isfinite(support.get("nll_gain", math.nan)):
         return kind
     verdict = "support" if varying else "did not support"
-    return (f"{kind} (the held-out rows {verdict} a varying one: negative log-likelihood lower by "
-            f"{support['nll_gain']:.3f} ± {support['nll_gain_se']:.3f} per row with it)")
+    gain, se = support["nll_gain"], support["nll_gain_se"]
+    return (f"{kind} (the held-out rows {verdict} a varying one: with it their negative log-likelihood is "
+            f"{'lower' if gain > 0 else 'higher'} by {abs(gain):.3f} ± {se:.3f} per row)")
 
 
 def _interval_kind(reg) -> str:
@@ -72,8 +74,9 @@ def _demo(args) -> int:
           "is never negative, so the intervals stop at 0.")
     if not args.quiet:
         print("The fit trains a small network with a noise level that varies with the mix and one with a single noise "
-              "level, each stopped early on rows held out of its training (their 'held-out loss' is a negative "
-              "log-likelihood per row: lower is better, and below 0 for a good fit), keeps the one those rows "
+              "level, each watched on rows held out of its training and stopped early when its loss there no longer "
+              "falls (the 'held-out loss', a negative log-likelihood per row up to a constant: lower is better), "
+              "keeps the one those rows "
               "support and trains it again on all its rows; then it measures how uncertain the network's weights are "
               "and calibrates the intervals on rows it never trained on. Each step logs a line:", flush=True)
     t0 = time.perf_counter()
