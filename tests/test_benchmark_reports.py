@@ -106,3 +106,20 @@ def test_no_benchmark_imports_another():
                 imported.add(node.module)
         others = {name for name in imported & scripts if not name.startswith("_")}
         assert not others, f"{path.name} imports the benchmark script(s) {others}; share code through _common.py"
+
+
+def test_the_entry_point_builds_each_command_and_skips_what_is_missing(script, monkeypatch, tmp_path, capsys):
+    run = script("run")
+    import argparse
+
+    quick = run.command("uci", argparse.Namespace(report_only=False, quick=True, out_dir=tmp_path))
+    assert quick[1].endswith("uci.py") and quick[2:5] == ["--quick", "--out-dir", str(tmp_path)]
+    assert "--datasets" in quick  # the smoke run's own small options
+    monkeypatch.setenv(run.DATA_ENV, str(tmp_path / "nowhere"))
+    assert "needs the uci data" in run.missing(run.BENCHMARKS["uci"])
+    assert run.missing(run.BENCHMARKS["paper_1d"]) is None  # no data, no optional package
+    # a benchmark whose data is missing is skipped with the reason, not run, and is no failure
+    assert run.main(["--quick", "--out-dir", str(tmp_path), "uci"]) == 0
+    assert "uci: skipped, needs the uci data" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        run.main(["no_such_benchmark"])
