@@ -254,9 +254,7 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
         levels = self._levels(confidence_level)
         mean, _, bounds = self._predict_rows(X, levels, method="predict_interval")
         y_pred = clip_to_bounds(self._to_user_units(mean), self.y_bounds_)
-        b = bounds.detach().cpu().double().numpy() * self.y_scale_[None, :, None, None] \
-            + self.y_mean_[None, :, None, None]
-        b = clip_to_bounds(b, self.y_bounds_)  # within the support: every covered target stays covered
+        b = clip_to_bounds(self._to_user_units(bounds), self.y_bounds_)  # covered targets stay covered
         if self._y_1d:
             return y_pred[:, 0], b[:, 0]
         return y_pred, b
