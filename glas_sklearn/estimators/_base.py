@@ -185,7 +185,7 @@ class FitSettings:
 
 PARAMETERS_DOC = """\
     module : None, torch.nn.Module, skorch net or callable, default=None
-        The network, (n, *input_shape) → (n, outputs) (logits); None: an MLP. Copied before training.
+        The network, ``(n, *input_shape)`` → ``(n, outputs)`` (logits); None: an MLP. Copied before training.
     prefit : bool, default=False
         Use the trained module as θ0 as it is (never trained or moved); ``fit`` then needs ``X_cal, y_cal``.
     training : Training, optional
