@@ -69,7 +69,7 @@ PARAMETER_CONSTRAINTS: dict = {
     "max_epochs": [Interval(numbers.Integral, 0, None)],
     "lr": [Options("auto"), Interval(numbers.Real, 0, None, closed="neither")],
     "batch_size": [None, Options("auto"), Interval(numbers.Integral, 1, None)],
-    "weight_decay": [Interval(numbers.Real, 0, None)],
+    "weight_decay": [Options("auto"), Interval(numbers.Real, 0, None)],
     "optimizer": [Options(*OPTIMIZERS), Satisfies(_is_optimizer_class, "a torch.optim.Optimizer subclass")],
     "standardize": [Options("auto"), BOOLEAN],
     "padding_idx": [None, Interval(numbers.Integral, 0, None)],

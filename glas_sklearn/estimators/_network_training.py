@@ -85,7 +85,8 @@ class NetworkTrainingMixin:
         batch_size = self._batch_size(len(Xt))
         result = train_module(
             module, Xt, yt, self.likelihood_.loss, optimizer=self.optimizer, lr=self._lr(len(Xt)),
-            weight_decay=self.weight_decay, batch_size=batch_size,
+            weight_decay=self._weight_decay(len(Xt) if sample_weight is None else float(sample_weight.sum())),
+            batch_size=batch_size,
             max_epochs=self.max_epochs if epochs is None else epochs, seed=seed,
             verbose=self.verbose, owner=type(self).__name__, sample_weight=sample_weight, validation=validation,
             validation_loss=self.likelihood_.held_out_loss, tol=self.tol,
@@ -96,6 +97,15 @@ class NetworkTrainingMixin:
         self.validation_scores_ = result.validation_scores if validation is not None else None
         self.best_validation_score_ = result.best_validation_score
         self.validation_indices_ = val_rows
+
+    def _weight_decay(self, n: float) -> float:
+        """``weight_decay`` for a training set of weight n (its rows, or their summed weights), with "auto" resolved
+        by the estimator's ``_auto_weight_decay``."""
+        return self._auto_weight_decay(n) if self.weight_decay == "auto" else self.weight_decay
+
+    def _auto_weight_decay(self, n: float) -> float:
+        """What ``weight_decay="auto"`` means (the classifier overrides it): no weight decay."""
+        return 0.0
 
     def _batch_size(self, n_rows: int) -> int | None:
         """Rows per training step on ``n_rows`` rows: ``batch_size``, with "auto" resolved (None: all rows)."""

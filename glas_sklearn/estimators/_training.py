@@ -21,7 +21,7 @@ from .._progress import progress
 
 __all__ = ["ACTIVATIONS", "AUTO_EARLY_STOPPING_ROWS", "AUTO_SUBSAMPLE_ROWS", "OPTIMIZERS", "TrainingResult",
            "auto_batch_size", "auto_lr", "auto_subsample", "batch_slices", "build_optimizer", "default_mlp",
-           "held_out_loss", "seeded_torch", "train_module"]
+           "held_out_loss", "prior_weight_decay", "seeded_torch", "train_module"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,6 +59,14 @@ def auto_lr(n: int, batch_size: int | None) -> float:
     (larger steps, larger rate), else ``AUTO_LR`` (1e-3, exactly, on every smaller data set)."""
     step = n if batch_size is None else min(batch_size, n)
     return AUTO_LARGE_LR if n >= AUTO_LARGE_BATCH_ROWS and step >= AUTO_LARGE_BATCH else AUTO_LR
+
+
+def prior_weight_decay(n: float, prior_std: float = 1.0) -> float:
+    """The weight decay that makes training on the mean loss of n rows the MAP under a N(0, prior_std²) prior on
+    every weight: the mean loss plus ‖θ‖² / (2 n prior_std²), as the sum loss plus ‖θ‖² / (2 prior_std²) is the
+    negative log posterior. ``prior_std=1`` is scikit-learn's ``LogisticRegression(C=1)`` penalty; n is the sum of
+    the rows' weights when they are weighted."""
+    return 1.0 / (float(n) * prior_std**2)
 
 
 def auto_subsample(n: int) -> int | None:

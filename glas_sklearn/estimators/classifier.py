@@ -13,6 +13,7 @@ from ..likelihoods import Categorical
 from ..predictive import class_probabilities
 from ._base import LaplaceActiveSubspaceBase
 from ._docs import ATTRIBUTES_DOC, NOTES_DOC, PARAMETERS_DOC, SAMPLE_WEIGHT_DOC
+from ._training import prior_weight_decay
 
 __all__ = ["LaplaceActiveSubspaceClassifier"]
 
@@ -73,6 +74,12 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         # CNN: NLL above the MAP network's), so under conformal calibration σ0 is chosen by the held-out NLL on
         # half of the calibration rows, between that value and 0 (benchmarks/results/digits_ood.md, digits_cnn.md).
         return "nll" if self._calibrator().requires_fixed_predictor else "eb_full"
+
+    def _auto_weight_decay(self, n: float) -> float:
+        # The MAP under a N(0, 1) prior on every weight (LogisticRegression's C=1): without it the network of a
+        # small table drives its training loss to 0 and gives wrong classes probability 1
+        # (benchmarks/results/classifier_small_tables.md).
+        return prior_weight_decay(n)
 
     def _validate_train(self, X, y):
         X, y = self._validate_X(X, y, reset=True)
