@@ -22,10 +22,11 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
     __doc__ = f"""Classification with a torch network and generalized Laplace active-subspace uncertainty.
 
     The network returns logits (n, n_classes); the curvature is the generalized Gauss-Newton matrix of
-    softmax cross-entropy. Probabilities average the softmax over posterior weight samples
-    (``predictive="sampled"``) or push the linearised logit Gaussian through the softmax by the probit
-    approximation (``predictive="linearized"``, the default with the low-rank posterior). By default
-    (``calibration="conformal"``) half of the calibration rows choose the prior scale σ0 by their predictive NLL
+    softmax cross-entropy. A network the estimator trains is the MAP under a standard normal prior on every weight
+    (``weight_decay="auto"``, 1/n: the penalty of ``LogisticRegression(C=1)``). Probabilities average the softmax
+    over posterior weight samples (``predictive="sampled"``) or push the linearised logit Gaussian through the
+    softmax by the probit approximation (``predictive="linearized"``, the default with the low-rank posterior). By
+    default (``calibration="conformal"``) half of the calibration rows choose the prior scale σ0 by their predictive NLL
     (``sigma0="nll"``, between the full-space empirical Bayes value and 0, the MAP probabilities) and the
     prediction sets are split-conformal on the other half's labels with the LAC score 1 − p_y, the most probable
     class added to a set that would be empty (``LAC(never_empty=True)``, chosen by measured set size at 90 % on
