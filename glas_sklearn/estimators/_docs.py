@@ -120,13 +120,13 @@ PARAMETERS_DOC = """\
         trained on, the same interval score as 200 rows at 1e-3 in about half the training time
         (benchmarks/results/default_fit.md). A last batch of one row is merged into the batch before it (layers
         such as ``BatchNorm1d`` cannot train on a single row).
-    weight_decay : "auto" or float, default="auto" (regressor: 0.0)
+    weight_decay : "auto" or float, default="auto"
         Weight decay of the optimizer (for "adam" and "sgd" an L2 term wd ‖θ‖² / 2 added to the mean training loss).
         "auto": for the classifier 1 / n with n the rows trained on (the sum of their ``sample_weight``), which makes
         the trained network the MAP under a standard normal prior on every weight, the penalty of scikit-learn's
         ``LogisticRegression(C=1)``: without it a network trained for hundreds of epochs on a small table drives its
         training loss to 0 and gives wrong classes probability 1 (benchmarks/results/classifier_small_tables.md);
-        0 for the regressor.
+        0 (no weight decay) for the regressor.
     optimizer : {"adam", "adamw", "sgd"} or torch.optim.Optimizer subclass, default="adam"
         Built as ``optimizer(params, lr=lr, weight_decay=weight_decay)``. From 2,000 training rows on (where
         ``early_stopping="auto"`` is on), "adam" and "adamw" run in torch's fused implementation (the same

@@ -85,7 +85,7 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
                  max_components=50, sigma0="auto", posterior="low_rank", calibration="mondrian",
                  predictive="auto", n_samples=1000, confidence_level=0.9, calibration_size=0.1,
                  likelihood="auto", noise_std="auto", include_noise=False, max_epochs=500, lr="auto",
-                 batch_size="auto", weight_decay=0.0, optimizer="adam", standardize="auto", padding_idx=None,
+                 batch_size="auto", weight_decay="auto", optimizer="adam", standardize="auto", padding_idx=None,
                  subsample="auto", eigen_method="lanczos", device="auto", dtype="auto", random_state=None, verbose=0,
                  early_stopping="auto", validation_fraction=0.1, n_iter_no_change=10, tol=1e-4,
                  n_threads="auto", working_memory=64):
