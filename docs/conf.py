@@ -55,9 +55,10 @@ templates_path = ["_templates"]
 # other paths that export it link to it. To add a module, add its import path to a topic (or a new topic); an
 # import path whose module does not exist (yet) is left out, and a public module listed nowhere is a warning.
 API_TOPICS = [
-    ("estimators", "Estimators and Pipelines",
-     "The regressor and the classifier, and intervals or prediction sets through Pipelines.",
-     ["glas_sklearn", "glas_sklearn.compose"]),
+    ("estimators", "Estimators, Pipelines and model files",
+     "The regressor and the classifier, intervals or prediction sets through Pipelines, and model files that "
+     "hold data only.",
+     ["glas_sklearn", "glas_sklearn.compose", "glas_sklearn.serialization"]),
     ("metrics", "Metrics", "Coverage, width and the interval (Winkler) score, and a scorer for model selection.",
      ["glas_sklearn.metrics", "glas_sklearn.regional_coverage"]),
     ("calibration", "Calibration",

@@ -16,6 +16,7 @@ from .estimators import (
     Training,
 )
 from .metrics import coverage_score, interval_score, make_interval_scorer, mean_width_score
+from .serialization import load, save
 
 __all__ = [
     "LaplaceActiveSubspaceRegressor",
@@ -35,5 +36,7 @@ __all__ = [
     "predict_interval",
     "predict_set",
     "load_concrete",
+    "save",
+    "load",
     "__version__",
 ]

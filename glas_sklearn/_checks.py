@@ -42,13 +42,26 @@ def check_finite_tensor(name: str, tensor: torch.Tensor) -> torch.Tensor:
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}.")
     if tensor.numel() == 0:
         raise ValueError(f"{name} is empty (shape {tuple(tensor.shape)}); at least one record is needed.")
-    if tensor.is_floating_point() or tensor.is_complex():
-        bad = ~torch.isfinite(tensor)
-        if bool(bad.any()):
-            raise ValueError(
-                f"{name} contains {int(bad.sum())} NaN or infinite value(s); clean or impute them first."
-            )
+    if (tensor.is_floating_point() or tensor.is_complex()) and not _all_finite(tensor):
+        bad = int(sum(int((~torch.isfinite(part)).sum()) for part in _row_blocks(tensor)))
+        raise ValueError(f"{name} contains {bad} NaN or infinite value(s); clean or impute them first.")
     return tensor
+
+
+# Entries checked at once by check_finite_tensor (its temporaries are a few times this many bytes, whatever the size
+# or memory layout of the tensor: a large weight matrix is not duplicated to be checked).
+_FINITE_BLOCK = 1 << 22
+
+
+def _row_blocks(tensor: torch.Tensor):
+    if tensor.ndim == 0:
+        return [tensor]
+    rows = max(1, _FINITE_BLOCK // max(1, tensor[0].numel()))
+    return [tensor[i:i + rows] for i in range(0, tensor.shape[0], rows)]
+
+
+def _all_finite(tensor: torch.Tensor) -> bool:
+    return all(bool(torch.isfinite(part).all()) for part in _row_blocks(tensor))
 
 
 def check_vector(name: str, v: torch.Tensor, size: int, dtype: torch.dtype, device: torch.device,

@@ -261,6 +261,10 @@ def model_outputs(model: nn.Module, X: torch.Tensor, batch_size: int | None = No
         return torch.cat([call(X[i:i + size]) for i in range(0, X.shape[0], size)])
 
 
+def _tap(taps: list, weight: str, bias: str | None, module, args, output) -> None:
+    taps.append((weight, bias, args[0], output))
+
+
 class FunctionalModel:
     """A trained model as a pure function of its weights: f(x; θ), with θ0 its trained weights.
 
@@ -367,6 +371,41 @@ class FunctionalModel:
         if self.layout.param_dtypes is not None and out.is_floating_point() and out.dtype != self.dtype:
             out = out.to(self.dtype)  # mixed precisions: outputs in the weights' (widest) dtype
         return out
+
+    def linear_taps(self, inputs, params: dict) -> tuple[torch.Tensor, list] | None:
+        """f(inputs; params) and, for every ``nn.Linear`` layer whose weight is trainable, its input and output in
+        that call (in call order): ``(out, [(weight name, bias name or None, input, output), ...])``.
+
+        Forward hooks on this thread's structure copy of the model (never on the model itself), removed before
+        returning. None when the taps cannot describe every trainable weight: a trainable weight outside an
+        ``nn.Linear`` (or a frozen weight beside a trainable bias), a layer called more than once, a layer input
+        that is not one vector per record, or a model that cannot be copied per thread."""
+        view = self._thread_module()
+        names = set(self.layout.names)
+        if view is None:
+            return None
+        layers = {}
+        for prefix, m in view.named_modules():
+            if isinstance(m, nn.Linear):
+                weight, bias = (f"{prefix}.{n}" if prefix else n for n in ("weight", "bias"))
+                if weight in names:
+                    layers[prefix] = (m, weight, bias if bias in names else None)
+                elif bias in names:
+                    return None
+        covered = {n for _, w, b in layers.values() for n in (w, b) if n is not None}
+        if covered != names:
+            return None
+        taps: list = []
+        handles = [m.register_forward_hook(functools.partial(_tap, taps, w, b)) for m, w, b in layers.values()]
+        try:
+            out = self(inputs, params)
+        finally:
+            for h in handles:
+                h.remove()
+        rows = out.shape[0] if out.ndim else -1
+        if len(taps) != len(layers) or any(a.ndim != 2 or a.shape[0] != rows for _, _, a, _ in taps):
+            return None
+        return out, taps
 
     def autodiff(self) -> contextlib.AbstractContextManager:
         """:func:`autodiff_context` for this model: gradients on, oneDNN off for recurrent layers on CPU."""

@@ -142,10 +142,10 @@ def _warn_unconverged(result: EigenResult, k: int) -> None:
 _REORTH = 2.0 ** -0.5
 
 
-def _orthogonalize(w: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, np.ndarray, float]:
-    """Remove from w its components along the orthonormal rows of B: classical Gram-Schmidt, repeated once
-    when the first pass cancelled much of w (Daniel-Gragg-Kaufman-Stewart), which is when round-off
-    would otherwise leave w visibly non-orthogonal to B.
+def _orthogonalize(w: torch.Tensor, B: list[torch.Tensor]) -> tuple[torch.Tensor, np.ndarray, float]:
+    """Remove from w its components along the orthonormal rows of B (blocks of rows, in order): classical
+    Gram-Schmidt, repeated once when the first pass cancelled much of w (Daniel-Gragg-Kaufman-Stewart), which is
+    when round-off would otherwise leave w visibly non-orthogonal to B.
 
     The basis is stored one vector per row, so both products read contiguous memory. The coefficients and
     the final norm are the only things that reach the host: one transfer (two after a second pass).
@@ -159,14 +159,18 @@ def _orthogonalize(w: torch.Tensor, B: torch.Tensor) -> tuple[torch.Tensor, np.n
     norm : float
         ‖w‖ after orthogonalisation.
     """
-    h = B @ w
-    w1 = w - B.T @ h
+    def project_out(v):
+        parts = [b @ v for b in B]
+        for b, part in zip(B, parts, strict=True):
+            v = v - b.T @ part
+        return torch.cat(parts), v
+
+    h, w1 = project_out(w)
     stats = torch.cat([h.to(torch.float64), torch.stack([torch.linalg.vector_norm(w).to(torch.float64),
                                                          torch.linalg.vector_norm(w1).to(torch.float64)])]).cpu()
     coeff, before, after = stats[:-2].numpy().copy(), float(stats[-2]), float(stats[-1])
     if after < _REORTH * before:
-        h = B @ w1
-        w1 = w1 - B.T @ h
+        h, w1 = project_out(w1)
         stats = torch.cat([h.to(torch.float64), torch.linalg.vector_norm(w1).to(torch.float64).view(1)]).cpu()
         coeff += stats[:-1].numpy()
         after = float(stats[-1])
@@ -181,7 +185,7 @@ def _ritz(T: np.ndarray, beta: float) -> tuple[np.ndarray, np.ndarray, np.ndarra
 
 
 # Bytes of basis columns rotated at once in a restart (the rotation's only temporary).
-_ROTATE_BYTES = 64 << 20
+_ROTATE_BYTES = 16 << 20
 
 
 def _column_blocks(D: int, rows: int, element: int) -> list[slice]:
@@ -190,12 +194,49 @@ def _column_blocks(D: int, rows: int, element: int) -> list[slice]:
     return [slice(i, min(i + width, D)) for i in range(0, D, width)]
 
 
-def _rotate_in_place(B: torch.Tensor, Y: torch.Tensor, size: int) -> None:
-    """B[:n] = Yᵀ B[:size] for the (size, n) Ritz coefficients Y, a block of columns at a time, so that the
-    restart needs no second basis: the temporary is one block of n × width entries."""
-    n = Y.shape[1]
-    for cols in _column_blocks(B.shape[1], size, B.element_size()):
-        B[:n, cols] = Y.T @ B[:size, cols]
+class _Basis:
+    """The Lanczos basis, one vector per row, held in two blocks: the first k rows, where the eigenvectors are
+    formed in place at the end, and the others, freed then; so the solver never holds the basis and the
+    eigenvectors beside it."""
+
+    def __init__(self, rows: int, k: int, D: int, dtype, device) -> None:
+        self.k = k
+        self.blocks = [torch.zeros(k, D, dtype=dtype, device=device),
+                       torch.zeros(rows - k, D, dtype=dtype, device=device)]
+
+    def __getitem__(self, j: int) -> torch.Tensor:
+        return self.blocks[0][j] if j < self.k else self.blocks[1][j - self.k]
+
+    def __setitem__(self, j: int, value: torch.Tensor) -> None:
+        self[j].copy_(value)
+
+    def leading(self, n: int) -> list[torch.Tensor]:
+        """Rows 0 … n − 1, as views of the blocks."""
+        return [self.blocks[0][:min(n, self.k)], self.blocks[1][:max(0, n - self.k)]]
+
+    def rotate(self, Y: torch.Tensor, size: int) -> None:
+        """Rows 0 … n − 1 ← Yᵀ (rows 0 … size − 1) for the (size, n) Ritz coefficients Y, a block of columns at a
+        time (the temporary is one block of n rows)."""
+        n = Y.shape[1]
+        first = self.leading(size)
+        coeffs = [c.T for c in torch.split(Y, [b.shape[0] for b in first])]
+        blocks = _column_blocks(self.blocks[0].shape[1], n, self.blocks[0].element_size())
+        buffer = torch.empty(n, blocks[0].stop, dtype=Y.dtype, device=Y.device)  # the one temporary, reused
+        for cols in blocks:
+            new = buffer[:, :cols.stop - cols.start]
+            torch.mm(coeffs[0], first[0][:, cols], out=new)
+            if first[1].shape[0]:
+                new.addmm_(coeffs[1], first[1][:, cols])
+            for b, part in zip(self.leading(n), torch.split(new, [min(n, self.k), max(0, n - self.k)]), strict=True):
+                b[:, cols] = part
+
+    def eigenvectors(self, Y: torch.Tensor, size: int) -> torch.Tensor:
+        """The Ritz vectors Yᵀ (rows 0 … size − 1), k at most, formed in place in the first block, as columns of a
+        (D, n) view; the other block is freed."""
+        self.rotate(Y, size)
+        head = self.blocks[0][:Y.shape[1]]
+        self.blocks = [head, head[:0]]
+        return head.T
 
 
 def _lanczos(matvec, D: int, k: int, dtype, device, *, tol: float, max_matvecs: int, ncv: int,
@@ -205,10 +246,11 @@ def _lanczos(matvec, D: int, k: int, dtype, device, *, tol: float, max_matvecs: 
     The basis lives on the operator's device; the small projected matrix T lives on the host in float64,
     so each step moves only the j + 1 new entries of T and β there (the stopping test needs them), and the
     vectors never leave the device. Memory: the basis, ncv + 1 vectors of length D in the operator's dtype,
-    rotated in place at a restart (in column blocks of at most 64 MiB); at the end the k eigenvectors are
-    formed beside it, so the peak is (ncv + 1 + k) D entries plus the product's own few D-vectors."""
+    rotated in place at a restart (in column blocks of at most 16 MiB); at the end the k eigenvectors are
+    formed in place in its first k rows and the others freed, so the peak is (ncv + 1) D entries plus the
+    product's own few D-vectors."""
     m = min(ncv, D)
-    B = torch.zeros(m + 1, D, dtype=dtype, device=device)  # basis vectors as rows, plus the residual direction
+    B = _Basis(m + 1, k, D, dtype, device)  # basis vectors as rows, plus the residual direction
     T = np.zeros((m, m))  # projected matrix VᵀAV (host, float64)
 
     def random_direction():
@@ -229,14 +271,14 @@ def _lanczos(matvec, D: int, k: int, dtype, device, *, tol: float, max_matvecs: 
             n_matvecs += 1
             if bar is not None:
                 bar.update(1)
-            w, h, beta = _orthogonalize(w, B[: j + 1])
+            w, h, beta = _orthogonalize(w, B.leading(j + 1))
             T[: j + 1, j] = h
             T[j, : j + 1] = h
             if j + 1 >= D:  # the basis spans the whole space: the projection is exact
                 beta = 0.0
             elif beta <= 1e-12 * max(1.0, float(np.abs(np.diag(T)[: j + 1]).max())):
                 # Invariant subspace found: continue from a fresh random direction.
-                r, _, r_norm = _orthogonalize(random_direction(), B[: j + 1])
+                r, _, r_norm = _orthogonalize(random_direction(), B.leading(j + 1))
                 B[j + 1] = r / r_norm
                 beta = 0.0
             else:
@@ -259,7 +301,7 @@ def _lanczos(matvec, D: int, k: int, dtype, device, *, tol: float, max_matvecs: 
         # Thick restart: keep the leading Ritz vectors, continue from the residual direction.
         n_kept = min(size - 1, max(k + (m - k) // 2, k + 1))
         Y = torch.as_tensor(y[:, :n_kept], dtype=dtype, device=device)
-        _rotate_in_place(B, Y, size)
+        B.rotate(Y, size)
         B[n_kept] = B[size]
         T[:] = 0.0
         T[:n_kept, :n_kept] = np.diag(theta[:n_kept])
@@ -267,10 +309,7 @@ def _lanczos(matvec, D: int, k: int, dtype, device, *, tol: float, max_matvecs: 
         j = n_kept
     kk = min(k, size)
     Y = torch.as_tensor(y[:, :kk], dtype=dtype, device=device)
-    vecs = torch.empty(kk, D, dtype=dtype, device=device)
-    for cols in _column_blocks(D, size, B.element_size()):
-        vecs[:, cols] = Y.T @ B[:size, cols]
-    vecs = vecs.T  # (D, k), each eigenvector contiguous in memory
+    vecs = B.eigenvectors(Y, size)  # (D, k), each eigenvector contiguous in memory
     return EigenResult(
         eigenvalues=torch.as_tensor(theta[:kk].copy(), dtype=torch.float64, device=device),
         eigenvectors=vecs,
@@ -362,8 +401,9 @@ def top_eigenpairs(op, k: int, *, method: str = "lanczos", tol: float = 1e-5,
     ncv : int, optional
         Largest basis size between restarts (default: max(2k + 10, k + 20) for Lanczos, ARPACK's
         max(2k + 1, 20) for eigsh; capped at D). It bounds the solver's memory: Lanczos holds at most
-        (ncv + 1 + k) vectors of length D in the operator's dtype (the parameters' dtype for a GGN: float32 for
-        LoRA adapters), max(3k + 11, 2k + 21) of them by default; the projected problem is solved in float64 on the
+        ncv + 1 vectors of length D in the operator's dtype (the parameters' dtype for a GGN: float32 for
+        LoRA adapters), max(2k + 11, k + 21) of them by default, and forms the eigenvectors in place among them;
+        the projected problem is solved in float64 on the
         host. eigsh keeps its own float64 basis of ncv vectors on the host.
     random_state : int, Generator or None
         Seeds the start vector.

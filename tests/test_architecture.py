@@ -19,8 +19,8 @@ ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 #: A part of the package (a top-level module or subpackage) → its floor; a part imports only from floors ≤ its own.
 FLOORS = {
     # floor 0: checks, progress, the one model binding, adapters
-    "_checks": 0, "_version": 0, "_progress": 0, "_functional": 0, "adapters": 0, "_threads": 0, "_silenced": 0,
-    "_constraints": 0,
+    "_checks": 0, "_version": 0, "_progress": 0, "_functional": 0, "_jacobians": 0, "adapters": 0, "_threads": 0,
+    "_silenced": 0, "_constraints": 0,
     # floor 1: tensor math of the predictive, the conformity scores
     "predictive": 1, "conformity_scores": 1,
     # floor 2: likelihoods and the curvature operators
@@ -31,6 +31,7 @@ FLOORS = {
     "calibration": 4, "laplace": 4, "sampling": 4, "diagnostics": 4,
     # floor 5: the estimators and what builds on them (metrics' scorers call compose.predict_interval)
     "estimators": 5, "compose": 5, "metrics": 5, "regional_coverage": 5, "plotting": 5, "datasets": 5, "contrib": 5,
+    "serialization": 5,
     # floor 6: the command line and the package's namespace
     "cli": 6, "__main__": 6, "__init__": 6,
 }

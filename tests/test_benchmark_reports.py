@@ -40,7 +40,8 @@ def _report(stem):
 
 @pytest.mark.parametrize("stem", ["bench_ggn", "bench_fit", "bench_calibration", "uci", "uci_epochs500", "paper_1d",
                                   "prefit_calibration", "threads_under_load",
-                                  "quintile_sampling", "heldout_shapes", "band_test_cost", "classifier_small_tables"])
+                                  "quintile_sampling", "heldout_shapes", "band_test_cost", "serialization",
+                                  "classifier_small_tables"])
 def test_report_is_rendered_from_its_json(stem, script):
     module = script(stem.split("_epochs")[0])
     assert module.render(_results(stem)) == _report(stem)

@@ -170,3 +170,17 @@ def test_roundoff_tolerance_scales_with_dtype_size_and_largest_eigenvalue():
     assert t == pytest.approx(10 * torch.finfo(torch.float32).eps * 20 * 2.0, rel=1e-12)
     assert eigen.roundoff_tolerance(2.0, 400, torch.float64) / t == pytest.approx(2.0**-52 / 2.0**-23)
     assert eigen.roundoff_tolerance(-2.0, 1600, torch.float32) == pytest.approx(2 * t)
+
+
+def test_the_eigenvectors_are_stored_once():
+    """Lanczos forms the eigenvectors in place in its basis and frees the rest: they hold k × D entries and no
+    more, and the posterior built from them holds the same tensor (no copy)."""
+    from glas_sklearn.laplace import fit_laplace_subspace
+
+    model = mlp(n_out=1, hidden=12).float()
+    X = torch.randn(40, 3, generator=torch.Generator().manual_seed(0))
+    fitted = fit_laplace_subspace(model, X, torch.sin(X[:, :1]), n_components=6, random_state=0)
+    P = fitted.eigen.eigenvectors
+    D = sum(p.numel() for p in model.parameters())
+    assert P.shape == (D, 6) and P.untyped_storage().nbytes() == 6 * D * P.element_size()
+    assert fitted.posterior.eigenvectors.data_ptr() == P.data_ptr()

@@ -20,7 +20,7 @@ from torch import nn
 
 from glas_sklearn import Compute, LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
 from glas_sklearn.calibration import CalibrationWarning
-from glas_sklearn.posterior import ActiveSubspacePosterior
+from glas_sklearn.posterior import ActiveSubspacePosterior, _evaluation
 from tests.reference import grouped
 
 #: Prefit networks here are often untrained on purpose; the warning saying so is tested in test_messages.py.
@@ -201,24 +201,40 @@ def test_threads_calling_the_model_read_their_own_weights():
     assert float(net.lin.weight.detach()) == float(post.theta0[0])  # the user's module was never written into
 
 
-def test_threads_forward_mode_jacobian_projections():
-    """J P by forward-mode JVPs (the subspace kind) from 4 threads at once: the single-threaded values. torch keeps
-    forward-mode AD state per process; unguarded, concurrent JVPs raised or mixed up their tangents."""
+@pytest.mark.parametrize("path", ["factors", "tangents", "forward mode", "jacobians"])
+def test_threads_jacobian_projections_on_every_path(path, monkeypatch):
+    """J P and the low-rank kind's J Σ Jᵀ from 4 threads × 50 calls at once, by each way to J P (the MLP's factored
+    Jacobians, reverse-over-reverse products, forward-mode JVPs, per-record Jacobians): the single-threaded values,
+    no exceptions. torch keeps forward-mode AD state per process; unguarded, concurrent JVPs raised or mixed up
+    their tangents."""
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2)).double()
     D = sum(p.numel() for p in net.parameters())
     P, _ = torch.linalg.qr(torch.randn(D, 4, dtype=torch.float64))
     post = ActiveSubspacePosterior(net, torch.tensor([4.0, 3.0, 2.0, 1.0], dtype=torch.float64), P, beta=1.0,
-                                   sigma0=1.0)
+                                   sigma0=1.0, posterior="low_rank")
+    if path != "factors":
+        post._linear_factors_ok = False
+        post._reverse_jvp_ok = False if path == "forward mode" else None
+        monkeypatch.setattr(_evaluation, "jacobians_cheaper", lambda *a, **k: path == "jacobians")
     Xs = [torch.randn(5 + t, 3, dtype=torch.float64) for t in range(N_THREADS)]
     # reference: dense Jacobians by reverse mode, times P
     refs = [torch.func.jacrev(lambda th, x=x: torch.func.functional_call(
         net, post.layout.unflatten(th), (x,)))(post.theta0).reshape(-1, D) @ P for x in Xs]
-    results, errors = _hammer(lambda t, i: post.jacobian_projections(Xs[t], 4))
+    variances = [post.linearized_variance(x.clone(), 3) for x in Xs]
+
+    def call(t, i):
+        X = Xs[t].clone()  # a new tensor every call: nothing cached
+        return post.jacobian_projections(X, 4), post.linearized_variance(X, 3)
+
+    results, errors = _hammer(call, n_calls=50)
     assert not errors, "\n".join(errors[:5])
+    assert len(results) == N_THREADS * 50
     tol = 1e3 * torch.finfo(torch.float64).eps
-    for (t, _), got in results.items():
-        torch.testing.assert_close(got.reshape(-1, 4), refs[t], rtol=tol, atol=tol)
+    for (t, _), (jp, var) in results.items():
+        torch.testing.assert_close(jp.reshape(-1, 4), refs[t], rtol=tol, atol=tol)
+        torch.testing.assert_close(var, variances[t], rtol=tol, atol=tol)
+    assert (path == "factors") == bool(post._linear_factors_ok)
 
 
 def test_fit_in_one_thread_while_others_predict(regressors):

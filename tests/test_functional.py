@@ -2,6 +2,7 @@
 
 import copy
 import dataclasses
+import math
 import pickle
 
 import pytest
@@ -9,8 +10,9 @@ import torch
 from torch import nn
 
 from glas_sklearn._functional import FunctionalModel
+from glas_sklearn._jacobians import JacobianProducts
 
-from .reference import TinyLSTM, assert_unchanged, flat_params, mlp, snapshot
+from .reference import TinyLSTM, assert_unchanged, dense_jacobian, flat_params, mlp, snapshot
 
 
 def _randn(*shape, seed, dtype=torch.float64):
@@ -196,3 +198,95 @@ def test_record_jacobians_when_vmap_over_records_fails(mix):
         expected = torch.autograd.functional.jacobian(lambda f: outputs(f, X), theta)  # (n, 2, D), rows apart
     torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
     assert bound._vmap_jac_ok is False and bound._pullback_jac_ok is (not mix)
+
+
+# ------------------------------------------------------------------- J t, the factored Jacobians and J Jᵀ
+class _Bound(JacobianProducts):
+    def __init__(self, model):
+        self.functional_model = FunctionalModel(model)
+
+
+class _Conv(nn.Module):
+    """Weights shared across positions: no nn.Linear factors."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv1d(1, 3, 3)
+        self.head = nn.Linear(3 * 4, 2)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.conv(x[:, None, :])).flatten(1))
+
+
+class _TiedLinear(nn.Module):
+    """One nn.Linear weight also used outside its layer: the layer taps alone miss part of its gradient."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(3, 3)
+        self.b = nn.Linear(3, 2)
+
+    def forward(self, x):
+        h = torch.tanh(self.a(x))
+        return self.b(h + torch.nn.functional.linear(x, self.a.weight))
+
+
+def _dense(model, X):
+    return dense_jacobian(model, X)  # (n, *out, D)
+
+
+@pytest.mark.parametrize("make", [lambda: mlp(n_out=2), _Conv, lambda: TinyLSTM(vocab=4, hidden=3)])
+@pytest.mark.parametrize("forward_mode", [False, True])
+def test_tangent_products_match_the_dense_jacobian(make, forward_mode):
+    """J t by reverse over reverse (and the forward-mode fallback) against the dense Jacobian times t (float64)."""
+    torch.manual_seed(0)
+    model = make().double()
+    lstm = isinstance(model, TinyLSTM)
+    X = torch.randint(0, 4, (3, 5)) if lstm else _randn(4, 6 if isinstance(model, _Conv) else 3, seed=1)
+    bound = _Bound(model)
+    if forward_mode:
+        bound._reverse_jvp_ok = False
+    D = bound.layout.size
+    T = _randn(3, D, seed=2)
+    got = bound.tangent_products(X, T)  # (3, n, *out)
+    ref = torch.movedim(_dense(model, X) @ T.T, -1, 0)
+    tol = 100 * torch.finfo(torch.float64).eps * float(ref.abs().max())
+    torch.testing.assert_close(got, ref, rtol=0, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_linear_factors_match_the_dense_jacobian(dtype):
+    """An MLP's factored Jacobians: J t, ‖J_m‖² and the (M × M) blocks J Jᵀ against the dense Jacobian in float64,
+    within round-off of the model's dtype (a sum over D products)."""
+    model = mlp(n_out=3, dtype=dtype)
+    X = _randn(7, 3, seed=1, dtype=dtype)
+    bound = _Bound(model)
+    factors = bound.linear_factors(X)
+    assert factors is not None and bound._linear_factors_ok
+    J = _dense(model.double(), X.double())  # (n, 3, D)
+    model.to(dtype)
+    D = J.shape[-1]
+    T = _randn(4, D, seed=2)
+    tol = 20 * math.sqrt(D) * torch.finfo(dtype).eps
+    got = factors.projections(bound.layout.unflatten_rows(T.to(dtype)))
+    ref = J @ T.T
+    torch.testing.assert_close(got.double(), ref, rtol=0, atol=tol * float(ref.abs().max()))
+    full = J @ J.transpose(1, 2)
+    torch.testing.assert_close(factors.gram(True), full, rtol=0, atol=tol * float(full.abs().max()))
+    torch.testing.assert_close(bound.record_gram(X), torch.diagonal(full, dim1=1, dim2=2), rtol=0,
+                               atol=tol * float(full.abs().max()))
+
+
+@pytest.mark.parametrize("make", [_Conv, _TiedLinear])
+def test_linear_factors_refuse_what_they_do_not_describe(make):
+    """Weights outside nn.Linear layers (None at once) and a weight used outside its layer (caught by the check
+    against the Jacobians): J Jᵀ then comes from the per-record Jacobians, right either way."""
+    torch.manual_seed(0)
+    model = make().double()
+    X = _randn(5, 6 if make is _Conv else 3, seed=1)
+    bound = _Bound(model)
+    assert bound.linear_factors(X) is None and bound._linear_factors_ok is False
+    J = _dense(model, X)
+    tol = 100 * torch.finfo(torch.float64).eps
+    torch.testing.assert_close(bound.record_gram(X), (J**2).sum(-1), rtol=tol, atol=0)
+    assert bound.record_gram(X, jacobians=False) is None

@@ -8,8 +8,10 @@ from torch import nn
 from torch.func import functional_call
 from torch.nn.utils import vector_to_parameters
 
+from glas_sklearn._jacobians import LinearFactors
 from glas_sklearn.likelihoods import Categorical, Gaussian
-from glas_sklearn.posterior import ActiveSubspacePosterior, estimate_noise_variance
+from glas_sklearn.posterior import ActiveSubspacePosterior, _evaluation, estimate_noise_variance
+from glas_sklearn.posterior._evaluation import jacobians_cheaper
 
 from .reference import TinyLSTM, assert_unchanged, dense_ggn, dense_jacobian, flat_params, mlp, snapshot
 
@@ -298,21 +300,35 @@ def test_linearized_variance_matches_dense_jacobian(setup, setup2, which):
         torch.testing.assert_close(post.jacobian_projections(X, d), J @ P[:, :d], rtol=1e-10, atol=1e-14)
 
 
-def test_jacobian_projection_cache_costs_k_jvps(setup):
+@pytest.mark.parametrize("factored", [False, True])
+def test_jacobian_projection_cache_costs_k_jvps(setup, factored, monkeypatch):
+    """d = 1, ..., K cost K columns in total, by products along the eigenvectors or from the MLP's factored
+    Jacobians."""
     net, X, lam, P, _ = setup
     post = ActiveSubspacePosterior(net, lam, P, beta=BETA)
     counted = []
-    original = post._jvp_many
+    if factored:
+        original = LinearFactors.projections
 
-    def counting(tangents, Xb):
-        counted.append(tangents.shape[0])
-        return original(tangents, Xb)
+        def counting(self, tangents):
+            counted.append(next(iter(tangents.values())).shape[0])
+            return original(self, tangents)
 
-    post._jvp_many = counting
+        monkeypatch.setattr(LinearFactors, "projections", counting)
+    else:
+        post._linear_factors_ok = False  # an MLP takes the factored path otherwise
+        original = post.tangent_products
+
+        def counting(Xb, tangents):
+            counted.append(tangents.shape[0])
+            return original(Xb, tangents)
+
+        post.tangent_products = counting
     for d in range(1, K + 1):
         post.linearized_variance(X, d)
     post.linearized_variance(X, 3)
-    assert sum(counted) == K
+    # (the factored path checks itself once on three random tangents)
+    assert sum(counted) == K + 3 * factored
     # an in-place change of X invalidates the cache
     X2 = X.clone()
     post.linearized_variance(X2, 2)
@@ -628,3 +644,66 @@ def test_roundoff_negative_eigenvalue_accepted_real_negative_refused(setup, pair
         with pytest.raises(ValueError, match=r"not positive semi-definite.*Hessian") as err:
             ActiveSubspacePosterior(net, lam2.to(pair_dtype), P.to(pair_dtype), beta=BETA)
         assert f"D={D}" in str(err.value) and str(pair_dtype).removeprefix("torch.") in str(err.value)
+
+
+# ------------------------------------------------------------- the ways to J P, and the choice between them
+def _force_path(post, path, monkeypatch):
+    """Take ``path`` for J P: the MLP's factored Jacobians (its own choice), products along the eigenvectors
+    (reverse over reverse, or forward mode), or the per-record Jacobians times P."""
+    if path == "factors":
+        return
+    post._linear_factors_ok = False
+    if path == "forward mode":
+        post._reverse_jvp_ok = False
+    cheaper = path == "jacobians"
+    monkeypatch.setattr(_evaluation, "jacobians_cheaper", lambda *a, **k: cheaper)
+
+
+@pytest.mark.parametrize("path", ["factors", "tangents", "forward mode", "jacobians"])
+@pytest.mark.parametrize("kind", ["subspace", "low_rank"])
+def test_every_path_to_jp_matches_the_dense_reference(setup3, path, kind, monkeypatch):
+    """J P and J Σ Jᵀ (diagonal and blocks) by each way against the dense Jacobian and Σ (float64, 3 outputs)."""
+    net, X, lam, P = setup3
+    post = ActiveSubspacePosterior(net, lam, P, beta=BETA, posterior=kind, sigma0=0.7)
+    _force_path(post, path, monkeypatch)
+    J = dense_jacobian(net, X)  # (n, C, D)
+    for d in (2, 6):
+        torch.testing.assert_close(post.jacobian_projections(X, d), J @ P[:, :d], rtol=1e-10, atol=1e-13)
+    d = 4
+    Sigma = P[:, :d] @ torch.diag(post.variances(d)) @ P[:, :d].T
+    if kind == "low_rank":
+        Sigma = Sigma + 0.7**2 * (torch.eye(P.shape[0], dtype=P.dtype) - P[:, :d] @ P[:, :d].T)
+    full = J @ Sigma @ J.transpose(1, 2)
+    X2 = X.clone()  # a new tensor: nothing cached
+    torch.testing.assert_close(post.linearized_variance(X2, d), torch.diagonal(full, dim1=1, dim2=2), rtol=1e-9,
+                               atol=1e-12)
+    torch.testing.assert_close(post.linearized_variance(X2, d, full_cov=True), full, rtol=1e-9, atol=1e-12)
+    assert (path == "factors") == bool(getattr(post, "_linear_factors_ok", False))
+
+
+@pytest.mark.parametrize("path", ["factors", "tangents", "jacobians"])
+def test_float32_paths_agree_with_the_float64_reference(path, monkeypatch):
+    """In float32, each way's J P within round-off (a sum over D products) of the float64 dense reference."""
+    net = mlp(n_out=2, hidden=16, seed=7)
+    X = torch.randn(12, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(8))
+    lam, P, _ = _eigenpairs(net, X, k=5)
+    J = dense_jacobian(net, X) @ P
+    post = ActiveSubspacePosterior(net.float(), lam.float(), P.float(), beta=BETA, posterior="low_rank")
+    _force_path(post, path, monkeypatch)
+    got = post.jacobian_projections(X.float(), 5)
+    tol = 20 * math.sqrt(P.shape[0]) * torch.finfo(torch.float32).eps * float(J.abs().max())
+    torch.testing.assert_close(got.double(), J, rtol=0, atol=tol)
+
+
+def test_the_choice_of_path_by_size():
+    """Products along the eigenvectors for a dense network (the paper's 10⁶-weight MLP: 103 rows, 50 columns, one
+    output), also where the kind needs the Jacobians anyway; the per-record Jacobians where every weight is used
+    many times per record (convolutions, recurrent layers) and few outputs are asked for, or where the kind needs
+    them anyway and weights are shared; products again when many outputs make the Jacobians large."""
+    assert not jacobians_cheaper(103, 1, 50, 1.0)
+    assert not jacobians_cheaper(103, 1, 50, 1.0, jacobians_needed=True)
+    assert not jacobians_cheaper(1, 1, 50, 1.0, jacobians_needed=True)
+    assert jacobians_cheaper(16, 1, 50, 200.0)
+    assert jacobians_cheaper(16, 1, 50, 8.0, jacobians_needed=True)
+    assert not jacobians_cheaper(16, 1000, 50, 8.0, jacobians_needed=True)
+    assert not jacobians_cheaper(16, 1000, 50, 200.0)

@@ -361,7 +361,7 @@ class ActiveSubspacePosterior(PosteriorSampling, abc.ABC):
                             batch_size: int | None = None) -> torch.Tensor:
         """Output variance of the linearised network, J Σ Jᵀ with the kind's Σ (eq. 45–46 for the subspace
         kind, Σ = P diag(σ_j²) Pᵀ), from the cached Jacobian projections J P (:meth:`jacobian_projections`) and,
-        for the kinds with variance off span(P), per-record Jacobians (:meth:`jacobian_gram`).
+        for the kinds with variance off span(P), J Jᵀ (:meth:`jacobian_gram`).
 
         Parameters
         ----------

@@ -1,5 +1,6 @@
-"""The evaluation engine of the posterior: the network at many weight vectors, JVPs along many tangents, Jacobian
-projections J P and per-record Jacobians, with their caches, in memory-bounded chunks.
+"""The evaluation engine of the posterior: the network at many weight vectors, Jacobian projections J P (from an
+MLP's factored Jacobians, by products along the eigenvectors, or from per-record Jacobians, whichever is cheaper)
+and J Jᵀ, with their caches, in memory-bounded chunks.
 
 :class:`PosteriorEvaluation` is a mixin of :class:`~glas_sklearn.posterior.ActiveSubspacePosterior`: it holds no
 posterior state and works for every posterior kind. Weight vectors are evaluated with ``torch.func.vmap`` over
@@ -17,12 +18,12 @@ import threading
 
 import numpy as np
 import torch
-from torch.func import jvp, vmap
+from torch.func import vmap
 
 from .._checks import check_positive_int
-from .._functional import BoundModel, forward_ad_section
+from .._jacobians import JacobianProducts
 
-__all__ = ["PosteriorEvaluation", "memory_budget"]
+__all__ = ["PosteriorEvaluation", "jacobians_cheaper", "memory_budget"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,35 @@ _FORM_BLOCK = 2**14
 _BYTES_PER_EVALUATION = 1024
 
 _BUDGET = threading.local()
+
+# Tangents per vectorised call of the products along the eigenvectors (more gain nothing and hold more activations).
+_TANGENTS_PER_CALL = 16
+# The cost model of jacobians_cheaper, in multiply-adds of a forward pass (measured on one CPU thread, 1M-weight
+# tanh MLP): a product J t costs about three forward passes; forming one per-record Jacobian entry (the vectorised
+# reverse mode writes the per-record outer products and reads them back) about 150; the product of the Jacobians
+# with P, a tall and thin matrix product, about 3 per multiply-add; and reading P once per chunk of records about 60
+# per entry.
+_TANGENT_PASSES = 3.0
+_JACOBIAN_ENTRY_COST = 150.0
+_PROJECTION_PRODUCT_COST = 3.0
+_EIGENVECTOR_READ_COST = 60.0
+
+
+def jacobians_cheaper(rows: int, outputs: int, columns: int, reuse: float = 1.0, *,
+                      jacobians_needed: bool = False) -> bool:
+    """Whether J P for a chunk of ``rows`` records with ``outputs`` outputs each and ``columns`` eigenvectors is
+    cheaper from the per-record Jacobians (J times P) than by ``columns`` products J p_j.
+
+    Both costs are proportional to D, the number of weights. The products cost about three forward passes each,
+    a forward pass ``reuse`` multiply-adds per weight and record (1 for a dense network, more where weights are
+    shared across positions); the Jacobians cost forming them (unless ``jacobians_needed``: the kind computes
+    them anyway), their product with P, and reading P once per chunk. So products win for dense networks, and the
+    Jacobians where each weight is used many times per record and few outputs are asked for.
+    """
+    products = _TANGENT_PASSES * columns * reuse * rows
+    jacobians = (_PROJECTION_PRODUCT_COST * outputs * rows * columns + _EIGENVECTOR_READ_COST * columns
+                 + (0.0 if jacobians_needed else outputs * rows * (2.0 * reuse + _JACOBIAN_ENTRY_COST)))
+    return jacobians < products
 
 
 @contextlib.contextmanager
@@ -59,10 +89,10 @@ def _weight_chunk_bytes() -> int:
 
 
 def _jacobian_chunk_bytes() -> int:
-    # a chunk of float64 per-record Jacobians comes with about four times its size in temporaries (the per-weight
-    # Jacobians in the model's dtype, their concatenation, the float64 copy, the squares)
+    # a chunk of per-record Jacobians in the weights' dtype comes with about as much again in temporaries (the
+    # per-weight Jacobians before their concatenation), and twice as much in float64 (low_rank_diag's blocks)
     budget = getattr(_BUDGET, "bytes", None)
-    return _WEIGHT_CHUNK_BYTES if budget is None else max(1, min(_WEIGHT_CHUNK_BYTES, budget // 8))
+    return _WEIGHT_CHUNK_BYTES if budget is None else max(1, min(_WEIGHT_CHUNK_BYTES, budget // 4))
 
 
 def _max_batched_rows() -> int:
@@ -72,7 +102,7 @@ def _max_batched_rows() -> int:
     return max(1, min(_MAX_BATCHED_ROWS, budget // 2 // getattr(_BUDGET, "per_evaluation", _BYTES_PER_EVALUATION)))
 
 
-class PosteriorEvaluation(BoundModel):
+class PosteriorEvaluation(JacobianProducts):
     """Forwards at weight rows, JVPs, Jacobian projections and per-record Jacobians of a bound model.
 
     The host class sets ``functional_model`` and ``eigenvectors`` (D, K) and calls :meth:`_init_evaluation` in its
@@ -86,14 +116,11 @@ class PosteriorEvaluation(BoundModel):
     eigenvectors: torch.Tensor
     # Keep the per-record Jacobians of the last X in the cache (for kinds that use them at every d).
     _keep_record_jacobians = False
-    # Kinds whose output covariance needs the per-record Jacobians anyway take J P from them too (J P_K in the same
-    # pass, and J Jᵀ's diagonal beside it), instead of K forward-mode JVPs: no forward-mode AD, whose state torch
-    # keeps per process (one thread at a time), at predict time.
-    _projections_from_jacobians = False
+    # Kinds whose output covariance needs J Jᵀ (variance off span(P)).
+    _uses_gram = False
 
     def _init_evaluation(self) -> None:
         self._vmap_forward_ok: bool | None = None
-        self._vmap_jvp_ok: bool | None = None
         self._vmap_jac_ok: bool | None = None
         self._local = threading.local()
 
@@ -188,37 +215,7 @@ class PosteriorEvaluation(BoundModel):
             torch.addmm(self.theta0[i:j], z, basis[:, i:j], out=out[:, i:j])
         return out
 
-    # ---------------------------------------------------------------------- JVPs
-    def _jvp_many(self, tangents: torch.Tensor, Xb: torch.Tensor) -> torch.Tensor:
-        """J(Xb) t_k for every row t_k of ``tangents`` (c, D): shape ``(c, nb, *out)``.
-
-        Forward mode, whose state torch keeps per process: one thread at a time (:func:`forward_ad_section`)."""
-        fm = self.functional_model
-        batched = self.layout.unflatten_rows(tangents)
-
-        def f(params):
-            return fm(Xb, params)
-
-        with forward_ad_section(), fm.autodiff():
-            if self._vmap_jvp_ok is not False:
-                try:
-                    out = vmap(lambda t: jvp(f, (fm.params0,), (t,))[1])(batched)
-                    self._vmap_jvp_ok = True
-                    return out.detach()
-                except Exception as err:  # noqa: BLE001 - any failure of the vectorised path falls back to a loop
-                    if self._vmap_jvp_ok:
-                        raise
-                    logger.debug("vmap over JVP tangents failed (%s); computing them one by one", err)
-                    self._vmap_jvp_ok = False
-            cols = []
-            for k in range(tangents.shape[0]):
-                with torch.autograd.forward_ad.dual_level():
-                    duals = {n: torch.autograd.forward_ad.make_dual(p, batched[n][k])
-                             for n, p in fm.params0.items()}
-                    primal, tangent = torch.autograd.forward_ad.unpack_dual(fm(Xb, duals))
-                cols.append(torch.zeros_like(primal) if tangent is None else tangent.detach())
-            return torch.stack(cols)
-
+    # ------------------------------------------------------- Jacobian projections
     def _cache_for(self, X: torch.Tensor) -> dict:
         """The cache of Jacobian quantities for ``X`` (the same tensor object, unmodified), reset otherwise."""
         cache = self._jp_cache
@@ -227,11 +224,13 @@ class PosteriorEvaluation(BoundModel):
         return cache
 
     def jacobian_projections(self, X: torch.Tensor, d: int, batch_size: int | None = None) -> torch.Tensor:
-        """J(x) p_j for j ≤ d by forward-mode JVPs (kinds with ``_projections_from_jacobians``: from the per-record
-        Jacobians, by reverse mode); shape ``(n, *out, d)``.
+        """J(x) p_j for j ≤ d; shape ``(n, *out, d)``, in the weights' dtype.
 
-        The result for the last ``X`` (the same tensor object, unmodified) is cached and extended column by
-        column, so calling it for d = 1, …, K costs K JVPs in total.
+        Per chunk of records the cheaper of two ways (:func:`jacobians_cheaper`): d products J p_j
+        (:meth:`~glas_sklearn._jacobians.JacobianProducts.tangent_products`, reverse over reverse), or the per-record
+        Jacobians times P (all K columns at once; J Jᵀ's diagonal from the same Jacobians for the kinds that
+        need it). The result for the last ``X`` (the same tensor object, unmodified) is cached and extended
+        column by column, so calling it for d = 1, …, K costs K products in total.
         """
         X = self._check_X(X)
         d = self._check_d(d)
@@ -241,35 +240,143 @@ class PosteriorEvaluation(BoundModel):
         batch_size = check_positive_int("batch_size", batch_size, allow_none=True)
         cache = self._cache_for(X)
         have = 0 if cache["JP"] is None else cache["JP"].shape[-1]
-        if have < d and self._projections_from_jacobians:
-            self._projections_and_gram(X, cache, batch_size)
-            have = d
         if have < d:
-            rows = self._row_batches(X.shape[0], batch_size)
-            chunk = self._chunk(rows[0].stop - rows[0].start, d - have, X)
-            new = []
-            for k in range(have, d, chunk):
-                tangents = self.eigenvectors[:, k:min(k + chunk, d)].T
-                new.append(torch.cat([self._jvp_many(tangents, X[sl]) for sl in rows], 1))
-            new = torch.movedim(torch.cat(new, 0), 0, -1)
+            new = self._new_projections(X, have, d, cache, batch_size)
             cache["JP"] = new if cache["JP"] is None else torch.cat([cache["JP"], new], -1)
         return cache["JP"][..., :d]
 
-    def _projections_and_gram(self, X: torch.Tensor, cache: dict, batch_size: int | None) -> None:
-        """J P_K and ‖J_m‖² of every record from its per-record Jacobian (reverse mode, in memory-bounded chunks),
-        into ``cache`` ("JP" in the weights' dtype, "gram_diag" in float64)."""
-        P = self.eigenvectors.to(torch.float64)
+    def _weight_reuse(self, X: torch.Tensor) -> float:
+        """Multiply-adds of one record's forward pass per weight (1 for a dense network; more where weights are
+        shared across positions, as in convolutions and recurrent layers); cached."""
+        reuse = getattr(self, "_reuse", None)
+        if reuse is None:
+            flops = self.flops_per_record(X)
+            reuse = self._reuse = 1.0 if not flops else max(1.0, flops / (2 * self.n_weights))
+        return reuse
+
+    def _new_projections(self, X: torch.Tensor, start: int, d: int, cache: dict,
+                         batch_size: int | None) -> torch.Tensor:
+        """J P[:, start:stop] of every record of X: from the factored Jacobians of an MLP (stop = d; J Jᵀ's diagonal
+        beside it for the kinds that use it), else the cheaper of products along the columns (stop = d) and the
+        per-record Jacobians (stop = K)."""
+        want_gram = self._uses_gram and cache.get("gram_diag") is None
+        if getattr(self, "_linear_factors_ok", None) is not False:
+            jp = self._factor_projections(X, start, d, cache if want_gram else None, batch_size)
+            if jp is not None:
+                return jp
+        n = X.shape[0]
+        n_out = math.prod(self.functional_model.output_shape(X))
+        needed = self._keep_record_jacobians or want_gram
+        rows = max(1, min(n, batch_size or n, _jacobian_chunk_bytes() // (n_out * self.n_weights *
+                                                                              self.theta0.element_size())))
+        if not jacobians_cheaper(rows, n_out, d - start, self._weight_reuse(X), jacobians_needed=needed):
+            return self._tangent_projections(X, start, d, batch_size)
+        P = self.eigenvectors[:, start:]
         jp = gram = None
         # the results are allocated once and filled chunk by chunk: small results allocated between the chunks'
         # large temporaries would pin the heap and make it grow with the number of chunks
-        for rows, jac in self._jacobian_blocks(X, batch_size):  # (c, *out, D)
+        for i in range(0, n, rows):
+            sl = slice(i, min(i + rows, n))
+            jac = self.record_jacobians(X[sl])  # (c, *out, D)
             if jp is None:
-                jp = torch.empty(X.shape[0], *jac.shape[1:-1], P.shape[1], dtype=self.dtype, device=jac.device)
-                gram = torch.empty(X.shape[0], *jac.shape[1:-1], dtype=torch.float64, device=jac.device)
-            torch.matmul(jac, P, out=jp[rows]) if jp.dtype == torch.float64 else jp[rows].copy_(jac @ P)
-            gram[rows] = torch.linalg.vector_norm(jac, dim=-1).square_()  # no (c, *out, D) temporary
-        cache["JP"] = jp
-        cache.setdefault("gram_diag", gram)
+                jp = torch.empty(n, *jac.shape[1:-1], P.shape[1], dtype=self.dtype, device=jac.device)
+                gram = torch.empty(n, *jac.shape[1:-1], dtype=torch.float64, device=jac.device) if want_gram else None
+            torch.matmul(jac, P, out=jp[sl])
+            if want_gram:
+                gram[sl] = self._jacobian_gram(jac, False)
+            del jac
+        if want_gram:
+            cache["gram_diag"] = gram
+        return jp
+
+    def _factor_projections(self, X: torch.Tensor, start: int, stop: int, cache: dict | None,
+                            batch_size: int | None) -> torch.Tensor | None:
+        """J p_j for start ≤ j < stop from :meth:`~glas_sklearn._jacobians.JacobianProducts.linear_factors` (and J Jᵀ's
+        diagonal into ``cache`` when given); None for a network they do not describe."""
+        n, cols = X.shape[0], stop - start
+        tangents = self.eigenvectors.T  # (K, D): the rows are the tangents
+        jp = gram = None
+        for sl in self._row_batches(n, batch_size or max(1, _max_batched_rows())):
+            factors = self.linear_factors(X[sl])
+            if factors is None:  # (only ever the first chunk)
+                return None
+            if cache is not None:
+                part = factors.gram(False)
+                if gram is None:
+                    gram = torch.empty(n, *part.shape[1:], dtype=part.dtype, device=part.device)
+                gram[sl] = part
+            chunk = min(cols, max(1, _weight_chunk_bytes() // factors.bytes_per_tangent()))
+            for k in range(start, stop, chunk):
+                block = self.layout.unflatten_rows(tangents[k:min(k + chunk, stop)])
+                part = factors.projections(block)  # (c, *out, k)
+                if jp is None:
+                    jp = torch.empty(n, *part.shape[1:-1], cols, dtype=self.dtype, device=part.device)
+                jp[sl, ..., k - start:k - start + part.shape[-1]] = part
+            del factors
+        if cache is not None:
+            cache["gram_diag"] = gram
+        return jp
+
+    def _tangent_projections(self, X: torch.Tensor, start: int, stop: int, batch_size: int | None) -> torch.Tensor:
+        """J p_j for start ≤ j < stop by products along the eigenvectors, a few columns at a time."""
+        rows = self._row_batches(X.shape[0], batch_size or max(1, _max_batched_rows()))
+        cols = stop - start
+        chunk = min(cols, _TANGENTS_PER_CALL, max(1, _max_batched_rows() // max(1, rows[0].stop - rows[0].start)))
+        tangents = self.eigenvectors.T  # (K, D): rows are the tangents (contiguous when P is stored by columns)
+        if not tangents.is_contiguous():  # the rows are copied per call: count them against the budget
+            chunk = min(chunk, self._chunk(rows[0].stop - rows[0].start, cols, X))
+        jp = None
+        for k in range(start, stop, chunk):
+            block = tangents[k:min(k + chunk, stop)]
+            for sl in rows:
+                part = torch.movedim(self.tangent_products(X[sl], block), 0, -1)  # (nb, *out, c)
+                if jp is None:
+                    jp = torch.empty(X.shape[0], *part.shape[1:-1], cols, dtype=part.dtype, device=part.device)
+                jp[sl, ..., k - start:k - start + block.shape[0]] = part
+        return jp
+
+    def jacobian_gram(self, X: torch.Tensor, full_cov: bool = False, batch_size: int | None = None) -> torch.Tensor:
+        """J(x) J(x)ᵀ over the last output axis, per record: ‖J_m(x)‖² of shape ``(n, *out)`` (``full_cov=False``)
+        or the (M × M) blocks, shape ``(n, *out[:-1], M, M)``; in float64.
+
+        From one forward pass and its pullbacks for a network whose trainable weights all sit in ``nn.Linear``
+        layers (:meth:`~glas_sklearn._jacobians.JacobianProducts.record_gram`), else from per-record Jacobians by
+        reverse mode, in chunks of records holding at most about 128 MiB of Jacobian entries (at least one
+        record at a time). Cached for the last ``X`` like :meth:`jacobian_projections`.
+        """
+        X = self._check_X(X)
+        batch_size = check_positive_int("batch_size", batch_size, allow_none=True)
+        cache = self._cache_for(X)
+        key = "gram_full" if full_cov else "gram_diag"
+        if cache.get(key) is None:
+            cache[key] = self._gram(X, full_cov, batch_size)
+        return cache[key]
+
+    def _gram(self, X: torch.Tensor, full_cov: bool, batch_size: int | None, jacobians: bool = True):
+        """J Jᵀ of every record of X in chunks (:meth:`jacobian_gram`); None when it needs the per-record Jacobians
+        and ``jacobians`` is False."""
+        n = X.shape[0]
+        gram = None
+        if getattr(self, "_linear_factors_ok", None) is not False:  # without the Jacobians: chunks by activations
+            for sl in self._row_batches(n, batch_size or max(1, _max_batched_rows())):
+                part = self.record_gram(X[sl], full_cov, jacobians=False)
+                if part is None:  # (only ever the first chunk)
+                    break
+                if gram is None:
+                    gram = torch.empty(n, *part.shape[1:], dtype=part.dtype, device=part.device)
+                gram[sl] = part
+            else:
+                return gram
+        if not jacobians:
+            return None
+        n_out = math.prod(self.functional_model.output_shape(X))
+        size = max(1, _jacobian_chunk_bytes() // (n_out * self.n_weights * self.theta0.element_size()))
+        for sl in self._row_batches(n, min(size, batch_size or size)):
+            part = self.record_gram(X[sl], full_cov)
+            if gram is None:
+                gram = torch.empty(n, *part.shape[1:], dtype=part.dtype, device=part.device)
+            gram[sl] = part
+        return gram
 
     # ------------------------------------------------------- per-record Jacobians
     def _jacobian_blocks(self, X: torch.Tensor, batch_size: int | None):
@@ -284,26 +391,3 @@ class PosteriorEvaluation(BoundModel):
         if self._keep_record_jacobians and fits and (batch_size or X.shape[0]) >= X.shape[0]:
             cache["jac"] = blocks = list(blocks)
         return blocks
-
-    def jacobian_gram(self, X: torch.Tensor, full_cov: bool = False, batch_size: int | None = None) -> torch.Tensor:
-        """J(x) J(x)ᵀ over the last output axis, per record: ‖J_m(x)‖² of shape ``(n, *out)`` (``full_cov=False``)
-        or the (M × M) blocks, shape ``(n, *out[:-1], M, M)``; in float64.
-
-        Per-record Jacobians by reverse mode, vectorised over records with ``torch.func.vmap`` where the
-        model allows it (a loop over records otherwise), in chunks of records holding at most about
-        128 MiB of Jacobian entries (at least one record at a time). Cached for the last ``X`` like
-        :meth:`jacobian_projections`.
-        """
-        X = self._check_X(X)
-        batch_size = check_positive_int("batch_size", batch_size, allow_none=True)
-        cache = self._cache_for(X)
-        key = "gram_full" if full_cov else "gram_diag"
-        if cache.get(key) is None:
-            cache[key] = self._compute_gram(X, full_cov, batch_size)
-        return cache[key]
-
-    def _compute_gram(self, X: torch.Tensor, full_cov: bool, batch_size: int | None) -> torch.Tensor:
-        parts = []
-        for _, jac in self._jacobian_blocks(X, batch_size):  # (c, *out, D)
-            parts.append(jac @ jac.transpose(-1, -2) if full_cov else torch.linalg.vector_norm(jac, dim=-1).square_())
-        return torch.cat(parts, 0)

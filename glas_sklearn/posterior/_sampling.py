@@ -179,5 +179,5 @@ class PosteriorSampling(PosteriorEvaluation):
         out = []
         for s in range(0, n_samples, chunk):
             delta = self._perturbation_block(z, seeds, s, min(s + chunk, n_samples))
-            out.append(torch.cat([self._jvp_many(delta, X[sl]) for sl in rows], 1))
+            out.append(torch.cat([self.tangent_products(X[sl], delta) for sl in rows], 1))
         return mean + torch.cat(out, 0)

@@ -25,7 +25,7 @@ class LowRankPosterior(ActiveSubspacePosterior):
     default_sigma0 = "eb_full"
     default_predictive = "linearized"
     off_subspace = True
-    _projections_from_jacobians = True  # J Jᵀ needs the per-record Jacobians: J P from them too
+    _uses_gram = True
 
     def _perturbations_from_draws(self, z: torch.Tensor, eps: torch.Tensor | None) -> torch.Tensor:
         P = self.eigenvectors[:, :z.shape[1]]

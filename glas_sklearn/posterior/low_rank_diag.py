@@ -39,7 +39,6 @@ class LowRankDiagPosterior(ActiveSubspacePosterior):
     default_sigma0 = "eb_full"
     default_predictive = "linearized"
     off_subspace = True
-    _projections_from_jacobians = True  # J Jᵀ needs the per-record Jacobians: J P from them too
     needs_ggn_diagonal = True
     _keep_record_jacobians = True  # J Σ Jᵀ needs them at every d
 
