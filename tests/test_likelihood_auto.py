@@ -80,7 +80,7 @@ def test_a_significant_but_negligible_gain_is_not_support():
 
 def test_support_judges_the_mean_too():
     # near noise-free targets: the heteroscedastic network's σ(x) follows its residuals, but its mean is 2x off the
-    # homoscedastic network's (the failure measured in benchmarks/results/naval_like.md) -> Gaussian
+    # homoscedastic network's (the failure measured in docs/benchmarks/studies.md#naval-like) -> Gaussian
     rng = np.random.default_rng(1)
     x = rng.uniform(-1, 1, 500)
     y = np.sin(3 * x)

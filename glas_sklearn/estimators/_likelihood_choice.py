@@ -17,14 +17,14 @@ The floor matters on large tables only, where the standard error is small: with 
 the gain is ½ log E σ² − E log σ, about Var(log σ(x)) for log-normal σ, so 0.02 nats asks for a noise level that
 varies by about ±14 % (a standard deviation of 0.14 in log σ). Measured: constant-noise Friedman data on 9,900 and
 36,000 training rows passed the z test with gains of 0.0096 ± 0.0093 and 0.0069 ± 0.0040 (the variance head then
-cost 2–3× the Gaussian's training and 4 % interval score: ``benchmarks/results/default_fit_auto14_rerun.md``,
-``likelihood_test_cost_50k.md``), while every varying-noise case measured gained 0.10 nats or more
-(``likelihood_auto.md``). z = 1 rather than 1.645 (5 %) because the two errors cost differently: on the dev sets
+cost 2–3× the Gaussian's training and 4 % interval score: ``docs/benchmarks/studies.md#likelihood-test-cost``),
+while every varying-noise case measured gained 0.10 nats or more (``docs/benchmarks/studies.md#likelihood-auto``).
+z = 1 rather than 1.645 (5 %) because the two errors cost differently: on the dev sets
 (20 % held out, 37–259 rows) z = 1.645 fell back to the Gaussian on splits where the heteroscedastic intervals were
 much better (yacht under extrapolation: 0.41× against 0.30× the default's), while z = 1 kept it and still chose the
-Gaussian on every near noise-free and constant-noise case measured (benchmarks/results/likelihood_auto.md). The
+Gaussian on every near noise-free and constant-noise case measured (docs/benchmarks/studies.md#likelihood-auto). The
 test judges both the noise model and the mean, because a variance head can cost the mean
-(near noise-free targets: the residuals are approximation error, benchmarks/results/naval_like.md).
+(near noise-free targets: the residuals are approximation error, docs/benchmarks/studies.md#naval-like).
 
 The rows are the early-stopping validation rows when training holds some out (from 2,000 training rows under
 ``early_stopping="auto"``). Below that, ``SUPPORT_FRACTION`` (20 %) of the training rows is held out, both networks
@@ -34,7 +34,7 @@ on those held-out rows, as the large-data path does on its validation rows, with
 patience (4 × ``n_iter_no_change`` epochs of at least 50 steps; the weights of the lowest held-out loss are the
 ones compared), and the chosen one is trained again for the epoch e of its lowest held-out loss when e ≤
 ``max_epochs`` / 4, else for ``max_epochs`` (``RETRAIN_RULE``). Measured on the four UCI dev sets
-(``benchmarks/results/auto_epochs.md``): with 500 epochs the optimum of both networks lies at epochs 253–500 on
+(``docs/benchmarks/studies.md#auto-epochs``): with 500 epochs the optimum of both networks lies at epochs 253–500 on
 yacht and energy, where the curve is flat (4 splits), and retraining for e rather than 500 cost yacht 1.12×
 interval score (8 splits: more rows move the optimum later); on concrete and wine the variance head's optimum lies
 at epochs 8–242 and the Gaussian's at 54–492, and the 500-epoch networks are far past it (the variance head's
