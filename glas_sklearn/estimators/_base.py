@@ -233,6 +233,9 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
     orchestration of ``fit``, the fitted attributes, ``coverage_curve`` and the prediction helpers. Each subclass
     supplies its targets and its likelihood through the abstract hooks."""
 
+    #: The N(0, σ²) prior on every weight whose MAP ``weight_decay="auto"`` trains (None: no weight decay).
+    _weight_prior_std: float | None = None
+
     _parameter_constraints = {
         "module": NO_VALIDATION,  # checked when the network is built
         "prefit": [InstanceOf((bool, np.bool_), "True or False")],
@@ -381,8 +384,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         check_output_shape(module, Xt[:1], n_outputs, likelihood, self._name)  # before training
         self.n_threads_ = choose_threads(settings.compute.n_threads, module, batch)
         history = settings.training.fit(module, Xt, data.yt, likelihood, seed=settings.seed,
-                                        sample_weight=data.weight, verbose=self.verbose, owner=self._name,
-                                        **train_options)
+                                        sample_weight=data.weight, weight_prior_std=self._weight_prior_std,
+                                        verbose=self.verbose, owner=self._name, **train_options)
         self._report(training_line(history, self._threads_text()))
         return module, likelihood, history
 
