@@ -38,8 +38,8 @@ PARAMETERS_DOC = """\
     scaling : {"auto", "mean", "standard"} or float, default="auto"
         Posterior scaling: β = 1/σ² ("mean", the paper's proposal), N/σ² ("standard", Bayes) or a given β;
         for classification and the heteroscedastic likelihood "mean" is β = 1 and "standard" is β = N.
-        "auto": "standard" for the heteroscedastic likelihood (under "mean" the posterior's variance in the
-        data-constrained directions swamps the network's own σ(x) on the quiet rows,
+        "auto": "standard" for the heteroscedastic likelihoods (under "mean" the posterior's variance in the
+        data-constrained directions swamps the noise σ(x) on the quiet rows,
         benchmarks/results/synthetic_heteroscedastic.md), "mean" otherwise.
     n_components : "auto" or int, default="auto"
         The subspace dimension d. "auto": with ``calibration="coverage"`` the smallest d whose intervals
@@ -172,13 +172,12 @@ PARAMETERS_DOC = """\
         lowest held-out loss are kept. The held-out rows are drawn from the training rows, never from the
         calibration rows (the conformal guarantee needs a network that did not look at those); they are
         still used for the curvature and σ (``validation_indices_``). The held-out loss is the likelihood's
-        (the Gaussian NLL for ``likelihood="heteroscedastic"``, not the β-NLL that trains it), weighted by
+        (the Gaussian NLL for a variance head, not the β-NLL that trains it), weighted by
         ``sample_weight``. False: every one of the ``max_epochs`` epochs is run on all training rows. "auto"
         (as ``HistGradientBoostingRegressor``'s): True from 2,000 training rows on (the rows left after the
         calibration rows are held out), False below, where holding rows out costs the network more than the
         epochs saved are worth (on the UCI sets of 308–1,599 rows early stopping made the interval score
-        worse, ``benchmarks/results/default_fit.md``) and 500 epochs take seconds (the regressor's
-        ``likelihood="auto"`` still stops its two test networks there, on the rows its test holds out). With
+        worse, ``benchmarks/results/default_fit.md``) and 500 epochs take seconds. With
         fewer than 2 rows on either side, training runs without stopping. Why training stopped is logged in one line
         (``logging.getLogger("glas_sklearn")``, level INFO).
     validation_fraction : float, default=0.1
@@ -271,7 +270,7 @@ ATTRIBUTES_DOC = """\
         same list.
     validation_scores_ : list of float or None
         With early stopping, the held-out loss after each epoch (lower is better; the Gaussian NLL per row, less
-        ½ log 2π, in the internal standardised units, for the heteroscedastic likelihood); None otherwise.
+        ½ log 2π, in the internal standardised units, for a variance head); None otherwise.
     best_validation_score_ : float or None
         Its lowest value, that of the weights kept; None without early stopping.
     validation_indices_ : ndarray of int or None
@@ -312,31 +311,30 @@ ATTRIBUTES_DOC = """\
 # The regressor's own parameters (after PARAMETERS_DOC) and fitted attributes (after ATTRIBUTES_DOC).
 REGRESSOR_PARAMETERS_DOC = """\
     likelihood : "auto", "gaussian", "heteroscedastic", "student_t" or Likelihood, default="auto"
-        "auto": "heteroscedastic" when the data support a noise level that varies with x, "gaussian" otherwise.
-        On a network the estimator builds, with conformal intervals, ``fit`` trains both networks and compares
-        their negative log-likelihood on rows neither was trained on (the early-stopping validation rows, else 20 %
-        of the training rows, after which the chosen network is trained on all of them; never the calibration
-        rows; with ``early_stopping="auto"`` the two networks stop on those 20 % and the chosen one is trained
-        again for the epochs its held-out loss picked when they are at most a quarter of ``max_epochs``, else for
-        ``max_epochs``): heteroscedastic when it is lower by more than one standard error and 0.02 nats per row
-        (``likelihood_support_``;
-        fewer than 100 training rows: "gaussian"). A module of your own, ``include_noise=True`` and the
-        paper's ``calibration="coverage"`` take "gaussian" (benchmarks/results/likelihood_auto.md,
-        naval_like.md). "gaussian": y = f(x) + ε with one noise level σ per output (the paper's).
-        "heteroscedastic"
-        (:class:`~glas_sklearn.likelihoods.HeteroscedasticGaussian`): per target the network outputs a mean μ(x)
-        and a variance parameter, so the noise level σ(x) varies with x. The default MLP then has 2k outputs
-        [μ_1 … μ_k, log σ²_1 … log σ²_k] and is trained with β-NLL (Seitzer et al. 2022; ``beta_nll=0.5`` of the
-        likelihood object; the plain NLL starves the mean of gradient where σ is large). A module of your own
-        (trained here, or ``prefit``) must output 2k columns in the layout it declares:
+        "auto": the noise level σ(x) of "heteroscedastic" when the data support one that varies with x, one
+        constant σ ("gaussian") otherwise. One network is trained, the Gaussian's (its mean is that of
+        ``likelihood="gaussian"``, bit for bit); on a network the estimator builds, with conformal intervals,
+        ``fit`` then models the noise from its residuals on the training rows (never the calibration rows) and
+        compares, by 2-fold cross-fitting, the negative log-likelihood of the residuals under that σ(x) and
+        under one constant σ: σ(x) when it is lower by more than 2 standard errors and 0.02 nats per row
+        (``likelihood_support_``; fewer than 100 training rows: "gaussian"). A module of your own,
+        ``include_noise=True`` and the paper's ``calibration="coverage"`` take "gaussian". "gaussian":
+        y = f(x) + ε with one noise level σ per output (the paper's). "heteroscedastic" on a network the
+        estimator builds (:class:`~glas_sklearn.likelihoods.FittedNoiseGaussian`): the Gaussian's network, and a
+        noise model σ²(x) fitted after it on its training residuals (boosted trees of r² with the Gamma deviance,
+        :func:`~glas_sklearn.likelihoods.fit_noise_model`; :meth:`predict_noise_std`), always; the curvature is
+        the Gaussian's with β = N/σ² under ``scaling="auto"``, and the predictive for y is
+        N(f(x), σ²(x) + σ_epi²(x)), σ_epi² the posterior variance of f (linearised J Σ Jᵀ, or sampled);
+        conformal scores are normalised by σ̂² = σ²(x) + λ σ_epi² (λ fitted on the calibration rows), and
+        ``calibration="coverage"`` chooses d on its Gaussian intervals. ``include_noise`` does not apply (σ(x) is
+        always included). A variance head (:class:`~glas_sklearn.likelihoods.HeteroscedasticGaussian`, passed as
+        an instance, or "heteroscedastic" with a module of your own): per target the network outputs a mean
+        μ(x) and a variance parameter, 2k outputs in the layout it declares:
         ``HeteroscedasticGaussian(output="mean_logvar")`` (means, then log-variances) or ``output="natural"``
         (η1 = μ/σ², then η2 = −1/(2σ²) < 0; end the module with
-        :class:`~glas_sklearn.likelihoods.NaturalParameterHead` to map free outputs there). The curvature is
-        the GGN with the Fisher output Hessian diag(1/σ², ½) (exact Hessian in natural parameters), β = N under
-        ``scaling="auto"``, and the predictive for y is N(μ(x), σ²(x) + σ_epi²(x)), σ_epi² the posterior
-        variance of the mean output (linearised J_μ Σ J_μᵀ, or sampled); conformal scores are normalised by
-        that total σ̂, and ``calibration="coverage"`` chooses d on its Gaussian intervals. ``include_noise``
-        does not apply (σ(x) is always included). "student_t"
+        :class:`~glas_sklearn.likelihoods.NaturalParameterHead` to map free outputs there), trained with β-NLL
+        (Seitzer et al. 2022; ``beta_nll=0.5``); its curvature is the GGN with the Fisher output Hessian
+        diag(1/σ², ½) (exact Hessian in natural parameters). "student_t"
         (:class:`~glas_sklearn.likelihoods.StudentT`, ν = 4 by name; pass ``StudentT(df=...)`` for another ν):
         heavy-tailed noise; its intervals for y (``include_noise=True``) are the quantiles of f + s t_ν. Any
         :class:`~glas_sklearn.likelihoods.Likelihood` of regression that names its default conformity score plugs
@@ -365,9 +363,10 @@ REGRESSOR_PARAMETERS_DOC = """\
 
 REGRESSOR_ATTRIBUTES_DOC = """\
     noise_source_ : {"calibration", "training", "given", "heteroscedastic"}
-        Where σ came from ("heteroscedastic": the network's own σ(x), see :meth:`predict_noise_std`).
+        Where the constant σ (of β) came from ("heteroscedastic": a variance head's own σ(x); the noise model
+        σ(x) of ``likelihood="heteroscedastic"`` is :meth:`predict_noise_std`'s).
     noise_std_ : float or ndarray
-        σ in the units of y (per output for multi-output y); heteroscedastic: the root mean σ²(x) over the
+        σ in the units of y (per output for multi-output y); with a variance head: the root mean σ²(x) over the
         training rows.
     std_scale_ : ndarray of shape (n_outputs,)
         With conformal calibration ("mondrian", the default, or "conformal"): the root mean square of the
@@ -378,12 +377,10 @@ REGRESSOR_ATTRIBUTES_DOC = """\
         The internal standardisation of the targets (zeros and ones when off or prefit).
     likelihood_support_ : dict or None
         With ``likelihood="auto"`` on a network built here: the evidence of the choice, ``chosen`` (the
-        likelihood's name), ``supported``, ``nll_gain`` (mean held-out NLL of the Gaussian network minus that of
-        the heteroscedastic one, nats per row, each with one noise scale fitted on those rows), ``nll_gain_se``,
-        ``z``, ``n_rows``, ``rows`` (which rows), the fitted scales and ``seconds``; below 2,000 training rows
-        with ``early_stopping="auto"`` also ``best_epochs`` (per likelihood, the epoch of the lowest held-out
-        loss) and ``retraining_epochs`` (the epochs the chosen network was trained again for on all rows); None
-        otherwise."""
+        likelihood's name), ``supported``, ``nll_gain`` (mean cross-fitted NLL of the residuals under one constant
+        σ minus that under σ(x), nats per row, each with one scale fitted on those rows), ``nll_gain_se``, ``z``,
+        ``min_gain``, ``n_rows``, ``folds``, ``rows`` ("training"), the fitted scales and ``seconds`` (the noise
+        stage); None otherwise."""
 
 # The sample_weight parameter of both estimators' fit.
 SAMPLE_WEIGHT_DOC = """\

@@ -67,9 +67,7 @@ class NetworkTrainingMixin:
         ``validation_scores_``, ``best_validation_score_`` and ``validation_indices_``.
 
         ``held_out`` (sorted positions among the training rows) are the validation rows instead, whatever
-        ``early_stopping``; ``epochs`` replaces ``max_epochs`` and ``n_iter_no_change`` the estimator's
-        (``likelihood="auto"`` on small data:
-        :func:`~glas_sklearn.estimators._likelihood_choice.choose_auto_likelihood`)."""
+        ``early_stopping``; ``epochs`` replaces ``max_epochs`` and ``n_iter_no_change`` the estimator's."""
         n_rows = len(yt)
         if held_out is None:
             fit_rows, val_rows = self._split_off_validation_rows(yt, seed)

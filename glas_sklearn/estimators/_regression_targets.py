@@ -25,10 +25,10 @@ class RegressionTargetsMixin:
             raise ValueError("y has 0 columns; at least one target is needed.")
         self._y_1d = y.ndim == 1
         self._n_out = 1 if y.ndim == 1 else y.shape[1]
-        if self.include_noise and self.likelihood_.noise_in_outputs:
+        if self.include_noise and self.likelihood_.noise_per_row:
             raise ValueError("LaplaceActiveSubspaceRegressor: include_noise applies to a likelihood with a constant "
                              f"noise; with likelihood={self.likelihood!r} the intervals and std are always for y (the "
-                             "network's σ(x) is the noise): leave include_noise=False.")
+                             "σ(x) is the noise): leave include_noise=False.")
         return X, y
 
     def _n_outputs(self, y) -> int:

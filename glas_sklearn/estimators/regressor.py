@@ -11,9 +11,8 @@ from sklearn.utils.validation import check_is_fitted
 from torch import nn
 
 from .._checks import make_generator, numpy_rng
-from .._functional import model_outputs
 from .._threads import scoped_threads
-from ..likelihoods import REGRESSION_LIKELIHOODS, Likelihood, resolve_likelihood
+from ..likelihoods import REGRESSION_LIKELIHOODS, FittedNoiseGaussian, Likelihood, resolve_likelihood
 from ._base import LaplaceActiveSubspaceBase
 from ._docs import (
     ATTRIBUTES_DOC,
@@ -23,7 +22,7 @@ from ._docs import (
     REGRESSOR_PARAMETERS_DOC,
     SAMPLE_WEIGHT_DOC,
 )
-from ._likelihood_choice import choose_auto_likelihood
+from ._likelihood_choice import fit_noise_stage
 from ._observation_noise import NOISE_SOURCES, ObservationNoiseMixin
 from ._output_layout import OutputLayoutMixin
 from ._regression_targets import RegressionTargetsMixin
@@ -106,12 +105,19 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
     # ------------------------------------------------------------------ hooks
     def _resolve_likelihood(self) -> Likelihood:
         likelihood = self.likelihood
-        # "auto": a variance head only on a network built here, for intervals the conformal calibrator makes from σ̂,
-        # kept when held-out rows support it (_theta0_module); the Gaussian under the paper's calibration or noise
-        self._choose_likelihood = (isinstance(likelihood, str) and likelihood == "auto" and self.module is None
-                                   and not self.include_noise and not self._calibrator().chooses_dimension)
-        if isinstance(likelihood, str) and likelihood == "auto":
-            likelihood = "heteroscedastic" if self._choose_likelihood else "gaussian"
+        # On a network built here, "heteroscedastic" is the Gaussian's network and a noise model fitted after it
+        # (_theta0_module); "auto" tests that noise model against a constant σ, where the intervals are conformal
+        # ones made from σ̂; the Gaussian under the paper's calibration or include_noise
+        own = self.module is None
+        auto = isinstance(likelihood, str) and likelihood == "auto"
+        self._choose_likelihood = (auto and own and not self.include_noise
+                                   and not self._calibrator().chooses_dimension)
+        self._fit_noise = self._choose_likelihood or (isinstance(likelihood, str) and likelihood == "heteroscedastic"
+                                                      and own)
+        if auto:
+            likelihood = "gaussian"
+        if self._fit_noise:
+            likelihood = FittedNoiseGaussian()
         likelihood = resolve_likelihood(likelihood)
         likelihood = type(likelihood)(**likelihood.get_params())  # as clone: checks rerun, the fit's own object
         if likelihood.is_classification:
@@ -129,10 +135,11 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
         return likelihood
 
     def _theta0_module(self, Xt, yt, n_outputs, seed, dtype, sample_weight=None) -> nn.Module:
-        self.likelihood_support_ = None  # "auto" on a network built here: both trained, the support tested
-        if self._choose_likelihood:
-            return choose_auto_likelihood(self, super()._theta0_module, Xt, yt, seed, dtype, sample_weight)
-        return super()._theta0_module(Xt, yt, n_outputs, seed, dtype, sample_weight)
+        self.likelihood_support_ = None  # "auto" on a network built here: the noise model tested after training
+        module = super()._theta0_module(Xt, yt, n_outputs, seed, dtype, sample_weight)
+        if self._fit_noise:
+            fit_noise_stage(self, module, Xt, yt, seed, sample_weight, choose=self._choose_likelihood)
+        return module
 
     def _resolved_scaling(self):
         if self.scaling == "auto":
@@ -260,8 +267,9 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
 
     @scoped_threads
     def predict_noise_std(self, X) -> np.ndarray:
-        """The noise level σ_ale(x) per row, in the units of y: the network's own σ(x; θ0) with
-        ``likelihood="heteroscedastic"``, the constant ``noise_std_`` otherwise (the aleatoric part; the
+        """The noise level σ_ale(x) per row, in the units of y: σ(x) of the noise model fitted after the network
+        with ``likelihood="heteroscedastic"`` (or "auto" when it chose it; a module of your own with a variance
+        head: its σ(x; θ0)), the constant ``noise_std_`` otherwise (the aleatoric part; the
         epistemic part is in ``predict(return_std=True)``, which adds it in quadrature).
 
         Parameters
@@ -273,10 +281,10 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
         ndarray of shape (n_samples,) or (n_samples, n_outputs)
         """
         Xt = self._check_fitted_X(X)
-        if self.likelihood_.noise_in_outputs:
-            out = model_outputs(self.module_, Xt)
-            self._check_finite_rows(out, Xt)
-            std = self._to_user_units(self.likelihood_.noise_variance(out).sqrt(), shift=False)
+        var = self.likelihood_.row_noise_variance(self.module_, Xt)
+        if var is not None:
+            self._check_finite_rows(var, Xt)
+            std = self._to_user_units(var.sqrt(), shift=False)
         else:
             std = np.broadcast_to(np.atleast_1d(self.noise_std_), (Xt.shape[0], self._n_out)).copy()
         return std[:, 0] if self._y_1d else std
@@ -285,7 +293,7 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
     def sample_y(self, X, n_samples: int = 1, random_state=0) -> np.ndarray:
         """Draws of f(x; θ) for θ from the posterior, pushed through the network (plus N(0, σ²) noise
         with ``include_noise=True``: draws of y). With ``likelihood="heteroscedastic"``, draws of y: for each θ,
-        y = μ(x; θ) + σ(x; θ) ε with ε ~ N(0, 1).
+        y = μ(x; θ) + σ(x) ε with ε ~ N(0, 1) (σ(x) the noise model's, or a variance head's σ(x; θ)).
 
         With ``posterior="low_rank"`` and the linearised predictive they are draws of the linearised network
         f(x; θ0) + J(x)(θ − θ0), whose distribution is the linearised predictive; either way they are the
@@ -305,7 +313,10 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
         p = self.posterior_
         s = self.predictive_.draw_outputs(p, Xt, self.n_components_, n_samples, random_state=random_state)
         gen = make_generator(None if random_state is None else numpy_rng(random_state).integers(2**62) + 1, s.device)
-        s = self.likelihood_.draw_y(s, self._noise_var_out if self.include_noise else None, gen)
+        noise_var = self.likelihood_.row_noise_variance(self.module_, Xt)  # σ²(x), or None: the constant's
+        if noise_var is None:
+            noise_var = self._noise_var_out if self.include_noise else None
+        s = self.likelihood_.draw_y(s, noise_var, gen)
         self._check_finite_rows(s.transpose(0, 1), Xt)
         out = self._to_user_units(s.permute(1, 2, 0))
         return out[:, 0, :] if self._y_1d else out
