@@ -30,9 +30,11 @@ PATIENCE_STEPS = 50
 #: ``batch_size="auto"``: ⌊n / AUTO_STEPS⌋ rows per batch (about ``AUTO_STEPS`` steps per epoch),
 #: within [AUTO_MIN_BATCH, AUTO_MAX_BATCH] and at most n.
 AUTO_STEPS, AUTO_MIN_BATCH, AUTO_MAX_BATCH = 20, 64, 200
-#: ``batch_size="auto"`` on large data: AUTO_LARGE_BATCH rows per step from AUTO_LARGE_BATCH_ROWS rows trained on
-#: (at least 8 steps per epoch), with ``lr="auto"`` at AUTO_LARGE_LR there (benchmarks/results/default_fit.md).
-AUTO_LARGE_BATCH, AUTO_LARGE_BATCH_ROWS = 1024, 8 * 1024
+#: ``batch_size="auto"`` on large data: from AUTO_LARGE_BATCH_ROWS rows trained on, ⌊n / AUTO_LARGE_STEPS⌋ rows per
+#: step within [AUTO_MAX_BATCH, AUTO_LARGE_BATCH] (at least AUTO_LARGE_STEPS steps per epoch below 32,768 rows:
+#: with 8 steps, batches of 1,024 from 8,192 rows, the network ran out of max_epochs with its held-out loss still
+#: falling; docs/user_guide/heteroscedastic.md), with ``lr="auto"`` at AUTO_LARGE_LR for steps of AUTO_LARGE_BATCH.
+AUTO_LARGE_BATCH, AUTO_LARGE_BATCH_ROWS, AUTO_LARGE_STEPS = 1024, 8 * 1024, 32
 #: ``lr="auto"``: AUTO_LR, or AUTO_LARGE_LR for steps of ≥ AUTO_LARGE_BATCH rows on ≥ AUTO_LARGE_BATCH_ROWS rows.
 AUTO_LR, AUTO_LARGE_LR = 1e-3, 3e-3
 #: ``early_stopping="auto"`` holds validation rows out from this many training rows on (below, the rows are worth
@@ -46,10 +48,11 @@ _FUSABLE = ("adam", "adamw")
 
 
 def auto_batch_size(n: int) -> int:
-    """The rows per step of ``batch_size="auto"`` for n rows trained on: ``AUTO_LARGE_BATCH`` from
-    ``AUTO_LARGE_BATCH_ROWS`` rows on, else ⌊n / AUTO_STEPS⌋ within [AUTO_MIN_BATCH, AUTO_MAX_BATCH] (and ≤ n)."""
+    """The rows per step of ``batch_size="auto"`` for n rows trained on: from ``AUTO_LARGE_BATCH_ROWS`` rows on
+    ⌊n / AUTO_LARGE_STEPS⌋ within [AUTO_MAX_BATCH, AUTO_LARGE_BATCH], else ⌊n / AUTO_STEPS⌋ within
+    [AUTO_MIN_BATCH, AUTO_MAX_BATCH] (and ≤ n)."""
     if n >= AUTO_LARGE_BATCH_ROWS:
-        return AUTO_LARGE_BATCH
+        return int(min(AUTO_LARGE_BATCH, max(AUTO_MAX_BATCH, n // AUTO_LARGE_STEPS)))
     return int(min(n, max(AUTO_MIN_BATCH, min(AUTO_MAX_BATCH, n // AUTO_STEPS))))
 
 

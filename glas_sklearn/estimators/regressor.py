@@ -32,6 +32,9 @@ __all__ = ["LaplaceActiveSubspaceRegressor"]
 
 # The likelihood names the regressor takes (resolve_likelihood turns them into objects).
 _LIKELIHOODS = (*REGRESSION_LIKELIHOODS, "auto")
+# On a network built here: the names that take the Gaussian's network and a noise model σ(x) fitted after it, and
+# whether σ(x) is tested against a constant σ ("auto": where the intervals are conformal ones made from σ̂).
+_NOISE_STAGE = {"auto": True, "heteroscedastic": False}
 
 
 class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMixin, OutputLayoutMixin, RegressorMixin,
@@ -105,19 +108,12 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
     # ------------------------------------------------------------------ hooks
     def _resolve_likelihood(self) -> Likelihood:
         likelihood = self.likelihood
-        # On a network built here, "heteroscedastic" is the Gaussian's network and a noise model fitted after it
-        # (_theta0_module); "auto" tests that noise model against a constant σ, where the intervals are conformal
-        # ones made from σ̂; the Gaussian under the paper's calibration or include_noise
-        own = self.module is None
-        auto = isinstance(likelihood, str) and likelihood == "auto"
-        self._choose_likelihood = (auto and own and not self.include_noise
-                                   and not self._calibrator().chooses_dimension)
-        self._fit_noise = self._choose_likelihood or (isinstance(likelihood, str) and likelihood == "heteroscedastic"
-                                                      and own)
-        if auto:
-            likelihood = "gaussian"
-        if self._fit_noise:
-            likelihood = FittedNoiseGaussian()
+        # names that on a network built here take the Gaussian's network and a noise model after it (_theta0_module)
+        tested, own = _NOISE_STAGE.get(likelihood) if isinstance(likelihood, str) else None, self.module is None
+        paper = self.include_noise or self._calibrator().chooses_dimension  # a constant σ: the Gaussian
+        self._choose_likelihood = bool(tested) and own and not paper
+        self._fit_noise = self._choose_likelihood or (tested is False and own)
+        likelihood = FittedNoiseGaussian() if self._fit_noise else "gaussian" if tested else likelihood
         likelihood = resolve_likelihood(likelihood)
         likelihood = type(likelihood)(**likelihood.get_params())  # as clone: checks rerun, the fit's own object
         if likelihood.is_classification:
@@ -128,10 +124,10 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
             likelihood.default_conformity_score()
         except NotImplementedError as err:
             raise ValueError(f"LaplaceActiveSubspaceRegressor: likelihood {likelihood!r} is not supported: the "
-                             "regressor "
-                             "needs a likelihood that describes its predictive of y (Likelihood.predictive_moments / "
-                             "predictive_interval) and names its default conformity score (default_conformity_score), "
-                             "as 'gaussian', 'heteroscedastic' and 'student_t' do.") from err
+                             "regressor needs a likelihood that describes its predictive of y "
+                             "(Likelihood.predictive_moments / predictive_interval) and names its default conformity "
+                             "score (default_conformity_score), as 'gaussian', 'heteroscedastic' and 'student_t' "
+                             "do.") from err
         return likelihood
 
     def _theta0_module(self, Xt, yt, n_outputs, seed, dtype, sample_weight=None) -> nn.Module:
@@ -267,10 +263,9 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
 
     @scoped_threads
     def predict_noise_std(self, X) -> np.ndarray:
-        """The noise level σ_ale(x) per row, in the units of y: σ(x) of the noise model fitted after the network
-        with ``likelihood="heteroscedastic"`` (or "auto" when it chose it; a module of your own with a variance
-        head: its σ(x; θ0)), the constant ``noise_std_`` otherwise (the aleatoric part; the
-        epistemic part is in ``predict(return_std=True)``, which adds it in quadrature).
+        """The noise level σ_ale(x) per row, in the units of y: the noise model's σ(x) with
+        ``likelihood="heteroscedastic"`` (or "auto" that chose it; a variance head: its σ(x; θ0)), else the constant
+        ``noise_std_`` (the epistemic part is in ``predict(return_std=True)``, which adds it in quadrature).
 
         Parameters
         ----------
@@ -281,12 +276,9 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
         ndarray of shape (n_samples,) or (n_samples, n_outputs)
         """
         Xt = self._check_fitted_X(X)
-        var = self.likelihood_.row_noise_variance(self.module_, Xt)
-        if var is not None:
-            self._check_finite_rows(var, Xt)
-            std = self._to_user_units(var.sqrt(), shift=False)
-        else:
-            std = np.broadcast_to(np.atleast_1d(self.noise_std_), (Xt.shape[0], self._n_out)).copy()
+        var = self.likelihood_.row_noise_variance(self.module_, Xt)  # None: one constant noise level
+        std = (np.broadcast_to(np.atleast_1d(self.noise_std_), (Xt.shape[0], self._n_out)).copy() if var is None
+               else self._to_user_units(var.sqrt(), shift=False))  # (a variance head's outputs are checked finite)
         return std[:, 0] if self._y_1d else std
 
     @scoped_threads
@@ -314,9 +306,8 @@ class LaplaceActiveSubspaceRegressor(ObservationNoiseMixin, RegressionTargetsMix
         s = self.predictive_.draw_outputs(p, Xt, self.n_components_, n_samples, random_state=random_state)
         gen = make_generator(None if random_state is None else numpy_rng(random_state).integers(2**62) + 1, s.device)
         noise_var = self.likelihood_.row_noise_variance(self.module_, Xt)  # σ²(x), or None: the constant's
-        if noise_var is None:
-            noise_var = self._noise_var_out if self.include_noise else None
-        s = self.likelihood_.draw_y(s, noise_var, gen)
+        s = self.likelihood_.draw_y(s, self._noise_var_out if noise_var is None and self.include_noise else noise_var,
+                                    gen)
         self._check_finite_rows(s.transpose(0, 1), Xt)
         out = self._to_user_units(s.permute(1, 2, 0))
         return out[:, 0, :] if self._y_1d else out

@@ -64,8 +64,7 @@ class BoostedNoiseModel:
     def variance(self, X: torch.Tensor) -> torch.Tensor:
         """σ²(x) per row and target, shape (n, k), in the network's units, in X's dtype and device."""
         F = _features(X)
-        with threadpool_limits(limits=max(1, torch.get_num_threads()), user_api="openmp"):
-            var = np.stack([m.predict(F) for m in self.models], axis=1) if len(F) else np.zeros((0, len(self.models)))
+        var = np.stack([m.predict(F) for m in self.models], axis=1) if len(F) else np.zeros((0, len(self.models)))
         var = np.maximum(var, self.floor)
         return torch.as_tensor(var, dtype=X.dtype if X.is_floating_point() else torch.float64, device=X.device)
 
