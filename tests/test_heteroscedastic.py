@@ -433,3 +433,27 @@ def test_default_network_in_natural_parameters_is_trained_through_its_head():
     assert est.training_loss_[-1] < est.training_loss_[0]
     y_pred, std = est.predict(X[:10], return_std=True)
     assert np.isfinite(y_pred).all() and (std > 0).all() and (est.predict_noise_std(X[:10]) > 0).all()
+
+
+def test_the_papers_method_with_the_fitted_noise_model():
+    """likelihood="heteroscedastic" on the estimator's network under calibration="coverage": d is chosen on the
+    Gaussian intervals f ± z sqrt(σ²(x) + σ_epi²) of the Gaussian network, σ²(x) the noise model's; every d in the
+    table has the coverage of those intervals by hand (linearised predictive)."""
+    from scipy import stats
+
+    X, y, _ = _hetero_data(300, 7)
+    X_cal, y_cal, _ = _hetero_data(60, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = LaplaceActiveSubspaceRegressor(likelihood="heteroscedastic", calibration="coverage",
+                                             predictive="linearized", max_epochs=60, max_components=4, lr=3e-3,
+                                             dtype="float64", random_state=0).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    Xc = torch.as_tensor((X_cal - est.x_mean_) / est.x_scale_)
+    yc = (y_cal - est.y_mean_[0]) / est.y_scale_[0]
+    with torch.no_grad():
+        f = est.module_(Xc)[:, 0].numpy()
+    noise = est.likelihood_.noise_model_.variance(Xc)[:, 0].numpy()
+    z = stats.norm.ppf(0.95)
+    for d, cov in zip(est.calibration_["d"], est.calibration_["coverage"], strict=True):
+        epi = est.posterior_.linearized_variance(Xc, int(d))[:, 0].numpy()
+        assert cov == pytest.approx(np.mean(np.abs(yc - f) <= z * np.sqrt(noise + epi)), abs=1e-12)
