@@ -29,8 +29,8 @@ def _residual_data(sigma, n, seed, p=2):
 # ---------------------------------------------------------------------------------------- the noise model
 def test_noise_model_recovers_a_known_noise_level():
     """σ(x) = 0.1 exp(1.2 x0) (a 11× range along one of two features; the other does not move it): the boosted
-    Gamma fit of r² recovers it on new rows. Each leaf of the trees holds at least 40 rows, whose mean r²/σ² has
-    a relative standard error sqrt(2/40) ≈ 0.22, i.e. about 0.11 in log σ; the trees are piecewise constant
+    Gamma fit of |r| recovers it on new rows. Each leaf of the trees holds at least 40 rows, whose mean |r|/σ has
+    a relative standard error sqrt(π/2 − 1)/sqrt(40) ≈ 0.12, i.e. about 0.12 in log σ; the trees are piecewise constant
     along a smooth σ(x) (bias), so the median |log σ̂/σ| is asked to be below 0.15 and the 95th percentile below
     0.4, on 4,000 rows."""
     def sigma(X):
