@@ -23,6 +23,7 @@ Usage::
 
     PYTHONPATH=$PWD python benchmarks/noise_stage.py --seeds 3 --tag after
     PYTHONPATH=/path/to/main python benchmarks/noise_stage.py --seeds 3 --tag before
+    python benchmarks/noise_stage.py --report before after          # → results/noise_stage.md
 """
 
 from __future__ import annotations
@@ -166,6 +167,58 @@ def run(args):
     return runs
 
 
+def _agg(runs, table, method, key):
+    vals = [r["methods"][method][key] for r in runs if r["table"] == table and method in r["methods"]]
+    return vals
+
+
+def _fifths(vals):
+    return " / ".join(f"{100 * v:.0f}" for v in np.mean(vals, axis=0)) if vals else "–"
+
+
+def render(before: dict, after: dict) -> str:
+    """The before / after table (markdown) from two runs' JSON."""
+    lines = ["# The noise stage: one mean network, σ(x) fitted after it (issue 42)", "",
+             f"`{after['command']}` against the package of this branch (after) and of main before it (before), "
+             "one torch thread; CPU seconds of the fit (`time.process_time`: the shared machine's wall times are "
+             "not comparable); ratios are the default's (`likelihood=\"auto\"`) over the Gaussian network's "
+             "(`likelihood=\"gaussian\"`) of the same run, averaged over seeds (geometric mean for ratios); "
+             "coverage per fifth of the test rows by σ̂ (the reported std) and by the true noise, pooled over seeds "
+             "(quiet → noisy).", "",
+             "| table | run | σ(x) kept | fit CPU ratio | RMSE ratio | IS ratio | width ratio | coverage % "
+             "| per σ̂ fifth % | per true-noise fifth % | corr(std, noise) per seed |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|---|---|"]
+    tables = list(dict.fromkeys(r["table"] for r in after["runs"]))
+    for table in tables:
+        for tag, payload in (("before", before), ("after", after)):
+            runs = [r for r in payload["runs"] if r["table"] == table]
+            if not runs:
+                continue
+
+            def ratio(key, runs=runs):
+                v = [r["methods"]["auto"][key] / r["methods"]["gaussian"][key] for r in runs]
+                return float(np.exp(np.mean(np.log(v))))
+            kept = sum(r["methods"]["auto"]["chosen"] == "heteroscedastic" for r in runs)
+            a = [r["methods"]["auto"] for r in runs]
+            corr = " / ".join(f"{m['corr_std_noise']:.2f}" for m in a) if "corr_std_noise" in a[0] else "–"
+            noise = _fifths([m["cov_noise_fifths"] for m in a]) if "cov_noise_fifths" in a[0] else "–"
+            lines.append(f"| {table} | {tag} | {kept}/{len(runs)} | {ratio('cpu'):.2f} | {ratio('rmse'):.3f} | "
+                         f"{ratio('interval_score'):.3f} | {ratio('width'):.3f} | "
+                         f"{100 * np.mean([m['coverage'] for m in a]):.1f} | "
+                         f"{_fifths([m['cov_std_fifths'] for m in a])} | {noise} | {corr} |")
+    mapie = [(r, p) for p in (before, after) for r in p["runs"] if "mapie_split_hgb" in r["methods"]]
+    if mapie:
+        lines += ["", "kin8nm-sized table (`friedman8_8k`, 8,192 training rows), CPU seconds in one process:", ""]
+        for r, p in mapie:
+            tag = "before" if p is before else "after"
+            m = r["methods"]
+            lines.append(f"- {tag}: default {m['auto']['cpu']:.2f} s, Gaussian {m['gaussian']['cpu']:.2f} s, "
+                         f"MAPIE split conformal + HistGradientBoosting {m['mapie_split_hgb']['cpu']:.2f} s: "
+                         f"default / MAPIE {m['auto']['cpu'] / m['mapie_split_hgb']['cpu']:.1f}×; IS default / MAPIE "
+                         f"{m['auto']['interval_score'] / m['mapie_split_hgb']['interval_score']:.3f}")
+    return "\n".join(lines) + "\n"
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
@@ -174,7 +227,13 @@ def main(argv=None):
     p.add_argument("--tables", nargs="+", default=["concrete_shipped", "friedman8_8k", "naval_like"])
     p.add_argument("--table-seeds", type=int, default=1)
     p.add_argument("--tag", default="run")
+    p.add_argument("--report", nargs=2, metavar=("BEFORE", "AFTER"),
+                   help="no computation: render results/noise_stage_{BEFORE,AFTER}.json to results/noise_stage.md")
     args = p.parse_args(argv)
+    if args.report:
+        before, after = (json.loads((RESULTS / f"noise_stage_{t}.json").read_text()) for t in args.report)
+        (RESULTS / "noise_stage.md").write_text(render(before, after))
+        return
     torch.set_num_threads(1)
     with threadpool_limits(limits=1, user_api="openmp"):
         runs = run(args)
