@@ -40,6 +40,7 @@ import torch
 from threadpoolctl import threadpool_limits
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _common  # noqa: E402
 import heldout_shapes as hs  # noqa: E402
 import naval_like as nl  # noqa: E402
 import regional_coverage as rc  # noqa: E402
@@ -178,7 +179,7 @@ def _fifths(vals):
 
 def render(before: dict, after: dict) -> str:
     """The before / after table (markdown) from two runs' JSON."""
-    lines = ["# The noise stage: one mean network, σ(x) fitted after it (issue 42)", "",
+    lines = ["# The noise stage: one mean network, σ(x) fitted after it", "",
              f"`{after['command']}` against the package of this branch (after) and of main before it (before), "
              "one torch thread; CPU seconds of the fit (`time.process_time`: the shared machine's wall times are "
              "not comparable); ratios are the default's (`likelihood=\"auto\"`) over the Gaussian network's "
@@ -239,7 +240,7 @@ def main(argv=None):
         runs = run(args)
     import glas_sklearn
     out = {"command": "python benchmarks/noise_stage.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-           "package": glas_sklearn.__file__, "threads": 1, "runs": runs}
+           "machine": _common.machine_info(), "package": glas_sklearn.__file__, "threads": 1, "runs": runs}
     path = RESULTS / f"noise_stage_{args.tag}.json"
     path.write_text(json.dumps(out, indent=1))
     print("wrote", path)
