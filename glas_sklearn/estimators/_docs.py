@@ -321,7 +321,7 @@ REGRESSOR_PARAMETERS_DOC = """\
         ``include_noise=True`` and the paper's ``calibration="coverage"`` take "gaussian". "gaussian":
         y = f(x) + ε with one noise level σ per output (the paper's). "heteroscedastic" on a network the
         estimator builds (:class:`~glas_sklearn.likelihoods.FittedNoiseGaussian`): the Gaussian's network, and a
-        noise model σ²(x) fitted after it on its training residuals (boosted trees of |r| with the Gamma deviance,
+        noise model σ²(x) fitted after it on its training residuals (boosted trees of ``|r|`` with the Gamma deviance,
         :func:`~glas_sklearn.likelihoods.fit_noise_model`; :meth:`predict_noise_std`), always; the curvature is
         the Gaussian's with β = N/σ² under ``scaling="auto"``, and the predictive for y is
         N(f(x), σ²(x) + σ_epi²(x)), σ_epi² the posterior variance of f (linearised J Σ Jᵀ, or sampled);

@@ -2,11 +2,12 @@
 
 The mean network is trained alone (the ½-squared error, the Gaussian's), so its mean is the Gaussian network's.
 Then the noise level is modelled from its residuals r = y − μ(x): per target, gradient-boosted trees
-(scikit-learn's ``HistGradientBoostingRegressor``) with the Gamma deviance and a log link on |r|, whose mean is
-σ(x) √(2/π) for r = σ(x) ε, ε ~ N(0, 1); σ²(x) = (π/2) E[|r| | x]². The Gamma deviance on r² would be the
-Gaussian likelihood of σ² itself, but r² has no finite variance under heavy-tailed noise (Student t₃), while |r|
+(scikit-learn's ``HistGradientBoostingRegressor``) with the Gamma deviance and a log link on ``|r|``, whose mean is
+σ(x) √(2/π) for r = σ(x) ε, ε ~ N(0, 1); σ²(x) = (π/2) ``E[|r| | x]``². The Gamma deviance on r² would be the
+Gaussian likelihood of σ² itself, but r² has no finite variance under heavy-tailed noise (Student t₃), while ``|r|``
 has one whenever the noise has a variance (for Gaussian noise the two are about as efficient: the relative
-variance of a mean of |r| is 0.57/m in log σ against 0.5/m for r²; measured in ``docs/user_guide/heteroscedastic.md``).
+variance of a mean of ``|r|`` is 0.57/m in log σ against 0.5/m for r²; measured in
+``docs/user_guide/heteroscedastic.md``).
 A least-squares fit of log r² is pulled by log r² → −∞ near r = 0; the Gamma deviance is not.
 
 The residuals are those of the rows the estimator trains on (its calibration rows are never looked at, so the
@@ -49,13 +50,13 @@ _FOLD_SPLIT = 7919
 
 
 class BoostedNoiseModel:
-    """A fitted σ²(x): per target, boosted trees of |r| on the flattened inputs, σ² = (π/2) × their prediction²
+    """A fitted σ²(x): per target, boosted trees of ``|r|`` on the flattened inputs, σ² = (π/2) × their prediction²
     (:func:`fit_noise_model`).
 
     Parameters
     ----------
     models : list of HistGradientBoostingRegressor
-        One fitted model of E[|r| | x] per target (of the inputs in the network's units, flattened).
+        One fitted model of ``E[|r| | x]`` per target (of the inputs in the network's units, flattened).
     floor : ndarray of shape (k,)
         The smallest variance returned per target (a small share of the mean r²: σ² stays positive).
     """
