@@ -142,13 +142,6 @@ def test_quintile_oracle_matches_a_direct_simulation(script):
     assert abs(fast.std(0).mean() - direct.std(0).mean()) < 0.1 * direct.std(0).mean()
 
 
-def test_auto_epochs_report_is_rendered_from_its_json(script):
-    rendered = script("auto_epochs").render(_results("auto_epochs"))
-    committed = _report("auto_epochs")
-    assert rendered.endswith(MARK + "\n") and MARK in committed
-    assert rendered.split(MARK)[0] == committed.split(MARK)[0]
-
-
 def test_ranking_probes_variance_model_recovers_group_variances(script):
     """ranking_probes' log-linear variance model without ridge on one binary feature: the Gaussian NLL is
     minimised by the log of each group's mean squared residual (a closed form), a = log mean r²|z=0 and
