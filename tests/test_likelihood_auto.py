@@ -45,6 +45,27 @@ def test_noise_model_recovers_a_known_noise_level():
     assert model.variance(X_new).dtype == torch.float64 and model.variance(X_new).shape == (2000, 1)
 
 
+def test_noise_model_evaluates_its_trees_as_scikit_learn_does():
+    """The trees held as plain arrays give HistGradientBoostingRegressor.predict's E[|r| | x] on new rows (our numpy
+    traversal against scikit-learn's own), rows with a missing feature routed as it routes them."""
+    from sklearn.ensemble import HistGradientBoostingRegressor
+
+    from glas_sklearn.likelihoods import BoostedNoiseModel
+    from glas_sklearn.likelihoods.noise_model import BOOSTING
+
+    rng = np.random.default_rng(4)
+    X = rng.uniform(-1, 1, size=(1500, 3))
+    r = np.abs((0.1 + X[:, 0] ** 2) * rng.standard_normal(1500)) + 1e-9
+    boosted = HistGradientBoostingRegressor(**BOOSTING, random_state=0).fit(X, r)
+    model = BoostedNoiseModel.from_boosted([boosted, boosted], np.zeros(2))
+    X_new = rng.uniform(-1.5, 1.5, size=(700, 3))
+    X_new[::7, 0] = np.nan
+    expected = boosted.predict(X_new)
+    got = model.mean_abs_residual(X_new)
+    assert got.shape == (700, 2) and np.ptp(expected) > 0.1 * expected.mean()
+    np.testing.assert_allclose(got, np.stack([expected, expected], 1), rtol=1e-12)
+
+
 def test_noise_model_fits_every_target():
     """Two targets get a noise model each: one constant, one stepping 20× on the second feature."""
     rng = np.random.default_rng(2)

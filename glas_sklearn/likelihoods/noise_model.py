@@ -47,29 +47,69 @@ BOOSTING = {"loss": "gamma", "max_iter": 100, "learning_rate": 0.05, "max_leaf_n
             "l2_regularization": 1.0, "early_stopping": False}
 # Offset of the seed of the cross-fitting split.
 _FOLD_SPLIT = 7919
+# Rows per block when the trees are evaluated (memory: a few node indices per row and tree).
+_PREDICT_ROWS = 4096
 
 
 class BoostedNoiseModel:
     """A fitted σ²(x): per target, boosted trees of ``|r|`` on the flattened inputs, σ² = (π/2) × their prediction²
-    (:func:`fit_noise_model`).
+    (:func:`fit_noise_model`). The trees are held as plain arrays (a model file stores them as data) and evaluated
+    here, as ``HistGradientBoostingRegressor.predict`` does on numeric features.
 
     Parameters
     ----------
-    models : list of HistGradientBoostingRegressor
-        One fitted model of ``E[|r| | x]`` per target (of the inputs in the network's units, flattened).
+    trees : list of dict
+        Per target, the node table of all its trees: ``feature``, ``threshold``, ``left``, ``right`` (positions in
+        the table), ``is_leaf``, ``value``, ``missing_left`` (rows with NaN go left), ``roots`` (each tree's first
+        node) and ``baseline`` (the log-link intercept).
     floor : ndarray of shape (k,)
         The smallest variance returned per target (a small share of the mean r²: σ² stays positive).
     """
 
-    def __init__(self, models: list, floor: np.ndarray) -> None:
-        self.models = models
+    def __init__(self, trees: list, floor: np.ndarray) -> None:
+        self.trees = trees
         self.floor = np.asarray(floor, dtype=np.float64)
+
+    @classmethod
+    def from_boosted(cls, models: list, floor: np.ndarray) -> BoostedNoiseModel:
+        """The noise model of fitted ``HistGradientBoostingRegressor`` models of ``|r|`` (Gamma deviance, log link;
+        one per target, numeric features)."""
+        trees = []
+        for model in models:
+            nodes = [predictor.nodes for (predictor,) in model._predictors]
+            sizes = np.array([len(n) for n in nodes], dtype=np.int64)
+            roots = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+            table = np.concatenate(nodes)
+            offset = np.repeat(roots, sizes)
+            trees.append({"feature": table["feature_idx"].astype(np.int64), "threshold": table["num_threshold"].copy(),
+                          "left": table["left"].astype(np.int64) + offset,
+                          "right": table["right"].astype(np.int64) + offset,
+                          "is_leaf": table["is_leaf"].astype(bool), "value": table["value"].astype(np.float64),
+                          "missing_left": table["missing_go_to_left"].astype(bool), "roots": roots,
+                          "baseline": float(np.asarray(model._baseline_prediction).ravel()[0])})
+        return cls(trees, floor)
+
+    def mean_abs_residual(self, F: np.ndarray) -> np.ndarray:
+        """E[|r| | x] per row and target, (n, k), on the flattened inputs ``F``."""
+        out = np.empty((len(F), len(self.trees)))
+        for j, t in enumerate(self.trees):
+            for start in range(0, len(F), _PREDICT_ROWS):
+                rows = F[start:start + _PREDICT_ROWS]
+                node = np.broadcast_to(t["roots"], (len(rows), len(t["roots"]))).copy()
+                index = np.arange(len(rows))[:, None]
+                while True:
+                    inner = ~t["is_leaf"][node]
+                    if not inner.any():
+                        break
+                    x = rows[index, t["feature"][node]]
+                    left = np.where(np.isnan(x), t["missing_left"][node], x <= t["threshold"][node])
+                    node = np.where(inner, np.where(left, t["left"][node], t["right"][node]), node)
+                out[start:start + len(rows), j] = np.exp(t["baseline"] + t["value"][node].sum(1))
+        return out
 
     def variance(self, X: torch.Tensor) -> torch.Tensor:
         """σ²(x) per row and target, shape (n, k), in the network's units, in X's dtype and device."""
-        F = _features(X)
-        mean_abs = np.stack([m.predict(F) for m in self.models], axis=1) if len(F) else np.zeros((0, len(self.models)))
-        var = np.maximum(0.5 * np.pi * mean_abs**2, self.floor)
+        var = np.maximum(0.5 * np.pi * self.mean_abs_residual(_features(X))**2, self.floor)
         return torch.as_tensor(var, dtype=X.dtype if X.is_floating_point() else torch.float64, device=X.device)
 
 
@@ -90,7 +130,7 @@ def _fit_boosted(F: np.ndarray, r2: np.ndarray, weight: np.ndarray | None, seed:
             target = np.sqrt(np.maximum(r2[:, j], floor[j]))  # |r|; the Gamma deviance needs it > 0
             models.append(HistGradientBoostingRegressor(**BOOSTING, random_state=seed % 2**31).fit(
                 F, target, sample_weight=weight))
-    return BoostedNoiseModel(models, floor)
+    return BoostedNoiseModel.from_boosted(models, floor)
 
 
 def _weights(sample_weight: torch.Tensor | None) -> np.ndarray | None:
