@@ -45,7 +45,7 @@ import heldout_shapes as hs  # noqa: E402
 import naval_like as nl  # noqa: E402
 import regional_coverage as rc  # noqa: E402
 
-from glas_sklearn import LaplaceActiveSubspaceRegressor, load_concrete  # noqa: E402
+from glas_sklearn import Compute, LaplaceActiveSubspaceRegressor, load_concrete  # noqa: E402
 
 LEVEL = 0.9
 RESULTS = Path(__file__).resolve().parent / "results"
@@ -80,7 +80,8 @@ def fifths(inside, key):
 
 
 def fit_ours(likelihood, X, y, X_cal, y_cal, seed):
-    est = LaplaceActiveSubspaceRegressor(likelihood=likelihood, random_state=seed, device="cpu", n_threads=1)
+    est = LaplaceActiveSubspaceRegressor(likelihood=likelihood, random_state=seed,
+                                         compute=Compute(device="cpu", n_threads=1))
     t0, c0 = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -228,6 +229,7 @@ def main(argv=None):
     p.add_argument("--tables", nargs="+", default=["concrete_shipped", "friedman8_8k", "naval_like"])
     p.add_argument("--table-seeds", type=int, default=1)
     p.add_argument("--tag", default="run")
+    p.add_argument("--results-dir", type=Path, default=RESULTS, help="where noise_stage_{TAG}.json is written")
     p.add_argument("--report", nargs=2, metavar=("BEFORE", "AFTER"),
                    help="no computation: render results/noise_stage_{BEFORE,AFTER}.json to results/noise_stage.md")
     args = p.parse_args(argv)
@@ -241,7 +243,7 @@ def main(argv=None):
     import glas_sklearn
     out = {"command": "python benchmarks/noise_stage.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "machine": _common.machine_info(), "package": glas_sklearn.__file__, "threads": 1, "runs": runs}
-    path = RESULTS / f"noise_stage_{args.tag}.json"
+    path = args.results_dir / f"noise_stage_{args.tag}.json"
     path.write_text(json.dumps(out, indent=1))
     print("wrote", path)
 
