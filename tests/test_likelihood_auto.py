@@ -205,3 +205,20 @@ def test_auto_is_gaussian_without_rows_to_test_on():
                                          compute=Compute(device="cpu")).fit(X, y)
     assert type(est.likelihood_) is Gaussian
     assert not est.likelihood_support_["supported"] and np.isnan(est.likelihood_support_["nll_gain"])
+
+
+def test_a_fitted_noise_likelihood_instance_is_the_noise_stage_always_on():
+    """likelihood=FittedNoiseGaussian() (an instance, no noise model yet) is likelihood="heteroscedastic": the same
+    network, noise model and intervals, on a network built here and on a module of the user's."""
+    X, y = _data(lambda X: 0.3, n=200)
+    by_name = _fit(X, y, "heteroscedastic", max_epochs=5)
+    by_object = _fit(X, y, FittedNoiseGaussian(), max_epochs=5)
+    assert by_object.likelihood_.noise_model_ is not None and by_object.likelihood_support_ is None
+    np.testing.assert_array_equal(by_object.predict_interval(X)[1], by_name.predict_interval(X)[1])
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(2, 8), nn.Tanh(), nn.Linear(8, 1))
+    own = LaplaceActiveSubspaceRegressor(module=module, likelihood=FittedNoiseGaussian(), n_components=2,
+                                         random_state=0, training=Training(max_epochs=3),
+                                         compute=Compute(device="cpu")).fit(X, y)
+    assert isinstance(own.likelihood_, FittedNoiseGaussian) and own.likelihood_.noise_model_ is not None
+    assert own.predict_noise_std(X).shape == (200,) and np.all(own.predict_noise_std(X) > 0)

@@ -108,6 +108,8 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         if stage is not None and (self.module is not None or stage.test and (
                 self._include_noise or resolve_calibration(self.calibration).chooses_dimension)):
             stage, likelihood = None, "gaussian" if stage.test else likelihood
+        if isinstance(likelihood, FittedNoiseGaussian):  # an instance: its noise model is fitted here, always
+            stage = NoiseStage(test=False)
         self._noise_stage = stage
         if stage is not None:
             likelihood = FittedNoiseGaussian()
