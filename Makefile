@@ -6,7 +6,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 TORCH  ?= torch==2.13.0
 
-.PHONY: venv demo paper-demo test docs docs-check bench bench-quick reports notebooks clean
+.PHONY: venv demo paper-demo test docs docs-check bench-peers bench bench-quick reports notebooks clean
 
 $(VENV)/.torch:
 	$(PYTHON) -m venv $(VENV)
@@ -49,36 +49,23 @@ docs: $(VENV)/.docs-installed
 docs-check: docs
 	$(PY) docs/check_math.py docs/_build/html
 
-# Peers for the benchmarks, never replacing the CPU torch (see benchmarks/README.md).
-bench: venv
+# The benchmarks (benchmarks/run.py, see benchmarks/README.md) with their peers, never replacing the CPU torch.
+# `make bench` runs them all in full (hours; results into benchmarks/results/), `make bench-quick` their smoke runs
+# (minutes; outputs under $(QUICK_DIR), not in results/), `make reports` re-renders the committed reports from their
+# JSON (no computation).
+QUICK_DIR ?= /tmp/glas-bench-quick
+bench-peers: venv
 	$(PY) -m pip install -q -c benchmarks/constraints.txt -e ".[bench]"
 	$(PY) -m pip uninstall -y -q torchvision || true
-	$(PY) benchmarks/bench_ggn.py --threads 2
 
-# Smoke runs of the benchmark scripts (small sizes; outputs *_quick.* under $(QUICK_DIR), not in results/).
-QUICK_DIR ?= /tmp/glas-bench-quick
+bench: bench-peers
+	$(PY) benchmarks/run.py
+
 bench-quick: venv
-	$(PY) benchmarks/bench_ggn.py --quick --threads 1 --out-dir $(QUICK_DIR)
-	$(PY) benchmarks/bench_fit.py --quick --threads 1 --out-dir $(QUICK_DIR)
-	$(PY) benchmarks/bench_calibration.py --quick --threads-list 1 --repeats 1 --out-dir $(QUICK_DIR)
-	$(PY) benchmarks/paper_1d.py --quick --out-dir $(QUICK_DIR)
-	$(PY) benchmarks/paper_concrete.py --quick --out-dir $(QUICK_DIR)
-	$(PY) benchmarks/uci.py --quick --datasets yacht --no-laplace-torch --out-dir $(QUICK_DIR)
-	$(PY) benchmarks/prefit_calibration.py --quick --out-dir $(QUICK_DIR)
-	$(PY) benchmarks/digits_rotation.py --quick --no-laplace-torch --out-dir $(QUICK_DIR)
+	$(PY) benchmarks/run.py --quick --out-dir $(QUICK_DIR)
 
-# The reports in benchmarks/results/ re-rendered from their committed JSON (no computation).
 reports: venv
-	$(PY) benchmarks/bench_ggn.py --report-only
-	$(PY) benchmarks/bench_fit.py --report-only
-	$(PY) benchmarks/bench_calibration.py --report-only
-	$(PY) benchmarks/paper_1d.py --report-only
-	$(PY) benchmarks/paper_concrete.py --report-only
-	$(PY) benchmarks/uci.py --report-only
-	$(PY) benchmarks/uci.py --report-only --tag epochs500
-	$(PY) benchmarks/paper_smiles.py --report-only
-	$(PY) benchmarks/prefit_calibration.py --report-only
-	$(PY) benchmarks/digits_rotation.py --report-only
+	$(PY) benchmarks/run.py --report-only
 
 # The example notebooks generated from their percent-format sources and executed in full mode (≈ 3 min).
 notebooks: venv

@@ -18,7 +18,6 @@ import os
 import platform
 import re
 import sys
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Sequence
@@ -441,67 +440,21 @@ def train_adam(model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, lr: float 
     return out
 
 
-def train_or_load(net: nn.Module, X: torch.Tensor, y: torch.Tensor, *, steps: int, cache: Path | None,
-                  time_key: str = "train_s", map_location: str | torch.device | None = None,
-                  announce: str | None = None) -> tuple[float, bool]:
-    """Train ``net`` by full-batch Adam on the half MSE (lr 1e-3), or load the weights a previous run cached.
-
-    Parameters
-    ----------
-    net : nn.Module
-        The freshly built network; its weights are replaced in place (loaded or trained), then it is put in
-        eval mode.
-    X, y : torch.Tensor
-        The training inputs and targets (``y`` of shape (n, 1)).
-    steps : int
-        Adam steps when training.
-    cache : Path or None
-        File of ``{"state": state_dict, time_key: seconds}``: loaded when it exists, written after training
-        otherwise; None trains without caching.
-    time_key : str, default="train_s"
-        The key of the training time in the cache file (the scripts' existing caches use their own).
-    map_location : str or torch.device, optional
-        Passed to ``torch.load``.
-    announce : str, optional
-        Printed (flushed) before training; nothing is printed when the weights are loaded.
-
-    Returns
-    -------
-    train_seconds : float
-        The time training took, here or in the run that wrote the cache.
-    loaded : bool
-        Whether the weights came from ``cache``.
-    """
+# -------------------------------------------------------------------------------------------- command line
+def train_or_load(net: nn.Module, X: torch.Tensor, y: torch.Tensor, *, steps: int, cache: Path | None) -> bool:
+    """Train ``net`` in place by full-batch Adam on the half MSE (lr 1e-3), or load the weights a previous run
+    cached in ``cache`` (written after training; None: no cache); the network is left in eval mode. Returns
+    whether the weights were loaded."""
     if cache is not None and cache.exists():
-        saved = torch.load(cache, map_location=map_location)
-        net.load_state_dict(saved["state"])
+        net.load_state_dict(torch.load(cache, weights_only=True))
         net.eval()
-        return saved[time_key], True
-    if announce is not None:
-        print(announce, flush=True)
-    t0 = time.perf_counter()
+        return True
     train_adam(net, X, y, steps=steps, lr=1e-3, loss=half_mse)
-    train_s = time.perf_counter() - t0
     if cache is not None:
         cache.parent.mkdir(parents=True, exist_ok=True)
-        torch.save({"state": net.state_dict(), time_key: train_s}, cache)
-    return train_s, False
-
-
-# -------------------------------------------------------------------------------------------- command line
-def ece(probs: np.ndarray, labels: np.ndarray, bins: int = 15) -> float:
-    """Expected calibration error over equal-width bins ``(lo, hi]`` of the top probability (class scores).
-
-    Shared by the classification benchmarks (digits_ood, hf_lora).
-    """
-    conf, pred = probs.max(1), probs.argmax(1)
-    edges = np.linspace(0.0, 1.0, bins + 1)
-    total = 0.0
-    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
-        m = (conf > lo) & (conf <= hi)
-        if m.any():
-            total += m.mean() * abs((pred[m] == labels[m]).mean() - conf[m].mean())
-    return float(total)
+        torch.save(net.state_dict(), cache)
+    net.eval()
+    return False
 
 
 def add_common_arguments(parser: argparse.ArgumentParser, *, threads: int | None = 1,

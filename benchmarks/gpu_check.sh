@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # GPU checks (issue 13), one script for a CUDA machine, under 8 minutes:
 #   1. the CUDA tests (tests/test_cuda.py: products, Lanczos, posterior sampling on CUDA against the CPU);
-#   2. bench_ggn.py and bench_fit.py with --device cuda, writing benchmarks/results/*_cuda.{md,json}.
+#   2. bench_ggn.py with --device cuda, writing benchmarks/results/bench_ggn_cuda.{md,json}.
 # It needs no internet: it uses the Python given in $PYTHON (else .venv/bin/python, else python3) with the
 # checkout on PYTHONPATH, and stops with exit code 2 and a clear message when torch, CUDA or a dependency is
 # missing (nothing is installed from the network). When $OUT is set, the results and logs are copied there.
@@ -63,7 +63,6 @@ else
   status=1
 fi
 run bench_ggn 180 "$PYTHON" benchmarks/bench_ggn.py --device cuda --threads 2 ${QUICK[@]+"${QUICK[@]}"}
-run bench_fit 150 "$PYTHON" benchmarks/bench_fit.py --device cuda --threads 2 ${QUICK[@]+"${QUICK[@]}"}
 
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT"

@@ -16,15 +16,15 @@ to predict. Each configuration (code, width, threads) runs in a fresh subprocess
 - 4 threads: every result equal to the single-threaded one (to the last bit: the same code on the same rows),
   exceptions counted.
 
-``--code NAME=PATH`` runs the configurations against another checkout of the library (e.g. main's code in a git
-worktree: ``--code before=/work/wt/i43-base --code after=.``); the code's configurations alternate, so that both
-see the same machine load.
+``--code NAME=PATH`` runs the configurations against another checkout of the library (e.g. an earlier commit in a
+git worktree: ``git worktree add ../before 2f6cef6``, then ``--code before=../before --code after=.``); the code's
+configurations alternate, so that both see the same machine load.
 
 Usage::
 
     python benchmarks/paper_scale.py --threads 1                 # 1M and 4M weights, 1 and 4 threads
     python benchmarks/paper_scale.py --quick                     # 8-200-200-1, fewer repeats
-    python benchmarks/paper_scale.py --code before=../i43-base --code after=.
+    python benchmarks/paper_scale.py --code before=../before --code after=.
     python benchmarks/paper_scale.py --report-only
 
 Writes ``benchmarks/results/paper_scale.json`` and the report ``paper_scale.md`` rendered from it.

@@ -3,7 +3,7 @@
 Steps:
 
 1. Load the trained REINVENT-style LSTM (``benchmarks/models/smiles_lstm.pt`` and its vocabulary JSON)
-   and the training part of the ChEMBL corpus (the split of ``smiles_lstm.py``).
+   and the training part of the ChEMBL corpus (the split of ``_smiles_lstm.py``).
 2. Time one GGN product and one generation block. Log the projected cost of the run before it starts.
 3. Subsampling study (Fig. 9). For each N_sub in ``--sizes``, R = ``--replicas`` independent subsamples
    get the top d_max = 3 GGN eigenpairs with l = 13 Lanczos steps (as in the paper). The study reports
@@ -22,7 +22,7 @@ Steps:
 Usage::
 
     python benchmarks/paper_smiles.py --quick            # minutes: smoke test, writes paper_smiles_quick*
-    nohup python benchmarks/paper_smiles.py > benchmarks/results/paper_smiles.log 2>&1 &
+    nohup python benchmarks/paper_smiles.py > /tmp/paper_smiles.log 2>&1 &
     python benchmarks/paper_smiles.py --report-only      # the report and figures again from the results files
 
 Outputs under ``benchmarks/results/`` (or ``--out-dir``): ``paper_smiles.json``, ``paper_smiles_alignment.csv``
@@ -45,7 +45,7 @@ import _common
 import numpy as np
 import pandas as pd
 import torch
-from smiles_lstm import CORPUS, MODEL_PATH, VOCAB_PATH, generate, load_model, split_corpus
+from _smiles_lstm import CORPUS, MODEL_PATH, VOCAB_PATH, generate, load_model, split_corpus
 
 from glas_sklearn.contrib.smiles import encode_batch, load_smiles
 from glas_sklearn.diagnostics import subsample_alignment
@@ -110,7 +110,7 @@ def parse_args(argv=None):
 
 def load_training_data(vocab):
     corpus = load_smiles(CORPUS)
-    train, _ = split_corpus(corpus, 0.05, 0)  # the split smiles_lstm.py trained on
+    train, _ = split_corpus(corpus, 0.05, 0)  # the split _smiles_lstm.py trained on
     tokens, mask = encode_batch(train, vocab)
     return train, tokens[:, :-1].contiguous(), mask
 

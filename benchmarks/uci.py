@@ -275,33 +275,12 @@ def run_ensemble(members_orig, X_fit, y_fit, X_te, y_te, train_seconds, dist=Non
 def run_split(folder: Path, split: int, cfg: argparse.Namespace, Laplace) -> dict:
     """One standard random split: every method."""
     X, y, train, test = _common.load_uci(folder, split)
-    return run_rows(X, y, train, test, split, cfg, Laplace, shift=False)
+    return run_rows(X, y, train, test, split, cfg, Laplace)
 
 
-SHIFT_PROTOCOLS = ("extrapolation", "gap")
-
-
-def shift_indices(X: np.ndarray, feature: int, protocol: str) -> tuple[np.ndarray, np.ndarray]:
-    """Covariate shift along one feature: the test rows are the top third of its values ("extrapolation") or
-    the middle third ("gap", Foong et al. 2019); the rest are the training rows (stable sort: ties are kept)."""
-    order = np.argsort(X[:, feature], kind="stable")
-    n = len(order)
-    test = order[2 * n // 3:] if protocol == "extrapolation" else order[n // 3: 2 * n // 3]
-    return np.setdiff1d(order, test), np.sort(test)
-
-
-def run_shift(folder: Path, feature: int, protocol: str, cfg: argparse.Namespace, Laplace) -> dict:
-    X, y = _common.load_uci(folder)
-    train, test = shift_indices(X, feature, protocol)
-    res = run_rows(X, y, train, test, feature, cfg, Laplace, shift=True)
-    res.update({"feature": feature, "protocol": protocol})
-    return res
-
-
-def run_rows(X, y, train, test, split: int, cfg: argparse.Namespace, Laplace, *, shift: bool) -> dict:
+def run_rows(X, y, train, test, split: int, cfg: argparse.Namespace, Laplace) -> dict:
     """All methods on one train/test partition (the training rows split 90/10 into fitting/calibration at
-    random, seeded by ``split``), on the same network. ``shift``: the reduced method set of the shift protocol
-    (no standard-scaling or sampled paper rows)."""
+    random, seeded by ``split``), on the same network."""
     rng = np.random.default_rng(1000 + split)
     perm = rng.permutation(train)
     n_cal = int(round(0.1 * len(train)))
@@ -326,16 +305,13 @@ def run_rows(X, y, train, test, split: int, cfg: argparse.Namespace, Laplace, *,
     rows = (X_fit, y_fit, X_cal, y_cal, X_te, y_te)
 
     ests = {}
-    paper = [("mean", "linearized")] if shift else [(a, b) for a in ("mean", "standard")
-                                                     for b in ("sampled", "linearized")]
+    paper = [(a, b) for a in ("mean", "standard") for b in ("sampled", "linearized")]
     for scaling, predictive in paper:  # the paper's method, its settings passed explicitly
         key = f"glas_{scaling}_{predictive}"
         res["methods"][key], ests[key] = run_glas(net, *rows, scaling=scaling, predictive=predictive, **common)
-    if not shift:
-        res["methods"]["glas_mean_linearized_calnoise"], _ = run_glas(
-            net, *rows, scaling="mean", predictive="linearized", noise_std="calibration", **common)
-    for scaling, predictive in ((("mean", "linearized"),) if shift else
-                                (("mean", "sampled"), ("mean", "linearized"), ("standard", "linearized"))):
+    res["methods"]["glas_mean_linearized_calnoise"], _ = run_glas(
+        net, *rows, scaling="mean", predictive="linearized", noise_std="calibration", **common)
+    for scaling, predictive in (("mean", "sampled"), ("mean", "linearized"), ("standard", "linearized")):
         res["methods"][f"glas_{scaling}_{predictive}_y"], _ = run_glas(
             net, *rows, scaling=scaling, predictive=predictive, include_noise=True, **common)
     # the new settings: d = d_max, split-conformal calibration, σ from the training residuals
@@ -353,10 +329,8 @@ def run_rows(X, y, train, test, split: int, cfg: argparse.Namespace, Laplace, *,
     res["methods"]["split_conformal"] = run_split_conformal(net, X_cal, y_cal, X_te, y_te, dist, A)
     base = ests["glas_mean_linearized"]
     t_base = res["methods"]["glas_mean_linearized"]["time"]
-    if not shift:
-        res["methods"]["conformal_laplace"] = run_conformal_laplace(base, X_cal, y_cal, X_te, y_te,
-                                                                    with_noise=False, glas_seconds=t_base, dist=dist,
-                                                                    X_slab=A)
+    res["methods"]["conformal_laplace"] = run_conformal_laplace(base, X_cal, y_cal, X_te, y_te, with_noise=False,
+                                                                glas_seconds=t_base, dist=dist, X_slab=A)
     res["methods"]["conformal_laplace_noise"] = run_conformal_laplace(base, X_cal, y_cal, X_te, y_te,
                                                                       with_noise=True, glas_seconds=t_base, dist=dist,
                                                                       X_slab=A)
@@ -521,32 +495,25 @@ def conditional_markdown(summaries: dict, title: str) -> list[str]:
     return lines
 
 
-def target_findings(summaries: dict, *, shift: bool) -> list[str]:
+def target_findings(summaries: dict) -> list[str]:
     """The issue's targets for the default (glas_conformal) against split conformal, computed."""
     keys = [k for k in ("glas_conformal_ebsub", "glas_conformal", "glas_conformal_y", "glas_mean_linearized",
                         "glas_mean_linearized_y") if any(k in s for s in summaries.values())]
     lines = []
     for key in keys:
-        ratios, covs, sc_covs = {}, [], []
+        ratios, covs = {}, []
         for name, summ in summaries.items():
             if key not in summ or "split_conformal" not in summ:
                 continue
             ratios[name] = summ[key]["interval_score"]["mean"] / summ["split_conformal"]["interval_score"]["mean"]
             covs.append(summ[key]["coverage"]["mean"])
-            sc_covs.append(summ["split_conformal"]["coverage"]["mean"])
         if not ratios:
             continue
         per = ", ".join(f"{n} {r:.3f}×" for n, r in ratios.items())
-        if shift:
-            better = sum(r <= 0.85 for r in ratios.values())
-            lines.append(f"- {dict(METHODS)[key]}: interval score / split conformal's: {per}; ≥ 15 % better on "
-                         f"{better} of {len(ratios)} sets; mean coverage {100 * np.mean(covs):.1f} % vs "
-                         f"{100 * np.mean(sc_covs):.1f} % ({100 * (np.mean(covs) - np.mean(sc_covs)):+.1f} pp).")
-        else:
-            ok = sum(r <= 1.02 for r in ratios.values())
-            lines.append(f"- {dict(METHODS)[key]}: mean coverage {100 * np.mean(covs):.1f} % (lowest set "
-                         f"{100 * min(covs):.1f} %); interval score / split conformal's: {per} (≤ 1.02× on {ok} of "
-                         f"{len(ratios)} sets).")
+        ok = sum(r <= 1.02 for r in ratios.values())
+        lines.append(f"- {dict(METHODS)[key]}: mean coverage {100 * np.mean(covs):.1f} % (lowest set "
+                     f"{100 * min(covs):.1f} %); interval score / split conformal's: {per} (≤ 1.02× on {ok} of "
+                     f"{len(ratios)} sets).")
     return lines
 
 
@@ -556,7 +523,7 @@ def _new_settings_section(summaries: dict) -> list[str]:
                   "Default: `posterior=\"low_rank\", calibration=\"conformal\"` (linearised, d = d_max, σ0 by "
                   "subspace EB, σ from the training residuals). NLL in the tables is that of the posterior "
                   "predictive N(ŷ, σ_f² + σ²); the interval-implied N(ŷ, (q σ̂ / 1.645)²) is given here.", ""]
-                 + target_findings(summaries, shift=False))
+                 + target_findings(summaries))
     for name, summ in summaries.items():
         e = summ.get("glas_conformal_ebsub", {})
         if "nll_interval" in e:
@@ -617,46 +584,6 @@ def render(results: dict) -> str:
     return "\n".join(parts)
 
 
-def render_shift(results: dict) -> str:
-    """The covariate-shift report, from its JSON alone."""
-    cfg = results["config"]
-    parts = ["# UCI covariate shift: extrapolation and gap", "",
-             f"Generated by `{results['command']}` on {results['date']} "
-             f"({_common.machine_line(results['machine'])}).", "",
-             f"For each of the first {cfg['features']} features of each set: test rows = the top third of its values "
-             "(\"extrapolation\") or the middle third (\"gap\", Foong et al. 2019); the other rows split 90/10 at "
-             "random into fitting/calibration rows; the same network (one tanh layer of "
-             f"{cfg['hidden']}, Adam lr {cfg['lr']}, {cfg['epochs']} epochs) for every method; 90 % level; mean ± "
-             "standard error over the features. Methods as in uci.md (the paper's rows: mean scaling, linearised).",
-             ""]
-    for protocol in SHIFT_PROTOCOLS:
-        parts += [f"## {protocol}", ""]
-        summaries = {}
-        for name, ds in results["datasets"].items():
-            runs = [r for r in ds["runs"] if r["protocol"] == protocol]
-            if not runs:
-                continue
-            summ = summarise(runs)
-            summaries[name] = summ
-            sc = summ["split_conformal"]["interval_score"]["mean"]
-            parts += [f"### {name} ({len(runs)} features)", "",
-                      "| method | coverage (%) | width | interval score | vs split conformal | NLL |",
-                      "|---|---|---|---|---|---|"]
-            for key, label in METHODS:
-                if key not in summ:
-                    continue
-                e = summ[key]
-                parts.append(f"| {label} | {_fmt(e, 'coverage', 1, 100)} | {_fmt(e, 'width', 3)} | "
-                             f"{_fmt(e, 'interval_score', 3)} | {e['interval_score']['mean'] / sc:.3f}× | "
-                             f"{_fmt(e, 'nll', 3)} |")
-            parts.append("")
-        parts += [f"### Targets, {protocol} (computed)", ""] + target_findings(summaries, shift=True) + [""]
-        parts += conditional_markdown(summaries, protocol)
-    parts.append("Peers: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()) + ".")
-    parts.append("")
-    return "\n".join(parts)
-
-
 # --------------------------------------------------------------------------------------------------------- main
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -677,10 +604,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-components", type=int, default=None, help="GLAS d_max (default 50; quick 20)")
     p.add_argument("--no-laplace-torch", action="store_true")
     p.add_argument("--tag", default=None, help="write uci_TAG.* instead of uci.* (e.g. for a sensitivity run)")
-    p.add_argument("--protocol", choices=("random", "shift"), default="random",
-                   help="random: the standard splits (uci.*); shift: extrapolation and gap along each of the first "
-                        "--features features (uci_shift.*)")
-    p.add_argument("--features", type=int, default=4, help="shift protocol: how many leading features (default 4)")
     args = p.parse_args(argv)
     q = args.quick
     args.epochs = args.epochs if args.epochs is not None else (30 if q else 200)
@@ -691,12 +614,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 def main(argv=None) -> dict:
     args = parse_args(argv)
-    stem = ("uci_quick" if args.quick else "uci") + ("_shift" if args.protocol == "shift" else "") \
-        + (f"_{args.tag}" if args.tag else "")
+    stem = ("uci_quick" if args.quick else "uci") + (f"_{args.tag}" if args.tag else "")
     json_path, md_path = args.out_dir / f"{stem}.json", args.out_dir / f"{stem}.md"
-    renderer = render_shift if args.protocol == "shift" else render
     if args.report_only:
-        R, text = _common.report_from_results(json_path, md_path, renderer)
+        R, text = _common.report_from_results(json_path, md_path, render)
         print(text)
         return R
     torch.set_num_threads(args.threads)
@@ -711,8 +632,6 @@ def main(argv=None) -> dict:
         "datasets": {},
     }
     results["versions"]["glas-sklearn"] = _version("glas-sklearn")
-    if args.protocol == "shift":
-        return _main_shift(args, names, data_dir, Laplace, results, command, json_path, md_path)
     plan = {}
     for name in names:
         folder = data_dir / name
@@ -745,27 +664,6 @@ def main(argv=None) -> dict:
             # partial results survive an interruption
             _common.write_results_and_report(json_path, md_path, results, render, command=command)
     R, text = _common.write_results_and_report(json_path, md_path, results, render, command=command)
-    print(text)
-    return R
-
-
-def _main_shift(args, names, data_dir, Laplace, results, command, json_path, md_path) -> dict:
-    for name in names:
-        results["datasets"][name] = {"folder": str(data_dir / name), "runs": []}
-    features = range(1 if args.quick else args.features)
-    for feature in features:  # feature-major: an interrupted run has the same features of every set
-        for protocol in SHIFT_PROTOCOLS:
-            for name in names:
-                t0 = time.perf_counter()
-                r = run_shift(data_dir / name, feature, protocol, args, Laplace)
-                r["seconds"] = time.perf_counter() - t0
-                results["datasets"][name]["runs"].append(r)
-                m = r["methods"]
-                print(f"[uci shift] {name} feature {feature} {protocol}: {r['seconds']:.0f}s; "
-                      + ", ".join(f"{k}: cov {v['coverage']:.2f} IS {v['interval_score']:.3g}" for k, v in m.items()),
-                      flush=True)
-                _common.write_results_and_report(json_path, md_path, results, render_shift, command=command)
-    R, text = _common.write_results_and_report(json_path, md_path, results, render_shift, command=command)
     print(text)
     return R
 

@@ -260,13 +260,10 @@ def _write_gallery() -> None:
 _IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 # The benchmark pages by topic: (caption, report stems in order). A report listed nowhere goes under the last caption.
 BENCHMARK_GROUPS = [
-    ("Regression intervals", ["uci_intervals", "uci_shift", "uci", "uci_epochs500", "prefit_calibration",
-                              "calibrated_std"]),
-    ("Noise that varies with x", ["synthetic_heteroscedastic", "uci_heteroscedastic", "uci_heteroscedastic_shift",
-                                  "uci_heteroscedastic_shift_gap"]),
-    ("Classification", ["digits_ood", "digits_cnn", "digits_rotation", "hf_lora"]),
+    ("Regression intervals", ["uci", "regional_coverage"]),
     ("The paper's studies", ["paper_1d", "paper_concrete", "paper_smiles"]),
-    ("Speed", ["bench_ggn", "bench_fit", "bench_calibration", "default_fit"]),
+    ("Speed and serving", ["bench_ggn", "default_fit", "serving"]),
+    ("Classification", ["digits_cnn"]),
     ("Other measurements", []),
 ]
 

@@ -9,12 +9,14 @@ import torch
 
 __all__ = [
     "check_choice",
+    "check_target_bounds",
     "check_confidence_levels",
     "check_finite_tensor",
     "check_positive_float",
     "check_positive_int",
     "check_sample_weight",
     "check_vector",
+    "clip_to_bounds",
     "make_generator",
     "numpy_rng",
 ]
@@ -169,3 +171,52 @@ def check_sample_weight(sample_weight, n_rows: int, device: torch.device | str =
     if not bool((w > 0).any()):
         raise ValueError("sample_weight is zero for every row; at least one row needs a positive weight.")
     return w
+
+
+def check_target_bounds(y_bounds, y: np.ndarray, name: str = "y") -> np.ndarray:
+    """The support of the targets as an (n_outputs, 2) float array of [low, high] (−inf / +inf for no bound).
+
+    ``y_bounds`` is None (no bounds), one ``(low, high)`` pair for every output, or a sequence of one pair per
+    output, ``None`` on a side without a bound. Raises a ValueError that says what to pass when it is none of
+    these, when low ≥ high, or when a target of ``y`` (n_samples,) or (n_samples, n_outputs) lies outside.
+    """
+    n_outputs = 1 if y.ndim == 1 else y.shape[1]
+    bounds = np.tile([-np.inf, np.inf], (n_outputs, 1))
+    if y_bounds is None:
+        return bounds
+    pairs = y_bounds
+    if isinstance(y_bounds, (tuple, list)) and len(y_bounds) == 2 and all(
+            side is None or (isinstance(side, numbers.Real) and not isinstance(side, bool)) for side in y_bounds):
+        pairs = [y_bounds] * n_outputs
+    usage = ("y_bounds must be None, a (low, high) pair of numbers or None (no bound on that side), or one such pair "
+             f"per output ({n_outputs} here), e.g. y_bounds=(0, None) for targets that cannot be negative")
+    if not isinstance(pairs, (tuple, list)) or len(pairs) != n_outputs:
+        raise ValueError(f"{usage}; got {y_bounds!r}.")
+    for k, pair in enumerate(pairs):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2 or not all(
+                side is None or (isinstance(side, numbers.Real) and not isinstance(side, bool)) for side in pair):
+            raise ValueError(f"{usage}; got {y_bounds!r}.")
+        low = -np.inf if pair[0] is None else float(pair[0])
+        high = np.inf if pair[1] is None else float(pair[1])
+        if np.isnan(low) or np.isnan(high) or not low < high:
+            raise ValueError(f"y_bounds needs low < high, got ({pair[0]!r}, {pair[1]!r})"
+                             + (f" for output {k}" if n_outputs > 1 else "") + ".")
+        bounds[k] = low, high
+    Y = y.reshape(len(y), -1)
+    outside = (Y < bounds[:, 0]) | (Y > bounds[:, 1])
+    if outside.any():
+        k = int(np.nonzero(outside.any(axis=0))[0][0])
+        raise ValueError(f"{int(outside.sum())} value(s) of {name} lie outside y_bounds "
+                         f"[{bounds[k, 0]:g}, {bounds[k, 1]:g}]" + (f" (output {k})" if n_outputs > 1 else "")
+                         + f", e.g. {Y[outside[:, k], k][0]:g}: the bounds must hold for every target; widen them "
+                         "or pass y_bounds=None.")
+    return bounds
+
+
+def clip_to_bounds(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
+    """``values`` of shape (n_samples, n_outputs, ...) clipped into their output's [low, high] (``bounds``
+    (n_outputs, 2), as :func:`check_target_bounds` returns): a prediction, or interval end points, in the
+    targets' support. Clipping an interval to the support keeps every target it covered covered and never
+    widens it."""
+    shape = (1, -1) + (1,) * (values.ndim - 2)
+    return np.clip(values, bounds[:, 0].reshape(shape), bounds[:, 1].reshape(shape))

@@ -4,7 +4,7 @@ A small network gains nothing from intra-op threads: each operation is too short
 cores are shared with other work, a thread that the operating system has descheduled holds up the others at
 every operation's barrier (the README example took 7–10× its one-thread time on two busy cores). A large
 network's operations are long enough to split. :func:`auto_threads` chooses by the work of one training step,
-the number of trainable weights times the rows of a batch (benchmarks/results/threads_under_load.md); the
+the number of trainable weights times the rows of a batch (docs/benchmarks/studies.md#threads-under-load); the
 estimators apply it with :func:`torch_threads` around ``fit``, ``predict``, ``predict_interval`` and their other
 public methods, and ``n_threads=`` overrides it.
 
@@ -32,7 +32,7 @@ __all__ = ["AUTO_WORK_PER_THREAD", "adjust_threads", "auto_threads", "available_
 
 AUTO_WORK_PER_THREAD = 2**26
 """Weights × rows per batch of work per thread for ``n_threads="auto"``: below it one thread (measured in
-benchmarks/results/threads_under_load.md, where a second thread starts to pay off on an idle machine)."""
+docs/benchmarks/studies.md#threads-under-load, where a second thread starts to pay off on an idle machine)."""
 
 _lock = threading.Lock()
 _state = {"depth": 0, "saved": None, "active": None}

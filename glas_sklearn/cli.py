@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 import time
 import warnings
@@ -29,6 +30,29 @@ def _pyplot_and_output_dir(args):
     return plt, out
 
 
+def _noise_model(reg) -> str:
+    """Which noise model ``likelihood="auto"`` kept, and the held-out evidence, in words."""
+    support = getattr(reg, "likelihood_support_", None)
+    varying = reg.likelihood_.noise_in_outputs
+    kind = "a noise level that varies with the input" if varying else "one noise level for every input"
+    if not support or not math.isfinite(support.get("nll_gain", math.nan)):
+        return kind
+    verdict = "support" if varying else "did not support"
+    gain, se = support["nll_gain"], support["nll_gain_se"]
+    return (f"{kind} (the held-out rows {verdict} a varying one: with it their negative log-likelihood is "
+            f"{'lower' if gain > 0 else 'higher'} by {abs(gain):.3f} ± {se:.3f} per row)")
+
+
+def _interval_kind(reg) -> str:
+    """How the fitted calibrator makes the intervals, in words."""
+    edges = getattr(reg.calibrator_, "edges_", None)
+    if edges is not None:
+        bands = max(len(e) + 1 for e in edges)
+        per = f"one quantile for each of {bands} bands of the predicted std" if bands > 1 else "one quantile"
+        return f"conformal intervals ({per}, calibration={reg.calibration!r})"
+    return f"intervals calibrated by calibration={reg.calibration!r}"
+
+
 def _demo(args) -> int:
     """The main job: the default regressor on the shipped concrete data, its intervals, their coverage on
     held-out rows, and a plot."""
@@ -45,21 +69,29 @@ def _demo(args) -> int:
     size = dict(training=Training(max_epochs=30), posterior=LowRank(max_components=10)) if args.quick else {}
     print(f"UCI concrete: {len(X)} rows, {X.shape[1]} features, target {y.name} in MPa; "
           f"{len(X_train)} rows to fit, {len(X_test)} held out to test.")
-    settings = ", ".join(f"{k}={v!r}" for k, v in size.items())
-    print(f"Fitting LaplaceActiveSubspaceRegressor({settings or 'the default settings'}, "
-          f"random_state={args.seed}) ...", flush=True)
+    settings = "".join(f"{k}={v!r}, " for k, v in size.items())
+    print(f"Fitting LaplaceActiveSubspaceRegressor({settings}y_bounds=(0, None), random_state={args.seed}): a strength "
+          "is never negative, so the intervals stop at 0.")
+    if not args.quiet:
+        print("The fit trains a small network with a noise level that varies with the mix and one with a single noise "
+              "level, each watched on rows held out of its training and stopped early when its loss there no longer "
+              "falls (the 'held-out loss', a negative log-likelihood per row up to a constant: lower is better), "
+              "keeps the one those rows "
+              "support and trains it again on all its rows; then it measures how uncertain the network's weights are "
+              "and calibrates the intervals on rows it never trained on. Each step logs a line:", flush=True)
     t0 = time.perf_counter()
-    reg = LaplaceActiveSubspaceRegressor(confidence_level=args.level, random_state=args.seed,
+    reg = LaplaceActiveSubspaceRegressor(confidence_level=args.level, random_state=args.seed, y_bounds=(0, None),
                                          verbose=0 if args.quiet else 1, **size)
     reg.fit(X_train, y_train)
     wall = time.perf_counter() - t0
     stages = ", ".join(f"{k} {v:.1f} s" for k, v in reg.timings_.items() if k != "total")
     cal = reg.calibration_.iloc[0]
-    print(f"fitted in {wall:.1f} s ({stages}):\n"
-          f"  a tanh MLP with {reg.n_weights_} weights, trained on {len(reg.train_indices_)} rows;\n"
-          f"  the Laplace posterior on its top d = {reg.n_components_} GGN eigendirections, "
+    print(f"\nfitted in {wall:.1f} s ({stages}):\n"
+          f"  a tanh MLP with {reg.n_weights_} weights, trained on {len(reg.train_indices_)} rows, "
+          f"{_noise_model(reg)};\n"
+          f"  the Laplace posterior on its top d = {reg.n_components_} curvature directions, "
           f"prior scale sigma0 = {reg.sigma0_:.3g};\n"
-          f"  split-conformal intervals calibrated on the other {len(reg.calibration_indices_)} rows "
+          f"  {_interval_kind(reg)}, calibrated on the other {len(reg.calibration_indices_)} rows "
           f"(coverage there {cal['coverage']:.1%} at {cal['level']:.0%}).")
 
     y_pred, y_pis = reg.predict_interval(X_test, confidence_level=levels)
@@ -85,6 +117,8 @@ def _demo(args) -> int:
     plot_intervals(reg, X_test, y_test, ax=ax, confidence_level=args.level)
     ax.set_xlabel("predicted compressive strength (MPa)")
     ax.set_ylabel("observed compressive strength (MPa)")
+    ax.set_title(f"concrete, {len(X_test)} held-out rows: {coverage[top]:.1%} inside their {args.level:.0%} "
+                 "intervals", fontsize="medium")
     fig.tight_layout()
     path = out / "intervals.png"
     fig.savefig(path, dpi=120)

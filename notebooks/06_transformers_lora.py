@@ -195,7 +195,7 @@ plt.show()
 # fit's time is printed above in fine-tuning epochs: about 30 curvature products on the 600 fine-tuning rows
 # (Lanczos for 30 eigenpairs) and the calibration rows' per-row Jacobians, each costing about as much as a pass
 # of fine-tuning over those rows (timings on a shared machine vary). One seed on a toy task: a worked example;
-# the measured rows are in `benchmarks/results/hf_lora.md`.
+# the measured rows are in `docs/benchmarks/studies.md#hf-lora`.
 #
 # ## Per-token outputs: a GPT-2 language-model head
 #

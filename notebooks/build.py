@@ -65,8 +65,10 @@ def execute(nb, workdir: Path, quick: bool, timeout: int = 1200):
     from jupyter_client.manager import KernelManager
     from nbclient import NotebookClient
 
+    # PYTHONWARNINGS: tqdm.auto's warning that ipywidgets is missing would store this machine's paths in the outputs
     env = {"GLAS_NOTEBOOK_QUICK": "1" if quick else "0",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")]))}
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH", "")])),
+           "PYTHONWARNINGS": "ignore:IProgress not found"}
     with tempfile.TemporaryDirectory() as tmp:
         ksm = KernelSpecManager(kernel_dirs=[str(kernel_spec_dir(Path(tmp), env))])
         km = KernelManager(kernel_name=KERNEL_NAME, kernel_spec_manager=ksm)

@@ -283,17 +283,6 @@ def test_markdown_table():
     assert lines == ["| a | b | c |", "|---|---:|---|", "| 1 | x | 2.5 |", "| – | y | 3 |"]
 
 
-def test_ece_against_a_hand_computed_value():
-    # two bins hold rows (bins=2: (0, 0.5] and (0.5, 1]): top probabilities 0.4, 0.45 | 0.9, 0.8, 0.7
-    probs = np.array([[0.4, 0.35, 0.25], [0.45, 0.3, 0.25], [0.9, 0.1, 0.0], [0.1, 0.8, 0.1], [0.2, 0.1, 0.7]])
-    labels = np.array([0, 1, 0, 1, 0])  # hits: 1, 0 | 1, 1, 0
-    low = abs(0.5 - 0.425) * 2 / 5
-    high = abs(2 / 3 - 0.8) * 3 / 5
-    assert common.ece(probs, labels, bins=2) == pytest.approx(low + high, rel=1e-12)
-    perfect = np.eye(3)[[0, 1, 2]]
-    assert common.ece(perfect, np.array([0, 1, 2])) == 0.0
-
-
 def test_output_paths_keep_quick_runs_apart(tmp_path):
     import argparse
     full = common.output_paths(argparse.Namespace(out_dir=tmp_path, quick=False), "student_t")

@@ -12,13 +12,17 @@ def test_demo_quick_prints_intervals_coverage_and_writes_a_plot(tmp_path, capsys
     out = capsys.readouterr().out
     assert "UCI concrete: 1030 rows" in out and "824 rows to fit, 206 held out" in out
     assert "training=Training(max_epochs=30), posterior=LowRank(max_components=10)" in out  # how a quick run differs
+    assert "y_bounds=(0, None)" in out
+    # the summary names the calibration the estimator used, and the noise model it kept
+    assert "calibration='mondrian'" in out and "split-conformal" not in out
+    assert "noise level" in out
     # the interval table: 5 rows of y, prediction, lower, upper, inside, each inside flag agreeing with its bounds
     lines = out.splitlines()
     start = next(i for i, line in enumerate(lines) if line.split()[:2] == ["y", "(MPa)"]) + 1
     table = [line.split() for line in lines[start:start + 5]]
     assert all(len(row) == 5 for row in table)
     for y, _, lower, upper, inside in table:
-        assert float(lower) < float(upper)
+        assert 0.0 <= float(lower) < float(upper)  # y_bounds=(0, None): a strength is never negative
         assert inside == str(float(lower) <= float(y) <= float(upper)) or abs(float(y) - float(lower)) < 0.1 \
             or abs(float(y) - float(upper)) < 0.1  # printed with one decimal
     # coverage of the held-out rows at both levels, as shares in [0, 1] and widths ordered with the level

@@ -1,4 +1,5 @@
-"""Every Python code block of the README and of the documentation pages runs as written, in order.
+"""Every Python code block of the README and of the documentation pages runs as written, in order, and every output
+they show is what they print.
 
 A newcomer copies the blocks of one page into a fresh interpreter, one after the other. Here each page's
 ```` ```python ```` blocks are executed in that order in one fresh namespace (nothing defined by the test or by
@@ -8,22 +9,36 @@ commands are ```` ```bash ```` blocks and are not run. A page must leave scikit-
 it found it (a setting such as metadata routing goes in ``sklearn.config_context``), and the examples show none
 of the library's own warnings.
 
-The page on distributed runs is run as ``torchrun --nproc_per_node=1`` would run it: the rendezvous variables
-``MASTER_ADDR``, ``MASTER_PORT``, ``RANK`` and ``WORLD_SIZE`` are set for one process.
+Scripts a page includes (```` ```{literalinclude} path.py ````) run as files: under
+``torchrun --nproc_per_node=2`` (CPU, gloo) when they start a process group, else with ``python``.
+
+Shown output. A ```` ```text ```` block right after a Python block or an included script (prose between them, no
+other code block) is that code's output, and must be what it gives here. What it prints is compared line by line:
+the same words, and with one torch thread (the tests' default) numbers within 10 % (times in seconds and numbers in
+e-notation, which vary from machine to machine, are not compared). For code that prints nothing, the progress
+report ``verbose=1`` writes (to stderr) is compared by its structure: the same steps, one line each, in the same
+order (the progress-bar updates of a long stage left out).
+
+A block that needs a package outside the core dependencies says so on its page; a package of the ``test`` extra
+(which CI installs) must be there, any other one skips the page.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
 import importlib.util
+import io
+import os
 import re
-import socket
+import subprocess
 import sys
 import warnings
 from pathlib import Path
 
 import pytest
 import sklearn
+import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -33,6 +48,8 @@ PAGES = [ROOT / "README.md"] + sorted(p for p in DOCS.rglob("*.md")
 _FENCE = re.compile(r"^```([^\n`]*)\n(.*?)^```[ \t]*$", re.S | re.M)
 # Fence infos a page may use: runnable Python, shell commands and plain text that are not run, MyST directives.
 _NOT_RUN = {"bash", "text", "console"}
+# Import name -> distribution for the packages of the test extra whose import name differs.
+_IMPORT_NAMES = {"scikit-learn": "sklearn"}
 
 
 def fenced_blocks(text: str) -> list[tuple[str, int, str]]:
@@ -44,7 +61,29 @@ def python_blocks(path: Path) -> list[tuple[int, str]]:
     return [(line, code) for info, line, code in fenced_blocks(path.read_text(encoding="utf-8")) if info == "python"]
 
 
+def _included_script(info: str, code: str, page: Path) -> Path | None:
+    if info.startswith("{literalinclude}") and info.split(None, 1)[1].strip().endswith(".py"):
+        return (page.parent / info.split(None, 1)[1].strip()).resolve()
+    return None
+
+
+def shown_outputs(path: Path) -> dict[int, str]:
+    """Index of a code block (among the page's fenced blocks) -> the text block that shows its output."""
+    blocks = fenced_blocks(path.read_text(encoding="utf-8"))
+    return {i - 1: code for i, (info, _, code) in enumerate(blocks)
+            if info == "text" and i > 0 and (blocks[i - 1][0] == "python"
+                                              or _included_script(blocks[i - 1][0], blocks[i - 1][2], path))}
+
+
+def included_scripts(path: Path) -> list[tuple[Path, str | None]]:
+    """The Python files a page includes, each with the output the page shows for it (or None)."""
+    blocks, outputs = fenced_blocks(path.read_text(encoding="utf-8")), shown_outputs(path)
+    return [(script, outputs.get(i)) for i, (info, _, code) in enumerate(blocks)
+            if (script := _included_script(info, code, path)) is not None]
+
+
 PAGES_WITH_CODE = [p for p in PAGES if python_blocks(p)]
+SCRIPTS = [(page, script, output) for page in PAGES for script, output in included_scripts(page)]
 
 
 def _page_id(path: Path) -> str:
@@ -62,10 +101,72 @@ def _top_level_imports(codes: list[str]) -> set[str]:
     return names
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _test_extra() -> set[str]:
+    """Import names of the packages of the ``test`` extra (CI installs them)."""
+    pyproject = (ROOT / "pyproject.toml").read_text(encoding="utf-8")  # tomllib is Python ≥ 3.11
+    specs = re.findall(r'"([^"]+)"', re.search(r"^test = \[(.*?)\]", pyproject, re.S | re.M).group(1))
+    names = {re.split(r"[<>=!~\[ ]", spec, maxsplit=1)[0] for spec in specs}
+    return {_IMPORT_NAMES.get(name, name.replace("-", "_")) for name in names}
+
+
+def _require(imports: set[str], page: Path) -> None:
+    missing = sorted(name for name in imports if importlib.util.find_spec(name) is None)
+    required = sorted(set(missing) & _test_extra())
+    assert not required, (f"{_page_id(page)} needs {', '.join(required)}, of the test extra: "
+                          f"pip install -e '.[test]'")
+    if missing:
+        pytest.skip(f"needs {', '.join(missing)}")
+
+
+_NUMBER = re.compile(r"[-+]?\d[\d,]*(?:\.\d+)?(?:[eE][-+]?\d+)?")
+
+
+def _tokens(line: str) -> tuple[list[str], list[tuple[str, str]]]:
+    """The words of a line (numbers replaced by #) and each number with the text that follows it."""
+    words = _NUMBER.sub("#", " ".join(line.split()))
+    numbers = [(m.group(0), line[m.end():m.end() + 2]) for m in _NUMBER.finditer(line)]
+    return words.split(), numbers
+
+
+def output_mismatches(shown: str, real: str, rel: float = 0.1, compare_numbers: bool | None = None) -> list[str]:
+    """Where ``real`` output differs from the ``shown`` one: lines, words, or a number by more than ``rel``
+    (plus two units of the last digit shown; only with one torch thread, the thread count the docs' outputs were
+    made with); times in seconds and e-notation are not compared."""
+    if compare_numbers is None:
+        compare_numbers = torch.get_num_threads() == 1
+    shown_lines = [line for line in shown.splitlines() if line.strip()]
+    real_lines = [line for line in real.splitlines() if line.strip()]
+    if len(shown_lines) != len(real_lines):
+        return [f"{len(shown_lines)} lines shown, {len(real_lines)} printed:\n{real}"]
+    problems = []
+    for a, b in zip(shown_lines, real_lines, strict=True):
+        (words_a, numbers_a), (words_b, numbers_b) = _tokens(a), _tokens(b)
+        if words_a != words_b or len(numbers_a) != len(numbers_b):
+            problems.append(f"shown {a!r}, printed {b!r}")
+            continue
+        for (x, after), (y, _) in zip(numbers_a, numbers_b, strict=True):
+            if not compare_numbers or after.startswith((" s", "s")) and not after.startswith("s)") or "e" in x.lower():
+                continue
+            u, v = float(x.replace(",", "")), float(y.replace(",", ""))
+            unit = 10.0 ** -len(x.split(".")[1]) if "." in x else 1.0
+            if abs(u - v) > rel * max(abs(u), abs(v)) + 2 * unit:
+                problems.append(f"shown {a!r}, printed {b!r} ({x} against {y})")
+    return problems
+
+
+_PROGRESS_BAR = re.compile(r"\d+/\d+ .*\[\d+:\d+")
+
+
+def report_mismatches(shown: str, real: str) -> list[str]:
+    """Where a real progress report differs in structure from the ``shown`` one: the step each line reports (its
+    text before the first ':'), line by line; progress-bar updates of a long stage are left out."""
+    def steps(text):
+        return [line.split(":")[0].strip() for line in text.splitlines()
+                if line.strip() and not _PROGRESS_BAR.search(line)]
+
+    if steps(shown) != steps(real):
+        return [f"steps shown {steps(shown)}, reported {steps(real)}:\n{real}"]
+    return []
 
 
 def test_the_extraction_finds_the_blocks():
@@ -74,6 +175,24 @@ def test_the_extraction_finds_the_blocks():
                                    ("{toctree}", 13, "a\n")]
     assert len(PAGES_WITH_CODE) >= 8 and ROOT / "README.md" in PAGES_WITH_CODE
     assert DOCS / "getting_started.md" in PAGES_WITH_CODE
+    assert shown_outputs(ROOT / "README.md"), "the README shows what its example prints"
+    assert any(script.name == "distributed_fit.py" and output for _, script, output in SCRIPTS)
+
+
+def test_output_comparison():
+    shown = "fitted in 49.2 s: 500 epochs, coverage [0.558 0.857], residual 6.4e-06\n"
+
+    def differs(real):
+        return output_mismatches(shown, real, compare_numbers=True)
+
+    assert differs("fitted in 12.0 s: 500 epochs, coverage [0.56 0.853], residual 1e-07\n") == []
+    assert differs("fitted in 12.0 s: 300 epochs, coverage [0.56 0.853], residual 1e-07\n")
+    assert differs("fitted in 12.0 s: 500 epochs, coverage [0.56 0.6], residual 1e-07\n")
+    assert differs("fitted in 12.0 s: 500 epochs, width [0.56 0.853], residual 1e-07\n")
+    assert differs(shown + "one more line\n")
+    log = "training: 383 epochs, 22.4 s\nposterior: low_rank, d = 50\n"
+    assert report_mismatches(log, "training: 12/500 it [00:30<00:35]\ntraining: 300 epochs\nposterior: d = 9\n") == []
+    assert report_mismatches(log, "training: 300 epochs\nlanczos: 50 eigenpairs\nposterior: d = 9\n")
 
 
 @pytest.mark.parametrize("page", PAGES, ids=_page_id)
@@ -88,41 +207,62 @@ def test_every_code_block_is_python_or_not_run(page):
 @pytest.mark.parametrize("page", PAGES_WITH_CODE, ids=_page_id)
 def test_page_runs_in_order(page, tmp_path, monkeypatch):
     blocks = python_blocks(page)
-    missing = sorted(name for name in _top_level_imports([code for _, code in blocks])
-                     if importlib.util.find_spec(name) is None)
-    if missing:
-        pytest.skip(f"needs {', '.join(missing)}")
+    _require(_top_level_imports([code for _, code in blocks]), page)
+    assert not any("init_process_group" in code for _, code in blocks), (
+        f"{_page_id(page)}: code that starts a process group goes in a script the page includes (literalinclude), "
+        "which this test runs under torchrun")
     if "matplotlib" in _top_level_imports([code for _, code in blocks]) or "plotting" in page.read_text():
         pytest.importorskip("matplotlib").use("Agg")
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(ROOT))
-    uses_process_group = any("init_process_group" in code for _, code in blocks)
-    if uses_process_group:
-        for key, value in {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "RANK": "0",
-                           "WORLD_SIZE": "1", "LOCAL_RANK": "0"}.items():
-            monkeypatch.setenv(key, value)
+    text = page.read_text(encoding="utf-8")
+    all_blocks = fenced_blocks(text)
+    outputs = shown_outputs(page)
     config = sklearn.get_config()
     namespace = {"__name__": "__main__"}
+    mismatches = []
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always")
-            for line, code in blocks:
-                # padded with newlines so that a traceback names the page and its line
-                exec(compile("\n" * (line - 1) + code, str(page), "exec"), namespace)
+            for index, (info, line, code) in enumerate(all_blocks):
+                if info != "python":
+                    continue
+                printed, reported = io.StringIO(), io.StringIO()
+                with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(reported):
+                    # padded with newlines so that a traceback names the page and its line
+                    exec(compile("\n" * (line - 1) + code, str(page), "exec"), namespace)
+                if index in outputs:
+                    found = (output_mismatches(outputs[index], printed.getvalue()) if printed.getvalue()
+                             else report_mismatches(outputs[index], reported.getvalue()))
+                    mismatches += [f"{_page_id(page)}:{line}: {m}" for m in found]
     finally:
         leaked = {k: v for k, v in sklearn.get_config().items() if config.get(k) != v}
         if "matplotlib.pyplot" in sys.modules:
             sys.modules["matplotlib.pyplot"].close("all")
-        if uses_process_group:
-            import torch.distributed as dist
-
-            if dist.is_initialized():
-                dist.destroy_process_group()
         sklearn.set_config(**config)
     assert not leaked, f"{_page_id(page)} changed scikit-learn's global configuration: {leaked}"
     ours = [f"{w.category.__name__}: {w.message}" for w in caught
             if (w.category.__module__ or "").startswith("glas_sklearn")]
     assert not ours, f"{_page_id(page)} shows the library's warnings: {ours}"
+    assert not mismatches, "the output a page shows is not what its code prints:\n" + "\n".join(mismatches)
+
+
+@pytest.mark.parametrize("page, script, output", SCRIPTS, ids=[f"{_page_id(p)}:{s.name}" for p, s, _ in SCRIPTS])
+def test_included_script_runs(page, script, output, tmp_path):
+    assert script.is_file(), f"{_page_id(page)} includes {script}, which is not there"
+    source = script.read_text(encoding="utf-8")
+    _require(_top_level_imports([source]), page)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "OMP_NUM_THREADS": "1"}
+    if "init_process_group" in source:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    else:
+        command = [sys.executable, str(script)]
+    proc = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{' '.join(command[1:])} failed:\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    if output is not None:
+        problems = output_mismatches(output, proc.stdout)
+        assert not problems, f"{_page_id(page)} shows another output for {script.name}:\n" + "\n".join(problems)
 
 
 def test_pages_leave_global_configuration_alone():

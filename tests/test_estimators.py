@@ -494,7 +494,7 @@ def test_regressor_signature_repeats_the_shared_defaults():
 
     base = inspect.signature(LaplaceActiveSubspaceBase.__init__).parameters
     reg = inspect.signature(LaplaceActiveSubspaceRegressor.__init__).parameters
-    assert set(reg) - set(base) == {"likelihood", "noise_std"}
+    assert set(reg) - set(base) == {"likelihood", "noise_std", "y_bounds"}
     for name, p in base.items():
         if name == "calibration":  # the regressor's own default: conformal within bands of σ̂ (the classifier's
             assert (reg[name].default, p.default) == ("mondrian", "conformal")  # "mondrian" is per class)
@@ -506,7 +506,8 @@ def test_regressor_signature_repeats_the_shared_defaults():
     ("verbose", True), ("verbose", np.int64(0)), ("n_components", np.int32(2)), ("random_state", 2**32 - 1),
     ("random_state", np.random.RandomState(0)), ("optimizer", torch.optim.SGD), ("calibration_size", np.float32(0.2)),
     ("calibration_size", 4), ("lr", 1), ("standardize", np.bool_(False)), ("confidence_level", (0.5, 0.9)),
-    ("scaling", 2), ("noise_std", 0.5), ("batch_size", None), ("max_epochs", 0),
+    ("scaling", 2), ("noise_std", 0.5), ("batch_size", None), ("max_epochs", 0), ("y_bounds", (0, None)),
+    ("y_bounds", [None, None]),
 ])
 def test_constraint_table_accepts_each_allowed_form(param, value):
     X, y = _data(n=20)

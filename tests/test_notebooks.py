@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -97,6 +98,20 @@ def test_committed_notebook_is_executed(name):
     assert len(params) == 1 and "GLAS_NOTEBOOK_QUICK" in params[0].source
     text = "".join(o.get("text", "") for c in cells for o in c.outputs if o.output_type == "stream")
     assert "(full mode)" in text, f"{name} was committed with quick-mode outputs"
+
+
+# An absolute path of the machine a notebook ran on (a warning's file name, a printed path): it means nothing to a
+# reader and leaks the machine's layout.
+_ABSOLUTE_PATH = re.compile(r"(?<![\w.])/(?:home|root|work|tmp|Users|opt|usr|var|private)/|\b[A-Z]:\\")
+
+
+@pytest.mark.parametrize("name", NOTEBOOKS)
+def test_saved_outputs_show_no_absolute_path(name):
+    nb = nbformat.read(NOTEBOOK_DIR / name, as_version=4)
+    texts = [o.get("text", "") + "".join(str(v) for k, v in o.get("data", {}).items() if k.startswith("text/"))
+             for c in _code_cells(nb) for o in c.outputs]
+    found = [match.group(0) for text in texts for match in [_ABSOLUTE_PATH.search(text)] if match]
+    assert not found, f"{name}: saved outputs show absolute paths of the machine it ran on: {found}"
 
 
 def _cells(nb):

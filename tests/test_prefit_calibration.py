@@ -139,7 +139,7 @@ def _refused(est, X, y):
     assert "prefit=True needs calibration rows that the network was not trained on" in msg
     assert "fit(X, y, X_cal=..., y_cal=...)" in msg
     assert "the rows of X are taken to be the network's training rows" in msg
-    assert "under-cover" in msg and "benchmarks/results/prefit_calibration.md" in msg
+    assert "under-cover" in msg and "docs/benchmarks/studies.md#prefit-calibration" in msg
     assert re.search(r"covered \d+ % \(\d+–\d+ %\) of new rows calibrated that way, \d+ % with unseen X_cal", msg)
     assert "Hold rows out before training the network" in msg
     assert not hasattr(est, "posterior_")

@@ -57,7 +57,7 @@ def resolve_conformity_score(conformity_score, likelihood: Likelihood | None = N
     ``check_and_select_conformity_score``), or for None the likelihood's
     :meth:`~glas_sklearn.likelihoods.Likelihood.default_conformity_score` (:class:`StdNormalizedResidual` for the
     regression likelihoods, ``LAC(never_empty=True)`` for :class:`~glas_sklearn.likelihoods.Categorical`: the
-    smallest sets without an empty one of the scores measured in benchmarks/results/classifier_sets.md).
+    smallest sets without an empty one of the scores measured in docs/benchmarks/studies.md#classifier-sets).
     ``likelihood`` None is the Gaussian."""
     default = resolve_calibration_likelihood(likelihood).default_conformity_score()
     if conformity_score is None:
@@ -242,7 +242,7 @@ def epistemic_cap(epistemic_var) -> np.ndarray:
     (:func:`weighted_moments`): a row whose σ_epi² is above that of the typical calibration row keeps its widening.
     The median rather than the largest: under extrapolation the largest calibration σ_epi² is often an outlier, and
     below it λ ≪ 1 shrinks σ̂ on the new rows (concrete, top third of feature 2: interval score 66.6 against 44.0
-    at λ = 1; 46.1 with the median; ``benchmarks/results/regional_calibration_i27f_variants.md``).
+    at λ = 1; 46.1 with the median; ``docs/benchmarks/studies.md#regional-calibration``).
     """
     ve = np.asarray(epistemic_var, dtype=np.float64)
     ve = ve.reshape(ve.shape[0], -1)
@@ -467,7 +467,7 @@ class ConformalCalibrator(Calibrator):
     the median σ_epi² of the calibration rows; :func:`weighted_moments`, :func:`epistemic_cap`).
     ``epistemic_weight="fit"`` chooses λ per output on the calibration rows (:func:`fit_epistemic_weight`, by the
     Gaussian likelihood of the residuals): in distribution the Laplace σ_epi is often several times the mean's actual
-    error (on the synthetic shapes of ``benchmarks/results/regional_calibration_i27d.md`` 2.7–3.7× the noise σ in the
+    error (on the synthetic shapes of ``docs/benchmarks/studies.md#regional-calibration`` 2.7–3.7× the noise σ in the
     quietest fifth), which makes σ̂(x) flat, so the intervals over-cover where the noise is small and under-cover where
     it is large. Beyond m (above the typical calibration row) the excess counts at least in full, and λ is fitted in
     that same form: intervals keep widening off the data. λ is chosen from the calibration rows' targets, so their

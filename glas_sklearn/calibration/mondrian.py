@@ -21,23 +21,23 @@ at least m_γ rows, so that a σ̂ that ranks the errors badly within its range 
 fifth, rising at its ends) is corrected on small data as well (69 rows: 5 bins of 13–14); an integer
 ``n_bins`` is taken as asked. Either way bins are then merged with a neighbour, smallest first, until each
 holds at least max(m_γ, 1) rows (ties in σ̂ can leave bins short), so every quantile at the fitted levels is
-finite. Measured on the fitted-λ σ̂ (``benchmarks/results/regional_calibration_i27g.md``, ``_i27l.md``): 200-row
+finite. Measured on the fitted-λ σ̂ (``docs/benchmarks/studies.md#regional-calibration``): 200-row
 bins cost 0.0–0.4 % interval score where they act in distribution and save 0.9 % under top-third extrapolation
 (800 rows, 4 bins), 100-row bins cost 0.5–0.8 %; σ̂ quintiles 89–90 % at 1,200 rows (one pooled quantile: 87–93 %).
 
 Five bands or one on small data (``min_bins="auto"``). The heteroscedastic predictive (a likelihood with
 ``noise_per_row``), whose σ̂ carries a learnt noise shape, always takes five: on the four UCI dev sets with
 28–144 calibration rows they bring every σ̂ quintile into 87–94 % (82–97 % with one quantile, where σ̂ ranks
-energy's errors badly; ``benchmarks/results/small_data_bins.md``). A predictive without a noise head has a σ̂ of
+energy's errors badly; ``docs/benchmarks/studies.md#small-data-bins``). A predictive without a noise head has a σ̂ of
 the epistemic shape alone, which may or may not follow the noise: five bands there cost 1–6 % of interval score
 where the scores do not depend on σ̂, and leave wine's quietest σ̂ fifth at 82.6 % where they do. So each output
 takes five bands only where the calibration scores differ across them: where :func:`scores_alike_pvalue`, a
 Kruskal–Wallis test over those five bands, is below ``BAND_TEST_LEVEL`` = 0.1 (``band_pvalue_``). On the default's
-fits of the dev sets (20 splits, ``benchmarks/results/band_selection.md``) the test takes bands on 7 of wine's 12
+fits of the dev sets (20 splits, ``docs/benchmarks/studies.md#band-selection``) the test takes bands on 7 of wine's 12
 Gaussian fits and 4 of concrete's 16, and brings wine's quietest fifth from 84 % to 87 %, at 0.988× split
 conformal on concrete (0.993× with one band). Choosing the bands by a test on the calibration scores makes the
 partition depend on the targets; the level within a band then holds up to that choice. Simulated where the scores do
-not depend on σ̂ (``benchmarks/results/band_test_cost.md``), the test takes bands in 10 % of fits, and within those
+not depend on σ̂ (``docs/benchmarks/studies.md#band-test-cost``), the test takes bands in 10 % of fits, and within those
 fits coverage falls short of the level on small sets (87.6 % at 45 rows, 89.1 % at 100, 89.9 % at 300; 90.2–90.3 %
 for one band in the same fits), while over all fits it is 89.85–89.95 % (without the test: 89.9–90.1 %).
 
@@ -48,7 +48,7 @@ up to O(1/n_b) (the simulation in ``tests/test_mondrian.py`` measures it). A row
 calibration σ̂ goes to the first bin; one above the highest takes the larger of the last bin's quantile and the
 pooled one: the last bin's rows may be over-covered by σ̂ within the calibrated range, but off it nothing says that
 σ̂ over-states the error (under top-third extrapolation the last bin's quantile alone took energy's coverage from
-47 % to 31 %, ``benchmarks/results/small_data_bins.md``).
+47 % to 31 %, ``docs/benchmarks/studies.md#small-data-bins``).
 
 The quantile. Rounding the rank up, ⌈(n_b + 1)(1 − γ)⌉ (``quantile_method="higher"``), guarantees ≥ 1 − γ and adds up to
 1/(n_b + 1) to it: 93.3 % at 90 % in a bin of 14 rows, 91.6 % on average over the four UCI dev sets with bins of

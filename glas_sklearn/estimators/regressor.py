@@ -11,7 +11,7 @@ from sklearn.base import RegressorMixin
 from sklearn.utils import metadata_routing
 from sklearn.utils.validation import check_is_fitted
 
-from .._checks import make_generator, numpy_rng
+from .._checks import check_target_bounds, clip_to_bounds, make_generator, numpy_rng
 from .._constraints import InstanceOf, Interval, Options
 from .._functional import model_outputs
 from .._threads import scoped_threads
@@ -43,12 +43,18 @@ _REGRESSOR_PARAMETERS_DOC = """\
         supports it over one constant σ (a network built here, conformal calibration), else "gaussian".
     noise_std : "auto", "calibration", "training" or float, default="auto"
         σ in β: from calibration or training residuals, or given (units of y). "auto": "training" under a
-        conformal calibration, else "calibration" from 30 calibration rows."""
+        conformal calibration, else "calibration" from 30 calibration rows.
+    y_bounds : (low, high), list of (low, high) per output, or None, default=None
+        The targets' support where it is known, e.g. ``(0, None)`` for a strength, a price or a count (None: no
+        bound on that side). Predictions, interval bounds and draws are clipped to it: an interval keeps every
+        target it covered and is never wider. ``fit`` refuses targets outside the bounds."""
 
 _REGRESSOR_ATTRIBUTES_DOC = """\
     noise_source_, noise_std_, std_scale_, y_mean_, y_scale_, likelihood_support_
         The constant σ's source and value (units of y), the std's scale, the target scaling, the evidence of
-        "auto" (the cross-fitted NLL gain of σ(x) over a constant σ, nats per row, and the choice; None without)."""
+        "auto" (the cross-fitted NLL gain of σ(x) over a constant σ, nats per row, and the choice; None without).
+    y_bounds_ : ndarray of shape (n_outputs, 2)
+        [low, high] per output from ``y_bounds`` (−inf and +inf where unbounded)."""
 
 
 class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
@@ -86,17 +92,20 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         "likelihood": [Options(*REGRESSION_LIKELIHOODS, "auto"),
                        InstanceOf(Likelihood, "a glas_sklearn.likelihoods.Likelihood")],
         "noise_std": [Options(*NOISE_SOURCES), Interval(numbers.Real, 0, None, closed="neither")],
+        "y_bounds": [None, InstanceOf((tuple, list), "a (low, high) pair, or one pair per output")],
     }
 
     def __init__(self, module=None, *, prefit=False, training=None, likelihood="auto", noise_std="auto",
                  posterior="low_rank", calibration="mondrian", scaling="auto", n_components="auto", sigma0="auto",
-                 confidence_level=0.9, calibration_size=0.1, compute=None, random_state=None, verbose=0):
+                 confidence_level=0.9, calibration_size=0.1, compute=None, random_state=None, verbose=0,
+                 y_bounds=None):
         super().__init__(module, prefit=prefit, training=training, posterior=posterior, calibration=calibration,
                          scaling=scaling, n_components=n_components, sigma0=sigma0,
                          confidence_level=confidence_level, calibration_size=calibration_size, compute=compute,
                          random_state=random_state, verbose=verbose)
         self.likelihood = likelihood
         self.noise_std = noise_std
+        self.y_bounds = y_bounds
 
     # ------------------------------------------------------------------------------------------ hooks
     def _resolve_likelihood(self, posterior) -> Likelihood:
@@ -149,6 +158,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         if y.ndim == 2 and y.shape[1] == 0:
             raise ValueError("y has 0 columns; at least one target is needed.")
         self._y_shape = (y.ndim == 1, 1 if y.ndim == 1 else y.shape[1])
+        self.y_bounds_ = check_target_bounds(self.y_bounds, y)
         return X, y, inputs
 
     def _validate_calibration(self, X_cal, y_cal):
@@ -158,6 +168,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         expected = (X_cal.shape[0],) if y_1d else (X_cal.shape[0], n_out)
         if y_cal.shape != expected and not (y_1d and y_cal.shape == (X_cal.shape[0], 1)):
             raise ValueError(f"y_cal has shape {y_cal.shape}, but y had {n_out} output(s): expected {expected}.")
+        check_target_bounds(self.y_bounds, y_cal, "y_cal")
         return X_cal, y_cal.reshape(expected)
 
     def _fit_targets(self, y, weight, standardize: bool) -> TargetScaler:
@@ -260,7 +271,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         """Predictive mean, and with ``return_std`` its standard deviation (conformal: σ̂(x) × ``std_scale_``;
         "coverage": the posterior's own), of shape (n_samples,) or (n_samples, n_outputs)."""
         mean, std, _ = self._predict_rows(X)
-        y_pred = self._targets.to_user_units(mean)
+        y_pred = clip_to_bounds(self._targets.to_user_units(mean), self.y_bounds_)
         y_std = self._targets.to_user_units(std, shift=False) * self.std_scale_.reshape((-1,) + (1,) * (std.ndim - 2))
         if self._y_shape[0]:
             y_pred, y_std = y_pred[:, 0], y_std[:, 0]
@@ -273,9 +284,10 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         check_is_fitted(self, "posterior_")
         levels = self._levels(confidence_level)
         mean, _, bounds = self._predict_rows(X, levels, method="predict_interval")
-        y_pred = self._targets.to_user_units(mean)
+        y_pred = clip_to_bounds(self._targets.to_user_units(mean), self.y_bounds_)
         b = bounds.detach().cpu().double().numpy() * self._targets.y_scale[None, :, None, None] \
             + self._targets.y_mean[None, :, None, None]
+        b = clip_to_bounds(b, self.y_bounds_)  # clipping to the support keeps every covered target covered
         if self._y_shape[0]:
             return y_pred[:, 0], b[:, 0]
         return y_pred, b
@@ -295,7 +307,8 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
     @scoped_threads
     def sample_y(self, X, n_samples: int = 1, random_state=0) -> np.ndarray:
-        """Draws of f(x; θ), θ from the posterior (of y with ``include_noise`` or σ(x)), not conformally rescaled."""
+        """Draws of f(x; θ), θ from the posterior (of y with ``include_noise`` or σ(x)), not conformally rescaled,
+        clipped to ``y_bounds``."""
         Xt = self._check_fitted_X(X)
         s = self._posterior_draws(Xt, n_samples, random_state)
         gen = make_generator(None if random_state is None else numpy_rng(random_state).integers(2**62) + 1, s.device)
@@ -304,7 +317,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
             noise_var = self._noise_var_out
         s = self.likelihood_.draw_y(s, noise_var, gen)
         self._check_finite_rows(s.transpose(0, 1), Xt)
-        out = self._targets.to_user_units(s.permute(1, 2, 0))
+        out = clip_to_bounds(self._targets.to_user_units(s.permute(1, 2, 0)), self.y_bounds_)
         return out[:, 0, :] if self._y_shape[0] else out
 
     @scoped_threads
