@@ -165,12 +165,13 @@ pd.DataFrame([
 ]).round(3)
 
 # %% [markdown]
-# **The regressor's defaults.** Without the paper's settings, `LaplaceActiveSubspaceRegressor()` trains the
-# network twice, with and without a variance head, and keeps the heteroscedastic one only if its NLL on held-out
-# training rows is clearly lower (`likelihood="auto"`; the fit log, `verbose=1`, names the choice and
-# `likelihood_support_` keeps the evidence). Its intervals are split-conformal within bands of σ̂
-# (`calibration="mondrian"`: five bands on small calibration sets for the heteroscedastic network, interpolated
-# quantiles), calibrated on 10 % of the training part, not on the conformalisation part MAPIE used above.
+# **The regressor's defaults.** Without the paper's settings, `LaplaceActiveSubspaceRegressor()` trains one
+# network for the mean, then models the noise level σ(x) from its training residuals and keeps it only if a
+# cross-fitted NLL on those rows is clearly lower than with one noise level (`likelihood="auto"`; the fit log,
+# `verbose=1`, names the choice and `likelihood_support_` keeps the evidence). Its intervals are split-conformal
+# within bands of σ̂ (`calibration="mondrian"`: five bands on small calibration sets where σ(x) is kept,
+# interpolated quantiles), calibrated on 10 % of the training part, not on the conformalisation part MAPIE used
+# above.
 
 # %%
 default_pipe = Pipeline([

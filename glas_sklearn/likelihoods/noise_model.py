@@ -6,14 +6,11 @@ Then the noise level is modelled from its residuals r = y − μ(x): per target,
 σ(x) √(2/π) for r = σ(x) ε, ε ~ N(0, 1); σ²(x) = (π/2) ``E[|r| | x]``². The Gamma deviance on r² would be the
 Gaussian likelihood of σ² itself, but r² has no finite variance under heavy-tailed noise (Student t₃), while ``|r|``
 has one whenever the noise has a variance (for Gaussian noise the two are about as efficient: the relative
-variance of a mean of ``|r|`` is 0.57/m in log σ against 0.5/m for r²; measured in
-``docs/user_guide/heteroscedastic.md``).
+variance of a mean of ``|r|`` is 0.57/m in log σ against 0.5/m for r²).
 A least-squares fit of log r² is pulled by log r² → −∞ near r = 0; the Gamma deviance is not.
 
 The residuals are those of the rows the estimator trains on (its calibration rows are never looked at, so the
-conformal guarantee holds whatever the noise model): below 2,000 rows there are no rows held out of the
-mean's training, and on the issue's tables the boosted model found the noise shape from the training residuals as
-well as from held-out ones (``docs/user_guide/heteroscedastic.md``).
+conformal guarantee holds whatever the noise model).
 
 :func:`noise_support` decides between one constant σ and σ(x) by cross-fitting: the rows are split into
 ``folds`` parts, a noise model fitted on the other parts predicts σ²(x) on each part, and per row the
