@@ -115,12 +115,12 @@ def predict_interval(estimator, X, confidence_level=None) -> tuple[np.ndarray, n
     >>> import numpy as np
     >>> from sklearn.pipeline import make_pipeline
     >>> from sklearn.preprocessing import StandardScaler
-    >>> from glas_sklearn import LaplaceActiveSubspaceRegressor, predict_interval
+    >>> from glas_sklearn import LaplaceActiveSubspaceRegressor, LowRank, Training, predict_interval
     >>> rng = np.random.default_rng(0)
     >>> X = rng.uniform(0, 10, size=(100, 2)); y = np.sin(X[:, 0]) + 0.1 * rng.standard_normal(100)
     >>> pipe = make_pipeline(StandardScaler(), LaplaceActiveSubspaceRegressor(
-    ...     max_epochs=100, batch_size=None, lr=0.02, include_noise=True, n_samples=100, max_components=5,
-    ...     random_state=0)).fit(X, y)
+    ...     training=Training(max_epochs=100, batch_size=None, lr=0.02),
+    ...     posterior=LowRank(include_noise=True, n_samples=100, max_components=5), random_state=0)).fit(X, y)
     >>> y_pred, y_pis = predict_interval(pipe, X[:4], confidence_level=[0.5, 0.9])
     >>> y_pis.shape
     (4, 2, 2)
@@ -159,10 +159,11 @@ def predict_set(estimator, X, confidence_level=None) -> tuple[np.ndarray, np.nda
     >>> from sklearn.datasets import make_blobs
     >>> from sklearn.pipeline import make_pipeline
     >>> from sklearn.preprocessing import StandardScaler
-    >>> from glas_sklearn import LaplaceActiveSubspaceClassifier, predict_set
+    >>> from glas_sklearn import LaplaceActiveSubspaceClassifier, LowRank, Training, predict_set
     >>> X, y = make_blobs(n_samples=90, centers=3, random_state=0)
     >>> pipe = make_pipeline(StandardScaler(), LaplaceActiveSubspaceClassifier(
-    ...     max_epochs=20, n_samples=50, max_components=3, random_state=0)).fit(X, y)
+    ...     training=Training(max_epochs=20), posterior=LowRank(n_samples=50, max_components=3),
+    ...     random_state=0)).fit(X, y)
     >>> labels, sets = predict_set(pipe, X[:4])
     >>> sets.shape
     (4, 3, 1)

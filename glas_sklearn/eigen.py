@@ -16,6 +16,7 @@ torch matrix is wrapped in one). Either way the residual norms ‖G p − λ p�
 from __future__ import annotations
 
 import logging
+import math
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -29,9 +30,32 @@ from ._checks import check_choice, check_positive_int, make_generator
 from ._progress import progress, stage
 from .ggn import CurvatureOperator
 
-__all__ = ["EigenResult", "top_eigenpairs"]
+__all__ = ["EigenResult", "roundoff_tolerance", "top_eigenpairs"]
 
 logger = logging.getLogger(__name__)
+
+
+# roundoff_tolerance: the multiple of ε √D λ_max that an eigenvalue computed from products may be off by.
+_ROUNDOFF_FACTOR = 10.0
+
+
+def roundoff_tolerance(largest: float, size: int, dtype: torch.dtype) -> float:
+    """How far round-off may move an eigenvalue of a symmetric operator computed from products in ``dtype``.
+
+    ``10 · ε · √size · largest``, with ε the machine epsilon of ``dtype`` (the products' dtype: float32 for a
+    float32 network even when the eigenvalues are returned in float64) and ``largest`` the
+    largest eigenvalue magnitude: a product of the operator with a vector of length ``size`` carries an error of
+    about ε √size ‖A‖ (random round-off in sums of ``size`` terms), and by Weyl's inequality so does every
+    eigenvalue of the projected matrix. An eigenvalue of a positive semi-definite operator above
+    ``-roundoff_tolerance(...)`` is 0 up to round-off.
+
+    Examples
+    --------
+    >>> import torch
+    >>> f"{roundoff_tolerance(1.0, 10_000, torch.float32):.2e}"
+    '1.19e-04'
+    """
+    return _ROUNDOFF_FACTOR * torch.finfo(dtype).eps * math.sqrt(max(int(size), 1)) * abs(float(largest))
 
 
 @dataclass

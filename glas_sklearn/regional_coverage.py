@@ -397,10 +397,11 @@ def regional_coverage(estimator, X, y, *, columns=None, n_bins: int = 5, confide
 
     Examples
     --------
-    >>> from glas_sklearn import LaplaceActiveSubspaceRegressor
+    >>> from glas_sklearn import LaplaceActiveSubspaceRegressor, LowRank, Training
     >>> rng = np.random.default_rng(0)
     >>> X = rng.uniform(-1, 1, size=(300, 2)); y = X[:, 0] + (0.05 + 0.3 * (X[:, 1] > 0)) * rng.standard_normal(300)
-    >>> reg = LaplaceActiveSubspaceRegressor(max_epochs=50, n_samples=100, max_components=5, random_state=0)
+    >>> reg = LaplaceActiveSubspaceRegressor(training=Training(max_epochs=50),
+    ...                                      posterior=LowRank(n_samples=100, max_components=5), random_state=0)
     >>> table = regional_coverage(reg.fit(X[:200], y[:200]), X[200:], y[200:], columns=[1], n_directions=50)
     >>> sorted(table["by"].unique())
     ['all', 'std', 'worst slab', 'x1']

@@ -26,7 +26,7 @@ from sklearn.model_selection import train_test_split
 
 from glas_sklearn import (
     LaplaceActiveSubspaceRegressor,
-    LowRank,
+    Subspace,
     Training,
     coverage_score,
     interval_score,
@@ -78,15 +78,15 @@ X.assign(strength=y).describe().T.round(1)
 base = LaplaceActiveSubspaceRegressor(confidence_level=CONFIDENCE, random_state=SEED, noise_std="training",
                                       training=Training(module_kwargs={"hidden_layer_sizes": HIDDEN},
                                                         max_epochs=MAX_EPOCHS),
-                                      posterior=LowRank(max_components=MAX_COMPONENTS, n_samples=N_SAMPLES))
-base.set_params(calibration="coverage", posterior="subspace")  # the paper's method; defaults: low-rank + conformal
+                                      calibration="coverage",  # the paper's method; defaults: low-rank + conformal
+                                      posterior=Subspace(max_components=MAX_COMPONENTS, n_samples=N_SAMPLES))
 
 models, notes = {}, {}
 for scaling in ("mean", "standard"):
     for predictive in ("sampled", "linearized"):
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", CalibrationWarning)
-            reg = clone(base).set_params(scaling=scaling, predictive=predictive).fit(X_train, y_train)
+            reg = clone(base).set_params(scaling=scaling, posterior__predictive=predictive).fit(X_train, y_train)
         models[scaling, predictive] = reg
         notes[scaling, predictive] = "; ".join(str(w.message) for w in caught)
 
@@ -188,7 +188,7 @@ pd.DataFrame(rows).round(3)
 # include the noise too.
 
 # %%
-reg_y = clone(base).set_params(noise_std="calibration", include_noise=True).fit(X_train, y_train)
+reg_y = clone(base).set_params(noise_std="calibration", posterior__include_noise=True).fit(X_train, y_train)
 
 rows = []
 for name, m in [("f, σ from training residuals (paper)", models["mean", "sampled"]),

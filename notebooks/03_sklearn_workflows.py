@@ -31,9 +31,11 @@ from sklearn.preprocessing import FunctionTransformer, OneHotEncoder, StandardSc
 from torch import nn
 
 from glas_sklearn import (
+    Compute,
     LaplaceActiveSubspaceClassifier,
     LaplaceActiveSubspaceRegressor,
     LowRank,
+    Subspace,
     Training,
     coverage_score,
     interval_score,
@@ -44,7 +46,6 @@ from glas_sklearn import (
 )
 from glas_sklearn.calibration import CalibrationWarning
 from glas_sklearn.plotting import plot_calibration, plot_intervals
-from tests.reference import grouped
 
 # %matplotlib inline
 plt.rcParams["figure.dpi"] = 80
@@ -89,11 +90,12 @@ features = ColumnTransformer([
 # The paper's method (d chosen by coverage in the active subspace), which this notebook walks through; the
 # regressor's defaults (a likelihood chosen on held-out rows, the low-rank posterior, split-conformal intervals
 # within bands of σ̂) are at the end of section 3 (README, "Which settings when").
-PAPER = dict(calibration="coverage", posterior="subspace")
+PAPER = dict(calibration="coverage")  # with posterior=Subspace(...)
 pipe = Pipeline([
     ("features", features),
-    ("glas", LaplaceActiveSubspaceRegressor(**grouped(max_epochs=MAX_EPOCHS, max_components=MAX_COMPONENTS, **PAPER,
-                                                      n_samples=N_SAMPLES, random_state=SEED))),
+    ("glas", LaplaceActiveSubspaceRegressor(training=Training(max_epochs=MAX_EPOCHS), **PAPER,
+                                            posterior=Subspace(max_components=MAX_COMPONENTS, n_samples=N_SAMPLES),
+                                            random_state=SEED)),
 ])
 X_train.head()
 
@@ -245,8 +247,9 @@ print(f"{TORCH_STEPS} Adam steps in {time.perf_counter() - t0:.1f} s, training R
 before = {k: v.clone() for k, v in model.state_dict().items()}
 grads = [p.grad is None for p in model.parameters()]
 
-prefit = LaplaceActiveSubspaceRegressor(**grouped(module=model, prefit=True, max_components=MAX_COMPONENTS, **PAPER,
-                                                  n_samples=N_SAMPLES, random_state=SEED, noise_std="training"))
+prefit = LaplaceActiveSubspaceRegressor(module=model, prefit=True, **PAPER,
+                                        posterior=Subspace(max_components=MAX_COMPONENTS, n_samples=N_SAMPLES),
+                                        random_state=SEED, noise_std="training")
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always", CalibrationWarning)
     prefit.fit(X_fit, y_fit, X_cal=X_cal, y_cal=y_cal)
@@ -313,10 +316,10 @@ rows = np.arange(len(yi_test))
 
 classifiers, table = {}, []
 for scaling in ("mean", "standard"):
-    clf = LaplaceActiveSubspaceClassifier(**grouped(module_kwargs={"hidden_layer_sizes": (16,)}, max_epochs=CLF_EPOCHS,
-                                                    **PAPER, scaling=scaling, max_components=MAX_COMPONENTS,
-                                                    n_samples=N_SAMPLES, calibration_size=0.2, confidence_level=0.9,
-                                                    dtype="float64", random_state=SEED))
+    clf = LaplaceActiveSubspaceClassifier(
+        training=Training(module_kwargs={"hidden_layer_sizes": (16,)}, max_epochs=CLF_EPOCHS), **PAPER,
+        posterior=Subspace(max_components=MAX_COMPONENTS, n_samples=N_SAMPLES), scaling=scaling,
+        calibration_size=0.2, confidence_level=0.9, compute=Compute(dtype="float64"), random_state=SEED)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", CalibrationWarning)
         clf.fit(Xi_train, yi_train)

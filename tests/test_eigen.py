@@ -138,6 +138,40 @@ def test_fit_laplace_subspace_passes_the_lanczos_budget(problem):
     assert fitted.eigen.n_matvecs == 7 and not fitted.eigen.converged
 
 
+def test_roundoff_tolerance_bounds_float32_eigenvalues_of_a_rank_deficient_ggn():
+    """float32 products on a GGN of rank < D: every eigenvalue (the zero ones included, which come out of either
+    sign) lies within roundoff_tolerance of the dense float64 decomposition's, for Lanczos over the whole space and
+    for a dense float32 eigh; and the posterior takes these eigenpairs, setting the negatives to 0."""
+    from glas_sklearn.posterior import ActiveSubspacePosterior
+
+    net = mlp(hidden=6, n_out=3, seed=0)
+    X = torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+    G = dense_ggn(net, X, loss="cross_entropy")
+    D = G.shape[0]
+    exact = torch.linalg.eigvalsh(G).flip(0)  # float64 reference; rank ≤ 5 rows × 2 < D
+    net32 = copy.deepcopy(net).float()
+    tol = eigen.roundoff_tolerance(float(exact[0]), D, torch.float32)
+    assert tol < 1e-4 * float(exact[0])  # a tolerance of round-off, not of the eigenvalues' size
+    lanczos = top_eigenpairs(GGNOperator(net32, X.float(), loss="cross_entropy"), D - 1, random_state=0)
+    dense32 = torch.linalg.eigh(dense_ggn(net32, X.float(), loss="cross_entropy"))
+    for vals, vecs in ((lanczos.eigenvalues, lanczos.eigenvectors),
+                       (dense32.eigenvalues.flip(0)[: D - 1], dense32.eigenvectors.flip(1)[:, : D - 1])):
+        err = (vals.double() - exact[: D - 1]).abs().max()
+        assert float(err) <= tol
+        post = ActiveSubspacePosterior(net32, vals, vecs, beta=1.0)
+        assert float(post.eigenvalues.min()) == 0.0
+        assert float((post.eigenvalues.double() - exact[: D - 1]).abs().max()) <= tol
+    # the round-off shows: zero eigenvalues come out below 0 in float32, Lanczos's beyond √ε64 λ_1 though float64
+    assert float(lanczos.eigenvalues.min()) < -torch.finfo(torch.float64).eps ** 0.5 * float(exact[0])
+
+
+def test_roundoff_tolerance_scales_with_dtype_size_and_largest_eigenvalue():
+    t = eigen.roundoff_tolerance(2.0, 400, torch.float32)
+    assert t == pytest.approx(10 * torch.finfo(torch.float32).eps * 20 * 2.0, rel=1e-12)
+    assert eigen.roundoff_tolerance(2.0, 400, torch.float64) / t == pytest.approx(2.0**-52 / 2.0**-23)
+    assert eigen.roundoff_tolerance(-2.0, 1600, torch.float32) == pytest.approx(2 * t)
+
+
 def test_the_eigenvectors_are_stored_once():
     """Lanczos forms the eigenvectors in place in its basis and frees the rest: they hold k × D entries and no
     more, and the posterior built from them holds the same tensor (no copy)."""

@@ -440,16 +440,12 @@ def test_bad_inputs(setup):
 
 
 def test_eigenpair_conditioning(setup):
-    """Ascending order is sorted; round-off negatives are clipped; other dtypes are converted."""
+    """Ascending order is sorted; other dtypes are converted (round-off negatives: the test below)."""
     net, X, lam, P, _ = setup
     ref = ActiveSubspacePosterior(net, lam, P, beta=BETA)
     flipped = ActiveSubspacePosterior(net, lam.flip(0), P.flip(1), beta=BETA)
     torch.testing.assert_close(flipped.variances(K), ref.variances(K), rtol=1e-12, atol=0)
     torch.testing.assert_close(flipped.linearized_variance(X, 4), ref.linearized_variance(X, 4))
-    lam2 = lam.clone()
-    lam2[-1] = -1e-12 * lam[0]
-    post = ActiveSubspacePosterior(net, lam2, P, beta=BETA)
-    assert float(post.eigenvalues[-1]) == 0.0
     post32 = ActiveSubspacePosterior(net, lam.float(), P.float(), beta=BETA)
     assert post32.eigenvectors.dtype == torch.float64
     assert math.isfinite(post32.fit_sigma0(2))
@@ -627,6 +623,27 @@ def test_linearized_samples_are_the_linearised_network_at_the_weight_draws(setup
         ref = net(X).detach()[None] + torch.einsum("nmd,sd->snm", J, delta)
         torch.testing.assert_close(post.linearized_samples(X, 3, n_samples=5, random_state=2, batch_size=7), ref,
                                    rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("pair_dtype", [torch.float64, torch.float32])
+def test_roundoff_negative_eigenvalue_accepted_real_negative_refused(setup, pair_dtype):
+    """Below 0 by less than the round-off of the products' dtype (the eigenpairs' or the model's, whichever is
+    coarser) on D weights: set to 0. Below by more: refused, with what to change."""
+    from glas_sklearn.eigen import roundoff_tolerance
+
+    net, X, lam, P, _ = setup
+    D = P.shape[0]
+    tol = roundoff_tolerance(float(lam[0]), D, pair_dtype)
+    lam2 = lam.clone()
+    lam2[-1] = -0.5 * tol
+    post = ActiveSubspacePosterior(net, lam2.to(pair_dtype), P.to(pair_dtype), beta=BETA)
+    assert float(post.eigenvalues[-1]) == 0.0
+    torch.testing.assert_close(post.eigenvalues[:-1], lam[:-1].to(pair_dtype).double())
+    for negative in (-2 * tol, -1e-3 * float(lam[0])):
+        lam2[-1] = negative
+        with pytest.raises(ValueError, match=r"not positive semi-definite.*Hessian") as err:
+            ActiveSubspacePosterior(net, lam2.to(pair_dtype), P.to(pair_dtype), beta=BETA)
+        assert f"D={D}" in str(err.value) and str(pair_dtype).removeprefix("torch.") in str(err.value)
 
 
 # ------------------------------------------------------------- the ways to J P, and the choice between them

@@ -371,3 +371,57 @@ def test_subsample_auto_builds_the_curvature_on_10000_of_more_rows(monkeypatch):
     assert seen == [10_000] and est.get_params()["posterior__subsample"] == "auto"
     LaplaceActiveSubspaceRegressor(**grouped(**kw, calibration_size=101)).fit(X, y)  # 10,000
     assert seen == [10_000, None]
+
+
+@pytest.mark.parametrize("weighted", [False, True])
+def test_classifier_auto_weight_decay_is_logistic_regressions_prior(weighted):
+    """weight_decay="auto": a linear network trained to convergence is scikit-learn's LogisticRegression(C=1) on the
+    standardised inputs (the same N(0, 1) prior; with sample_weight, C Σ w ℓ + ‖W‖² / 2), an independent solver."""
+    from sklearn.linear_model import LogisticRegression
+
+    rng = np.random.default_rng(0)
+    n, p, C = 60, 3, 3
+    X = rng.normal(size=(n, p)) * [1.0, 3.0, 0.5] + [0.0, 2.0, -1.0]
+    y = np.argmax(X @ rng.normal(size=(p, C)) + rng.gumbel(size=(n, C)), axis=1)
+    w = rng.uniform(0.5, 2.0, size=n) if weighted else None
+    clf = LaplaceActiveSubspaceClassifier(
+        nn.Linear(p, C, bias=False),
+        training=Training(batch_size=None, lr=0.1, max_epochs=400, early_stopping=False),
+        posterior=LowRank(max_components=2), compute=Compute(dtype="float64"), random_state=0,
+    ).fit(X, y, sample_weight=w, X_cal=X[:12], y_cal=y[:12])
+    Z = (X - clf.x_mean_) / clf.x_scale_
+    ref = LogisticRegression(C=1.0, fit_intercept=False, tol=1e-12, max_iter=10_000).fit(Z, y, sample_weight=w)
+    np.testing.assert_allclose(clf.module_.weight.detach().numpy(), ref.coef_, atol=1e-4)  # Adam converged
+    # and not the unpenalised fit: the prior moves the weights by far more than that
+    free = LogisticRegression(C=1e6, fit_intercept=False, tol=1e-12, max_iter=10_000).fit(Z, y, sample_weight=w)
+    assert np.abs(free.coef_ - ref.coef_).max() > 0.05
+
+
+def test_auto_weight_decay_by_estimator(monkeypatch):
+    """weight_decay="auto" resolves to 1 / n (the rows trained on, or the sum of their weights) for the classifier,
+    to 0 for the regressor; a number is used as given; the optimizer is built with the resolved value."""
+    assert _training.prior_weight_decay(400) == pytest.approx(1 / 400)
+    assert _training.prior_weight_decay(100, prior_std=0.5) == pytest.approx(4 / 100)
+    assert Training().weight_decay == "auto"
+    assert Training().decay(250, 1.0) == pytest.approx(1 / 250)
+    assert Training().decay(250, None) == 0.0
+    assert Training(weight_decay=0.0).decay(250, 1.0) == 0.0
+    assert Training(weight_decay=1e-3).decay(250, None) == 1e-3
+    seen = []
+    real = _training.build_optimizer
+    monkeypatch.setattr(_training, "build_optimizer",
+                        lambda *a, **kw: seen.append(kw["weight_decay"]) or real(*a, **kw))
+    X, y = _data(n=60)
+    labels = (y > np.median(y)).astype(int)
+    w = np.random.default_rng(1).uniform(0.5, 2.0, size=len(y))
+    kw = dict(training=Training(max_epochs=1), posterior=LowRank(max_components=2), calibration_size=20,
+              random_state=0)
+    clf = LaplaceActiveSubspaceClassifier(**kw).fit(X, labels)
+    assert seen == [pytest.approx(1 / len(clf.train_indices_))]
+    clf = LaplaceActiveSubspaceClassifier(**kw).fit(X, labels, sample_weight=w)
+    assert seen[-1] == pytest.approx(1 / w[clf.train_indices_].sum())
+    LaplaceActiveSubspaceClassifier(**{**kw, "training": Training(max_epochs=1, weight_decay=0.0)}).fit(X, labels)
+    reg = LaplaceActiveSubspaceRegressor(**{**kw, "likelihood": "gaussian"}).fit(X, y)
+    assert seen[-2:] == [0.0, 0.0] and reg.get_params()["training__weight_decay"] == "auto"
+    with pytest.raises(ValueError, match=r"training__weight_decay must be 'auto' or a finite float >= 0, got 'map'"):
+        LaplaceActiveSubspaceClassifier(training=Training(weight_decay="map")).fit(X, labels)

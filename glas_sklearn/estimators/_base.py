@@ -185,7 +185,7 @@ class FitSettings:
 
 PARAMETERS_DOC = """\
     module : None, torch.nn.Module, skorch net or callable, default=None
-        The network, (n, *input_shape) → (n, outputs) (logits); None: an MLP. Copied before training.
+        The network, ``(n, *input_shape)`` → ``(n, outputs)`` (logits); None: an MLP. Copied before training.
     prefit : bool, default=False
         Use the trained module as θ0 as it is (never trained or moved); ``fit`` then needs ``X_cal, y_cal``.
     training : Training, optional
@@ -232,6 +232,9 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
     """What :class:`LaplaceActiveSubspaceRegressor` and :class:`LaplaceActiveSubspaceClassifier` share: the
     orchestration of ``fit``, the fitted attributes, ``coverage_curve`` and the prediction helpers. Each subclass
     supplies its targets and its likelihood through the abstract hooks."""
+
+    #: The N(0, σ²) prior on every weight whose MAP ``weight_decay="auto"`` trains (None: no weight decay).
+    _weight_prior_std: float | None = None
 
     _parameter_constraints = {
         "module": NO_VALIDATION,  # checked when the network is built
@@ -381,7 +384,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         check_output_shape(module, Xt[:1], n_outputs, likelihood, self._name)  # before training
         self.n_threads_ = choose_threads(settings.compute.n_threads, module, batch)
         history = settings.training.fit(module, Xt, data.yt, likelihood, seed=settings.seed,
-                                        sample_weight=data.weight, verbose=self.verbose, owner=self._name)
+                                        sample_weight=data.weight, weight_prior_std=self._weight_prior_std,
+                                        verbose=self.verbose, owner=self._name)
         self._report(training_line(history, self._threads_text()))
         return module, likelihood, history
 

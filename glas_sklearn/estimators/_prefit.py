@@ -274,8 +274,8 @@ def _prefit_needs_calibration_rows(name: str, classification: bool) -> str:
             f"training rows, so rows held out of them (calibration_size) would have training residuals, smaller "
             f"than on new rows, and the calibrated {what} would under-cover: on concrete an overfitting "
             f"8-256-256-1 network's 90 % intervals covered {_SEEN_COVERAGE} of new rows calibrated that way, "
-            f"{_UNSEEN_COVERAGE} with unseen X_cal (docs/benchmarks/studies.md, 'Prefit networks need unseen "
-            "calibration rows'). Hold rows out "
+            f"{_UNSEEN_COVERAGE} with unseen X_cal (docs/benchmarks/studies.md#prefit-"
+            "calibration). Hold rows out "
             "before training the network (e.g. with sklearn.model_selection.train_test_split) and pass them as "
             "X_cal, y_cal; X stays the network's training rows (the curvature is built on them).")
 

@@ -33,7 +33,7 @@ from ..adapters import as_adapter, unwrap_model
 
 __all__ = ["ACTIVATIONS", "AUTO_EARLY_STOPPING_ROWS", "OPTIMIZERS", "SCHEDULES", "Training", "TrainingResult",
            "auto_batch_size", "auto_lr", "batch_slices", "build_network", "build_optimizer", "default_mlp",
-           "held_out_loss", "lr_factor", "seeded_torch", "train_module", "trainable_dtype"]
+           "held_out_loss", "lr_factor", "prior_weight_decay", "seeded_torch", "train_module", "trainable_dtype"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,14 @@ def auto_lr(n: int, batch_size: int | None) -> float:
     (larger steps, larger rate), else ``AUTO_LR`` (1e-3, exactly, on every smaller data set)."""
     step = n if batch_size is None else min(batch_size, n)
     return AUTO_LARGE_LR if n >= AUTO_LARGE_BATCH_ROWS and step >= AUTO_LARGE_BATCH else AUTO_LR
+
+
+def prior_weight_decay(n: float, prior_std: float = 1.0) -> float:
+    """The weight decay that makes training on the mean loss of n rows the MAP under a N(0, prior_std²) prior on
+    every weight: the mean loss plus ‖θ‖² / (2 n prior_std²), as the summed loss plus ‖θ‖² / (2 prior_std²) is the
+    negative log posterior. ``prior_std=1`` is the penalty of scikit-learn's ``LogisticRegression(C=1)``; n is the
+    sum of the rows' weights when they are weighted."""
+    return 1.0 / (float(n) * prior_std**2)
 
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
@@ -520,8 +528,10 @@ class Training(BaseEstimator):
         Rows per step (None: all rows). "auto": a twentieth of the rows trained on, within [64, 200] (and at most
         all of them); from 8,192 rows trained on, a thirty-second of them within [200, 1,024]. A last batch of one
         row is merged into the batch before it (layers such as ``BatchNorm1d`` cannot train on a single row).
-    weight_decay : float, default=0.0
-        Weight decay of the optimizer.
+    weight_decay : "auto" or float, default="auto"
+        Weight decay of the optimizer. "auto": for the classifier 1 / n, n the rows trained on (the sum of their
+        weights), which makes the network the MAP under a N(0, 1) prior on every weight (the penalty of
+        ``LogisticRegression(C=1)``); 0 for the regressor.
     optimizer : {"adam", "adamw", "sgd"} or torch.optim.Optimizer subclass, default="adam"
         Built as ``optimizer(params, lr=lr, weight_decay=weight_decay)``; from 2,000 training rows on "adam" and
         "adamw" run in torch's fused implementation (the same update, one kernel for all the parameters).
@@ -561,7 +571,7 @@ class Training(BaseEstimator):
         "max_epochs": [Interval(numbers.Integral, 0, None)],
         "lr": [Options("auto"), Interval(numbers.Real, 0, None, closed="neither")],
         "batch_size": [None, Options("auto"), Interval(numbers.Integral, 1, None)],
-        "weight_decay": [Interval(numbers.Real, 0, None)],
+        "weight_decay": [Options("auto"), Interval(numbers.Real, 0, None)],
         "optimizer": [Options(*OPTIMIZERS), Satisfies(_is_optimizer_class, "a torch.optim.Optimizer subclass")],
         "schedule": [Options(*SCHEDULES)],
         "early_stopping": [Options("auto"), BOOLEAN],
@@ -572,7 +582,7 @@ class Training(BaseEstimator):
         "standardize": [Options("auto"), BOOLEAN],
     }
 
-    def __init__(self, max_epochs=500, lr="auto", batch_size="auto", weight_decay=0.0, optimizer="adam",
+    def __init__(self, max_epochs=500, lr="auto", batch_size="auto", weight_decay="auto", optimizer="adam",
                  schedule="constant", early_stopping="auto", validation_fraction=0.1, n_iter_no_change=10, tol=1e-4,
                  module_kwargs=None, standardize="auto"):
         self.max_epochs = max_epochs
@@ -601,6 +611,14 @@ class Training(BaseEstimator):
         """The learning rate on ``n_rows`` rows trained on: ``lr``, with "auto" resolved (:func:`auto_lr`)."""
         return auto_lr(n_rows, self.batch_rows(n_rows)) if self.lr == "auto" else self.lr
 
+    def decay(self, n_weight: float, prior_std: float | None) -> float:
+        """The weight decay on training rows of total weight ``n_weight`` (their count, or the sum of their
+        weights): ``weight_decay``, with "auto" resolved to the MAP under a N(0, prior_std²) prior on every weight
+        (:func:`prior_weight_decay`), or to 0 when ``prior_std`` is None."""
+        if self.weight_decay != "auto":
+            return float(self.weight_decay)
+        return 0.0 if prior_std is None else prior_weight_decay(n_weight, prior_std)
+
     def validation_rows(self, yt: torch.Tensor, seed: int, classification: bool,
                         owner: str) -> tuple[np.ndarray, np.ndarray | None]:
         """Positions among the n training rows of the rows trained on and of the ``validation_fraction`` held out
@@ -626,9 +644,11 @@ class Training(BaseEstimator):
         return np.sort(fit), np.sort(val)
 
     def fit(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, likelihood, *, seed: int,
-            sample_weight: torch.Tensor | None = None, verbose: int = 0, owner: str = "Training") -> TrainingResult:
+            sample_weight: torch.Tensor | None = None, weight_prior_std: float | None = None, verbose: int = 0,
+            owner: str = "Training") -> TrainingResult:
         """Train ``module`` (the estimator's own network) in place on the training rows, less the validation rows
-        held out of them for early stopping, on ``likelihood.loss``; its history returned."""
+        held out of them for early stopping, on ``likelihood.loss``; its history returned. ``weight_prior_std`` is
+        the prior that ``weight_decay="auto"`` trains the MAP under (None: no weight decay, :meth:`decay`)."""
         t0 = time.perf_counter()
         n_rows = len(yt)
         fit_rows, val_rows = self.validation_rows(yt, seed, likelihood.is_classification, owner)
@@ -641,7 +661,8 @@ class Training(BaseEstimator):
         batch_size = self.batch_rows(len(Xt))
         result = train_module(
             module, Xt, yt, likelihood.loss, optimizer=self.optimizer, lr=self.learning_rate(len(Xt)),
-            weight_decay=self.weight_decay, batch_size=batch_size,
+            weight_decay=self.decay(len(Xt) if sample_weight is None else float(sample_weight.sum()), weight_prior_std),
+            batch_size=batch_size,
             max_epochs=self.max_epochs, seed=seed, verbose=verbose, owner=owner,
             sample_weight=sample_weight, validation=validation, validation_loss=likelihood.held_out_loss,
             tol=self.tol, n_iter_no_change=self.n_iter_no_change,

@@ -20,12 +20,13 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
     __doc__ = f"""Classification with a torch network and generalized Laplace active-subspace uncertainty.
 
     The network returns logits (n, n_classes); the curvature is the generalized Gauss-Newton matrix of softmax
-    cross-entropy. Probabilities average the softmax over posterior weight samples (sampled predictive) or push
-    the linearised logit Gaussian through the softmax by the probit approximation (linearised, the low-rank
-    posterior's). By default (``calibration="conformal"``) half of the calibration rows choose σ0 by their
-    predictive NLL and the prediction sets are split-conformal on the other half with the LAC score 1 − p_y (a set
-    never empty); with ``calibration="coverage"`` (the paper) d is chosen so that the (1 − γ) prediction sets
-    cover the calibration labels.
+    cross-entropy. A network the estimator trains is the MAP under a N(0, 1) prior on every weight (the default
+    ``Training(weight_decay="auto")``, 1 / n). Probabilities average the softmax over posterior weight samples
+    (sampled predictive) or push the linearised logit Gaussian through the softmax by the probit approximation
+    (linearised, the low-rank posterior's). By default (``calibration="conformal"``) half of the calibration rows
+    choose σ0 by their predictive NLL and the prediction sets are split-conformal on the other half with the LAC
+    score 1 − p_y (a set never empty); with ``calibration="coverage"`` (the paper) d is chosen so that the
+    (1 − γ) prediction sets cover the calibration labels.
 
     Parameters
     ----------
@@ -64,6 +65,10 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
                          scaling=scaling, n_components=n_components, sigma0=sigma0,
                          confidence_level=confidence_level, calibration_size=calibration_size, compute=compute,
                          random_state=random_state, verbose=verbose)
+
+    # A network trained on a small table without a prior drives its training loss to 0 and gives wrong classes
+    # probability 1; the N(0, 1) prior is LogisticRegression(C=1)'s penalty.
+    _weight_prior_std = 1.0
 
     # ------------------------------------------------------------------------------------------ hooks
     def _resolve_likelihood(self, posterior) -> Categorical:

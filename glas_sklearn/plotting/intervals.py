@@ -222,11 +222,12 @@ def plot_intervals(est, X, y, ax: Axes | None = None, confidence_level: float | 
     --------
     >>> import matplotlib; matplotlib.use("Agg")
     >>> import numpy as np
-    >>> from glas_sklearn import LaplaceActiveSubspaceRegressor
+    >>> from glas_sklearn import LaplaceActiveSubspaceRegressor, LowRank, Training
     >>> rng = np.random.default_rng(0)
     >>> X = rng.uniform(-1, 1, (60, 1)); y = np.sin(3 * X[:, 0]) + 0.1 * rng.standard_normal(60)
-    >>> reg = LaplaceActiveSubspaceRegressor(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=20,
-    ...                                      n_samples=50, max_components=3, random_state=0).fit(X, y)
+    >>> training = Training(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=20)
+    >>> reg = LaplaceActiveSubspaceRegressor(training=training, posterior=LowRank(n_samples=50, max_components=3),
+    ...                                      random_state=0).fit(X, y)
     >>> ax = plot_intervals(reg, X, y)
     >>> len(ax.collections[-1].get_offsets())
     60

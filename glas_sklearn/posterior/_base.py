@@ -21,6 +21,7 @@ from torch import nn
 
 from .._checks import check_finite_tensor, check_positive_float
 from .._functional import FunctionalModel
+from ..eigen import roundoff_tolerance
 from ._prior import LogAlphaCondition, solve_log_alpha, subspace_condition, weight_norms
 from ._sampling import PosteriorSampling
 
@@ -34,7 +35,11 @@ _SIGMA0_FITS = ("auto", "eb_subspace", "eb_full")
 def check_eigenpairs(eigenvalues, eigenvectors, n_weights: int, dtype: torch.dtype,
                      device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """(λ, P) checked (finite, orthonormal P of shape (D, K), λ ≥ 0 up to round-off), sorted into descending
-    order if they are not, in ``dtype`` on ``device``."""
+    order if they are not, in ``dtype`` on ``device``.
+
+    Round-off is :func:`~glas_sklearn.eigen.roundoff_tolerance` of the largest |λ| on D weights in the least
+    precise of the eigenpairs' dtypes and ``dtype`` (the products'); eigenvalues within it below 0 are set to 0, any
+    lower is refused."""
     for name, t in (("eigenvalues", eigenvalues), ("eigenvectors", eigenvectors)):
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}; convert with torch.as_tensor.")
@@ -59,12 +64,17 @@ def check_eigenpairs(eigenvalues, eigenvectors, n_weights: int, dtype: torch.dty
             f"eigenvectors are not orthonormal: max |PᵀP − I| = {gram_err:.2e} (tolerance {tol:.1e}); "
             "pass the orthonormal eigenvectors of the GGN (e.g. from glas_sklearn.eigen)."
         )
-    scale = float(lam.abs().max())
-    tiny = math.sqrt(torch.finfo(eigenvalues.dtype).eps) * scale
-    if bool((lam < -tiny).any()):
+    scale = float(lam.abs().max()) if K else 0.0
+    products = max((eigenvalues.dtype, eigenvectors.dtype, dtype), key=lambda dt: torch.finfo(dt).eps)
+    tolerance = roundoff_tolerance(scale, D, products)
+    if K and float(lam.min()) < -tolerance:
         raise ValueError(
-            f"eigenvalues must be >= 0 (the GGN is positive semi-definite), got a minimum of "
-            f"{float(lam.min()):.3e} against a largest magnitude of {scale:.3e}; the eigensolver did not converge."
+            f"eigenvalues must be >= 0 up to round-off (the GGN is positive semi-definite), got a minimum of "
+            f"{float(lam.min()):.3e} against a largest magnitude of {scale:.3e}, beyond the round-off tolerance "
+            f"{tolerance:.1e} of products in {products} on "
+            f"D={D} weights. The operator is not positive semi-definite: pass eigenpairs of a GGN or Fisher (not of "
+            "a Hessian), from glas_sklearn.eigen on a glas_sklearn.ggn operator; with float16/bfloat16 weights, "
+            "compute the curvature on a float32 copy of the model."
         )
     lam = lam.clamp_min(0.0)
     if bool((lam[1:] > lam[:-1]).any()):

@@ -1,0 +1,273 @@
+"""The default classifier on scikit-learn's small tables against the simple tabular baselines (issue 40).
+
+Data: iris, wine, breast cancer and digits (bundled with scikit-learn). Per split s (``random_state=s``), a
+stratified 75/25 ``train_test_split`` of the raw features, as a new user would make it. On the 75 %:
+
+- ``default``: ``LaplaceActiveSubspaceClassifier(random_state=s)`` as it comes (its own calibration rows, σ0 and
+  prediction sets); a fit that raises is counted as a failure and its split left out of every GLAS row;
+- ``MAP``: the same fit's trained network alone (softmax of its logits; ``sigma0=0.0`` gives the same
+  probabilities), sets by split conformal LAC on the default's conformal rows;
+- ``temperature``: the MAP logits divided by the temperature that minimises the NLL of the rows the default
+  chooses σ0 on (``sigma0_rows_``), sets as for MAP: the reference any calibrated classifier must beat;
+- ``logistic regression``: ``StandardScaler`` + ``LogisticRegression()`` (default C), and
+- ``gradient boosting``: ``HistGradientBoostingClassifier(random_state=s)``, both fitted on all the 75 % for
+  accuracy, NLL and ECE (as a user would), and once more on the default's training rows for their sets (split
+  conformal LAC on the same conformal rows as MAP).
+
+Metrics on the 25 % test rows: accuracy, NLL (mean −log p_y, p clipped at 1e-12), ECE (15 equal-width bins of the
+top probability), coverage and mean size of the 90 % sets. The summary checks the issue's targets: no failed
+default fit, the default's NLL at most the better baseline's on each set, its accuracy within 1 point of MAP's.
+
+Usage
+-----
+    python benchmarks/classifier_small_tables.py                     # 20 splits, 1 torch thread
+    python benchmarks/classifier_small_tables.py --splits 5 --sets iris,wine
+    python benchmarks/classifier_small_tables.py --splits 5 --weight-decay 0 --tag no_prior --out-dir /tmp/b  # no prior
+    python benchmarks/classifier_small_tables.py --quick             # 1 split, 60 epochs, *_quick outputs
+    python benchmarks/classifier_small_tables.py --report-only       # the report again from the JSON
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import time
+import warnings
+
+import _common
+import numpy as np
+import torch
+from scipy.optimize import minimize_scalar
+from sklearn.datasets import load_breast_cancer, load_digits, load_iris, load_wine
+from sklearn.ensemble import HistGradientBoostingClassifier
+from sklearn.linear_model import LogisticRegression
+from sklearn.model_selection import train_test_split
+from sklearn.pipeline import make_pipeline
+from sklearn.preprocessing import StandardScaler
+
+from glas_sklearn import LaplaceActiveSubspaceClassifier
+from glas_sklearn.calibration import conformal_quantile
+from glas_sklearn.conformity_scores import LAC
+
+LEVEL = 0.9
+SETS = {"iris": load_iris, "wine": load_wine, "breast_cancer": load_breast_cancer, "digits": load_digits}
+METHODS = [("default", "GLAS default"), ("map", "MAP network"), ("temperature", "temperature-scaled MAP"),
+           ("logreg", "logistic regression"), ("hgb", "gradient boosting")]
+METRICS = ("accuracy", "nll", "ece", "coverage", "set_size")
+SCORE = LAC(never_empty=True)  # the default classifier's own score
+
+
+def nll(probs: np.ndarray, labels: np.ndarray) -> float:
+    return float(-np.mean(np.log(np.clip(probs[np.arange(len(labels)), labels], 1e-12, None))))
+
+
+def ece(probs: np.ndarray, labels: np.ndarray, bins: int = 15) -> float:
+    """Expected calibration error over equal-width bins ``(lo, hi]`` of the top probability."""
+    conf, pred = probs.max(1), probs.argmax(1)
+    edges = np.linspace(0.0, 1.0, bins + 1)
+    total = 0.0
+    for lo, hi in zip(edges[:-1], edges[1:], strict=True):
+        m = (conf > lo) & (conf <= hi)
+        if m.any():
+            total += m.mean() * abs((pred[m] == labels[m]).mean() - conf[m].mean())
+    return float(total)
+
+
+def softmax(logits: np.ndarray) -> np.ndarray:
+    z = np.exp(logits - logits.max(1, keepdims=True))
+    return z / z.sum(1, keepdims=True)
+
+
+def fit_temperature(logits: np.ndarray, labels: np.ndarray) -> float:
+    """The T minimising the mean NLL of softmax(logits / T): bounded Brent in log T over [e⁻⁶, e⁶]."""
+    res = minimize_scalar(lambda u: nll(softmax(logits / math.exp(u)), labels), bounds=(-6.0, 6.0),
+                          method="bounded", options={"xatol": 1e-4})
+    return math.exp(res.x)
+
+
+def conformal_sets(p_conformal: np.ndarray, y_conformal: np.ndarray, p_test: np.ndarray) -> np.ndarray:
+    """Split-conformal LAC sets (never empty) at 90 %: bool (n_test, C)."""
+    scores = np.asarray(SCORE.score(torch.as_tensor(y_conformal), torch.as_tensor(p_conformal)), dtype=np.float64)
+    q = conformal_quantile(scores, LEVEL)
+    return np.asarray(SCORE.region(torch.as_tensor(p_test), q))[..., 0]
+
+
+def metrics(probs: np.ndarray, labels: np.ndarray, sets: np.ndarray | None) -> dict:
+    out = {"accuracy": float((probs.argmax(1) == labels).mean()), "nll": nll(probs, labels),
+           "ece": ece(probs, labels)}
+    if sets is not None:
+        out["coverage"] = float(sets[np.arange(len(labels)), labels].mean())
+        out["set_size"] = float(sets.sum(1).mean())
+    return out
+
+
+def network_logits(est: LaplaceActiveSubspaceClassifier, X: np.ndarray) -> np.ndarray:
+    """The trained network's logits (θ0), on the inputs standardised as the estimator does."""
+    Z = X if est.x_mean_ is None else (X - est.x_mean_) / est.x_scale_
+    param = next(est.module_.parameters())
+    with torch.no_grad():
+        return est.module_.eval()(torch.as_tensor(Z, dtype=param.dtype)).double().numpy()
+
+
+def run_split(name: str, split: int, cfg: argparse.Namespace) -> dict:
+    X, y = SETS[name](return_X_y=True)
+    X_fit, X_te, y_fit, y_te = train_test_split(X, y, test_size=0.25, stratify=y, random_state=split)
+    out = {"set": name, "split": split, "n_fit": len(y_fit), "n_test": len(y_te), "methods": {}}
+    t0 = time.perf_counter()
+    logreg = make_pipeline(StandardScaler(), LogisticRegression(max_iter=5000)).fit(X_fit, y_fit)
+    hgb = HistGradientBoostingClassifier(random_state=split).fit(X_fit, y_fit)
+    out["baseline_seconds"] = time.perf_counter() - t0
+    kw = {} if cfg.epochs is None else {"max_epochs": cfg.epochs}
+    if cfg.weight_decay != "auto":
+        kw["weight_decay"] = float(cfg.weight_decay)
+    t0 = time.perf_counter()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            est = LaplaceActiveSubspaceClassifier(**_common.grouped(random_state=split, **kw)).fit(X_fit, y_fit)
+    except Exception as err:  # a failed default fit is what the benchmark counts
+        out["failure"] = f"{type(err).__name__}: {err}"
+        est = None
+    out["fit_seconds"] = time.perf_counter() - t0
+    if est is None:
+        for key, model in (("logreg", logreg), ("hgb", hgb)):
+            out["methods"][key] = metrics(model.predict_proba(X_te), y_te, None)
+        return out
+    cal = np.asarray(est.calibration_indices_)
+    tune = cal[est.sigma0_rows_] if getattr(est, "sigma0_rows_", None) is not None else cal
+    conf = np.setdiff1d(cal, tune) if len(tune) < len(cal) else cal
+    train = np.asarray(est.train_indices_)
+    out.update(n_train=len(train), n_sigma0=len(tune), n_conformal=len(conf), sigma0=float(est.sigma0_))
+    _, default_sets = est.predict_set(X_te)
+    out["methods"]["default"] = metrics(est.predict_proba(X_te), y_te, default_sets[..., 0])
+    logits_te, logits_tune, logits_conf = (network_logits(est, rows) for rows in (X_te, X_fit[tune], X_fit[conf]))
+    temperature = fit_temperature(logits_tune, y_fit[tune])
+    out["temperature"] = temperature
+    for key, scale in (("map", 1.0), ("temperature", temperature)):
+        p_te, p_conf = softmax(logits_te / scale), softmax(logits_conf / scale)
+        out["methods"][key] = metrics(p_te, y_te, conformal_sets(p_conf, y_fit[conf], p_te))
+    for key, model, fresh in (("logreg", logreg, make_pipeline(StandardScaler(), LogisticRegression(max_iter=5000))),
+                              ("hgb", hgb, HistGradientBoostingClassifier(random_state=split))):
+        fresh.fit(X_fit[train], y_fit[train])
+        sets = conformal_sets(fresh.predict_proba(X_fit[conf]), y_fit[conf], fresh.predict_proba(X_te))
+        on_all = metrics(model.predict_proba(X_te), y_te, None)
+        out["methods"][key] = {**on_all, **{k: v for k, v in metrics(fresh.predict_proba(X_te), y_te, sets).items()
+                                            if k in ("coverage", "set_size")}}
+    return out
+
+
+def _mean_se(values: list[float]) -> dict:
+    a = np.asarray(values, dtype=float)
+    se = float(a.std(ddof=1) / np.sqrt(len(a))) if len(a) > 1 else float("nan")
+    return {"mean": float(a.mean()) if len(a) else float("nan"), "se": se, "n": len(a)}
+
+
+def summarise(runs: list[dict]) -> dict:
+    summary = {}
+    for name in dict.fromkeys(r["set"] for r in runs):
+        rows = [r for r in runs if r["set"] == name]
+        entry = {"splits": len(rows), "failures": sum("failure" in r for r in rows), "methods": {}}
+        for key, _ in METHODS:
+            entry["methods"][key] = {m: _mean_se([r["methods"][key][m] for r in rows
+                                                  if key in r["methods"] and m in r["methods"][key]])
+                                     for m in METRICS}
+        meth = entry["methods"]
+        best = min(meth["logreg"]["nll"]["mean"], meth["hgb"]["nll"]["mean"])
+        entry["targets"] = {
+            "no_failure": entry["failures"] == 0,
+            "nll_at_most_best_baseline": bool(meth["default"]["nll"]["mean"] <= best),
+            "accuracy_within_1pt_of_map": bool(meth["default"]["accuracy"]["mean"]
+                                               >= meth["map"]["accuracy"]["mean"] - 0.01),
+        }
+        summary[name] = entry
+    return summary
+
+
+def _cell(e: dict, digits: int = 3) -> str:
+    if not e["n"]:
+        return "—"
+    se = f" ± {e['se']:.{digits}f}" if np.isfinite(e["se"]) else ""
+    return f"{e['mean']:.{digits}f}{se}"
+
+
+def render(results: dict) -> str:
+    cfg, summ, runs = results["config"], results["summary"], results["runs"]
+    epochs = "the default max_epochs" if cfg["epochs"] is None else f"max_epochs = {cfg['epochs']}"
+    if cfg.get("weight_decay", "auto") != "auto":
+        epochs += f", weight_decay = {cfg['weight_decay']}"
+    title = f"# The classifier on small tables{_common.title_tag(results['command'])}"
+    lines = [f"{title}{' (quick mode)' if cfg['quick'] else ''}", "",
+             f"Generated by `{results['command']}` on {results['date']} "
+             f"({_common.machine_line(results['machine'])}).", "",
+             f"Stratified 75/25 splits (`random_state` 0–{max(r['split'] for r in runs)}) of the raw features; "
+             f"the default `LaplaceActiveSubspaceClassifier(random_state=s)` ({epochs}) against its own trained "
+             "network (MAP), the MAP logits temperature-scaled on the rows the default chooses σ0 on, a standardised "
+             "`LogisticRegression()` and `HistGradientBoostingClassifier`. Mean ± standard error over the splits; "
+             "90 % sets by split conformal (LAC, never empty) on the default's conformal rows.", ""]
+    header = ["method", "failures", "accuracy", "NLL", "ECE", "90 % set coverage", "mean set size"]
+    for name, entry in summ.items():
+        n_fit = next(r["n_fit"] for r in runs if r["set"] == name)
+        lines += [f"## {name} ({n_fit} fitting rows, {entry['splits']} splits)", ""]
+        rows = []
+        for key, label in METHODS:
+            m = entry["methods"][key]
+            fails = f"{entry['failures']} / {entry['splits']}" if key == "default" else "—"
+            rows.append([label, fails, _cell(m["accuracy"]), _cell(m["nll"]), _cell(m["ece"]),
+                         _cell(m["coverage"]), _cell(m["set_size"], 2)])
+        lines += _common.markdown_table(header, rows, "lrrrrrr") + [""]
+        t = entry["targets"]
+        lines += [f"Targets: no failed fit **{'met' if t['no_failure'] else 'not met'}**; NLL at most the better "
+                  f"baseline's **{'met' if t['nll_at_most_best_baseline'] else 'not met'}**; accuracy within 1 point "
+                  f"of MAP's **{'met' if t['accuracy_within_1pt_of_map'] else 'not met'}**.", ""]
+        fails = [r for r in runs if r["set"] == name and "failure" in r]
+        lines += [f"- split {r['split']}: {r['failure']}" for r in fails] + ([""] if fails else [])
+    seconds = sum(r["fit_seconds"] for r in runs)
+    lines += [f"Default fits: {seconds:.0f} s in all ({seconds / max(len(runs), 1):.1f} s a fit, wall, one torch "
+              "thread on a shared machine).", ""]
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    _common.add_common_arguments(p, quick="1 split, 60 epochs")
+    p.add_argument("--splits", type=int, default=20)
+    p.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")
+    p.add_argument("--epochs", type=int, default=None, help="max_epochs (default: the estimator's; quick 60)")
+    p.add_argument("--weight-decay", default="auto", help="the default's weight_decay (default: its own, 'auto')")
+    p.add_argument("--tag", default=None, help="outputs classifier_small_tables_TAG.*")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.splits = 1
+        args.epochs = 60 if args.epochs is None else args.epochs
+    unknown = set(args.sets.split(",")) - set(SETS)
+    if unknown:
+        p.error(f"unknown sets {sorted(unknown)}; choose among {list(SETS)}")
+    return args
+
+
+def main(argv=None) -> dict:
+    args = parse_args(argv)
+    json_path, md_path = _common.output_paths(args, "classifier_small_tables" + (f"_{args.tag}" if args.tag else ""))
+    if args.report_only:
+        R, text = _common.report_from_results(json_path, md_path, render)
+        print(text)
+        return R
+    torch.set_num_threads(args.threads)
+    results = {**_common.new_results(args), "runs": []}
+    for name in args.sets.split(","):
+        for split in range(args.splits):
+            run = run_split(name, split, args)
+            results["runs"].append(run)
+            m = run["methods"]
+            print(f"[classifier_small_tables] {name} split {split} ({run['fit_seconds']:.1f} s): "
+                  + (run.get("failure", "")[:80] or ", ".join(f"{k} NLL {v['nll']:.3f}" for k, v in m.items())),
+                  flush=True)
+    results["summary"] = summarise(results["runs"])
+    command = _common.command_line(__file__, argv)
+    R, text = _common.write_results_and_report(json_path, md_path, results, render, command=command)
+    print(text)
+    return R
+
+
+if __name__ == "__main__":
+    main()
