@@ -87,7 +87,7 @@ class BoostedNoiseModel:
         return cls(trees, floor)
 
     def mean_abs_residual(self, F: np.ndarray) -> np.ndarray:
-        """E[|r| | x] per row and target, (n, k), on the flattened inputs ``F``."""
+        """``E[|r| | x]`` per row and target, (n, k), on the flattened inputs ``F``."""
         out = np.empty((len(F), len(self.trees)))
         for j, t in enumerate(self.trees):
             for start in range(0, len(F), _PREDICT_ROWS):
