@@ -31,16 +31,16 @@ def _pyplot_and_output_dir(args):
 
 
 def _noise_model(reg) -> str:
-    """Which noise model ``likelihood="auto"`` kept, and the held-out evidence, in words."""
+    """Which noise model ``likelihood="auto"`` kept, and the cross-fitted evidence, in words."""
     support = getattr(reg, "likelihood_support_", None)
-    varying = reg.likelihood_.noise_in_outputs
+    varying = reg.likelihood_.noise_per_row
     kind = "a noise level that varies with the input" if varying else "one noise level for every input"
     if not support or not math.isfinite(support.get("nll_gain", math.nan)):
         return kind
     verdict = "support" if varying else "did not support"
     gain, se = support["nll_gain"], support["nll_gain_se"]
-    return (f"{kind} (the held-out rows {verdict} a varying one: with it their negative log-likelihood is "
-            f"{'lower' if gain > 0 else 'higher'} by {abs(gain):.3f} ± {se:.3f} per row)")
+    return (f"{kind} (the training residuals {verdict} a varying one: with it, cross-fitted, their negative "
+            f"log-likelihood is {'lower' if gain > 0 else 'higher'} by {abs(gain):.3f} ± {se:.3f} per row)")
 
 
 def _interval_kind(reg) -> str:
@@ -73,12 +73,10 @@ def _demo(args) -> int:
     print(f"Fitting LaplaceActiveSubspaceRegressor({settings}y_bounds=(0, None), random_state={args.seed}): a strength "
           "is never negative, so the intervals stop at 0.")
     if not args.quiet:
-        print("The fit trains a small network with a noise level that varies with the mix and one with a single noise "
-              "level, each watched on rows held out of its training and stopped early when its loss there no longer "
-              "falls (the 'held-out loss', a negative log-likelihood per row up to a constant: lower is better), "
-              "keeps the one those rows "
-              "support and trains it again on all its rows; then it measures how uncertain the network's weights are "
-              "and calibrates the intervals on rows it never trained on. Each step logs a line:", flush=True)
+        print("The fit trains a small network for the mean strength, then models how the noise around it varies "
+              "with the mix and keeps that model only where the training rows support it over one noise level; then "
+              "it measures how uncertain the network's weights are and calibrates the intervals on rows it never "
+              "trained on. Each step logs a line:", flush=True)
     t0 = time.perf_counter()
     reg = LaplaceActiveSubspaceRegressor(confidence_level=args.level, random_state=args.seed, y_bounds=(0, None),
                                          verbose=0 if args.quiet else 1, **size)

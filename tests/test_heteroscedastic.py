@@ -1,5 +1,6 @@
-"""The heteroscedastic Gaussian likelihood and the regressor's likelihood="heteroscedastic", against closed forms,
-dense autograd references and simulations with a known noise level."""
+"""The heteroscedastic Gaussian likelihoods (a variance head, and the Gaussian's network with a noise model fitted
+after it: the regressor's likelihood="heteroscedastic"), against closed forms, dense autograd references and
+simulations with a known noise level."""
 
 from __future__ import annotations
 
@@ -149,6 +150,20 @@ def fitted_pair():
     return het, hom
 
 
+@pytest.fixture(scope="module")
+def head_network():
+    """A trained network with a variance head (2 outputs: μ, log σ²), the default MLP under
+    ``likelihood=HeteroscedasticGaussian()`` (an instance: the variance head, not the noise stage)."""
+    X, y, _ = _hetero_data(800, 0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = LaplaceActiveSubspaceRegressor(**grouped(likelihood=HeteroscedasticGaussian(), calibration="conformal",
+                                                       calibration_size=0.25, **FAST)).fit(X, y)
+    assert isinstance(est.likelihood_, HeteroscedasticGaussian)
+    assert est.module_(torch.zeros(1, 1, dtype=torch.float64)).shape == (1, 2)
+    return est
+
+
 def test_conformal_intervals_cover_and_follow_the_noise(fitted_pair):
     """On 5000 new rows: coverage ≥ 1 − γ less a tolerance (the conformal coverage given 200 calibration rows is
     Beta-distributed, s.d. ≈ 0.021, plus the binomial s.d. 0.004 of the test rows: 3 s.d.), and in every fifth of
@@ -165,12 +180,16 @@ def test_conformal_intervals_cover_and_follow_the_noise(fitted_pair):
     assert cover["het"][0] >= 0.9 - 3 * 0.022
     assert np.all(np.abs(cover["het"][1] - 0.9) <= 0.08), cover["het"][1]
     assert cover["hom"][1][0] > 0.97 and cover["hom"][1][-1] < 0.82, cover["hom"][1]
-    # the noise the network learned follows the true one: predict_noise_std against σ(x), within 35 %
+    # the noise model follows the true noise: predict_noise_std against σ(x), within 35 %
     ratio = het.predict_noise_std(X) / sd
     assert np.median(np.abs(np.log(ratio))) < math.log(1.35)
-    # the defaults under this likelihood: β = N ("standard", scaling="auto") and σ0 by subspace EB
-    assert het.noise_source_ == "heteroscedastic" and het.posterior_.sigma0_method == "eb_subspace"
-    assert het.beta_ == het.n_records_ and hom.beta_ == pytest.approx(1 / (hom.noise_std_ / hom.y_scale_[0]) ** 2)
+    # the mean is the Gaussian network's, bit for bit (one network, the same training)
+    np.testing.assert_array_equal(het.predict(X), hom.predict(X))
+    # the defaults under this likelihood: β = N/σ² ("standard", scaling="auto"; σ² of the training residuals) and
+    # σ0 by subspace EB; the Gaussian's β = 1/σ² ("mean")
+    assert het.noise_source_ == "training" and het.posterior_.sigma0_method == "eb_subspace"
+    assert het.beta_ == pytest.approx(het.n_records_ / (het.noise_std_ / het.y_scale_[0]) ** 2, rel=1e-12)
+    assert hom.beta_ == pytest.approx(1 / (hom.noise_std_ / hom.y_scale_[0]) ** 2)
 
 
 def test_calibrated_std_has_the_maximum_likelihood_scale_and_a_better_held_out_nll(fitted_pair):
@@ -193,27 +212,28 @@ def test_calibrated_std_has_the_maximum_likelihood_scale_and_a_better_held_out_n
 
 
 def test_heteroscedastic_predictive_moments_by_hand(fitted_pair):
-    """ŷ = μ(x; θ0) and std² = std_scale_² (σ²(x; θ0) + λ min(v, m) + max(λ, 1) (v − m)₊), v = J_μ Σ J_μᵀ (the
-    epistemic variance weighted by the calibration's λ up to its cap m), from the network and the posterior
-    directly."""
+    """ŷ = f(x; θ0) and std² = std_scale_² (σ²(x) + λ min(v, m) + max(λ, 1) (v − m)₊), σ²(x) the fitted noise
+    model's and v = J Σ Jᵀ (the epistemic variance weighted by the calibration's λ up to its cap m), from the
+    network, the noise model and the posterior directly."""
     het, _ = fitted_pair
     X, _, _ = _hetero_data(6, 3)
     Xt = torch.as_tensor((X - het.x_mean_) / het.x_scale_)
     with torch.no_grad():
         out = het.module_(Xt)
+    assert out.shape == (6, 1)  # one output: the mean network
+    noise = het.likelihood_.noise_model_.variance(Xt)[:, 0].numpy()
     var_f = het.posterior_.linearized_variance(Xt, het.n_components_)[:, 0]
     y_pred, std = het.predict(X, return_std=True)
     s = het.y_scale_[0]
     np.testing.assert_allclose(y_pred, out[:, 0].numpy() * s + het.y_mean_[0], rtol=1e-12)
     lam, m = het.calibrator_.epistemic_weight_[0], het.calibrator_.epistemic_cap_[0]
     v = var_f.numpy()
-    expected = het.std_scale_[0] * np.sqrt(out[:, 1].exp().numpy() + lam * np.minimum(v, m)
-                                            + max(lam, 1.0) * np.maximum(v - m, 0)) * s
+    expected = het.std_scale_[0] * np.sqrt(noise + lam * np.minimum(v, m) + max(lam, 1.0) * np.maximum(v - m, 0)) * s
     np.testing.assert_allclose(std, expected, rtol=1e-10)
-    np.testing.assert_allclose(het.predict_noise_std(X), out[:, 1].mul(0.5).exp().numpy() * s, rtol=1e-12)
+    np.testing.assert_allclose(het.predict_noise_std(X), np.sqrt(noise) * s, rtol=1e-12)
     # sample_y draws y: over many draws, mean ŷ and variance σ² + σ_epi² (law of total variance), 5 s.e.
     draws = het.sample_y(X, n_samples=6000, random_state=4)
-    raw_var = (out[:, 1].exp().numpy() + v) * s**2  # the posterior predictive's own variance (not calibrated)
+    raw_var = (noise + v) * s**2  # the posterior predictive's own variance (not calibrated)
     assert np.all(np.abs(draws.mean(1) - y_pred) < 5 * np.sqrt(raw_var / 6000))
     assert np.all(np.abs(draws.var(1) / raw_var - 1) < 5 * math.sqrt(2 / 6000) * 1.5)
 
@@ -292,18 +312,18 @@ def _sampled_coverage_by_hand(est, Xc, yc, d, level):
 
 
 def test_the_papers_method_is_one_argument_away_with_the_heteroscedastic_likelihood():
-    """calibration="coverage", posterior="subspace": the coverage calibrator (as for the Gaussian) searches d on the
-    likelihood's own intervals, here the Gaussian intervals of N(ŷ, σ_ale² + σ_epi²) from posterior samples; every d
-    in the table has the coverage of those intervals by hand, and the chosen d reaches the level where the one
-    below it, if evaluated, does not."""
+    """calibration="coverage", posterior="subspace" with a variance head: the coverage calibrator (as for the
+    Gaussian) searches d on the likelihood's own intervals, here the Gaussian intervals of N(ŷ, σ_ale² + σ_epi²)
+    from posterior samples; every d in the table has the coverage of those intervals by hand, and the chosen d
+    reaches the level where the one below it, if evaluated, does not."""
     from glas_sklearn.calibration import CoverageCalibrator
 
     X, y, _ = _hetero_data(300, 7)
     X_cal, y_cal, _ = _hetero_data(60, 8)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        est = LaplaceActiveSubspaceRegressor(likelihood="heteroscedastic", calibration="coverage", random_state=0,
-                                             training=Training(max_epochs=60, lr=3e-3),
+        est = LaplaceActiveSubspaceRegressor(likelihood=HeteroscedasticGaussian(), calibration="coverage",
+                                             random_state=0, training=Training(max_epochs=60, lr=3e-3),
                                              posterior=Subspace(n_samples=64, max_components=4),
                                              compute=Compute(dtype="float64")).fit(X, y, X_cal=X_cal,
                                                                                             y_cal=y_cal)
@@ -328,7 +348,8 @@ def test_the_papers_method_is_one_argument_away_with_the_heteroscedastic_likelih
         assert cov == pytest.approx(_sampled_coverage_by_hand(est, Xc, yc, int(d), 0.9), abs=1e-12)
 
 
-def test_user_conformity_score_coverage_curve_and_display_under_the_heteroscedastic_likelihood(fitted_pair):
+def test_user_conformity_score_coverage_curve_and_display_under_the_heteroscedastic_likelihood(fitted_pair,
+                                                                                              head_network):
     """A user's ConformityScore instance is calibrated on the likelihood's predictive (ŷ = μ(x; θ0)) by split
     conformal as by hand; the calibrator is never None; coverage_curve gives the linearised Gaussian intervals of
     N(μ̂, σ² + σ_epi²) at every d by hand; the coverage Display draws from the estimator."""
@@ -336,8 +357,8 @@ def test_user_conformity_score_coverage_curve_and_display_under_the_heteroscedas
 
     from glas_sklearn.calibration import ConformalCalibrator
 
-    het, _ = fitted_pair
-    assert isinstance(het.calibrator_, ConformalCalibrator)  # the default, not None
+    assert isinstance(fitted_pair[0].calibrator_, ConformalCalibrator)  # the default, not None
+    het = head_network  # a network with a variance head, used as a prefit module
     X, y, _ = _hetero_data(800, 0)
     X_cal, y_cal, _ = _hetero_data(50, 11)
     with warnings.catch_warnings():
@@ -389,11 +410,11 @@ def test_user_conformity_score_coverage_curve_and_display_under_the_heteroscedas
     np.testing.assert_allclose(disp.line_.get_ydata(), by_cov.calibration_["coverage"])
 
 
-def test_sigma0_by_held_out_nll_under_the_heteroscedastic_likelihood(fitted_pair):
+def test_sigma0_by_held_out_nll_under_the_heteroscedastic_likelihood(head_network):
     """sigma0="nll": the σ0 in [0, σ0_EB] of the lowest mean Gaussian NLL of N(μ̂, σ² + σ_epi²) on half of the
     calibration rows, both ends evaluated, the conformal scores from the other half (the trained network reused as
     a prefit module on the standardised data)."""
-    het, _ = fitted_pair
+    het = head_network
     X, y, _ = _hetero_data(800, 0)
     X_cal, y_cal, _ = _hetero_data(200, 9)  # rows the network was not trained on
 
@@ -420,3 +441,28 @@ def test_default_network_in_natural_parameters_is_trained_through_its_head():
     assert est.training_loss_[-1] < est.training_loss_[0]
     y_pred, std = est.predict(X[:10], return_std=True)
     assert np.isfinite(y_pred).all() and (std > 0).all() and (est.predict_noise_std(X[:10]) > 0).all()
+
+
+def test_the_papers_method_with_the_fitted_noise_model():
+    """likelihood="heteroscedastic" on the estimator's network under calibration="coverage": d is chosen on the
+    Gaussian intervals f ± z sqrt(σ²(x) + σ_epi²) of the Gaussian network, σ²(x) the noise model's; every d in the
+    table has the coverage of those intervals by hand (linearised predictive)."""
+    from scipy import stats
+
+    X, y, _ = _hetero_data(300, 7)
+    X_cal, y_cal, _ = _hetero_data(60, 8)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = LaplaceActiveSubspaceRegressor(likelihood="heteroscedastic", calibration="coverage", random_state=0,
+                                             training=Training(max_epochs=60, lr=3e-3),
+                                             posterior=Subspace(predictive="linearized", max_components=4),
+                                             compute=Compute(dtype="float64")).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    Xc = torch.as_tensor((X_cal - est.x_mean_) / est.x_scale_)
+    yc = (y_cal - est.y_mean_[0]) / est.y_scale_[0]
+    with torch.no_grad():
+        f = est.module_(Xc)[:, 0].numpy()
+    noise = est.likelihood_.noise_model_.variance(Xc)[:, 0].numpy()
+    z = stats.norm.ppf(0.95)
+    for d, cov in zip(est.calibration_["d"], est.calibration_["coverage"], strict=True):
+        epi = est.posterior_.linearized_variance(Xc, int(d))[:, 0].numpy()
+        assert cov == pytest.approx(np.mean(np.abs(yc - f) <= z * np.sqrt(noise + epi)), abs=1e-12)

@@ -7,6 +7,7 @@ import pytest
 from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor, LowRank, Training
 from glas_sklearn._progress import LOG_INTERVAL, progress, stage
 from glas_sklearn.calibration import MondrianConformalCalibrator
+from glas_sklearn.likelihoods import HeteroscedasticGaussian
 
 
 class _Terminal(io.StringIO):
@@ -109,10 +110,9 @@ def test_fit_log_in_a_pipe_is_one_line_per_stage(cls, capsys):
     assert "\r" not in err
     lines = err.splitlines()
     stages = [line.split(":")[0] for line in lines]
-    if getattr(est, "likelihood_support_", None) is not None:  # likelihood="auto": the choice's trainings, its line
-        k = stages.index("likelihood")
-        assert stages[:k] == ["training"] * k and k == 3 and "auto chose" in lines[k], lines
-        lines = lines[k - 1:k] + lines[k + 1:]  # the last training is the chosen network's, on all the rows
+    if getattr(est, "likelihood_support_", None) is not None:  # likelihood="auto": one training, the noise stage's line
+        assert stages[:2] == ["training", "likelihood"] and "auto chose" in lines[1], lines
+        lines = lines[:1] + lines[2:]
         stages = [line.split(":")[0] for line in lines]
     expected = ["training", "lanczos", "posterior"]
     expected += ["sigma0"] if est.n_sigma0_rows_ else []
@@ -153,14 +153,14 @@ def test_expected_coverage_note_for_few_calibration_rows(n, expected):
 
 
 @pytest.mark.parametrize(("likelihood", "calibration", "says", "overshoot"),
-                         [("heteroscedastic", "mondrian", "3 bands of σ̂", False),
+                         [(HeteroscedasticGaussian(), "mondrian", "3 bands of σ̂", False),
                           ("gaussian", "mondrian", "Kruskal–Wallis p = ", False),
                           ("gaussian", "conformal", "quantile", True),
                           ("heteroscedastic", MondrianConformalCalibrator(min_bins=1, quantile_method="higher"),
                            "one band of σ̂: bands need 400", True),
                           ("heteroscedastic", MondrianConformalCalibrator(min_bins=2), "2 bands of σ̂", False)])
 def test_calibration_line_says_the_bands_and_the_overshoot(capsys, likelihood, calibration, says, overshoot):
-    """28 calibration rows: the default takes 3 bands of σ̂ (⌊28/9⌋) for the heteroscedastic predictive, and for
+    """28 calibration rows: the default takes 3 bands of σ̂ (⌊28/9⌋) for a variance head's predictive, and for
     the Gaussian 3 or one as the Kruskal–Wallis test of its scores across those bands says (its p-value quoted),
     with interpolated quantiles, which cover the level on average; the rank rounded up (one pooled quantile)
     covers 27/29 = 93.1 % on average, and says so."""

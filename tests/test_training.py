@@ -62,9 +62,10 @@ def test_batches_cover_every_row_once_and_never_leave_one_row_alone(n, size):
 
 
 @pytest.mark.parametrize("n, expected", [(10, 10), (100, 64), (1280, 64), (1299, 64), (1300, 65), (2000, 100),
-                                         (4000, 200), (8191, 200), (8192, 1024), (36_000, 1024)])
-def test_auto_batch_size_gives_about_twenty_steps_per_epoch_within_64_and_200_then_1024_on_large_data(n, expected):
-    """⌊n/20⌋ within [64, 200] below 8,192 rows trained on; 1,024 rows a step (≥ 8 steps an epoch) from there."""
+                                         (4000, 200), (8191, 200), (8192, 256), (9667, 302), (16_384, 512),
+                                         (32_767, 1023), (32_768, 1024), (36_000, 1024)])
+def test_auto_batch_size_gives_about_twenty_steps_per_epoch_within_64_and_200_then_32_up_to_1024(n, expected):
+    """⌊n/20⌋ within [64, 200] below 8,192 rows trained on; from there ⌊n/32⌋ (32 steps an epoch) up to 1,024."""
     assert auto_batch_size(n) == expected
 
 
@@ -202,7 +203,7 @@ def test_heteroscedastic_head_stops_on_its_own_nll():
     rng = np.random.default_rng(1)
     X = rng.uniform(0, 1, size=(300, 1))
     y = np.sin(6 * X[:, 0]) + (0.05 + 0.5 * X[:, 0]) * rng.standard_normal(300)
-    est = LaplaceActiveSubspaceRegressor(**grouped(**{**FAST, "likelihood": "heteroscedastic"}, max_epochs=80,
+    est = LaplaceActiveSubspaceRegressor(**grouped(**{**FAST, "likelihood": HeteroscedasticGaussian()}, max_epochs=80,
                                                    lr=0.02)).fit(X, y)
     rows = est.train_indices_[est.validation_indices_]
     Xv, yv = _internal(est, X[rows], y[rows])

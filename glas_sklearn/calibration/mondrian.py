@@ -26,7 +26,7 @@ bins cost 0.0–0.4 % interval score where they act in distribution and save 0.9
 (800 rows, 4 bins), 100-row bins cost 0.5–0.8 %; σ̂ quintiles 89–90 % at 1,200 rows (one pooled quantile: 87–93 %).
 
 Five bands or one on small data (``min_bins="auto"``). The heteroscedastic predictive (a likelihood with
-``noise_in_outputs``), whose σ̂ carries a learnt noise shape, always takes five: on the four UCI dev sets with
+``noise_per_row``), whose σ̂ carries a learnt noise shape, always takes five: on the four UCI dev sets with
 28–144 calibration rows they bring every σ̂ quintile into 87–94 % (82–97 % with one quantile, where σ̂ ranks
 energy's errors badly; ``docs/benchmarks/studies.md#small-data-bins``). A predictive without a noise head has a σ̂ of
 the epistemic shape alone, which may or may not follow the noise: five bands there cost 1–6 % of interval score
@@ -299,7 +299,7 @@ class MondrianConformalCalibrator(ConformalCalibrator):
     min_bins : int or "auto", default="auto"
         The fewest bins ``n_bins="auto"`` takes, as far as each keeps ⌈1/γ⌉ − 1 rows (1: one pooled quantile
         below 2 × ``min_bin_size`` rows). "auto": 5 for a likelihood whose network predicts the noise per row
-        (``noise_in_outputs``); otherwise 5 for an output whose calibration scores differ across those bands
+        (``noise_per_row``); otherwise 5 for an output whose calibration scores differ across those bands
         (:func:`scores_alike_pvalue` below 0.1) and 1 for the others, which then take ⌊n / ``min_bin_size``⌋ bands
         by the row count (the test runs where five bands are more than that, below 1,000 rows at the defaults; over
         ``max_bins`` bands where that is below 5; the module's text).
@@ -378,11 +378,11 @@ class MondrianConformalCalibrator(ConformalCalibrator):
             raise ValueError(f"quantile_method must be 'interpolated' or 'higher', got {self.quantile_method!r}.")
 
     def resolved_min_bins(self, likelihood: Likelihood | None = None) -> int:
-        """``min_bins``; "auto": 5 where ``likelihood`` predicts the noise per row (``noise_in_outputs``), else 1
+        """``min_bins``; "auto": 5 where ``likelihood`` predicts the noise per row (``noise_per_row``), else 1
         (before the test of :func:`scores_alike_pvalue`, which may take 5 per output)."""
         if self.min_bins != "auto":
             return int(self.min_bins)
-        return AUTO_MIN_BINS if getattr(likelihood, "noise_in_outputs", False) else 1
+        return AUTO_MIN_BINS if getattr(likelihood, "noise_per_row", False) else 1
 
     def bins_for(self, n_rows: int, confidence_levels, likelihood: Likelihood | None = None, *,
                  min_bins: int | None = None) -> int:

@@ -366,8 +366,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         of extra stages."""
         return (*self._train_network(data, settings, dtype, settings.likelihood), {})
 
-    def _train_network(self, data: PreparedData, settings: FitSettings, dtype, likelihood, **train_options):
-        """One network for ``likelihood``, built and trained (``train_options`` go to :meth:`Training.fit`)."""
+    def _train_network(self, data: PreparedData, settings: FitSettings, dtype, likelihood):
+        """One network for ``likelihood``, built and trained (:meth:`Training.fit`)."""
         Xt, padding, n_outputs = data.Xt, settings.compute.padding_idx, self._n_outputs(data, likelihood)
         batch = min(settings.training.batch_rows(Xt.shape[0]) or Xt.shape[0], Xt.shape[0])
         if self.prefit:
@@ -385,7 +385,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         self.n_threads_ = choose_threads(settings.compute.n_threads, module, batch)
         history = settings.training.fit(module, Xt, data.yt, likelihood, seed=settings.seed,
                                         sample_weight=data.weight, weight_prior_std=self._weight_prior_std,
-                                        verbose=self.verbose, owner=self._name, **train_options)
+                                        verbose=self.verbose, owner=self._name)
         self._report(training_line(history, self._threads_text()))
         return module, likelihood, history
 

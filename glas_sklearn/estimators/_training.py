@@ -42,9 +42,10 @@ PATIENCE_STEPS = 50
 #: ``batch_size="auto"``: ⌊n / AUTO_STEPS⌋ rows per batch (about ``AUTO_STEPS`` steps per epoch),
 #: within [AUTO_MIN_BATCH, AUTO_MAX_BATCH] and at most n.
 AUTO_STEPS, AUTO_MIN_BATCH, AUTO_MAX_BATCH = 20, 64, 200
-#: ``batch_size="auto"`` on large data: AUTO_LARGE_BATCH rows per step from AUTO_LARGE_BATCH_ROWS rows trained on
-#: (at least 8 steps per epoch), with ``lr="auto"`` at AUTO_LARGE_LR there.
-AUTO_LARGE_BATCH, AUTO_LARGE_BATCH_ROWS = 1024, 8 * 1024
+#: ``batch_size="auto"`` on large data: from AUTO_LARGE_BATCH_ROWS rows trained on, ⌊n / AUTO_LARGE_STEPS⌋ rows per
+#: step within [AUTO_MAX_BATCH, AUTO_LARGE_BATCH] (at least AUTO_LARGE_STEPS steps per epoch below 32,768 rows),
+#: with ``lr="auto"`` at AUTO_LARGE_LR for steps of AUTO_LARGE_BATCH.
+AUTO_LARGE_BATCH, AUTO_LARGE_BATCH_ROWS, AUTO_LARGE_STEPS = 1024, 8 * 1024, 32
 #: ``lr="auto"``: AUTO_LR, or AUTO_LARGE_LR for steps of ≥ AUTO_LARGE_BATCH rows on ≥ AUTO_LARGE_BATCH_ROWS rows.
 AUTO_LR, AUTO_LARGE_LR = 1e-3, 3e-3
 #: ``early_stopping="auto"`` holds validation rows out from this many training rows on (below, the rows are worth
@@ -59,10 +60,11 @@ WARMUP_SHARE = 0.05
 
 
 def auto_batch_size(n: int) -> int:
-    """The rows per step of ``batch_size="auto"`` for n rows trained on: ``AUTO_LARGE_BATCH`` from
-    ``AUTO_LARGE_BATCH_ROWS`` rows on, else ⌊n / AUTO_STEPS⌋ within [AUTO_MIN_BATCH, AUTO_MAX_BATCH] (and ≤ n)."""
+    """The rows per step of ``batch_size="auto"`` for n rows trained on: from ``AUTO_LARGE_BATCH_ROWS`` rows on
+    ⌊n / AUTO_LARGE_STEPS⌋ within [AUTO_MAX_BATCH, AUTO_LARGE_BATCH], else ⌊n / AUTO_STEPS⌋ within
+    [AUTO_MIN_BATCH, AUTO_MAX_BATCH] (and ≤ n)."""
     if n >= AUTO_LARGE_BATCH_ROWS:
-        return AUTO_LARGE_BATCH
+        return int(min(AUTO_LARGE_BATCH, max(AUTO_MAX_BATCH, n // AUTO_LARGE_STEPS)))
     return int(min(n, max(AUTO_MIN_BATCH, min(AUTO_MAX_BATCH, n // AUTO_STEPS))))
 
 
@@ -521,11 +523,11 @@ class Training(BaseEstimator):
         The most training epochs (all of them with ``early_stopping=False``).
     lr : "auto" or float, default="auto"
         Learning rate. "auto": 1e-3, and 3e-3 for steps of at least 1,024 rows on at least 8,192 rows trained on
-        (what ``batch_size="auto"`` gives there).
+        (what ``batch_size="auto"`` gives from 32,768 rows).
     batch_size : "auto", int or None, default="auto"
         Rows per step (None: all rows). "auto": a twentieth of the rows trained on, within [64, 200] (and at most
-        all of them); from 8,192 rows trained on, 1,024. A last batch of one row is merged into the batch before
-        it (layers such as ``BatchNorm1d`` cannot train on a single row).
+        all of them); from 8,192 rows trained on, a thirty-second of them within [200, 1,024]. A last batch of one
+        row is merged into the batch before it (layers such as ``BatchNorm1d`` cannot train on a single row).
     weight_decay : "auto" or float, default="auto"
         Weight decay of the optimizer. "auto": for the classifier 1 / n, n the rows trained on (the sum of their
         weights), which makes the network the MAP under a N(0, 1) prior on every weight (the penalty of
@@ -642,22 +644,14 @@ class Training(BaseEstimator):
         return np.sort(fit), np.sort(val)
 
     def fit(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, likelihood, *, seed: int,
-            sample_weight: torch.Tensor | None = None, held_out: np.ndarray | None = None, epochs: int | None = None,
-            n_iter_no_change: int | None = None, weight_prior_std: float | None = None, verbose: int = 0,
+            sample_weight: torch.Tensor | None = None, weight_prior_std: float | None = None, verbose: int = 0,
             owner: str = "Training") -> TrainingResult:
         """Train ``module`` (the estimator's own network) in place on the training rows, less the validation rows
-        held out of them for early stopping, on ``likelihood.loss``; its history returned.
-
-        ``held_out`` (positions among the training rows) are the validation rows instead, whatever
-        ``early_stopping``; ``epochs`` and ``n_iter_no_change`` replace the settings' own; ``weight_prior_std`` is
+        held out of them for early stopping, on ``likelihood.loss``; its history returned. ``weight_prior_std`` is
         the prior that ``weight_decay="auto"`` trains the MAP under (None: no weight decay, :meth:`decay`)."""
         t0 = time.perf_counter()
         n_rows = len(yt)
-        if held_out is None:
-            fit_rows, val_rows = self.validation_rows(yt, seed, likelihood.is_classification, owner)
-        else:
-            val_rows = np.sort(np.asarray(held_out))
-            fit_rows = np.setdiff1d(np.arange(n_rows), val_rows)
+        fit_rows, val_rows = self.validation_rows(yt, seed, likelihood.is_classification, owner)
         validation = None
         if val_rows is not None:
             fit_index, val_index = (torch.as_tensor(r, device=Xt.device) for r in (fit_rows, val_rows))
@@ -669,14 +663,14 @@ class Training(BaseEstimator):
             module, Xt, yt, likelihood.loss, optimizer=self.optimizer, lr=self.learning_rate(len(Xt)),
             weight_decay=self.decay(len(Xt) if sample_weight is None else float(sample_weight.sum()), weight_prior_std),
             batch_size=batch_size,
-            max_epochs=self.max_epochs if epochs is None else epochs, seed=seed, verbose=verbose, owner=owner,
+            max_epochs=self.max_epochs, seed=seed, verbose=verbose, owner=owner,
             sample_weight=sample_weight, validation=validation, validation_loss=likelihood.held_out_loss,
-            tol=self.tol, n_iter_no_change=self.n_iter_no_change if n_iter_no_change is None else n_iter_no_change,
+            tol=self.tol, n_iter_no_change=self.n_iter_no_change,
             fused=n_rows >= AUTO_EARLY_STOPPING_ROWS, schedule=self.schedule)
         result.validation_indices = val_rows
         result.n_rows_trained = len(Xt)
         result.batch_rows = min(batch_size or len(Xt), len(Xt))
-        result.max_epochs = self.max_epochs if epochs is None else epochs
+        result.max_epochs = self.max_epochs
         result.seconds = time.perf_counter() - t0
         return result
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import numbers
 import warnings
-from dataclasses import replace
 
 import numpy as np
 import torch
@@ -18,10 +17,10 @@ from .._functional import model_outputs
 from .._threads import scoped_threads
 from ..calibration import resolve_calibration
 from ..laplace import residual_noise_variance
-from ..likelihoods import REGRESSION_LIKELIHOODS, Likelihood, resolve_likelihood
+from ..likelihoods import REGRESSION_LIKELIHOODS, FittedNoiseGaussian, Likelihood, resolve_likelihood
 from ._base import ATTRIBUTES_DOC, PARAMETERS_DOC, LaplaceActiveSubspaceBase
 from ._data import InputEncoder, TargetScaler
-from ._likelihood_choice import choose_auto_likelihood
+from ._likelihood_choice import NoiseStage
 from ._prefit import user_stacklevel
 
 __all__ = ["LaplaceActiveSubspaceRegressor"]
@@ -30,11 +29,18 @@ __all__ = ["LaplaceActiveSubspaceRegressor"]
 NOISE_SOURCES = ("auto", "calibration", "training")
 # Below this many held-out rows the residual variance is too noisy to prefer it over the training residuals.
 _MIN_CALIBRATION_ROWS_FOR_NOISE = 30
+#: The names that, on a network built here, take the Gaussian's network and a noise model σ(x) fitted after it:
+#: tested against one constant σ ("auto"), or always kept ("heteroscedastic").
+_NOISE_STAGES = {"auto": NoiseStage(test=True), "heteroscedastic": NoiseStage(test=False)}
 
 _REGRESSOR_PARAMETERS_DOC = """\
     likelihood : "auto", "gaussian", "heteroscedastic", "student_t" or Likelihood, default="auto"
-        The noise model: one σ per output, σ(x) from a variance head, heavy tails. "auto": heteroscedastic when
-        held-out training rows support it (a network built here, conformal calibration), else Gaussian.
+        The noise model. "gaussian": one σ per output (the paper's). "heteroscedastic": on a network built here,
+        the Gaussian's network and a noise model σ(x) fitted after it on its training residuals
+        (:class:`~glas_sklearn.likelihoods.FittedNoiseGaussian`, boosted trees of ``|r|``); on a module of your own,
+        a variance head (:class:`~glas_sklearn.likelihoods.HeteroscedasticGaussian`). "student_t": heavy tails.
+        "auto": the Gaussian's network, and σ(x) when a 2-fold cross-fitted test on the training residuals
+        supports it over one constant σ (a network built here, conformal calibration), else "gaussian".
     noise_std : "auto", "calibration", "training" or float, default="auto"
         σ in β: from calibration or training residuals, or given (units of y). "auto": "training" under a
         conformal calibration, else "calibration" from 30 calibration rows.
@@ -45,7 +51,8 @@ _REGRESSOR_PARAMETERS_DOC = """\
 
 _REGRESSOR_ATTRIBUTES_DOC = """\
     noise_source_, noise_std_, std_scale_, y_mean_, y_scale_, likelihood_support_
-        σ's source and value (units of y), the std's scale, the target scaling, the evidence of "auto".
+        The constant σ's source and value (units of y), the std's scale, the target scaling, the evidence of
+        "auto" (the cross-fitted NLL gain of σ(x) over a constant σ, nats per row, and the choice; None without).
     y_bounds_ : ndarray of shape (n_outputs, 2)
         [low, high] per output from ``y_bounds`` (−inf and +inf where unbounded)."""
 
@@ -104,13 +111,17 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     def _resolve_likelihood(self, posterior) -> Likelihood:
         likelihood = self.likelihood
         self._include_noise = bool(posterior.include_noise)
-        auto = isinstance(likelihood, str) and likelihood == "auto"
-        # "auto": a variance head only on a network built here, for intervals the conformal calibrator makes from
-        # σ̂, kept when held-out rows support it (_fit_network); the Gaussian under "coverage" or include_noise
-        self._choose_likelihood = (auto and self.module is None and not self._include_noise
-                                   and not resolve_calibration(self.calibration).chooses_dimension)
-        if auto:
-            likelihood = "heteroscedastic" if self._choose_likelihood else "gaussian"
+        # on a network built here "auto" and "heteroscedastic" take the Gaussian's network and a noise stage after
+        # it; "auto" takes the Gaussian alone under "coverage" or include_noise (one constant σ) and on a user's module
+        stage = _NOISE_STAGES.get(likelihood) if isinstance(likelihood, str) else None
+        if stage is not None and (self.module is not None or stage.test and (
+                self._include_noise or resolve_calibration(self.calibration).chooses_dimension)):
+            stage, likelihood = None, "gaussian" if stage.test else likelihood
+        if isinstance(likelihood, FittedNoiseGaussian):  # an instance: its noise model is fitted here, always
+            stage = NoiseStage(test=False)
+        self._noise_stage = stage
+        if stage is not None:
+            likelihood = FittedNoiseGaussian()
         likelihood = resolve_likelihood(likelihood)
         likelihood = type(likelihood)(**likelihood.get_params())  # as clone: checks rerun, the fit's own object
         if likelihood.is_classification:
@@ -125,10 +136,10 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
                              "(Likelihood.predictive_moments / predictive_interval) and names its default conformity "
                              "score (default_conformity_score), as 'gaussian', 'heteroscedastic' and 'student_t' "
                              "do.") from err
-        if self._include_noise and likelihood.noise_in_outputs:
+        if self._include_noise and likelihood.noise_per_row:
             raise ValueError("LaplaceActiveSubspaceRegressor: posterior__include_noise applies to a likelihood with a "
                              f"constant noise; with likelihood={self.likelihood!r} the intervals and std are always "
-                             "for y (the network's σ(x) is the noise): leave include_noise=False.")
+                             "for y (σ(x) is the noise): leave include_noise=False.")
         return likelihood
 
     def _auto_low_rank_sigma0(self, calibrator) -> str:
@@ -172,23 +183,15 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         return likelihood.n_outputs(data.targets.n_outputs)
 
     def _fit_network(self, data, settings, dtype):
+        """θ0, then the noise stage where ``likelihood`` names one: the fit's likelihood becomes its choice."""
         self.likelihood_support_ = None
-        if not self._choose_likelihood:
-            return super()._fit_network(data, settings, dtype)
-
-        def train(likelihood, rows=None, **options):
-            part = data
-            if rows is not None:  # train on these training rows only
-                index = torch.as_tensor(rows, device=data.Xt.device)
-                part = replace(data, Xt=data.Xt[index], yt=data.yt[index],
-                               weight=None if data.weight is None else data.weight[index])
-            module, _, history = self._train_network(part, settings, dtype, likelihood, **options)
-            return module, history
-
-        module, likelihood, history, support = choose_auto_likelihood(
-            train, settings.training, data.Xt, data.yt, settings.seed, settings.likelihood, self._report)
-        self.likelihood_support_ = support
-        return module, likelihood, history, {"likelihood_choice": support["seconds"] - history.seconds}
+        module, likelihood, history, timings = super()._fit_network(data, settings, dtype)
+        if self._noise_stage is None:
+            return module, likelihood, history, timings
+        noise = self._noise_stage.fit(module, data.Xt, data.yt, seed=settings.seed, sample_weight=data.weight)
+        self._report(noise.line)
+        self.likelihood_support_ = noise.support
+        return module, noise.likelihood, history, {**timings, "noise": noise.seconds}
 
     def _fit_noise(self, module, data, settings):
         """σ² for β (pooled over outputs, internal units; training residuals weighted, calibration residuals
@@ -291,14 +294,15 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
     @scoped_threads
     def predict_noise_std(self, X) -> np.ndarray:
-        """The noise level σ_ale(x) per row in the units of y: the network's σ(x; θ0), or ``noise_std_``."""
+        """The noise level σ_ale(x) per row in the units of y: the noise model's σ(x) (a variance head's σ(x; θ0)),
+        or ``noise_std_``."""
         Xt = self._check_fitted_X(X)
-        if self.likelihood_.noise_in_outputs:
-            out = model_outputs(self.module_, Xt)
-            self._check_finite_rows(out, Xt)
-            std = self._targets.to_user_units(self.likelihood_.noise_variance(out).sqrt(), shift=False)
-        else:
+        var = self.likelihood_.row_noise_variance(self.module_, Xt)  # None: one constant noise level
+        if var is None:
             std = np.broadcast_to(np.atleast_1d(self.noise_std_), (Xt.shape[0], self._y_shape[1])).copy()
+        else:
+            self._check_finite_rows(var, Xt)
+            std = self._targets.to_user_units(var.sqrt(), shift=False)
         return std[:, 0] if self._y_shape[0] else std
 
     @scoped_threads
@@ -308,7 +312,10 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         Xt = self._check_fitted_X(X)
         s = self._posterior_draws(Xt, n_samples, random_state)
         gen = make_generator(None if random_state is None else numpy_rng(random_state).integers(2**62) + 1, s.device)
-        s = self.likelihood_.draw_y(s, self._noise_var_out if self._include_noise else None, gen)
+        noise_var = self.likelihood_.row_noise_variance(self.module_, Xt)  # σ²(x), or None: the constant's
+        if noise_var is None and self._include_noise:
+            noise_var = self._noise_var_out
+        s = self.likelihood_.draw_y(s, noise_var, gen)
         self._check_finite_rows(s.transpose(0, 1), Xt)
         out = clip_to_bounds(self._targets.to_user_units(s.permute(1, 2, 0)), self.y_bounds_)
         return out[:, 0, :] if self._y_shape[0] else out

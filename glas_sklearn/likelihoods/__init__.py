@@ -1,8 +1,9 @@
 """Likelihoods p(y | f) of a network's output: the training loss, the output Hessian H_n of the GGN and β.
 
 :class:`Gaussian` (homoscedastic regression, the ½-squared loss), :class:`HeteroscedasticGaussian` (a mean and a
-variance per target), :class:`StudentT` (heavy-tailed noise) and :class:`Categorical` (softmax cross-entropy) are
-built in; a subclass of
+variance per target), :class:`FittedNoiseGaussian` (the Gaussian's network and a noise model σ²(x) fitted after
+it, :func:`fit_noise_model`), :class:`StudentT` (heavy-tailed noise) and :class:`Categorical` (softmax
+cross-entropy) are built in; a subclass of
 :class:`Likelihood` plugs in anywhere a likelihood is taken (:class:`~glas_sklearn.ggn.GGNOperator`,
 :func:`~glas_sklearn.laplace.fit_laplace_subspace`, the regressor's ``likelihood=``).
 :func:`resolve_likelihood` is the one place where their names become objects.
@@ -12,12 +13,15 @@ from __future__ import annotations
 
 from ._base import Likelihood, match_regression
 from .categorical import Categorical
+from .fitted_noise import FittedNoiseGaussian
 from .gaussian import Gaussian
 from .heteroscedastic import HeteroscedasticGaussian, NaturalParameterHead
+from .noise_model import BoostedNoiseModel, fit_noise_model, noise_support
 from .student_t import StudentT
 
-__all__ = ["REGRESSION_LIKELIHOODS", "Categorical", "Gaussian", "HeteroscedasticGaussian", "Likelihood",
-           "NaturalParameterHead", "StudentT", "match_regression", "resolve_likelihood"]
+__all__ = ["REGRESSION_LIKELIHOODS", "BoostedNoiseModel", "Categorical", "FittedNoiseGaussian", "Gaussian",
+           "HeteroscedasticGaussian", "Likelihood", "NaturalParameterHead", "StudentT", "fit_noise_model",
+           "match_regression", "noise_support", "resolve_likelihood"]
 
 # Names → classes. "mse" and "cross_entropy" are the loss names GGNOperator(loss=...) has always taken.
 _NAMES = {"gaussian": Gaussian, "mse": Gaussian, "categorical": Categorical, "cross_entropy": Categorical,

@@ -78,6 +78,9 @@ class Likelihood(abc.ABC):
     #: True when the network's outputs carry the noise variance σ²(x) (:meth:`noise_variance`): no σ² is
     #: estimated from residuals and the predictive of y needs no added noise.
     noise_in_outputs: bool = False
+    #: True when the likelihood predicts a noise level per row, σ(x) (:meth:`row_noise_variance`: the network's
+    #: outputs or a noise model fitted after it), rather than one constant σ.
+    noise_per_row: bool = False
     #: The table column that :meth:`region_size` fills.
     region_size_name: str = "mean_width"
     #: What the targets are, in messages ("regression", "classification").
@@ -270,6 +273,11 @@ class Likelihood(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__}'s outputs carry no noise variance; the noise is "
                                   "estimated from residuals.")
 
+    def row_noise_variance(self, module, X: torch.Tensor) -> torch.Tensor | None:
+        """σ²(x) per row and target, (n, k), in the network's units, for a likelihood with ``noise_per_row``
+        (``module`` the fitted network); None for a constant noise (the caller's σ²)."""
+        return None
+
     def check_output(self, output: torch.Tensor, where: str = "the network") -> None:
         """Raise a ValueError naming the problem when the network's outputs (n, m) are not valid for this likelihood
         (any finite-or-not output is accepted by default; the estimators check shapes)."""
@@ -285,11 +293,11 @@ class Likelihood(abc.ABC):
         return None
 
     def draw_y(self, samples: torch.Tensor, noise_var, generator: torch.Generator) -> torch.Tensor:
-        """Draws of y from output samples ``(S, n, M)``: f plus N(0, ``noise_var``) noise (per output), or f itself
-        for ``noise_var`` None."""
+        """Draws of y from output samples ``(S, n, M)``: f plus N(0, ``noise_var``) noise (per output, or per row
+        and output for an (n, M) tensor), or f itself for ``noise_var`` None."""
         if noise_var is None:
             return samples
-        sd = torch.as_tensor(np.sqrt(noise_var), dtype=samples.dtype, device=samples.device)
+        sd = torch.as_tensor(noise_var, dtype=samples.dtype, device=samples.device).sqrt()
         return samples + sd * torch.randn(samples.shape, generator=generator, dtype=samples.dtype,
                                           device=samples.device)
 

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from .._functional import model_outputs
 from ..conformity_scores import StdNormalizedResidual
 from ..predictive import RegressionMoments, linearized_interval, resolve_predictive
 from ._base import Likelihood
@@ -72,6 +73,7 @@ class HeteroscedasticGaussian(Likelihood):
     needs_noise_variance = False  # β = 1 ("mean") or N ("standard"): the likelihood carries σ(x)
     default_scaling = "standard"
     noise_in_outputs = True
+    noise_per_row = True
 
     def __init__(self, output: str = "mean_logvar", beta_nll: float = 0.5) -> None:
         if output not in _LAYOUTS:
@@ -123,6 +125,12 @@ class HeteroscedasticGaussian(Likelihood):
     def noise_variance(self, output: torch.Tensor) -> torch.Tensor:
         """σ²(x), the aleatoric variance the network predicts."""
         return self.mean_and_variance(output)[1]
+
+    def row_noise_variance(self, module, X: torch.Tensor) -> torch.Tensor:
+        """σ²(x; θ0) of the network ``module`` on the rows X, (n, k)."""
+        out = model_outputs(module, X)
+        self.check_output(out, "the module")
+        return self.noise_variance(out)
 
     def default_conformity_score(self):
         """The std-normalised residual ``|y − μ̂| / σ̂`` with σ̂² = σ_ale² + σ_epi²

@@ -180,12 +180,12 @@ class IntervalDisplay:
 def _what_the_intervals_are(estimator) -> tuple[str, str | None]:
     """What a fitted regressor's intervals are for, and how they were calibrated, from its fitted state (not its
     parameters, which may have been changed since): split-conformal intervals are for y (``conformity_scores_``
-    held); a likelihood whose outputs carry the noise (``noise_in_outputs``, the heteroscedastic one) always
+    held); a likelihood that predicts the noise per row (``noise_per_row``, the heteroscedastic ones) always
     includes σ(x), so they are for y; the posterior's own intervals (``calibration="coverage"``) are for y when the
     calibrator added the noise variance (``include_noise=True`` at fit), else for the network output f."""
     if getattr(estimator, "conformity_scores_", None) is not None:
         return "y", "conformal"
-    if getattr(getattr(estimator, "likelihood_", None), "noise_in_outputs", False):
+    if getattr(getattr(estimator, "likelihood_", None), "noise_per_row", False):
         return "y", None
     calibrator = getattr(estimator, "calibrator_", None)
     noise = getattr(calibrator, "noise_var_", 0.0)

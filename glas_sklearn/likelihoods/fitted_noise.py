@@ -1,0 +1,94 @@
+"""The Gaussian with a noise level σ(x) fitted after the mean network: y ~ N(f(x; θ), σ²(x)).
+
+The network is the Gaussian's (k outputs, the ½-squared error), so its training, its curvature and its posterior
+are the Gaussian's; the noise σ²(x) is a separate model of the trained network's residuals
+(:mod:`~glas_sklearn.likelihoods.noise_model`), attached with :meth:`FittedNoiseGaussian.with_noise_model`. The
+predictive of y is N(f̂, σ²(x) + σ_epi²), and the conformal score normalises by σ̂² = σ²(x) + λ σ_epi².
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import torch
+
+from ..predictive import RegressionMoments, linearized_interval
+from .gaussian import Gaussian
+
+__all__ = ["FittedNoiseGaussian"]
+
+
+class FittedNoiseGaussian(Gaussian):
+    """y ~ N(f(x; θ), σ²(x)): the Gaussian's network and posterior, and a noise model σ²(x) fitted after it.
+
+    ``noise_model_`` (set by :meth:`with_noise_model`) answers ``variance(X)`` with σ²(x) per row and target, in
+    the network's units. The curvature is the Gaussian's, with the constant σ² of the residuals in β (the
+    regressor's ``noise_std_``); the regressors' ``scaling="auto"`` is "standard" (β = N/σ², the Bayesian
+    posterior), so that σ_epi² is on the scale of σ²(x) it is added to (under "mean", N times larger, it swamps
+    σ²(x) in σ̂).
+
+    Examples
+    --------
+    >>> import torch
+    >>> class Half:
+    ...     def variance(self, X):
+    ...         return torch.full((X.shape[0], 1), 0.25)
+    >>> lik = FittedNoiseGaussian().with_noise_model(Half())
+    >>> lik.row_noise_variance(None, torch.zeros(2, 3))
+    tensor([[0.2500],
+            [0.2500]])
+    """
+
+    name = "heteroscedastic"
+    noise_per_row = True
+    default_scaling = "standard"
+
+    def __init__(self) -> None:
+        self.noise_model_ = None
+
+    def with_noise_model(self, noise_model) -> FittedNoiseGaussian:
+        """A copy of this likelihood holding ``noise_model`` (an object with ``variance(X) -> (n, k)``)."""
+        fitted = copy.copy(self)
+        fitted.noise_model_ = noise_model
+        return fitted
+
+    def row_noise_variance(self, module, X: torch.Tensor) -> torch.Tensor:
+        """σ²(x) of the noise model per row and target, (n, k), in the network's units (``module`` is unused)."""
+        if self.noise_model_ is None:
+            raise RuntimeError("FittedNoiseGaussian has no noise model yet; fit one (glas_sklearn.likelihoods."
+                               "fit_noise_model) and attach it with with_noise_model().")
+        return self.noise_model_.variance(X)
+
+    def predictive_parts(self, posterior, X: torch.Tensor, d: int, *, predictive="linearized",
+                         n_samples: int = 1000, random_state=None,
+                         batch_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """f̂, σ_ale² = σ²(x) and σ_epi² (the Gaussian's posterior variance of f), (n, k) each."""
+        mean, ale, epi = super().predictive_parts(posterior, X, d, predictive=predictive, n_samples=n_samples,
+                                                  random_state=random_state, batch_size=batch_size)
+        return mean, ale + self.row_noise_variance(None, X).to(ale.dtype).reshape(ale.shape), epi
+
+    def _check_no_noise_var(self, noise_var) -> None:
+        if np.any(np.asarray(noise_var) != 0):
+            raise ValueError("The fitted-noise likelihood's predictive carries its own noise σ²(x); noise_var "
+                             "must be 0 (include_noise=False).")
+
+    def predictive_moments(self, posterior, X: torch.Tensor, d: int, *, predictive="linearized",
+                           n_samples: int = 1000, noise_var=0.0, random_state=None,
+                           batch_size: int | None = None) -> RegressionMoments:
+        """ŷ = f̂ and σ̂ = sqrt(σ²(x) + σ_epi²) (:meth:`predictive_parts`); ``noise_var`` must be 0."""
+        self._check_no_noise_var(noise_var)
+        mean, ale, epi = self.predictive_parts(posterior, X, d, predictive=predictive, n_samples=n_samples,
+                                               random_state=random_state, batch_size=batch_size)
+        return RegressionMoments(mean, (ale + epi).sqrt())
+
+    def predictive_interval(self, posterior, X: torch.Tensor, d: int, confidence_levels=None, *,
+                            predictive="linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
+                            batch_size: int | None = None):
+        """The Gaussian intervals f̂ ± z σ̂ of N(f̂, σ²(x) + σ_epi²)."""
+        self._check_no_noise_var(noise_var)
+        mean, ale, epi = self.predictive_parts(posterior, X, d, predictive=predictive, n_samples=n_samples,
+                                               random_state=random_state, batch_size=batch_size)
+        var = ale + epi
+        bounds = None if confidence_levels is None else linearized_interval(mean, var, confidence_levels)
+        return mean, var.sqrt(), bounds
