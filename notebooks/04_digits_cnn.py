@@ -125,7 +125,7 @@ eb_full = LaplaceActiveSubspaceClassifier(clf.module_, prefit=True, sigma0="eb_f
                                           random_state=SEED,
                                           posterior=LowRank(max_components=MAX_COMPONENTS,
                                                             n_samples=N_SAMPLES))
-paper.fit(X_train, y_train, X_cal=X_cal, y_cal=y_cal)
+eb_full.fit(X_train, y_train, X_cal=X_cal, y_cal=y_cal)
 D = sum(p.numel() for p in clf.module_.parameters())
 print(f"input_shape_ {clf.input_shape_}, D = {D} weights, final training loss {clf.training_loss_[-1]:.4f}")
 search = clf.sigma0_search_

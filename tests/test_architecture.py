@@ -315,3 +315,14 @@ def test_constructors_group_their_settings(name):
 def test_estimators_package_has_few_modules():
     modules = sorted(p.name for p in ESTIMATORS.glob("*.py"))
     assert len(modules) <= MAX_ESTIMATOR_MODULES, modules
+
+
+def test_help_of_the_regressor_stays_short():
+    """``help(LaplaceActiveSubspaceRegressor)`` is a page a user reads: its parameters, attributes and methods in at
+    most 300 lines (scikit-learn's inherited methods included)."""
+    import pydoc
+
+    import glas_sklearn
+
+    text = pydoc.render_doc(glas_sklearn.LaplaceActiveSubspaceRegressor, renderer=pydoc.plaintext)
+    assert len(text.splitlines()) <= 300, len(text.splitlines())

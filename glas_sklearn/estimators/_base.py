@@ -224,9 +224,7 @@ ATTRIBUTES_DOC = """\
     n_iter_, loss_curve_, validation_scores_, best_validation_score_, validation_indices_
         The training record (``training_loss_`` = ``loss_curve_``).
     timings_, n_threads_, x_mean_, x_scale_, input_shape_, n_features_in_, feature_names_in_
-        Stage times, torch threads, the input standardisation and the row shape seen in fit.
-
-    Nothing fitted before the calibration sees its rows; posterior samples are seeded by ``random_state``."""
+        Stage times, torch threads, the input standardisation and the row shape seen in fit."""
 
 class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
     """What :class:`LaplaceActiveSubspaceRegressor` and :class:`LaplaceActiveSubspaceClassifier` share: the

@@ -26,7 +26,8 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
     (linearised, the low-rank posterior's). By default (``calibration="conformal"``) half of the calibration rows
     choose σ0 by their predictive NLL and the prediction sets are split-conformal on the other half with the LAC
     score 1 − p_y (a set never empty); with ``calibration="coverage"`` (the paper) d is chosen so that the
-    (1 − γ) prediction sets cover the calibration labels.
+    (1 − γ) prediction sets cover the calibration labels. Nothing fitted before the calibration sees its rows;
+    posterior samples are seeded by ``random_state``.
 
     Parameters
     ----------

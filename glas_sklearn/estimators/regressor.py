@@ -35,33 +35,28 @@ _NOISE_STAGES = {"auto": NoiseStage(test=True), "heteroscedastic": NoiseStage(te
 
 _REGRESSOR_PARAMETERS_DOC = """\
     likelihood : "auto", "gaussian", "heteroscedastic", "student_t" or Likelihood, default="auto"
-        The noise model. "gaussian": one σ per output (the paper's). "heteroscedastic": on a network built here,
-        the Gaussian's network and a noise model σ(x) fitted after it on its training residuals
-        (:class:`~glas_sklearn.likelihoods.FittedNoiseGaussian`, boosted trees of ``|r|``); on a module of your own,
-        a variance head (:class:`~glas_sklearn.likelihoods.HeteroscedasticGaussian`). "student_t": heavy tails.
-        "auto": the Gaussian's network, and σ(x) when a 2-fold cross-fitted test on the training residuals
-        supports it over one constant σ (a network built here, conformal calibration), else "gaussian".
+        "gaussian": one σ (the paper's); "heteroscedastic": σ(x) fitted after the network on its residuals
+        (:class:`~glas_sklearn.likelihoods.FittedNoiseGaussian`; a variance head on a module of your own);
+        "student_t": heavy tails; "auto": σ(x) where a cross-fitted test on the residuals supports it.
     noise_std : "auto", "calibration", "training" or float, default="auto"
         σ in β: from calibration or training residuals, or given (units of y). "auto": "training" under a
         conformal calibration, else "calibration" from 30 calibration rows.
-    y_bounds : (low, high), list of (low, high) per output, or None, default=None
-        The targets' support where it is known, e.g. ``(0, None)`` for a strength, a price or a count (None: no
-        bound on that side). Predictions, interval bounds and draws are clipped to it: an interval keeps every
-        target it covered and is never wider. ``fit`` refuses targets outside the bounds."""
+    y_bounds : (low, high), one pair per output, or None, default=None
+        The targets' support, e.g. ``(0, None)`` for a price (None: unbounded); outputs are clipped to it,
+        which keeps every covered target covered. ``fit`` refuses targets outside it."""
 
 _REGRESSOR_ATTRIBUTES_DOC = """\
-    noise_source_, noise_std_, std_scale_, y_mean_, y_scale_, likelihood_support_
+    noise_source_, noise_std_, std_scale_, y_mean_, y_scale_, likelihood_support_, y_bounds_
         The constant σ's source and value (units of y), the std's scale, the target scaling, the evidence of
-        "auto" (the cross-fitted NLL gain of σ(x) over a constant σ, nats per row, and the choice; None without).
-    y_bounds_ : ndarray of shape (n_outputs, 2)
-        [low, high] per output from ``y_bounds`` (−inf and +inf where unbounded)."""
+        "auto" (cross-fitted NLL gain of σ(x), nats per row, and the choice), [low, high] per output."""
 
 
 class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     __doc__ = f"""Regression with a torch network and generalized Laplace active-subspace uncertainty.
 
     ``fit`` trains the network, takes the top eigenpairs of the generalized Gauss-Newton matrix and sets σ0 by
-    empirical Bayes; the intervals ŷ ± q σ̂ are split-conformal on the calibration rows, per band of σ̂.
+    empirical Bayes; the intervals ŷ ± q σ̂ are split-conformal on the calibration rows, per band of σ̂. Nothing
+    fitted before the calibration sees its rows; posterior samples are seeded by ``random_state``.
 
     Parameters
     ----------
@@ -255,8 +250,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     # -------------------------------------------------------------------------------------------- API
     def fit(self, X, y, sample_weight=None, *, X_cal=None, y_cal=None) -> "LaplaceActiveSubspaceRegressor":
         """Train the network (unless prefit), build the posterior and calibrate; returns self. ``sample_weight``:
-        frequency weights of the training rows (calibration rows are unweighted); ``X_cal, y_cal``: calibration
-        rows never trained on (default: ``calibration_size`` of ``X``; required with ``prefit``)."""
+        weights of the training rows; ``X_cal, y_cal``: rows never trained on (default: ``calibration_size``)."""
         return self._fit(X, y, X_cal, y_cal, sample_weight)
 
     def _predict_rows(self, X, levels=None, method=None):
@@ -294,8 +288,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
     @scoped_threads
     def predict_noise_std(self, X) -> np.ndarray:
-        """The noise level σ_ale(x) per row in the units of y: the noise model's σ(x) (a variance head's σ(x; θ0)),
-        or ``noise_std_``."""
+        """The noise level σ_ale(x) per row in the units of y: the noise model's σ(x), or ``noise_std_``."""
         Xt = self._check_fitted_X(X)
         var = self.likelihood_.row_noise_variance(self.module_, Xt)  # None: one constant noise level
         if var is None:
@@ -307,8 +300,7 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
     @scoped_threads
     def sample_y(self, X, n_samples: int = 1, random_state=0) -> np.ndarray:
-        """Draws of f(x; θ), θ from the posterior (of y with ``include_noise`` or σ(x)), not conformally rescaled,
-        clipped to ``y_bounds``."""
+        """Posterior draws of f(x; θ) (of y with ``include_noise`` or σ(x)), unrescaled, clipped to ``y_bounds``."""
         Xt = self._check_fitted_X(X)
         s = self._posterior_draws(Xt, n_samples, random_state)
         gen = make_generator(None if random_state is None else numpy_rng(random_state).integers(2**62) + 1, s.device)
