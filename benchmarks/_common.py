@@ -441,6 +441,17 @@ def train_adam(model: nn.Module, X: torch.Tensor, y: torch.Tensor, *, lr: float 
 
 
 # -------------------------------------------------------------------------------------------- command line
+def synthetic_rows(kind: str, n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` rows of 8 normal features and a smooth target: noise growing with |x4| ("regressor"), or the target cut
+    into 3 classes ("classifier"); the table the serving and serialization benchmarks fit on."""
+    rng = np.random.default_rng(seed)
+    X = rng.normal(size=(n, 8))
+    f = np.sin(2 * X[:, 0]) + 0.5 * X[:, 1] - 0.3 * X[:, 2] * X[:, 3]
+    if kind == "classifier":
+        return X, (f > 0).astype(int) + (f > 1)
+    return X, f + 0.1 * (1 + np.abs(X[:, 4])) * rng.standard_normal(n)
+
+
 def train_or_load(net: nn.Module, X: torch.Tensor, y: torch.Tensor, *, steps: int, cache: Path | None) -> bool:
     """Train ``net`` in place by full-batch Adam on the half MSE (lr 1e-3), or load the weights a previous run
     cached in ``cache`` (written after training; None: no cache); the network is left in eval mode. Returns

@@ -45,15 +45,6 @@ FIT = dict(max_epochs=100, random_state=0)
 TARGET_SIZE, TARGET_LOAD = 1.2, 2.0
 
 
-def _data(kind: str, n: int = 1000, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, 8))
-    f = np.sin(2 * X[:, 0]) + 0.5 * X[:, 1] - 0.3 * X[:, 2] * X[:, 3]
-    if kind == "classifier":
-        return X, (f > 0).astype(int) + (f > 1)
-    return X, f + 0.1 * (1 + np.abs(X[:, 4])) * rng.standard_normal(n)
-
-
 def _predictions(est, kind: str, X):
     return [est.predict_proba(X)] if kind == "classifier" else list(est.predict_interval(X))
 
@@ -64,7 +55,7 @@ def measure(name: str, rounds: int, repeats: int) -> dict:
 
     kind, params = CASES[name]
     cls = LaplaceActiveSubspaceClassifier if kind == "classifier" else LaplaceActiveSubspaceRegressor
-    X, y = _data(kind)
+    X, y = _common.synthetic_rows(kind, 1000)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         est = cls(**_common.grouped(**FIT, **params)).fit(X, y)
@@ -83,7 +74,7 @@ def measure(name: str, rounds: int, repeats: int) -> dict:
     loaders = {"glas_sklearn.load": lambda: glas_sklearn.load(io.BytesIO(model_file)),
                "pickle.loads": lambda: pickle.loads(pickled),
                "joblib.load": lambda: joblib.load(io.BytesIO(joblib_file))}
-    Xt = _data(kind, 200, seed=1)[0]
+    Xt = _common.synthetic_rows(kind, 200, seed=1)[0]
     want = _predictions(est, kind, Xt)
     same = {}
     for loader, load in loaders.items():

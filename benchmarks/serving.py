@@ -45,22 +45,13 @@ FIT = dict(max_epochs=100, random_state=0)
 ROWS_PER_CALL = 200
 
 
-def _data(kind: str, n: int, seed: int = 0):
-    rng = np.random.default_rng(seed)
-    X = rng.normal(size=(n, 8))
-    f = np.sin(2 * X[:, 0]) + 0.5 * X[:, 1] - 0.3 * X[:, 2] * X[:, 3]
-    if kind == "classifier":
-        return X, (f > 0).astype(int) + (f > 1)
-    return X, f + 0.1 * (1 + np.abs(X[:, 4])) * rng.standard_normal(n)
-
-
 def _fit(kind: str, params: dict, n: int = 1000):
     from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
 
     cls = LaplaceActiveSubspaceClassifier if kind == "classifier" else LaplaceActiveSubspaceRegressor
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return cls(**_common.grouped(**FIT, **params)).fit(*_data(kind, n))
+        return cls(**_common.grouped(**FIT, **params)).fit(*_common.synthetic_rows(kind, n))
 
 
 def _call(est, kind: str):
@@ -73,7 +64,7 @@ def throughput(name: str, calls: int, rounds: int = 3) -> dict:
     kind, params = CASES[name]
     est = _fit(kind, params)
     predict = _call(est, kind)
-    X = _data(kind, ROWS_PER_CALL, seed=1)[0]
+    X = _common.synthetic_rows(kind, ROWS_PER_CALL, seed=1)[0]
     ref = predict(X)
     errors, wrong = [], [0]
 
@@ -141,7 +132,7 @@ def _peak_child(name: str, rows: int, threads: int, model_path: str) -> None:
         with open("/proc/self/status") as f:
             return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
 
-    X = _data(kind, rows, seed=2)[0]
+    X = _common.synthetic_rows(kind, rows, seed=2)[0]
     est.predict_interval(X[:10])  # one small call first: lazily loaded code and per-thread copies
     _release_free_memory()
     with open("/proc/self/clear_refs", "w") as f:  # reset the peak to the current resident set
