@@ -10,16 +10,15 @@ from __future__ import annotations
 
 import copy
 
-import numpy as np
 import torch
 
-from ..predictive import RegressionMoments, linearized_interval
+from ._row_noise import RowNoisePredictive
 from .gaussian import Gaussian
 
 __all__ = ["FittedNoiseGaussian"]
 
 
-class FittedNoiseGaussian(Gaussian):
+class FittedNoiseGaussian(RowNoisePredictive, Gaussian):
     """y ~ N(f(x; θ), σ²(x)): the Gaussian's network and posterior, and a noise model σ²(x) fitted after it.
 
     ``noise_model_`` (set by :meth:`with_noise_model`) answers ``variance(X)`` with σ²(x) per row and target, in
@@ -41,6 +40,7 @@ class FittedNoiseGaussian(Gaussian):
     """
 
     name = "heteroscedastic"
+    noise_kind = "fitted-noise"
     noise_per_row = True
     default_scaling = "standard"
 
@@ -67,28 +67,3 @@ class FittedNoiseGaussian(Gaussian):
         mean, ale, epi = super().predictive_parts(posterior, X, d, predictive=predictive, n_samples=n_samples,
                                                   random_state=random_state, batch_size=batch_size)
         return mean, ale + self.row_noise_variance(None, X).to(ale.dtype).reshape(ale.shape), epi
-
-    def _check_no_noise_var(self, noise_var) -> None:
-        if np.any(np.asarray(noise_var) != 0):
-            raise ValueError("The fitted-noise likelihood's predictive carries its own noise σ²(x); noise_var "
-                             "must be 0 (include_noise=False).")
-
-    def predictive_moments(self, posterior, X: torch.Tensor, d: int, *, predictive="linearized",
-                           n_samples: int = 1000, noise_var=0.0, random_state=None,
-                           batch_size: int | None = None) -> RegressionMoments:
-        """ŷ = f̂ and σ̂ = sqrt(σ²(x) + σ_epi²) (:meth:`predictive_parts`); ``noise_var`` must be 0."""
-        self._check_no_noise_var(noise_var)
-        mean, ale, epi = self.predictive_parts(posterior, X, d, predictive=predictive, n_samples=n_samples,
-                                               random_state=random_state, batch_size=batch_size)
-        return RegressionMoments(mean, (ale + epi).sqrt())
-
-    def predictive_interval(self, posterior, X: torch.Tensor, d: int, confidence_levels=None, *,
-                            predictive="linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
-                            batch_size: int | None = None):
-        """The Gaussian intervals f̂ ± z σ̂ of N(f̂, σ²(x) + σ_epi²)."""
-        self._check_no_noise_var(noise_var)
-        mean, ale, epi = self.predictive_parts(posterior, X, d, predictive=predictive, n_samples=n_samples,
-                                               random_state=random_state, batch_size=batch_size)
-        var = ale + epi
-        bounds = None if confidence_levels is None else linearized_interval(mean, var, confidence_levels)
-        return mean, var.sqrt(), bounds

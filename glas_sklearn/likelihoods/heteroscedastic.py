@@ -19,14 +19,14 @@ from __future__ import annotations
 import math
 import numbers
 
-import numpy as np
 import torch
 from torch import nn
 
 from .._functional import model_outputs
 from ..conformity_scores import StdNormalizedResidual
-from ..predictive import RegressionMoments, linearized_interval, resolve_predictive
+from ..predictive import resolve_predictive
 from ._base import Likelihood
+from ._row_noise import RowNoisePredictive
 
 __all__ = ["HeteroscedasticGaussian", "NaturalParameterHead"]
 
@@ -46,7 +46,7 @@ class NaturalParameterHead(nn.Module):
         return torch.cat([out[..., :k], -0.5 * torch.exp(r)], dim=-1)
 
 
-class HeteroscedasticGaussian(Likelihood):
+class HeteroscedasticGaussian(RowNoisePredictive, Likelihood):
     """Heteroscedastic Gaussian likelihood for k targets on 2k network outputs.
 
     Parameters
@@ -256,31 +256,6 @@ class HeteroscedasticGaussian(Likelihood):
             c11, c12, c22 = cov[:, idx, idx], cov[:, idx, idx + k], cov[:, idx + k, idx + k]
             epi = (g[..., 0] ** 2 * c11 + 2 * g[..., 0] * g[..., 1] * c12 + g[..., 1] ** 2 * c22).clamp_min(0)
         return mu, ale, epi
-
-    def predictive_moments(self, posterior, X: torch.Tensor, d: int, *, predictive="linearized",
-                           n_samples: int = 1000, noise_var=0.0, random_state=None,
-                           batch_size: int | None = None) -> RegressionMoments:
-        """ŷ = μ̂ and σ̂ = sqrt(σ_ale² + σ_epi²) (:meth:`predictive_parts`): the network's σ(x) is the noise, so
-        ``noise_var`` must be 0."""
-        if np.any(np.asarray(noise_var) != 0):
-            raise ValueError("The heteroscedastic likelihood's predictive carries its own noise σ²(x); noise_var "
-                             "must be 0 (include_noise=False).")
-        mu, ale, epi = self.predictive_parts(posterior, X, d, predictive=predictive, n_samples=n_samples,
-                                             random_state=random_state, batch_size=batch_size)
-        return RegressionMoments(mu, (ale + epi).sqrt())
-
-    def predictive_interval(self, posterior, X: torch.Tensor, d: int, confidence_levels=None, *,
-                            predictive="linearized", n_samples: int = 1000, noise_var=0.0, random_state=None,
-                            batch_size: int | None = None):
-        """The Gaussian intervals μ̂ ± z σ̂ of N(μ̂, σ_ale² + σ_epi²) (sampled or linearised moments)."""
-        if np.any(np.asarray(noise_var) != 0):
-            raise ValueError("The heteroscedastic likelihood's predictive carries its own noise σ²(x); noise_var "
-                             "must be 0 (include_noise=False).")
-        mean, ale, epi = self.predictive_parts(posterior, X, d, predictive=predictive, n_samples=n_samples,
-                                               random_state=random_state, batch_size=batch_size)
-        var = ale + epi
-        bounds = None if confidence_levels is None else linearized_interval(mean, var, confidence_levels)
-        return mean, var.sqrt(), bounds
 
     def gaussian_nll(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The full per-record Gaussian NLL (with ½ log 2π), shape (..., k)."""
