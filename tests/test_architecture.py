@@ -317,12 +317,13 @@ def test_estimators_package_has_few_modules():
     assert len(modules) <= MAX_ESTIMATOR_MODULES, modules
 
 
-def test_help_of_the_regressor_stays_short():
-    """``help(LaplaceActiveSubspaceRegressor)`` is a page a user reads: its parameters, attributes and methods in at
-    most 300 lines (scikit-learn's inherited methods included)."""
+@pytest.mark.parametrize("name", ["LaplaceActiveSubspaceRegressor", "LaplaceActiveSubspaceClassifier"])
+def test_help_of_the_estimators_stays_short(name):
+    """``help(estimator)`` is a page a user reads: its parameters, attributes and methods in at most 300 lines
+    (scikit-learn's inherited methods included)."""
     import pydoc
 
     import glas_sklearn
 
-    text = pydoc.render_doc(glas_sklearn.LaplaceActiveSubspaceRegressor, renderer=pydoc.plaintext)
+    text = pydoc.render_doc(getattr(glas_sklearn, name), renderer=pydoc.plaintext)
     assert len(text.splitlines()) <= 300, len(text.splitlines())

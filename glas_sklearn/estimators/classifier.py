@@ -19,15 +19,12 @@ __all__ = ["LaplaceActiveSubspaceClassifier"]
 class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase):
     __doc__ = f"""Classification with a torch network and generalized Laplace active-subspace uncertainty.
 
-    The network returns logits (n, n_classes); the curvature is the generalized Gauss-Newton matrix of softmax
-    cross-entropy. A network the estimator trains is the MAP under a N(0, 1) prior on every weight (the default
-    ``Training(weight_decay="auto")``, 1 / n). Probabilities average the softmax over posterior weight samples
-    (sampled predictive) or push the linearised logit Gaussian through the softmax by the probit approximation
-    (linearised, the low-rank posterior's). By default (``calibration="conformal"``) half of the calibration rows
-    choose σ0 by their predictive NLL and the prediction sets are split-conformal on the other half with the LAC
-    score 1 − p_y (a set never empty); with ``calibration="coverage"`` (the paper) d is chosen so that the
-    (1 − γ) prediction sets cover the calibration labels. Nothing fitted before the calibration sees its rows;
-    posterior samples are seeded by ``random_state``.
+    The network returns logits; the curvature is the generalized Gauss-Newton matrix of softmax cross-entropy, and
+    a network the estimator trains is the MAP under a N(0, 1) prior on every weight (``weight_decay="auto"``).
+    Probabilities push the linearised logit Gaussian through the softmax (probit) or average it over posterior
+    samples. By default half of the calibration rows choose σ0 by their NLL and the sets are split-conformal (LAC,
+    never empty) on the other half; ``calibration="coverage"`` (the paper) chooses d by the sets' coverage.
+    Calibration labels must be among those of ``y``; the split is stratified where every class has two rows.
 
     Parameters
     ----------
@@ -38,11 +35,6 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
 {ATTRIBUTES_DOC}
     classes_ : ndarray of shape (n_classes,)
         The class labels (any sortable labels, strings included).
-
-    Notes
-    -----
-    Labels passed as calibration data (``y_cal``) must be among the classes seen in ``y``. The calibration
-    split is stratified when every class has two rows and fits on both sides.
 
     Examples
     --------
@@ -148,17 +140,9 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
 
     @scoped_threads
     def predict_proba(self, X) -> np.ndarray:
-        """Class probabilities under the GLAS predictive, columns in ``classes_`` order.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
-
-        Returns
-        -------
-        ndarray of shape (n_samples, n_classes)
-            Rows sum to 1 (renormalised in float64).
-        """
+        """Class probabilities under the GLAS predictive, (n_samples, n_classes) in ``classes_`` order, rows
+        summing to 1 (renormalised in float64); ``X`` of shape (n_samples, n_features) or (n_samples,
+        *input_shape_)."""
         return self._proba_array(X, "predict_proba")
 
     def _proba_array(self, X, method=None) -> np.ndarray:
@@ -167,37 +151,16 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
 
     @scoped_threads
     def predict(self, X) -> np.ndarray:
-        """The most probable class label under the GLAS predictive.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
-
-        Returns
-        -------
-        ndarray of shape (n_samples,)
-        """
+        """The most probable class label under the GLAS predictive, shape (n_samples,)."""
         proba = self._proba_array(X)
         return self.classes_[np.argmax(proba, axis=1)]
 
     @scoped_threads
     def predict_set(self, X, confidence_level=None) -> tuple[np.ndarray, np.ndarray]:
-        """Prediction sets: with a conformal calibration the split-conformal sets of the conformity score (by
-        default LAC, never empty), otherwise for each row the smallest set of classes whose probability reaches
-        the level.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
-        confidence_level : float or list of float, optional
-            Defaults to the estimator's ``confidence_level``.
-
-        Returns
-        -------
-        labels : ndarray of shape (n_samples,)
-        sets : ndarray of bool, shape (n_samples, n_classes, k)
-            Membership of each class (``classes_`` order) for each of the k levels.
-        """
+        """Prediction sets at ``confidence_level`` (default: the estimator's): ``labels`` (n_samples,) and ``sets``,
+        bool (n_samples, n_classes, k), each class's membership (``classes_`` order) per level. Split-conformal
+        under a conformal calibration (LAC by default, never empty), else the smallest set of classes whose
+        probability reaches the level."""
         check_is_fitted(self, "posterior_")
         levels = self._levels(confidence_level)
         probs = self._proba_tensor(X, "predict_set")
@@ -207,18 +170,6 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
 
     @scoped_threads
     def score(self, X, y, sample_weight=None) -> float:
-        """Accuracy of :meth:`predict`; rows that were training rows of a prefit network raise a
-        :class:`~glas_sklearn.PrefitLeakageWarning`.
-
-        Parameters
-        ----------
-        X : array-like of shape (n_samples, n_features) or ``(n_samples, *input_shape_)``
-        y : array-like of shape (n_samples,)
-        sample_weight : array-like of shape (n_samples,), optional
-
-        Returns
-        -------
-        float
-        """
+        """Accuracy of :meth:`predict` (a prefit network's training rows raise a PrefitLeakageWarning)."""
         self._score_rows(X)
         return super().score(X, y, sample_weight=sample_weight)
