@@ -7,8 +7,11 @@ stratified 75/25 ``train_test_split`` of the raw features, as a new user would m
   prediction sets); a fit that raises is counted as a failure and its split left out of every GLAS row;
 - ``MAP``: the same fit's trained network alone (softmax of its logits; ``sigma0=0.0`` gives the same
   probabilities), sets by split conformal LAC on the default's conformal rows;
-- ``temperature``: the MAP logits divided by the temperature that minimises the NLL of the rows the default
-  chooses σ0 on (``sigma0_rows_``), sets as for MAP: the reference any calibrated classifier must beat;
+- ``temperature``: the MAP logits divided by the temperature T ≥ 1 that minimises the NLL of all the default's
+  calibration rows (rows the network never saw), sets as for MAP: the reference any calibrated classifier must
+  beat. Softening only: where those rows are all classified right (most splits of iris, wine and breast cancer,
+  11 to 43 rows) their NLL falls all the way to T → 0, logits sharpened without bound; an earlier version fitted
+  an unbounded T on the 3-21 σ0 rows alone and scored NLL 0.27-0.47 with it;
 - ``logistic regression``: ``StandardScaler`` + ``LogisticRegression()`` (default C), and
 - ``gradient boosting``: ``HistGradientBoostingClassifier(random_state=s)``, both fitted on all the 75 % for
   accuracy, NLL and ECE (as a user would), and once more on the default's training rows for their sets (split
@@ -79,8 +82,9 @@ def softmax(logits: np.ndarray) -> np.ndarray:
 
 
 def fit_temperature(logits: np.ndarray, labels: np.ndarray) -> float:
-    """The T minimising the mean NLL of softmax(logits / T): bounded Brent in log T over [e⁻⁶, e⁶]."""
-    res = minimize_scalar(lambda u: nll(softmax(logits / math.exp(u)), labels), bounds=(-6.0, 6.0),
+    """The T ≥ 1 minimising the mean NLL of softmax(logits / T): bounded Brent in log T over [0, 6]. Softening
+    only: rows all classified right drive an unbounded T to 0 (logits sharpened without limit)."""
+    res = minimize_scalar(lambda u: nll(softmax(logits / math.exp(u)), labels), bounds=(0.0, 6.0),
                           method="bounded", options={"xatol": 1e-4})
     return math.exp(res.x)
 
@@ -140,8 +144,8 @@ def run_split(name: str, split: int, cfg: argparse.Namespace) -> dict:
     out.update(n_train=len(train), n_sigma0=len(tune), n_conformal=len(conf), sigma0=float(est.sigma0_))
     _, default_sets = est.predict_set(X_te)
     out["methods"]["default"] = metrics(est.predict_proba(X_te), y_te, default_sets[..., 0])
-    logits_te, logits_tune, logits_conf = (network_logits(est, rows) for rows in (X_te, X_fit[tune], X_fit[conf]))
-    temperature = fit_temperature(logits_tune, y_fit[tune])
+    logits_te, logits_conf = (network_logits(est, rows) for rows in (X_te, X_fit[conf]))
+    temperature = fit_temperature(network_logits(est, X_fit[cal]), y_fit[cal])
     out["temperature"] = temperature
     for key, scale in (("map", 1.0), ("temperature", temperature)):
         p_te, p_conf = softmax(logits_te / scale), softmax(logits_conf / scale)
@@ -201,7 +205,8 @@ def render(results: dict) -> str:
              f"({_common.machine_line(results['machine'])}).", "",
              f"Stratified 75/25 splits (`random_state` 0–{max(r['split'] for r in runs)}) of the raw features; "
              f"the default `LaplaceActiveSubspaceClassifier(random_state=s)` ({epochs}) against its own trained "
-             "network (MAP), the MAP logits temperature-scaled on the rows the default chooses σ0 on, a standardised "
+             "network (MAP), the MAP logits temperature-scaled on the default's calibration rows (T ≥ 1 by their NLL), "
+             "a standardised "
              "`LogisticRegression()` and `HistGradientBoostingClassifier`. Mean ± standard error over the splits; "
              "90 % sets by split conformal (LAC, never empty) on the default's conformal rows.", ""]
     header = ["method", "failures", "accuracy", "NLL", "ECE", "90 % set coverage", "mean set size"]
