@@ -305,7 +305,7 @@ def render(payload: dict) -> str:
                 laplace = e["curvature_s"] + e["calibration_s"]
                 training = e["training_s"] + (e.get("choice_s", 0.0) if np.isfinite(e.get("choice_s", 0.0)) else 0.0)
                 r = training / laplace
-                what = " (both networks)" if "choice_s" in e else ""
+                what = " and noise stage" if "choice_s" in e else ""
                 checks.append([name, f"{method} training{what} / (curvature + calibration) ≤ "
                                      f"{MAX_TRAINING_TO_LAPLACE:g}",
                                f"{r:.2f}", "met" if r <= MAX_TRAINING_TO_LAPLACE else "missed"])
