@@ -26,6 +26,7 @@ Usage
     python benchmarks/classifier_small_tables.py                     # 20 splits, 1 torch thread
     python benchmarks/classifier_small_tables.py --splits 5 --sets iris,wine
     python benchmarks/classifier_small_tables.py --splits 5 --weight-decay 0 --tag no_prior --out-dir /tmp/b  # no prior
+    python benchmarks/classifier_small_tables.py --weight-decay cv --tag cv --sets iris,wine,breast_cancer
     python benchmarks/classifier_small_tables.py --quick             # 1 split, 60 epochs, *_quick outputs
     python benchmarks/classifier_small_tables.py --report-only       # the report again from the JSON
 """
@@ -123,7 +124,7 @@ def run_split(name: str, split: int, cfg: argparse.Namespace) -> dict:
     out["baseline_seconds"] = time.perf_counter() - t0
     kw = {} if cfg.epochs is None else {"max_epochs": cfg.epochs}
     if cfg.weight_decay != "auto":
-        kw["weight_decay"] = float(cfg.weight_decay)
+        kw["weight_decay"] = "cv" if cfg.weight_decay == "cv" else float(cfg.weight_decay)
     t0 = time.perf_counter()
     try:
         with warnings.catch_warnings():
@@ -238,7 +239,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--splits", type=int, default=20)
     p.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")
     p.add_argument("--epochs", type=int, default=None, help="max_epochs (default: the estimator's; quick 60)")
-    p.add_argument("--weight-decay", default="auto", help="the default's weight_decay (default: its own, 'auto')")
+    p.add_argument("--weight-decay", default="auto", help="weight_decay: 'auto', 'cv' or a number")
     p.add_argument("--tag", default=None, help="outputs classifier_small_tables_TAG.*")
     args = p.parse_args(argv)
     if args.quick:

@@ -446,7 +446,7 @@ BAD_VALUES = [
     ("confidence_level", "0.9", "strictly between 0 and 1"), ("calibration_size", 0, "(0, 1) or an int >= 1"),
     ("calibration_size", 1.0, "(0, 1) or an int >= 1"), ("max_epochs", 1.5, "an int >= 0"),
     ("lr", float("inf"), "a finite float > 0"), ("batch_size", 16.0, "None, 'auto' or an int >= 1"),
-    ("weight_decay", -1e-4, "'auto' or a finite float >= 0"), ("optimizer", dict, "a torch.optim.Optimizer subclass"),
+    ("weight_decay", -1e-4, "'auto', 'cv' or a finite float >= 0"), ("optimizer", dict, "a torch.optim.Optimizer subclass"),
     ("optimizer", torch.optim.Adam([torch.zeros(1, requires_grad=True)]), "'adam', 'adamw', 'sgd'"),
     ("standardize", None, "True or False"), ("subsample", 0, "None, 'auto' or an int >= 1"),
     ("eigen_method", None, "'lanczos' or 'eigsh'"), ("dtype", torch.float64, "'float32' or 'float64'"),

@@ -4,6 +4,7 @@ training attributes and the stop reason in the log."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import re
 
@@ -397,6 +398,74 @@ def test_classifier_auto_weight_decay_is_logistic_regressions_prior(weighted):
     assert np.abs(free.coef_ - ref.coef_).max() > 0.05
 
 
+def _cv_tables(n=90, seed=0):
+    """Two label sets on the same rows: one of the sign of x0 x1 (learnable, no noise) and one drawn independently
+    of X (nothing to learn: every fit beyond the class shares is overfitting)."""
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-2, 2, size=(n, 2))
+    return X, (X[:, 0] * X[:, 1] > 0).astype(int), rng.integers(0, 2, size=n)
+
+
+def test_weight_decay_cv_follows_the_held_out_loss():
+    """weight_decay="cv" picks the weakest prior where the labels are a clean function of X and a stronger one where
+    they are noise; the search records one held-out loss per precision, keeps the user's network untouched and
+    trains the kept network with c / n (``weight_decay_``)."""
+    X, clean, noise = _cv_tables()
+    module = nn.Sequential(nn.Linear(2, 50), nn.Tanh(), nn.Linear(50, 50), nn.Tanh(), nn.Linear(50, 2))
+    before = [p.detach().clone() for p in module.parameters()]
+    kw = dict(posterior=LowRank(max_components=2, n_samples=50), calibration_size=10, random_state=0)
+    chosen = {}
+    for name, labels in (("clean", clean), ("noise", noise)):
+        clf = LaplaceActiveSubspaceClassifier(module, training=Training(max_epochs=300, weight_decay="cv"),
+                                              **kw).fit(X, labels)
+        chosen[name] = clf.weight_decay_ * len(clf.train_indices_)
+    assert chosen["clean"] == pytest.approx(_training.CV_PRIOR_PRECISIONS[0])
+    assert chosen["noise"] > chosen["clean"] + 1  # a stronger prior where there is nothing to learn
+    assert all(torch.equal(p, q) for p, q in zip(module.parameters(), before, strict=True))
+
+
+def test_cross_validate_decay_against_a_direct_computation():
+    """The search's losses are the folds' held-out cross-entropies, recomputed here from train_module on the same
+    folds and initial weights (same float32 arithmetic: equal to a few ulps of the loss)."""
+    from sklearn.model_selection import StratifiedKFold
+
+    X, clean, _ = _cv_tables(n=60, seed=1)
+    Xt, yt = torch.as_tensor(X, dtype=torch.float32), torch.as_tensor(clean)
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.Linear(2, 16), nn.Tanh(), nn.Linear(16, 2))
+    likelihood = glas_sklearn.likelihoods.Categorical()
+    training = Training(max_epochs=40, weight_decay="cv")
+    search = training.cross_validate_decay(module, Xt, yt, likelihood, seed=3)
+    folds = StratifiedKFold(_training.CV_FOLDS, shuffle=True, random_state=3 + _training._CV_SPLIT)
+    expected = np.zeros(len(_training.CV_PRIOR_PRECISIONS))
+    for fit, out in folds.split(X, clean):
+        for i, c in enumerate(_training.CV_PRIOR_PRECISIONS):
+            net = copy.deepcopy(module)
+            _training.train_module(net, Xt[fit], yt[fit], likelihood.loss, optimizer="adam", lr=1e-3,
+                                   weight_decay=c / len(fit), batch_size=training.batch_rows(len(fit)),
+                                   max_epochs=40, seed=3)
+            with torch.no_grad():
+                expected[i] += float(nn.functional.cross_entropy(net(Xt[out]), yt[out], reduction="sum"))
+    expected /= len(X)
+    tol = 50 * np.finfo(np.float32).eps * max(1.0, float(np.max(expected)))
+    np.testing.assert_allclose(search["losses"], expected, rtol=0, atol=tol)
+    assert search["chosen"] == _training.CV_PRIOR_PRECISIONS[int(np.argmin(expected))]
+    with pytest.raises(ValueError, match=r"weight_decay='cv' needs at least 6 training rows"):
+        training.cross_validate_decay(module, Xt[:5], yt[:5], likelihood, seed=0)
+
+
+def test_weight_decay_cv_in_the_regressor(caplog):
+    """The regressor's "cv" chooses by the held-out Gaussian loss and reports the choice on the training line."""
+    X, y = _data(n=120)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(max_epochs=30, weight_decay="cv", likelihood="gaussian",
+                                                   max_components=2, random_state=0))
+    with caplog.at_level(logging.INFO, logger="glas_sklearn"):
+        reg.fit(X, y)
+    assert re.search(r"weight decay (1|3|10) / n by 3-fold cross-validation", caplog.text)
+    c = reg.weight_decay_ * len(reg.train_indices_)
+    assert any(c == pytest.approx(p) for p in _training.CV_PRIOR_PRECISIONS)
+
+
 def test_auto_weight_decay_by_estimator(monkeypatch):
     """weight_decay="auto" resolves to 1 / n (the rows trained on, or the sum of their weights) for the classifier,
     to 0 for the regressor; a number is used as given; the optimizer is built with the resolved value."""
@@ -423,5 +492,5 @@ def test_auto_weight_decay_by_estimator(monkeypatch):
     LaplaceActiveSubspaceClassifier(**{**kw, "training": Training(max_epochs=1, weight_decay=0.0)}).fit(X, labels)
     reg = LaplaceActiveSubspaceRegressor(**{**kw, "likelihood": "gaussian"}).fit(X, y)
     assert seen[-2:] == [0.0, 0.0] and reg.get_params()["training__weight_decay"] == "auto"
-    with pytest.raises(ValueError, match=r"training__weight_decay must be 'auto' or a finite float >= 0, got 'map'"):
+    with pytest.raises(ValueError, match=r"weight_decay must be 'auto', 'cv' or a finite float >= 0, got 'map'"):
         LaplaceActiveSubspaceClassifier(training=Training(weight_decay="map")).fit(X, labels)

@@ -221,8 +221,8 @@ ATTRIBUTES_DOC = """\
         The calibration's table, scores, whether "coverage" reached the level, the samples' seed.
     n_calibration_rows_, n_sigma0_rows_, sigma0_rows_, sigma0_search_, train_indices_, calibration_indices_
         Rows scored, rows σ0 was tuned on ("nll"), positions in ``X`` of training and calibration rows.
-    n_iter_, loss_curve_, validation_scores_, best_validation_score_, validation_indices_
-        The training record (``training_loss_`` = ``loss_curve_``).
+    n_iter_, loss_curve_, validation_scores_, best_validation_score_, validation_indices_, weight_decay_
+        The training record (``training_loss_`` = ``loss_curve_``) and the weight decay trained with.
     timings_, n_threads_, x_mean_, x_scale_, input_shape_, n_features_in_, feature_names_in_
         Stage times, torch threads, the input standardisation and the row shape seen in fit."""
 
@@ -391,12 +391,13 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         """The training record as the fitted attributes users read."""
         if history is None:
             self.n_iter_, self.loss_curve_, self.validation_scores_ = 0, [], None
-            self.best_validation_score_ = self.validation_indices_ = None
+            self.best_validation_score_ = self.validation_indices_ = self.weight_decay_ = None
         else:
             self.n_iter_, self.loss_curve_ = history.n_iter, history.loss_curve
             held = history.validation_indices
             self.validation_scores_ = history.validation_scores if held is not None else None
             self.best_validation_score_, self.validation_indices_ = history.best_validation_score, held
+            self.weight_decay_ = history.weight_decay
             self.timings_["training"] = history.seconds
         self.training_loss_ = self.loss_curve_
         self._n_rows_trained = None if history is None else history.n_rows_trained

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 from sklearn.base import BaseEstimator
-from sklearn.model_selection import train_test_split
+from sklearn.model_selection import KFold, StratifiedKFold, train_test_split
 from torch import nn
 from torch.func import vmap
 
@@ -82,6 +82,12 @@ def prior_weight_decay(n: float, prior_std: float = 1.0) -> float:
     negative log posterior. ``prior_std=1`` is the penalty of scikit-learn's ``LogisticRegression(C=1)``; n is the
     sum of the rows' weights when they are weighted."""
     return 1.0 / (float(n) * prior_std**2)
+
+
+#: The prior precisions c that ``weight_decay="cv"`` chooses among: weight decay c / n, the MAP under N(0, 1 / c).
+CV_PRIOR_PRECISIONS = (1.0, 3.0, 10.0)
+#: Folds of ``weight_decay="cv"``.
+CV_FOLDS = 3
 
 
 ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU, "gelu": nn.GELU, "silu": nn.SiLU}
@@ -178,7 +184,12 @@ class TrainingResult:
     n_rows_trained, batch_rows, max_epochs : int
         The rows trained on, per step, and the most epochs allowed (:meth:`Training.fit`).
     seconds : float
-        Wall time of the training (:meth:`Training.fit`).
+        Wall time of the training (:meth:`Training.fit`), the cross-validation of ``weight_decay="cv"`` included.
+    weight_decay : float
+        The optimizer's weight decay of the network kept (:meth:`Training.fit`).
+    weight_decay_search : dict or None
+        ``weight_decay="cv"``: the prior ``precisions`` tried, their cross-validated held-out ``losses``, the
+        ``chosen`` precision, ``folds`` and ``seconds``; None otherwise.
     """
 
     loss_curve: list[float] = field(default_factory=list)
@@ -191,6 +202,8 @@ class TrainingResult:
     batch_rows: int = 0
     max_epochs: int = 0
     seconds: float = 0.0
+    weight_decay: float = 0.0
+    weight_decay_search: dict | None = None
 
     @property
     def best_validation_score(self) -> float | None:
@@ -508,6 +521,8 @@ def _is_optimizer_class(value) -> bool:
 
 # Offset of the seed of the early-stopping validation split (within the training rows).
 _VALIDATION_SPLIT = 104729
+# Offset of the seed of the folds of weight_decay="cv".
+_CV_SPLIT = 7727
 
 
 class Training(BaseEstimator):
@@ -528,10 +543,11 @@ class Training(BaseEstimator):
         Rows per step (None: all rows). "auto": a twentieth of the rows trained on, within [64, 200] (and at most
         all of them); from 8,192 rows trained on, a thirty-second of them within [200, 1,024]. A last batch of one
         row is merged into the batch before it (layers such as ``BatchNorm1d`` cannot train on a single row).
-    weight_decay : "auto" or float, default="auto"
+    weight_decay : "auto", "cv" or float, default="auto"
         Weight decay of the optimizer. "auto": for the classifier 1 / n, n the rows trained on (the sum of their
         weights), which makes the network the MAP under a N(0, 1) prior on every weight (the penalty of
-        ``LogisticRegression(C=1)``); 0 for the regressor.
+        ``LogisticRegression(C=1)``); 0 for the regressor. "cv": c / n, the prior N(0, 1 / c) with c in (1, 3, 10)
+        of the lowest 3-fold cross-validated held-out loss on the training rows (9 more trainings, on 2/3 of them).
     optimizer : {"adam", "adamw", "sgd"} or torch.optim.Optimizer subclass, default="adam"
         Built as ``optimizer(params, lr=lr, weight_decay=weight_decay)``; from 2,000 training rows on "adam" and
         "adamw" run in torch's fused implementation (the same update, one kernel for all the parameters).
@@ -571,7 +587,7 @@ class Training(BaseEstimator):
         "max_epochs": [Interval(numbers.Integral, 0, None)],
         "lr": [Options("auto"), Interval(numbers.Real, 0, None, closed="neither")],
         "batch_size": [None, Options("auto"), Interval(numbers.Integral, 1, None)],
-        "weight_decay": [Options("auto"), Interval(numbers.Real, 0, None)],
+        "weight_decay": [Options("auto", "cv"), Interval(numbers.Real, 0, None)],
         "optimizer": [Options(*OPTIMIZERS), Satisfies(_is_optimizer_class, "a torch.optim.Optimizer subclass")],
         "schedule": [Options(*SCHEDULES)],
         "early_stopping": [Options("auto"), BOOLEAN],
@@ -648,7 +664,75 @@ class Training(BaseEstimator):
             owner: str = "Training") -> TrainingResult:
         """Train ``module`` (the estimator's own network) in place on the training rows, less the validation rows
         held out of them for early stopping, on ``likelihood.loss``; its history returned. ``weight_prior_std`` is
-        the prior that ``weight_decay="auto"`` trains the MAP under (None: no weight decay, :meth:`decay`)."""
+        the prior that ``weight_decay="auto"`` trains the MAP under (None: no weight decay, :meth:`decay`);
+        ``weight_decay="cv"`` first chooses the prior by :meth:`cross_validate_decay`."""
+        t0 = time.perf_counter()
+        search = None
+        if isinstance(self.weight_decay, str) and self.weight_decay == "cv":
+            search = self.cross_validate_decay(module, Xt, yt, likelihood, seed=seed, sample_weight=sample_weight,
+                                               owner=owner)
+            precision = search["chosen"]
+
+            def decay(n_weight: float) -> float:
+                return precision * prior_weight_decay(n_weight)
+        else:
+            def decay(n_weight: float) -> float:
+                return self.decay(n_weight, weight_prior_std)
+        result = self._train(module, Xt, yt, likelihood, decay, seed=seed, sample_weight=sample_weight,
+                             verbose=verbose, owner=owner)
+        result.weight_decay_search = search
+        result.seconds = time.perf_counter() - t0
+        return result
+
+    def cross_validate_decay(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, likelihood, *, seed: int,
+                             sample_weight: torch.Tensor | None = None, owner: str = "Training") -> dict:
+        """The prior precision c of ``CV_PRIOR_PRECISIONS`` (weight decay c / n) whose networks, each trained from
+        ``module``'s initial weights (copies; ``module`` is untouched) on ``CV_FOLDS`` − 1 folds of the rows, have
+        the lowest mean held-out loss (``likelihood.held_out_loss``, weighted by ``sample_weight``) on the fold
+        left out; folds stratified by class where every class has ``CV_FOLDS`` rows, seeded from ``seed``.
+
+        Returns
+        -------
+        dict
+            ``precisions``, ``losses`` (one per precision), ``chosen``, ``folds`` and ``seconds``.
+        """
+        t0 = time.perf_counter()
+        n = len(yt)
+        if n < 2 * CV_FOLDS:
+            raise ValueError(f"{owner}: weight_decay='cv' needs at least {2 * CV_FOLDS} training rows for "
+                             f"{CV_FOLDS} folds, got {n}; pass a fixed weight_decay (e.g. 'auto').")
+        labels = yt.detach().cpu().numpy().reshape(n, -1)[:, 0] if likelihood.is_classification else None
+        stratify = labels is not None and np.unique(labels, return_counts=True)[1].min() >= CV_FOLDS
+        splitter = (StratifiedKFold if stratify else KFold)(CV_FOLDS, shuffle=True,
+                                                            random_state=(seed + _CV_SPLIT) % 2**31)
+        weights = np.ones(n) if sample_weight is None else sample_weight.detach().cpu().double().numpy()
+        losses = np.zeros(len(CV_PRIOR_PRECISIONS))
+        for fold_fit, fold_out in splitter.split(np.zeros((n, 1)), labels if stratify else None):
+            fit_index, out_index = (torch.as_tensor(r, device=Xt.device) for r in (fold_fit, fold_out))
+            w_fit = None if sample_weight is None else sample_weight[fit_index]
+            w_out = None if sample_weight is None else sample_weight[out_index]
+            for i, precision in enumerate(CV_PRIOR_PRECISIONS):
+                net = copy.deepcopy(module)
+                self._train(net, Xt[fit_index], yt[fit_index], likelihood,
+                            lambda n_weight, c=precision: c * prior_weight_decay(n_weight), seed=seed,
+                            sample_weight=w_fit, verbose=0, owner=owner)
+                loss = held_out_loss(net, Xt[out_index], yt[out_index], likelihood.held_out_loss, w_out)
+                losses[i] += loss * weights[fold_out].sum()
+        losses /= weights.sum()
+        chosen = float(CV_PRIOR_PRECISIONS[int(np.argmin(losses))])
+        search = {"precisions": list(CV_PRIOR_PRECISIONS), "losses": losses.tolist(), "chosen": chosen,
+                  "folds": CV_FOLDS, "seconds": time.perf_counter() - t0}
+        logger.info("%s: weight_decay='cv' chose the prior N(0, 1/%g) (weight decay %g / n): %d-fold held-out loss "
+                    "%s for precisions %s, %.1f s", owner, chosen, chosen, CV_FOLDS,
+                    " / ".join(f"{v:.4g}" for v in losses), " / ".join(f"{c:g}" for c in CV_PRIOR_PRECISIONS),
+                    search["seconds"])
+        return search
+
+    def _train(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, likelihood,
+               decay: Callable[[float], float], *, seed: int, sample_weight: torch.Tensor | None, verbose: int,
+               owner: str) -> TrainingResult:
+        """One training of ``module`` on the rows (Xt, yt) with the weight decay ``decay(n_weight)``, less the
+        validation rows of early stopping."""
         t0 = time.perf_counter()
         n_rows = len(yt)
         fit_rows, val_rows = self.validation_rows(yt, seed, likelihood.is_classification, owner)
@@ -659,10 +743,10 @@ class Training(BaseEstimator):
             Xt, yt = Xt[fit_index], yt[fit_index]
             sample_weight = None if sample_weight is None else sample_weight[fit_index]
         batch_size = self.batch_rows(len(Xt))
+        weight_decay = decay(len(Xt) if sample_weight is None else float(sample_weight.sum()))
         result = train_module(
             module, Xt, yt, likelihood.loss, optimizer=self.optimizer, lr=self.learning_rate(len(Xt)),
-            weight_decay=self.decay(len(Xt) if sample_weight is None else float(sample_weight.sum()), weight_prior_std),
-            batch_size=batch_size,
+            weight_decay=weight_decay, batch_size=batch_size,
             max_epochs=self.max_epochs, seed=seed, verbose=verbose, owner=owner,
             sample_weight=sample_weight, validation=validation, validation_loss=likelihood.held_out_loss,
             tol=self.tol, n_iter_no_change=self.n_iter_no_change,
@@ -671,6 +755,7 @@ class Training(BaseEstimator):
         result.n_rows_trained = len(Xt)
         result.batch_rows = min(batch_size or len(Xt), len(Xt))
         result.max_epochs = self.max_epochs
+        result.weight_decay = weight_decay
         result.seconds = time.perf_counter() - t0
         return result
 
@@ -687,4 +772,8 @@ def training_line(result: TrainingResult, threads: str) -> str:
     text = f"training: {len(losses)} epochs on {result.n_rows_trained:,} rows ({detail}), {result.seconds:.1f} s"
     if losses:
         text += f", loss {losses[-1]:.4g} (first epoch {losses[0]:.4g})"
+    search = result.weight_decay_search
+    if search is not None:
+        text += (f"; weight decay {search['chosen']:g} / n by {search['folds']}-fold cross-validation "
+                 f"({search['seconds']:.1f} s)")
     return f"{text}; {threads}"
