@@ -141,8 +141,8 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
     @scoped_threads
     def predict_proba(self, X) -> np.ndarray:
         """Class probabilities under the GLAS predictive, (n_samples, n_classes) in ``classes_`` order, rows
-        summing to 1 (renormalised in float64); ``X`` of shape (n_samples, n_features) or (n_samples,
-        *input_shape_)."""
+        summing to 1 (renormalised in float64); ``X`` of shape (n_samples, n_features) or
+        ``(n_samples, *input_shape_)``."""
         return self._proba_array(X, "predict_proba")
 
     def _proba_array(self, X, method=None) -> np.ndarray:
