@@ -627,10 +627,15 @@ class Training(BaseEstimator):
         """The learning rate on ``n_rows`` rows trained on: ``lr``, with "auto" resolved (:func:`auto_lr`)."""
         return auto_lr(n_rows, self.batch_rows(n_rows)) if self.lr == "auto" else self.lr
 
-    def decay(self, n_weight: float, prior_std: float | None) -> float:
+    def decay(self, n_weight: float, prior_std: float | None, cv_precision: float | None = None) -> float:
         """The weight decay on training rows of total weight ``n_weight`` (their count, or the sum of their
         weights): ``weight_decay``, with "auto" resolved to the MAP under a N(0, prior_std²) prior on every weight
-        (:func:`prior_weight_decay`), or to 0 when ``prior_std`` is None."""
+        (:func:`prior_weight_decay`), or to 0 when ``prior_std`` is None, and "cv" to ``cv_precision`` / n, the
+        prior precision :meth:`cross_validate_decay` chose (or is trying)."""
+        if self.weight_decay == "cv":
+            if cv_precision is None:
+                raise ValueError("weight_decay='cv' needs the prior precision chosen by cross_validate_decay.")
+            return cv_precision * prior_weight_decay(n_weight)
         if self.weight_decay != "auto":
             return float(self.weight_decay)
         return 0.0 if prior_std is None else prior_weight_decay(n_weight, prior_std)
@@ -668,18 +673,11 @@ class Training(BaseEstimator):
         ``weight_decay="cv"`` first chooses the prior by :meth:`cross_validate_decay`."""
         t0 = time.perf_counter()
         search = None
-        if isinstance(self.weight_decay, str) and self.weight_decay == "cv":
+        if self.weight_decay == "cv":
             search = self.cross_validate_decay(module, Xt, yt, likelihood, seed=seed, sample_weight=sample_weight,
                                                owner=owner)
-            precision = search["chosen"]
-
-            def decay(n_weight: float) -> float:
-                return precision * prior_weight_decay(n_weight)
-        else:
-            def decay(n_weight: float) -> float:
-                return self.decay(n_weight, weight_prior_std)
-        result = self._train(module, Xt, yt, likelihood, decay, seed=seed, sample_weight=sample_weight,
-                             verbose=verbose, owner=owner)
+        result = self._train(module, Xt, yt, likelihood, weight_prior_std, None if search is None else search["chosen"],
+                             seed=seed, sample_weight=sample_weight, verbose=verbose, owner=owner)
         result.weight_decay_search = search
         result.seconds = time.perf_counter() - t0
         return result
@@ -713,8 +711,7 @@ class Training(BaseEstimator):
             w_out = None if sample_weight is None else sample_weight[out_index]
             for i, precision in enumerate(CV_PRIOR_PRECISIONS):
                 net = copy.deepcopy(module)
-                self._train(net, Xt[fit_index], yt[fit_index], likelihood,
-                            lambda n_weight, c=precision: c * prior_weight_decay(n_weight), seed=seed,
+                self._train(net, Xt[fit_index], yt[fit_index], likelihood, None, precision, seed=seed,
                             sample_weight=w_fit, verbose=0, owner=owner)
                 loss = held_out_loss(net, Xt[out_index], yt[out_index], likelihood.held_out_loss, w_out)
                 losses[i] += loss * weights[fold_out].sum()
@@ -728,11 +725,11 @@ class Training(BaseEstimator):
                     search["seconds"])
         return search
 
-    def _train(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, likelihood,
-               decay: Callable[[float], float], *, seed: int, sample_weight: torch.Tensor | None, verbose: int,
+    def _train(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, likelihood, prior_std: float | None,
+               cv_precision: float | None, *, seed: int, sample_weight: torch.Tensor | None, verbose: int,
                owner: str) -> TrainingResult:
-        """One training of ``module`` on the rows (Xt, yt) with the weight decay ``decay(n_weight)``, less the
-        validation rows of early stopping."""
+        """One training of ``module`` on the rows (Xt, yt) with the weight decay of :meth:`decay` (``prior_std``,
+        ``cv_precision``), less the validation rows of early stopping."""
         t0 = time.perf_counter()
         n_rows = len(yt)
         fit_rows, val_rows = self.validation_rows(yt, seed, likelihood.is_classification, owner)
@@ -743,7 +740,8 @@ class Training(BaseEstimator):
             Xt, yt = Xt[fit_index], yt[fit_index]
             sample_weight = None if sample_weight is None else sample_weight[fit_index]
         batch_size = self.batch_rows(len(Xt))
-        weight_decay = decay(len(Xt) if sample_weight is None else float(sample_weight.sum()))
+        weight_decay = self.decay(len(Xt) if sample_weight is None else float(sample_weight.sum()), prior_std,
+                                  cv_precision)
         result = train_module(
             module, Xt, yt, likelihood.loss, optimizer=self.optimizer, lr=self.learning_rate(len(Xt)),
             weight_decay=weight_decay, batch_size=batch_size,
