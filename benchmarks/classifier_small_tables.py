@@ -9,9 +9,8 @@ stratified 75/25 ``train_test_split`` of the raw features, as a new user would m
   probabilities), sets by split conformal LAC on the default's conformal rows;
 - ``temperature``: the MAP logits divided by the temperature T ≥ 1 that minimises the NLL of all the default's
   calibration rows (rows the network never saw), sets as for MAP: the reference any calibrated classifier must
-  beat. Softening only: where those rows are all classified right (most splits of iris, wine and breast cancer,
-  11 to 43 rows) their NLL falls all the way to T → 0, logits sharpened without bound; an earlier version fitted
-  an unbounded T on the 3-21 σ0 rows alone and scored NLL 0.27-0.47 with it;
+  beat. Softening only: where those rows are all classified right their NLL falls all the way to T → 0, logits
+  sharpened without bound;
 - ``logistic regression``: ``StandardScaler`` + ``LogisticRegression()`` (default C), and
 - ``gradient boosting``: ``HistGradientBoostingClassifier(random_state=s)``, both fitted on all the 75 % for
   accuracy, NLL and ECE (as a user would), and once more on the default's training rows for their sets (split
