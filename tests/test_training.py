@@ -424,18 +424,25 @@ def test_weight_decay_cv_follows_the_held_out_loss():
     assert all(torch.equal(p, q) for p, q in zip(module.parameters(), before, strict=True))
 
 
-def test_cross_validate_decay_against_a_direct_computation():
+@pytest.mark.parametrize("batchnorm", [False, True])
+def test_cross_validate_decay_against_a_direct_computation(monkeypatch, batchnorm):
     """The search's losses are the folds' held-out cross-entropies, recomputed here from train_module on the same
-    folds and initial weights (same float32 arithmetic: equal to a few ulps of the loss)."""
+    folds and initial weights: to a few ulps of the loss, whether the fold networks train together (stacked under
+    vmap) or, for a module with BatchNorm's running statistics, one by one."""
     from sklearn.model_selection import StratifiedKFold
 
     X, clean, _ = _cv_tables(n=60, seed=1)
     Xt, yt = torch.as_tensor(X, dtype=torch.float32), torch.as_tensor(clean)
     torch.manual_seed(0)
-    module = nn.Sequential(nn.Linear(2, 16), nn.Tanh(), nn.Linear(16, 2))
+    middle = [nn.BatchNorm1d(16)] if batchnorm else []
+    module = nn.Sequential(nn.Linear(2, 16), *middle, nn.Tanh(), nn.Linear(16, 2))
     likelihood = glas_sklearn.likelihoods.Categorical()
     training = Training(max_epochs=40, weight_decay="cv")
+    together = []
+    real = _training.train_copies
+    monkeypatch.setattr(_training, "train_copies", lambda *a, **kw: together.append(1) or real(*a, **kw))
     search = training.cross_validate_decay(module, Xt, yt, likelihood, seed=3)
+    assert together == ([] if batchnorm else [1])
     folds = StratifiedKFold(_training.CV_FOLDS, shuffle=True, random_state=3 + _training._CV_SPLIT)
     expected = np.zeros(len(_training.CV_PRIOR_PRECISIONS))
     for fit, out in folds.split(X, clean):

@@ -8,7 +8,6 @@ Every training option lives here: a new one is a parameter of :class:`Training` 
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import functools
 import logging
@@ -23,10 +22,11 @@ import torch
 from sklearn.base import BaseEstimator
 from sklearn.model_selection import KFold, StratifiedKFold, train_test_split
 from torch import nn
-from torch.func import vmap
 
 from .._constraints import BOOLEAN, InstanceOf, Interval, Options, Satisfies, check_settings
+from .._copies import can_train_copies, train_copies
 from .._functional import eval_view
+from .._loop import batch_slices, per_row_losses, seeded_torch
 from .._progress import progress
 from .._threads import adjust_threads, auto_threads
 from ..adapters import as_adapter, unwrap_model
@@ -120,17 +120,6 @@ def default_mlp(n_features: int, n_outputs: int, hidden_layer_sizes: Sequence[in
     return nn.Sequential(*layers)
 
 
-@contextlib.contextmanager
-def seeded_torch(seed: int, device: torch.device):
-    """The global torch RNG seeded from ``seed`` inside the block (for weight initialisation and layers such
-    as dropout that draw from it), and restored on exit: results depend on ``random_state`` only, and the
-    caller's global RNG state is left as it was."""
-    devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield
-
-
 def build_optimizer(optimizer, params, *, lr: float, weight_decay: float, fused: bool = False):
     """``optimizer(params, lr=lr, weight_decay=weight_decay)`` for a name of ``OPTIMIZERS`` or an optimizer class;
     with ``fused`` and "adam" / "adamw", torch's fused implementation (the same update, one kernel for all the
@@ -145,22 +134,6 @@ def build_optimizer(optimizer, params, *, lr: float, weight_decay: float, fused:
                 pass
         return opt_cls(params, lr=lr, weight_decay=weight_decay)
     return optimizer(params, lr=lr, weight_decay=weight_decay)
-
-
-def _per_row_losses(loss: Callable, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """ℓ_i of every row, (n,): the mean loss evaluated on each row as a batch of one (vectorised with vmap)."""
-    return vmap(lambda out, target: loss(out.unsqueeze(0), target.unsqueeze(0)))(outputs, targets)
-
-
-def batch_slices(n: int, size: int) -> list[slice]:
-    """Slices of ``size`` consecutive rows covering n rows; a last batch of one row is merged into the one before
-    it (layers such as BatchNorm cannot train on a batch of one row), so no batch has one row unless n = 1 or
-    ``size`` = 1."""
-    size = max(1, min(size, n))
-    starts = list(range(0, n, size))
-    if size > 1 and len(starts) > 1 and n - starts[-1] == 1:
-        starts.pop()
-    return [slice(a, b) for a, b in zip(starts, [*starts[1:], n], strict=True)]
 
 
 @dataclass
@@ -226,7 +199,7 @@ def held_out_loss(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Cal
                 weight += out.shape[0]
             else:
                 w = sample_weight[i:i + chunk]
-                total += float((w * _per_row_losses(loss, out, target).to(w.dtype)).sum())
+                total += float((w * per_row_losses(loss, out, target).to(w.dtype)).sum())
                 weight += float(w.sum())
     module.train(was_training)
     return total / weight
@@ -327,7 +300,7 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
                 if factors is None:
                     batch_loss = loss(module(X[idx]), y[idx])
                 else:
-                    per_row = _per_row_losses(loss, module(X[idx]), y[idx])
+                    per_row = per_row_losses(loss, module(X[idx]), y[idx])
                     batch_loss = (factors[idx].to(per_row.dtype) * per_row).mean()
                 batch_loss.backward()
                 opt.step()
@@ -547,7 +520,8 @@ class Training(BaseEstimator):
         Weight decay of the optimizer. "auto": for the classifier 1 / n, n the rows trained on (the sum of their
         weights), which makes the network the MAP under a N(0, 1) prior on every weight (the penalty of
         ``LogisticRegression(C=1)``); 0 for the regressor. "cv": c / n, the prior N(0, 1 / c) with c in (1, 3, 10)
-        of the lowest 3-fold cross-validated held-out loss on the training rows (9 more trainings, on 2/3 of them).
+        of the lowest 3-fold cross-validated held-out loss on the training rows (9 more networks, on 2/3 of them,
+        trained together as one batched network where the module allows it: no buffers, all weights trained).
     optimizer : {"adam", "adamw", "sgd"} or torch.optim.Optimizer subclass, default="adam"
         Built as ``optimizer(params, lr=lr, weight_decay=weight_decay)``; from 2,000 training rows on "adam" and
         "adamw" run in torch's fused implementation (the same update, one kernel for all the parameters).
@@ -675,7 +649,7 @@ class Training(BaseEstimator):
         search = None
         if self.weight_decay == "cv":
             search = self.cross_validate_decay(module, Xt, yt, likelihood, seed=seed, sample_weight=sample_weight,
-                                               owner=owner)
+                                               verbose=verbose, owner=owner)
         result = self._train(module, Xt, yt, likelihood, weight_prior_std, None if search is None else search["chosen"],
                              seed=seed, sample_weight=sample_weight, verbose=verbose, owner=owner)
         result.weight_decay_search = search
@@ -683,7 +657,8 @@ class Training(BaseEstimator):
         return result
 
     def cross_validate_decay(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, likelihood, *, seed: int,
-                             sample_weight: torch.Tensor | None = None, owner: str = "Training") -> dict:
+                             sample_weight: torch.Tensor | None = None, verbose: int = 0,
+                             owner: str = "Training") -> dict:
         """The prior precision c of ``CV_PRIOR_PRECISIONS`` (weight decay c / n) whose networks, each trained from
         ``module``'s initial weights (copies; ``module`` is untouched) on ``CV_FOLDS`` − 1 folds of the rows, have
         the lowest mean held-out loss (``likelihood.held_out_loss``, weighted by ``sample_weight``) on the fold
@@ -704,16 +679,15 @@ class Training(BaseEstimator):
         splitter = (StratifiedKFold if stratify else KFold)(CV_FOLDS, shuffle=True,
                                                             random_state=(seed + _CV_SPLIT) % 2**31)
         weights = np.ones(n) if sample_weight is None else sample_weight.detach().cpu().double().numpy()
+        folds = list(splitter.split(np.zeros((n, 1)), labels if stratify else None))
+        nets = self._cv_networks(module, Xt, yt, likelihood, folds, seed=seed, sample_weight=sample_weight,
+                                 verbose=verbose, owner=owner)
         losses = np.zeros(len(CV_PRIOR_PRECISIONS))
-        for fold_fit, fold_out in splitter.split(np.zeros((n, 1)), labels if stratify else None):
-            fit_index, out_index = (torch.as_tensor(r, device=Xt.device) for r in (fold_fit, fold_out))
-            w_fit = None if sample_weight is None else sample_weight[fit_index]
+        for k, (_, fold_out) in enumerate(folds):
+            out_index = torch.as_tensor(fold_out, device=Xt.device)
             w_out = None if sample_weight is None else sample_weight[out_index]
-            for i, precision in enumerate(CV_PRIOR_PRECISIONS):
-                net = copy.deepcopy(module)
-                self._train(net, Xt[fit_index], yt[fit_index], likelihood, None, precision, seed=seed,
-                            sample_weight=w_fit, verbose=0, owner=owner)
-                loss = held_out_loss(net, Xt[out_index], yt[out_index], likelihood.held_out_loss, w_out)
+            for i in range(len(CV_PRIOR_PRECISIONS)):
+                loss = held_out_loss(nets[k][i], Xt[out_index], yt[out_index], likelihood.held_out_loss, w_out)
                 losses[i] += loss * weights[fold_out].sum()
         losses /= weights.sum()
         chosen = float(CV_PRIOR_PRECISIONS[int(np.argmin(losses))])
@@ -724,6 +698,48 @@ class Training(BaseEstimator):
                     " / ".join(f"{v:.4g}" for v in losses), " / ".join(f"{c:g}" for c in CV_PRIOR_PRECISIONS),
                     search["seconds"])
         return search
+
+    def _cv_networks(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, likelihood, folds: list, *,
+                     seed: int, sample_weight: torch.Tensor | None, verbose: int, owner: str) -> list[list[nn.Module]]:
+        """The networks of the search, ``[fold][precision]``, each trained from ``module``'s weights on its fold's
+        rows with weight decay c / n: all at once (:func:`~glas_sklearn._copies.train_copies`) where the folds
+        train without early stopping and ``module`` runs under ``vmap``, else one by one as :meth:`_train` trains
+        the kept one."""
+        fit_sets = [fit for fit, _ in folds]
+        n_fit = min(len(fit) for fit in fit_sets)
+        early = self.validation_rows(yt[: n_fit], seed, likelihood.is_classification, owner)[1] is not None
+        x1, y1 = Xt[:2], yt[:2]
+        if not early and can_train_copies(module, x1, y1, likelihood.loss):
+            sets, decays = [], []
+            for fit in fit_sets:
+                index = torch.as_tensor(fit, device=Xt.device)
+                n_weight = len(fit) if sample_weight is None else float(sample_weight[index].sum())
+                for c in CV_PRIOR_PRECISIONS:
+                    sets.append(fit)
+                    decays.append(self.decay(n_weight, None, c))
+            lr = self.learning_rate(n_fit)
+            # "adam" / "adamw" fused (one kernel for the stacked weights): the same update up to rounding, which the
+            # search does not need to the last bit as the kept network does
+            nets = train_copies(
+                module, Xt, yt, likelihood.loss, row_sets=sets, weight_decays=decays,
+                build=lambda groups: build_optimizer(self.optimizer, groups, lr=lr, weight_decay=0.0, fused=True),
+                batch_size=self.batch_rows(n_fit), max_epochs=self.max_epochs, seed=seed,
+                sample_weight=sample_weight, verbose=verbose, owner=owner,
+                lr_at=None if self.schedule == "constant" else lambda step, total: lr * lr_factor(self.schedule,
+                                                                                                  step, total))
+            k = len(CV_PRIOR_PRECISIONS)
+            return [nets[i * k:(i + 1) * k] for i in range(len(fit_sets))]
+        nets = []
+        for fit in fit_sets:
+            fit_index = torch.as_tensor(fit, device=Xt.device)
+            w_fit = None if sample_weight is None else sample_weight[fit_index]
+            nets.append([])
+            for precision in CV_PRIOR_PRECISIONS:
+                net = copy.deepcopy(module)
+                self._train(net, Xt[fit_index], yt[fit_index], likelihood, None, precision, seed=seed,
+                            sample_weight=w_fit, verbose=0, owner=owner)
+                nets[-1].append(net)
+        return nets
 
     def _train(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, likelihood, prior_std: float | None,
                cv_precision: float | None, *, seed: int, sample_weight: torch.Tensor | None, verbose: int,

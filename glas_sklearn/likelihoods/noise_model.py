@@ -87,21 +87,25 @@ class BoostedNoiseModel:
         return cls(trees, floor)
 
     def mean_abs_residual(self, F: np.ndarray) -> np.ndarray:
-        """``E[|r| | x]`` per row and target, (n, k), on the flattened inputs ``F``."""
+        """``E[|r| | x]`` per row and target, (n, k), on the flattened inputs ``F``: every (row, tree) pair walks
+        down its tree one level a pass, the pairs still at an inner node only."""
         out = np.empty((len(F), len(self.trees)))
         for j, t in enumerate(self.trees):
+            n_trees = len(t["roots"])
             for start in range(0, len(F), _PREDICT_ROWS):
                 rows = F[start:start + _PREDICT_ROWS]
-                node = np.broadcast_to(t["roots"], (len(rows), len(t["roots"]))).copy()
-                index = np.arange(len(rows))[:, None]
-                while True:
-                    inner = ~t["is_leaf"][node]
-                    if not inner.any():
-                        break
-                    x = rows[index, t["feature"][node]]
-                    left = np.where(np.isnan(x), t["missing_left"][node], x <= t["threshold"][node])
-                    node = np.where(inner, np.where(left, t["left"][node], t["right"][node]), node)
-                out[start:start + len(rows), j] = np.exp(t["baseline"] + t["value"][node].sum(1))
+                node = np.tile(t["roots"], len(rows))  # pair r · n_trees + i: row r in tree i
+                row_of = np.repeat(np.arange(len(rows)), n_trees)
+                active = np.flatnonzero(~t["is_leaf"][node])
+                while active.size:
+                    at = node[active]
+                    x = rows[row_of[active], t["feature"][at]]
+                    left = np.where(np.isnan(x), t["missing_left"][at], x <= t["threshold"][at])
+                    at = np.where(left, t["left"][at], t["right"][at])
+                    node[active] = at
+                    active = active[~t["is_leaf"][at]]
+                values = t["value"][node].reshape(len(rows), n_trees)
+                out[start:start + len(rows), j] = np.exp(t["baseline"] + values.sum(1))
         return out
 
     def variance(self, X: torch.Tensor) -> torch.Tensor:

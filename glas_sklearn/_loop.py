@@ -1,0 +1,40 @@
+"""The pieces of a training loop that one network (``estimators/_training.train_module``) and several copies of
+it (:func:`~glas_sklearn._copies.train_copies`) share: the batches of an epoch, the seeded global RNG, per-row
+losses."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+from torch.func import vmap
+
+__all__ = ["batch_slices", "per_row_losses", "seeded_torch"]
+
+
+@contextlib.contextmanager
+def seeded_torch(seed: int, device: torch.device):
+    """The global torch RNG seeded from ``seed`` inside the block (for weight initialisation and layers such
+    as dropout that draw from it), and restored on exit: results depend on ``random_state`` only, and the
+    caller's global RNG state is left as it was."""
+    devices = list(range(torch.cuda.device_count())) if device.type == "cuda" else []
+    with torch.random.fork_rng(devices=devices):
+        torch.manual_seed(seed)
+        yield
+
+
+def per_row_losses(loss: Callable, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """ℓ_i of every row, (n,): the mean loss evaluated on each row as a batch of one (vectorised with vmap)."""
+    return vmap(lambda out, target: loss(out.unsqueeze(0), target.unsqueeze(0)))(outputs, targets)
+
+
+def batch_slices(n: int, size: int) -> list[slice]:
+    """Slices of ``size`` consecutive rows covering n rows; a last batch of one row is merged into the one before
+    it (layers such as BatchNorm cannot train on a batch of one row), so no batch has one row unless n = 1 or
+    ``size`` = 1."""
+    size = max(1, min(size, n))
+    starts = list(range(0, n, size))
+    if size > 1 and len(starts) > 1 and n - starts[-1] == 1:
+        starts.pop()
+    return [slice(a, b) for a, b in zip(starts, [*starts[1:], n], strict=True)]

@@ -1,0 +1,117 @@
+"""Several copies of one network trained at once (_copies.py): each copy ends where train_module takes
+it alone on its rows with its weight decay, for each built-in optimizer and with row weights; the module is left
+as it was; modules vmap cannot batch are recognised."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from glas_sklearn._copies import can_train_copies, train_copies
+from glas_sklearn.estimators._training import build_optimizer, train_module
+
+
+def _rows(n=48, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, 3, generator=g)
+    y = (X[:, 0] * X[:, 1] > 0).long()
+    return X, y
+
+
+def _net(seed=0):
+    torch.manual_seed(seed)
+    return nn.Sequential(nn.Linear(3, 12), nn.Tanh(), nn.Dropout(0.1), nn.Linear(12, 2))
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "adamw", "sgd"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_each_copy_trains_as_it_would_alone(optimizer, weighted):
+    """Copies on different rows (sets of one size) with different weight decays: each copy's weights are those of
+    train_module on its rows alone, up to float32 rounding amplified over the steps (batched matrix products
+    round differently), with dropout drawing different masks per copy (so not compared there: p = 0 below)."""
+    X, y = _rows()
+    net = _net()
+    net[2].p = 0.0
+    before = copy.deepcopy(net.state_dict())
+    rng = np.random.default_rng(1)
+    sets = [np.sort(rng.choice(len(X), 32, replace=False)) for _ in range(4)]
+    decays = [0.0, 0.05, 0.05, 0.3]
+    w = torch.as_tensor(rng.uniform(0.2, 2.0, len(X)), dtype=torch.float32) if weighted else None
+    lr = 0.05 if optimizer == "sgd" else 1e-2
+    copies = train_copies(net, X, y, nn.functional.cross_entropy, row_sets=sets, weight_decays=decays,
+                          build=lambda g: build_optimizer(optimizer, g, lr=lr, weight_decay=0.0),
+                          batch_size=10, max_epochs=8, seed=5, sample_weight=w)
+    assert all(torch.equal(v, net.state_dict()[k]) for k, v in before.items())  # the module is untouched
+    eps = np.finfo(np.float32).eps
+    for rows, decay, trained in zip(sets, decays, copies, strict=True):
+        alone = copy.deepcopy(net)
+        idx = torch.as_tensor(rows)
+        train_module(alone, X[idx], y[idx], nn.functional.cross_entropy, optimizer=optimizer, lr=lr,
+                     weight_decay=decay, batch_size=10, max_epochs=8, seed=5,
+                     sample_weight=None if w is None else w[idx])
+        assert not trained.training
+        for (name, p), q in zip(alone.named_parameters(), trained.parameters(), strict=True):
+            scale = float(p.detach().abs().max())
+            # 32 steps of an update of size lr each, each rounded: a few hundred eps of the weights' scale
+            np.testing.assert_allclose(q.detach(), p.detach(), rtol=0, atol=1e3 * eps * max(scale, 1.0),
+                                       err_msg=name)
+    moved = [float((a[0].weight - b[0].weight).detach().abs().max())
+             for a, b in zip(copies[1:3], copies[2:4], strict=True)]
+    assert min(moved) > 1e-4  # different rows or decays give different networks
+
+
+def test_copies_train_on_their_own_rows_only_whatever_their_sizes():
+    """Row sets of different sizes (each copy takes the smaller size's count of its rows an epoch): rows outside
+    every set are NaN and never reached, and rows outside one copy's set never move it (its weights equal those
+    of the same copy trained with other values there)."""
+    X, y = _rows()
+    X_nan = X.clone()
+    X_nan[40:] = float("nan")
+    sets = [np.arange(0, 30), np.arange(10, 41)]
+    X_other = X_nan.clone()
+    X_other[:10] = 100 * torch.randn(10, 3)  # other values outside the second set only
+
+    def train(inputs):
+        return train_copies(_net(), inputs, y, nn.functional.cross_entropy, row_sets=sets, weight_decays=[0.0, 0.1],
+                            build=lambda g: build_optimizer("adam", g, lr=1e-2, weight_decay=0.0),
+                            batch_size=8, max_epochs=3, seed=0)
+
+    X_nan[40] = X[40]  # row 40 belongs to the second set
+    X_other[40] = X[40]
+    first, second = train(X_nan)
+    assert all(torch.isfinite(p).all() for net in (first, second) for p in net.parameters())
+    _, second_again = train(X_other)
+    assert all(torch.equal(p, q) for p, q in zip(second.parameters(), second_again.parameters(), strict=True))
+
+
+def test_modules_with_buffers_or_frozen_weights_are_trained_one_by_one():
+    X, y = _rows()
+    loss = nn.functional.cross_entropy
+    assert can_train_copies(_net(), X[:2], y[:2], loss)
+    assert not can_train_copies(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)), X[:2], y[:2],
+                                loss)
+    frozen = _net()
+    frozen[0].weight.requires_grad_(False)
+    assert not can_train_copies(frozen, X[:2], y[:2], loss)
+
+    class DataDependent(nn.Module):  # control flow on a value: vmap cannot batch it
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(3, 2)
+
+        def forward(self, x):
+            return self.lin(x) if float(x.sum()) > 0 else -self.lin(x)
+
+    assert not can_train_copies(DataDependent(), X[:2], y[:2], loss)
+
+
+def test_a_diverging_copy_raises():
+    X, y = _rows()
+    with pytest.raises(FloatingPointError, match="diverged"):
+        train_copies(nn.Linear(3, 2), X * 1e20, y, nn.functional.cross_entropy, row_sets=[np.arange(10)] * 2,
+                     weight_decays=[0.0, 0.0], build=lambda g: build_optimizer("sgd", g, lr=1e20, weight_decay=0.0),
+                     batch_size=None, max_epochs=3, seed=0)
