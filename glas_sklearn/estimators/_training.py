@@ -520,8 +520,7 @@ class Training(BaseEstimator):
         Weight decay of the optimizer. "auto": for the classifier 1 / n, n the rows trained on (the sum of their
         weights), which makes the network the MAP under a N(0, 1) prior on every weight (the penalty of
         ``LogisticRegression(C=1)``); 0 for the regressor. "cv": c / n, the prior N(0, 1 / c) with c in (1, 3, 10)
-        of the lowest 3-fold cross-validated held-out loss on the training rows (9 more networks, on 2/3 of them,
-        trained together as one batched network where the module allows it: no buffers, all weights trained).
+        of the lowest 3-fold cross-validated held-out loss (9 more networks on 2/3 of the rows, trained together).
     optimizer : {"adam", "adamw", "sgd"} or torch.optim.Optimizer subclass, default="adam"
         Built as ``optimizer(params, lr=lr, weight_decay=weight_decay)``; from 2,000 training rows on "adam" and
         "adamw" run in torch's fused implementation (the same update, one kernel for all the parameters).
