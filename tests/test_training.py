@@ -15,6 +15,7 @@ from torch import nn
 
 import glas_sklearn
 from glas_sklearn import Compute, LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor, LowRank, Training
+from glas_sklearn._fused_adam import FusedAdam
 from glas_sklearn.estimators import _training
 from glas_sklearn.estimators._posterior import auto_subsample
 from glas_sklearn.estimators._training import (
@@ -334,12 +335,43 @@ def test_the_fused_adam_makes_the_adam_update(fused):
     theta0, grads = rng.standard_normal(7), rng.standard_normal((5, 7))
     p = torch.nn.Parameter(torch.tensor(theta0))  # a copy: the update is in place
     opt = build_optimizer("adam", [p], lr=0.01, weight_decay=0.0, fused=fused)
-    assert opt.defaults.get("fused") in ((True,) if fused else (None, False))
+    assert isinstance(opt, FusedAdam if fused else torch.optim.Adam)
     for g in grads:
         p.grad = torch.as_tensor(g)
         opt.step()
     eps = torch.finfo(torch.float64).eps
     np.testing.assert_allclose(p.detach().numpy(), _adam_by_hand(theta0, grads, 0.01), rtol=0, atol=100 * eps)
+
+
+@pytest.mark.parametrize("name", ["adam", "adamw"])
+def test_the_lean_fused_adam_steps_as_torchs_fused_adam_to_the_last_bit(name):
+    """FusedAdam makes torch's own fused update (same kernel, same state): the same weights, bit for bit, over steps
+    with weight decay, two parameter groups, a parameter without a gradient and a learning rate changed midway."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(3, 8), nn.Tanh(), nn.Linear(8, 2))
+    frozen = nn.Parameter(torch.randn(4))  # never gets a gradient: left alone by both
+    copies = [copy.deepcopy(net) for _ in range(2)]
+    extra = [frozen.detach().clone().requires_grad_() for _ in range(2)]
+
+    def groups(m, e):
+        return [{"params": list(m[0].parameters()) + [e], "weight_decay": 0.1}, {"params": list(m[2].parameters())}]
+
+    ours = build_optimizer(name, groups(copies[0], extra[0]), lr=1e-2, weight_decay=0.0, fused=True)
+    theirs = _training.OPTIMIZERS[name](groups(copies[1], extra[1]), lr=1e-2, weight_decay=0.0, fused=True)
+    assert isinstance(ours, FusedAdam)
+    X, y = torch.randn(40, 3), torch.randint(0, 2, (40,))
+    for step in range(30):
+        for m, opt in zip(copies, (ours, theirs), strict=True):
+            if step == 15:
+                for group in opt.param_groups:
+                    group["lr"] = 3e-3
+            opt.zero_grad(set_to_none=True)
+            nn.functional.cross_entropy(m(X[step % 4::4]), y[step % 4::4]).backward()
+            opt.step()
+    assert all(torch.equal(p, q) for p, q in zip(copies[0].parameters(), copies[1].parameters(), strict=True))
+    assert torch.equal(extra[0], frozen) and torch.equal(extra[1], frozen)
+    moved = copies[0][0].weight - net[0].weight
+    assert float(moved.abs().max()) > 1e-3
 
 
 def test_sgd_and_optimizer_classes_are_built_as_given():

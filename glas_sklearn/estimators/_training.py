@@ -26,6 +26,7 @@ from torch import nn
 from .._constraints import BOOLEAN, InstanceOf, Interval, Options, Satisfies, check_settings
 from .._copies import can_train_copies, train_copies
 from .._functional import eval_view
+from .._fused_adam import lean_fused_adam
 from .._loop import batch_slices, per_row_losses, seeded_torch
 from .._progress import progress
 from .._threads import adjust_threads, auto_threads
@@ -122,16 +123,17 @@ def default_mlp(n_features: int, n_outputs: int, hidden_layer_sizes: Sequence[in
 
 def build_optimizer(optimizer, params, *, lr: float, weight_decay: float, fused: bool = False):
     """``optimizer(params, lr=lr, weight_decay=weight_decay)`` for a name of ``OPTIMIZERS`` or an optimizer class;
-    with ``fused`` and "adam" / "adamw", torch's fused implementation (the same update, one kernel for all the
-    parameters; the for-loop one where torch has no fused kernel for the parameters' device and dtype)."""
+    with ``fused`` and "adam" / "adamw", torch's fused kernel called directly (:class:`~glas_sklearn._fused_adam.
+    FusedAdam`: the same update to the last bit as ``torch.optim.Adam(fused=True)``, without its per-step
+    overhead; torch's for-loop update where torch has no fused kernel for the parameters' device and dtype).
+    ``params``: tensors or parameter groups."""
     if isinstance(optimizer, str):
         opt_cls = OPTIMIZERS[optimizer]
         if fused and optimizer in _FUSABLE:
             params = list(params)
-            try:
-                return opt_cls(params, lr=lr, weight_decay=weight_decay, fused=True)
-            except (RuntimeError, ValueError, TypeError):  # no fused kernel here: the plain update
-                pass
+            lean = lean_fused_adam(params, lr=lr, weight_decay=weight_decay, decoupled=optimizer == "adamw")
+            if lean is not None:
+                return lean
         return opt_cls(params, lr=lr, weight_decay=weight_decay)
     return optimizer(params, lr=lr, weight_decay=weight_decay)
 
@@ -289,7 +291,7 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
         bar = progress(range(max_epochs), desc="training", verbose=verbose, leave=False)
         for epoch in bar:
             perm = torch.randperm(n, generator=gen).to(X.device)
-            total = 0.0
+            total = torch.zeros((), dtype=torch.float64, device=X.device)  # on the device: no sync a step
             for sl in slices:
                 idx = perm[sl]
                 if schedule != "constant":
@@ -304,8 +306,8 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
                     batch_loss = (factors[idx].to(per_row.dtype) * per_row).mean()
                 batch_loss.backward()
                 opt.step()
-                total += float(batch_loss.detach()) * len(idx)
-            result.loss_curve.append(total / n)
+                total += batch_loss.detach().to(torch.float64) * len(idx)
+            result.loss_curve.append(float(total) / n)
             result.n_iter = epoch + 1
             if not np.isfinite(result.loss_curve[-1]):
                 raise FloatingPointError(f"{owner}: the training loss diverged to {result.loss_curve[-1]}; "
