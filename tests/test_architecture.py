@@ -320,10 +320,14 @@ def test_estimators_package_has_few_modules():
 @pytest.mark.parametrize("name", ["LaplaceActiveSubspaceRegressor", "LaplaceActiveSubspaceClassifier"])
 def test_help_of_the_estimators_stays_short(name):
     """``help(estimator)`` is a page a user reads: its parameters, attributes and methods in at most 300 lines
-    (scikit-learn's inherited methods included)."""
+    (scikit-learn's inherited methods included). Pickling or copying an instance caches ``__slotnames__`` on the
+    class (copyreg), which help() then lists: not counted, so the test does not depend on the tests run before it."""
     import pydoc
 
     import glas_sklearn
 
     text = pydoc.render_doc(getattr(glas_sklearn, name), renderer=pydoc.plaintext)
-    assert len(text.splitlines()) <= 300, len(text.splitlines())
+    lines = text.splitlines()
+    cached = [i for i, line in enumerate(lines) if line.strip() == "|  __slotnames__ = []"]
+    lines = [line for i, line in enumerate(lines) if i not in cached and i - 1 not in cached]
+    assert len(lines) <= 300, len(lines)
