@@ -11,7 +11,9 @@ Data sets
 - ``friedman_50k``: ``sklearn.datasets.make_friedman1(n_samples=50_000, noise=1.0, random_state=split)``
   (10 inputs, 5 of them irrelevant), 40,000 training and 10,000 test rows;
 - ``friedman16_14k``: ``make_friedman1(n_samples=13_750, n_features=16, noise=1.0, random_state=split)`` (16
-  inputs, 11 of them irrelevant), 11,000 training and 2,750 test rows (the size of the held-out table of issue 28).
+  inputs, 11 of them irrelevant), 11,000 training and 2,750 test rows (the size of the held-out table of issue 28);
+- ``friedman8_8k``: ``make_friedman1(n_samples=10_192, n_features=8, noise=0.5, random_state=split)``, 8,192
+  training and 2,000 test rows (kin8nm's size and width, the table of issue 42's fit-time target).
 
 Methods (all at the 90 % level, fitted on the training rows of a split, scored on its test rows)
 -------------------------------------------------------------------------------------------------
@@ -74,7 +76,7 @@ from glas_sklearn.metrics import coverage_score, interval_score, mean_width_scor
 
 LEVEL = 0.9
 UCI = ["concrete", "energy", "yacht", "wine-quality-red"]
-DATASETS = [*UCI, "concrete_shipped", "friedman_50k", "friedman16_14k"]
+DATASETS = [*UCI, "concrete_shipped", "friedman_50k", "friedman16_14k", "friedman8_8k"]
 METHODS = {
     "old_default": "ours, old default (500 epochs of 64 rows, no early stopping)",
     "gaussian_default": "ours, the Gaussian default before likelihood='auto' and calibration='mondrian' (early "
@@ -110,6 +112,9 @@ def load(name: str, split: int):
     if name == "friedman16_14k":
         X, y = make_friedman1(n_samples=13_750, n_features=16, noise=1.0, random_state=split)
         return _tts(X, y, split, test_size=2_750)
+    if name == "friedman8_8k":
+        X, y = make_friedman1(n_samples=10_192, n_features=8, noise=0.5, random_state=split)
+        return _tts(X, y, split, test_size=2_000)
     raise ValueError(f"unknown data set {name!r}; one of {DATASETS}")
 
 
