@@ -533,3 +533,16 @@ def test_auto_weight_decay_by_estimator(monkeypatch):
     assert seen[-2:] == [0.0, 0.0] and reg.get_params()["training__weight_decay"] == "auto"
     with pytest.raises(ValueError, match=r"weight_decay must be 'auto', 'cv' or a finite float >= 0, got 'map'"):
         LaplaceActiveSubspaceClassifier(training=Training(weight_decay="map")).fit(X, labels)
+
+
+def test_a_group_mixing_dtypes_gets_torchs_own_fused_adam():
+    """FusedAdam calls one kernel per group, so a group mixing float32 and float64 weights goes to torch's fused
+    optimizer, which splits it by dtype itself; the update is Adam's on both."""
+    a, b = torch.nn.Parameter(torch.zeros(3)), torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+    opt = build_optimizer("adam", [a, b], lr=0.1, weight_decay=0.0, fused=True)
+    assert type(opt) is torch.optim.Adam and opt.defaults["fused"]
+    a.grad, b.grad = torch.ones(3), -torch.ones(2, dtype=torch.float64)
+    opt.step()
+    # Adam's first step: lr · g / (|g| + eps), eps = 1e-8
+    np.testing.assert_allclose(a.detach(), -0.1 / (1 + 1e-8), rtol=10 * np.finfo(np.float32).eps)
+    np.testing.assert_allclose(b.detach(), 0.1 / (1 + 1e-8), rtol=10 * np.finfo(np.float64).eps)

@@ -125,7 +125,8 @@ def build_optimizer(optimizer, params, *, lr: float, weight_decay: float, fused:
     """``optimizer(params, lr=lr, weight_decay=weight_decay)`` for a name of ``OPTIMIZERS`` or an optimizer class;
     with ``fused`` and "adam" / "adamw", torch's fused kernel called directly (:class:`~glas_sklearn._fused_adam.
     FusedAdam`: the same update to the last bit as ``torch.optim.Adam(fused=True)``, without its per-step
-    overhead; torch's for-loop update where torch has no fused kernel for the parameters' device and dtype).
+    overhead; torch's own fused optimizer for groups mixing devices or dtypes; torch's for-loop update where torch
+    has no fused kernel for the parameters' device and dtype).
     ``params``: tensors or parameter groups."""
     if isinstance(optimizer, str):
         opt_cls = OPTIMIZERS[optimizer]
@@ -134,6 +135,10 @@ def build_optimizer(optimizer, params, *, lr: float, weight_decay: float, fused:
             lean = lean_fused_adam(params, lr=lr, weight_decay=weight_decay, decoupled=optimizer == "adamw")
             if lean is not None:
                 return lean
+            try:  # groups mixing devices or dtypes: torch's fused optimizer groups them itself
+                return opt_cls(params, lr=lr, weight_decay=weight_decay, fused=True)
+            except (RuntimeError, ValueError, TypeError):  # no fused kernel here: the plain update
+                pass
         return opt_cls(params, lr=lr, weight_decay=weight_decay)
     return optimizer(params, lr=lr, weight_decay=weight_decay)
 
