@@ -122,7 +122,7 @@ def train_copies(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
         for _ in bar:
             perms = torch.stack([rows[m][torch.randperm(len(rows[m]), generator=g).to(X.device)[:n_min]]
                                  for m, g in zip(order, gens, strict=True)])
-            total = torch.zeros((), dtype=torch.float64)
+            total = torch.zeros((), dtype=torch.float64, device=X.device)  # on the device: no sync a step
             for sl in slices:
                 idx = perms[:, sl]
                 if lr_at is not None:

@@ -68,16 +68,13 @@ class FusedAdam:
 def lean_fused_adam(params: Iterable, *, lr: float, weight_decay: float, decoupled: bool) -> FusedAdam | None:
     """A :class:`FusedAdam` over ``params`` (tensors or parameter groups), or None where a group mixes devices or
     dtypes, or torch has no fused kernel for them (tried on a copy of the first tensor)."""
-    groups = list(params)
-    if groups and not isinstance(groups[0], dict):
-        groups = [{"params": groups}]
-    groups = [{**g, "params": list(g["params"])} for g in groups]
+    optimizer = FusedAdam(params, lr=lr, weight_decay=weight_decay, decoupled=decoupled)
+    groups = optimizer.param_groups
     if any(len({(p.device, p.dtype) for p in g["params"]}) > 1 for g in groups):
         return None
     first = next((p for g in groups for p in g["params"]), None)
     if first is None:
         return None
-    optimizer = FusedAdam(groups, lr=lr, weight_decay=weight_decay, decoupled=decoupled)
     probe = first.detach().clone()
     try:
         optimizer._kernel([probe], [torch.zeros_like(probe)], [torch.zeros_like(probe)], [torch.zeros_like(probe)], [],

@@ -620,6 +620,20 @@ class Training(BaseEstimator):
             return float(self.weight_decay)
         return 0.0 if prior_std is None else prior_weight_decay(n_weight, prior_std)
 
+    def _early_stopping_on(self, n: int) -> bool:
+        """Whether early stopping is asked for on n training rows ("auto": from ``AUTO_EARLY_STOPPING_ROWS`` on)."""
+        return n >= AUTO_EARLY_STOPPING_ROWS if isinstance(self.early_stopping, str) else bool(self.early_stopping)
+
+    def _holds_validation_rows(self, n: int) -> bool:
+        """Whether n training rows leave at least 2 rows on either side of the validation split."""
+        n_val = int(np.ceil(self.validation_fraction * n))
+        return n_val >= 2 and n - n_val >= 2
+
+    def _stops_early(self, n: int) -> bool:
+        """Whether a training on n rows holds validation rows out and stops early on them (:meth:`validation_rows`
+        returns them)."""
+        return self._early_stopping_on(n) and self._holds_validation_rows(n)
+
     def validation_rows(self, yt: torch.Tensor, seed: int, classification: bool,
                         owner: str) -> tuple[np.ndarray, np.ndarray | None]:
         """Positions among the n training rows of the rows trained on and of the ``validation_fraction`` held out
@@ -629,12 +643,12 @@ class Training(BaseEstimator):
         n = len(yt)
         n_val = int(np.ceil(self.validation_fraction * n))
         auto = isinstance(self.early_stopping, str)  # "auto", the only string allowed
-        if not (n >= AUTO_EARLY_STOPPING_ROWS if auto else self.early_stopping):
+        if not self._early_stopping_on(n):
             if auto:
                 logger.info("%s: early_stopping='auto' is off below %d training rows (%d here): training on all of "
                             "them for max_epochs=%d epochs", owner, AUTO_EARLY_STOPPING_ROWS, n, self.max_epochs)
             return np.arange(n), None
-        if n_val < 2 or n - n_val < 2:
+        if not self._holds_validation_rows(n):
             logger.info("%s: %d training rows are too few to hold out validation rows for early stopping; training "
                         "for max_epochs=%d epochs", owner, n, self.max_epochs)
             return np.arange(n), None
@@ -713,9 +727,8 @@ class Training(BaseEstimator):
         the kept one."""
         fit_sets = [fit for fit, _ in folds]
         n_fit = min(len(fit) for fit in fit_sets)
-        early = self.validation_rows(yt[: n_fit], seed, likelihood.is_classification, owner)[1] is not None
-        x1, y1 = Xt[:2], yt[:2]
-        if not early and can_train_copies(module, x1, y1, likelihood.loss):
+        early = any(self._stops_early(len(fit)) for fit in fit_sets)
+        if not early and can_train_copies(module, Xt[:2], yt[:2], likelihood.loss):
             sets, decays = [], []
             for fit in fit_sets:
                 index = torch.as_tensor(fit, device=Xt.device)
