@@ -381,15 +381,20 @@ def test_sgd_and_optimizer_classes_are_built_as_given():
     assert type(opt) is torch.optim.RMSprop and opt.defaults["lr"] == 0.1
 
 
-@pytest.mark.parametrize("calibration_size, fused", [(300, True), (301, False)])
-def test_the_fused_adam_trains_from_2000_training_rows_on(monkeypatch, calibration_size, fused):
-    seen = []
+@pytest.mark.parametrize("n, optimizer, kind", [(120, "adam", FusedAdam), (2300, "adam", FusedAdam),
+                                                 (120, torch.optim.Adam, torch.optim.Adam)])
+def test_adam_trains_fused_at_every_size_and_a_class_gives_torchs_own(monkeypatch, n, optimizer, kind):
+    """"adam" trains with the fused kernel on small and large tables alike; passing the class keeps torch's
+    default (for-loop) Adam, one argument away."""
+    built = []
     real = _training.build_optimizer
-    monkeypatch.setattr(_training, "build_optimizer", lambda *a, **kw: seen.append(kw["fused"]) or real(*a, **kw))
-    X, y = _data(n=2300)
+    monkeypatch.setattr(_training, "build_optimizer", lambda *a, **kw: built.append(real(*a, **kw)) or built[-1])
+    X, y = _data(n=n)
     LaplaceActiveSubspaceRegressor(**grouped(**{**FAST, "early_stopping": "auto", "max_components": 2}, max_epochs=1,
-                                             calibration_size=calibration_size)).fit(X, y)  # 2000 / 1999 training rows
-    assert seen == [fused]
+                                             optimizer=optimizer, calibration_size=0.1)).fit(X, y)
+    assert len(built) == 1 and type(built[0]) is kind
+    if kind is torch.optim.Adam:
+        assert not built[0].defaults["fused"]
 
 
 def test_subsample_auto_builds_the_curvature_on_10000_of_more_rows(monkeypatch):

@@ -529,8 +529,9 @@ class Training(BaseEstimator):
         ``LogisticRegression(C=1)``); 0 for the regressor. "cv": c / n, the prior N(0, 1 / c) with c in (1, 3, 10)
         of the lowest 3-fold cross-validated held-out loss (9 more networks on 2/3 of the rows, trained together).
     optimizer : {"adam", "adamw", "sgd"} or torch.optim.Optimizer subclass, default="adam"
-        Built as ``optimizer(params, lr=lr, weight_decay=weight_decay)``; from 2,000 training rows on "adam" and
-        "adamw" run in torch's fused implementation (the same update, one kernel for all the parameters).
+        Built as ``optimizer(params, lr=lr, weight_decay=weight_decay)``; "adam" and "adamw" run in torch's fused
+        implementation (the same update up to rounding, one kernel for all the parameters); pass the class
+        (``torch.optim.Adam``) for torch's default implementation.
     schedule : {"constant", "warmup_cosine"}, default="constant"
         The learning rate over the optimizer steps of ``max_epochs`` epochs: constant, or a linear warm-up over
         the first 5 % of the steps followed by a half cosine down to 0.
@@ -766,7 +767,6 @@ class Training(BaseEstimator):
         """One training of ``module`` on the rows (Xt, yt) with the weight decay of :meth:`decay` (``prior_std``,
         ``cv_precision``), less the validation rows of early stopping."""
         t0 = time.perf_counter()
-        n_rows = len(yt)
         fit_rows, val_rows = self.validation_rows(yt, seed, likelihood.is_classification, owner)
         validation = None
         if val_rows is not None:
@@ -783,7 +783,7 @@ class Training(BaseEstimator):
             max_epochs=self.max_epochs, seed=seed, verbose=verbose, owner=owner,
             sample_weight=sample_weight, validation=validation, validation_loss=likelihood.held_out_loss,
             tol=self.tol, n_iter_no_change=self.n_iter_no_change,
-            fused=n_rows >= AUTO_EARLY_STOPPING_ROWS, schedule=self.schedule)
+            fused=True, schedule=self.schedule)
         result.validation_indices = val_rows
         result.n_rows_trained = len(Xt)
         result.batch_rows = min(batch_size or len(Xt), len(Xt))
