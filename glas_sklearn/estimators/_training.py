@@ -738,8 +738,7 @@ class Training(BaseEstimator):
                     sets.append(fit)
                     decays.append(self.decay(n_weight, None, c))
             lr = self.learning_rate(n_fit)
-            # "adam" / "adamw" fused (one kernel for the stacked weights): the same update up to rounding, which the
-            # search does not need to the last bit as the kept network does
+            # "adam" / "adamw" fused as the kept network trains: one kernel a step for all the stacked weights
             nets = train_copies(
                 module, Xt, yt, likelihood.loss, row_sets=sets, weight_decays=decays,
                 build=lambda groups: build_optimizer(self.optimizer, groups, lr=lr, weight_decay=0.0, fused=True),
