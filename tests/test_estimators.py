@@ -457,7 +457,7 @@ BAD_VALUES = [
     ("include_noise", np.float64(1.0), "True or False"),
     ("posterior", "full", "'low_rank', 'low_rank_diag', 'subspace'"),
     ("calibration", "Conformal", "'conformal', 'coverage' or 'mondrian'"),
-    ("early_stopping", "on", "'auto' or True or False"), ("validation_fraction", 1.0, "(0, 1)"),
+    ("early_stopping", "on", "'auto', 'shadow' or True or False"), ("validation_fraction", 1.0, "(0, 1)"),
     ("n_iter_no_change", 0, "an int >= 1"), ("tol", -1e-4, "a finite float >= 0"),
 ]
 

@@ -37,7 +37,7 @@ from glas_sklearn.predictive import RegressionMoments
 from tests.reference import grouped, step_noise_data
 
 SMALL = dict(module_kwargs=dict(hidden_layer_sizes=(8,)), max_epochs=30, lr=0.05, batch_size=None,
-             n_samples=50, max_components=3, dtype="float64", random_state=0)
+             early_stopping=False, n_samples=50, max_components=3, dtype="float64", random_state=0)
 
 
 def _moments(mean, std):

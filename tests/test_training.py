@@ -157,13 +157,56 @@ def test_validation_rows_come_from_the_training_rows_and_the_calibration_rows_ne
         torch.testing.assert_close(p, q, rtol=0, atol=0)
 
 
-def test_early_stopping_auto_holds_rows_out_from_2000_training_rows_on():
+def test_early_stopping_auto_holds_rows_out_from_2000_training_rows_on_and_a_shadow_copy_chooses_below():
     X, y = _data(n=2300)
     kw = {**FAST, "early_stopping": "auto", "max_epochs": 2, "max_components": 2}
     large = LaplaceActiveSubspaceRegressor(**grouped(**kw, calibration_size=300)).fit(X, y)  # 2000 training rows
     assert len(large.validation_indices_) == 200 and len(large.validation_scores_) == large.n_iter_ == 2
+    assert large._n_rows_trained == 1800
     small = LaplaceActiveSubspaceRegressor(**grouped(**kw, calibration_size=301)).fit(X, y)  # 1999
-    assert small.validation_indices_ is None and small.validation_scores_ is None and small.n_iter_ == 2
+    # the shadow copy holds a fifth out; the network itself trains on all 1999 rows for the epochs the copy chose
+    assert len(small.validation_indices_) == 400 and len(small.validation_scores_) == 2
+    assert small._n_rows_trained == 1999
+    assert small.n_iter_ == len(small.loss_curve_) == 1 + int(np.argmin(small.validation_scores_))
+
+
+def _shadow_data(n, smooth, seed=0):
+    rng = np.random.default_rng(seed)
+    X = rng.uniform(-2, 2, size=(n, 2))
+    if smooth:  # noise-free: the longer the network trains, the better it fits
+        return X, np.sin(2 * X[:, 0]) * np.cos(X[:, 1])
+    return X, rng.standard_normal(n)  # no signal: every epoch past the first few fits noise
+
+
+def test_shadow_trains_long_on_a_smooth_target_and_briefly_on_pure_noise():
+    """early_stopping="shadow": the copy's held-out loss decides how long the network trains: most of the budget on
+    a noise-free smooth target, a small share of it where the targets are noise."""
+    kw = dict(module_kwargs=dict(hidden_layer_sizes=(32, 32)), max_epochs=400, lr=3e-3, early_stopping="shadow",
+              likelihood="gaussian", n_samples=20, max_components=2, random_state=0, calibration_size=40)
+    smooth = LaplaceActiveSubspaceRegressor(**grouped(**kw)).fit(*_shadow_data(240, True))
+    noise = LaplaceActiveSubspaceRegressor(**grouped(**kw)).fit(*_shadow_data(240, False))
+    assert smooth.n_iter_ >= 300, smooth.n_iter_  # seeds 0-3: 384-399 of 400
+    assert noise.n_iter_ <= 100, noise.n_iter_  # seeds 0-3: 1-87
+
+
+def test_shadow_network_is_the_plain_training_for_the_epochs_its_copy_chose():
+    """The kept network trains on every training row, exactly as early_stopping=False does for the chosen epochs;
+    the copy's curve is that of early_stopping=True on the same held-out fifth run to the end (same rows, same
+    start); it stops only past twice its best epoch."""
+    X, y = _data(n=260)
+    kw = {**FAST, "max_components": 2, "lr": 0.01}
+    est = LaplaceActiveSubspaceRegressor(**grouped(**{**kw, "early_stopping": "shadow"}, max_epochs=120)).fit(X, y)
+    best, curve = est.n_iter_, np.asarray(est.validation_scores_)
+    assert best == 1 + int(np.argmin(curve)) and len(est.loss_curve_) == best
+    assert len(curve) >= min(120, 2 * best)
+    assert len(est.validation_indices_) == int(np.ceil(0.2 * len(est.train_indices_)))
+    plain = LaplaceActiveSubspaceRegressor(**grouped(**{**kw, "early_stopping": False}, max_epochs=best)).fit(X, y)
+    for p, q in zip(est.module_.parameters(), plain.module_.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=0, atol=0)  # the same computation, not two paths
+    held = LaplaceActiveSubspaceRegressor(**grouped(**{**kw, "early_stopping": True}, max_epochs=len(curve),
+                                                    validation_fraction=0.2, n_iter_no_change=10**6)).fit(X, y)
+    np.testing.assert_array_equal(held.validation_indices_, est.validation_indices_)
+    np.testing.assert_allclose(held.validation_scores_, curve, rtol=0, atol=0)
 
 
 def test_early_stopping_off_runs_every_epoch():
@@ -392,7 +435,8 @@ def test_adam_trains_fused_at_every_size_and_a_class_gives_torchs_own(monkeypatc
     X, y = _data(n=n)
     LaplaceActiveSubspaceRegressor(**grouped(**{**FAST, "early_stopping": "auto", "max_components": 2}, max_epochs=1,
                                              optimizer=optimizer, calibration_size=0.1)).fit(X, y)
-    assert len(built) == 1 and type(built[0]) is kind
+    assert len(built) == (2 if n < 2000 else 1)  # below 2,000 rows a shadow copy trains first
+    assert all(type(opt) is kind for opt in built)
     if kind is torch.optim.Adam:
         assert not built[0].defaults["fused"]
 
@@ -527,13 +571,14 @@ def test_auto_weight_decay_by_estimator(monkeypatch):
     X, y = _data(n=60)
     labels = (y > np.median(y)).astype(int)
     w = np.random.default_rng(1).uniform(0.5, 2.0, size=len(y))
-    kw = dict(training=Training(max_epochs=1), posterior=LowRank(max_components=2), calibration_size=20,
-              random_state=0)
+    kw = dict(training=Training(max_epochs=1, early_stopping=False), posterior=LowRank(max_components=2),
+              calibration_size=20, random_state=0)
     clf = LaplaceActiveSubspaceClassifier(**kw).fit(X, labels)
     assert seen == [pytest.approx(1 / len(clf.train_indices_))]
     clf = LaplaceActiveSubspaceClassifier(**kw).fit(X, labels, sample_weight=w)
     assert seen[-1] == pytest.approx(1 / w[clf.train_indices_].sum())
-    LaplaceActiveSubspaceClassifier(**{**kw, "training": Training(max_epochs=1, weight_decay=0.0)}).fit(X, labels)
+    LaplaceActiveSubspaceClassifier(**{**kw, "training": Training(max_epochs=1, weight_decay=0.0,
+                                                                  early_stopping=False)}).fit(X, labels)
     reg = LaplaceActiveSubspaceRegressor(**{**kw, "likelihood": "gaussian"}).fit(X, y)
     assert seen[-2:] == [0.0, 0.0] and reg.get_params()["training__weight_decay"] == "auto"
     with pytest.raises(ValueError, match=r"weight_decay must be 'auto', 'cv' or a finite float >= 0, got 'map'"):
@@ -551,3 +596,19 @@ def test_a_group_mixing_dtypes_gets_torchs_own_fused_adam():
     # Adam's first step: lr · g / (|g| + eps), eps = 1e-8
     np.testing.assert_allclose(a.detach(), -0.1 / (1 + 1e-8), rtol=10 * np.finfo(np.float32).eps)
     np.testing.assert_allclose(b.detach(), 0.1 / (1 + 1e-8), rtol=10 * np.finfo(np.float64).eps)
+
+
+def test_shadow_network_follows_the_learning_rate_schedule_its_copy_had(monkeypatch):
+    """With a schedule, the network stopped at the copy's best epoch took each step at the rate the copy took it:
+    both schedules span the copy's max_epochs, not the network's shorter run."""
+    seen = []
+    real = _training.lr_factor
+    monkeypatch.setattr(_training, "lr_factor",
+                        lambda sched, step, total: seen.append(total) or real(sched, step, total))
+    X, y = _data(n=200)
+    est = LaplaceActiveSubspaceRegressor(**grouped(**{**FAST, "early_stopping": "shadow", "max_components": 2},
+                                                   max_epochs=40, schedule="warmup_cosine", lr=0.01)).fit(X, y)
+    n_train = len(est.train_indices_)
+    n_copy = n_train - len(est.validation_indices_)
+    assert est.n_iter_ < 40  # the network stopped before the schedule's end, so the check below can fail
+    assert set(seen) == {40 * len(_training.batch_slices(n, _training.auto_batch_size(n))) for n in (n_copy, n_train)}

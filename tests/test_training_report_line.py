@@ -1,6 +1,7 @@
 """The training report line names the resolved batch size, also for ``batch_size="auto"`` (the default)."""
 
 import logging
+import re
 
 import numpy as np
 
@@ -16,4 +17,5 @@ def test_training_line_resolves_auto_batch_size(caplog):
                                              compute=Compute(device="cpu")).fit(X, y)
     assert est.training is not None and est.training.batch_size == "auto"
     n_train = len(est.train_indices_)
-    assert f"on {n_train} rows (batches of {min(Training().batch_rows(n_train) or n_train, n_train)})" in caplog.text
+    batch = min(Training().batch_rows(n_train) or n_train, n_train)
+    assert re.search(rf"training: \d+ epochs on {n_train} rows \(batches of {batch}[;)]", caplog.text)

@@ -32,7 +32,8 @@ from .._progress import progress
 from .._threads import adjust_threads, auto_threads
 from ..adapters import as_adapter, unwrap_model
 
-__all__ = ["ACTIVATIONS", "AUTO_EARLY_STOPPING_ROWS", "OPTIMIZERS", "SCHEDULES", "Training", "TrainingResult",
+__all__ = ["ACTIVATIONS", "AUTO_EARLY_STOPPING_ROWS", "OPTIMIZERS", "SCHEDULES", "STOPPING_MODES", "Training",
+           "TrainingResult",
            "auto_batch_size", "auto_lr", "batch_slices", "build_network", "build_optimizer", "default_mlp",
            "held_out_loss", "lr_factor", "prior_weight_decay", "seeded_torch", "train_module", "trainable_dtype"]
 
@@ -49,9 +50,21 @@ AUTO_STEPS, AUTO_MIN_BATCH, AUTO_MAX_BATCH = 20, 64, 200
 AUTO_LARGE_BATCH, AUTO_LARGE_BATCH_ROWS, AUTO_LARGE_STEPS = 1024, 8 * 1024, 32
 #: ``lr="auto"``: AUTO_LR, or AUTO_LARGE_LR for steps of ≥ AUTO_LARGE_BATCH rows on ≥ AUTO_LARGE_BATCH_ROWS rows.
 AUTO_LR, AUTO_LARGE_LR = 1e-3, 3e-3
-#: ``early_stopping="auto"`` holds validation rows out from this many training rows on (below, the rows are worth
-#: more to the network than a stopping rule).
+#: ``early_stopping="auto"`` holds validation rows out of the network from this many training rows on; below, the
+#: rows are worth more to the network than to a stopping rule, and a shadow copy chooses the epochs instead.
 AUTO_EARLY_STOPPING_ROWS = 2000
+#: ``validation_fraction="auto"``: the share of the training rows held out of the shadow copy
+#: (``early_stopping="shadow"``), and of the network itself (``early_stopping=True``).
+SHADOW_FRACTION, HELD_OUT_FRACTION = 0.2, 0.1
+#: The shadow copy stops after ``n_iter_no_change`` epochs without improvement, and not before this many times the
+#: epoch of its lowest held-out loss: on small data that loss can rest on a plateau for hundreds of epochs before it
+#: falls again.
+SHADOW_PATIENCE_RATIO = 2.0
+#: ``max_epochs="auto"``: AUTO_MAX_EPOCHS_STOPPED where training stops on held-out rows (either kind of early
+#: stopping), else AUTO_MAX_EPOCHS.
+AUTO_MAX_EPOCHS, AUTO_MAX_EPOCHS_STOPPED = 500, 2000
+#: The ways training can stop: on all the epochs, on the network's own held-out rows, on a shadow copy's.
+STOPPING_MODES = ("off", "held_out", "shadow")
 #: Optimizers with a fused implementation in torch (one kernel for the update of all parameters).
 _FUSABLE = ("adam", "adamw")
 #: The learning-rate schedules by name (:func:`lr_factor`).
@@ -152,7 +165,8 @@ class TrainingResult:
     loss_curve : list of float
         The (weighted) mean training loss of each epoch run (over its mini-batches, as the weights moved).
     validation_scores : list of float
-        With validation rows: the (weighted) mean held-out loss after each epoch (lower is better); else empty.
+        With validation rows: the (weighted) mean held-out loss after each epoch (lower is better; the shadow
+        copy's with ``early_stopping="shadow"``); else empty.
     n_iter : int
         Epochs run.
     best_epoch : int or None
@@ -170,6 +184,9 @@ class TrainingResult:
     weight_decay_search : dict or None
         ``weight_decay="cv"``: the prior ``precisions`` tried, their cross-validated held-out ``losses``, the
         ``chosen`` precision, ``folds`` and ``seconds``; None otherwise.
+    shadow_epochs : int or None
+        ``early_stopping="shadow"``: the epochs the shadow copy ran (its held-out losses are ``validation_scores``,
+        the epoch it chose ``best_epoch``, its held-out rows ``validation_indices``); None otherwise.
     """
 
     loss_curve: list[float] = field(default_factory=list)
@@ -184,6 +201,7 @@ class TrainingResult:
     seconds: float = 0.0
     weight_decay: float = 0.0
     weight_decay_search: dict | None = None
+    shadow_epochs: int | None = None
 
     @property
     def best_validation_score(self) -> float | None:
@@ -217,7 +235,8 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
                  owner: str = "train_module", sample_weight: torch.Tensor | None = None,
                  validation: tuple | None = None, validation_loss: Callable | None = None,
                  n_iter_no_change: int = 10, tol: float = 1e-4, fused: bool = False,
-                 schedule: str = "constant") -> TrainingResult:
+                 schedule: str = "constant", schedule_epochs: int | None = None, patience_ratio: float = 0.0,
+                 desc: str = "training") -> TrainingResult:
     """Mini-batch training of ``module`` in place on the mean loss, for at most ``max_epochs`` epochs; with
     ``validation`` rows, stopped early on their loss and left at the weights of its lowest value.
 
@@ -271,6 +290,12 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
         "adam" / "adamw" in torch's fused implementation (:func:`build_optimizer`).
     schedule : {"constant", "warmup_cosine"}, default="constant"
         The learning rate of each optimizer step, ``lr`` × :func:`lr_factor` over the ``max_epochs`` epochs' steps.
+    schedule_epochs : int, optional
+        The epochs the schedule spans, when training stops before them (default: ``max_epochs``).
+    patience_ratio : float, default=0.0
+        Early stopping waits, besides the patience, until the epoch is at least this many times the best epoch.
+    desc : str, default="training"
+        The progress bar's label.
 
     Returns
     -------
@@ -291,9 +316,9 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
         # patience: n_iter_no_change epochs of at least PATIENCE_STEPS optimizer steps each (short epochs count
         # for less: on small data the loss can rest on a plateau for hundreds of steps before it falls again)
         patience = max(n_iter_no_change, -(-n_iter_no_change * PATIENCE_STEPS // len(slices)))
-        total_steps, step = max_epochs * len(slices), 0
+        total_steps, step = (schedule_epochs or max_epochs) * len(slices), 0
         result.stop_reason = f"max_epochs={max_epochs} reached"
-        bar = progress(range(max_epochs), desc="training", verbose=verbose, leave=False)
+        bar = progress(range(max_epochs), desc=desc, verbose=verbose, leave=False)
         for epoch in bar:
             perm = torch.randperm(n, generator=gen).to(X.device)
             total = torch.zeros((), dtype=torch.float64, device=X.device)  # on the device: no sync a step
@@ -331,9 +356,9 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
             if best is None or score < best:
                 result.best_epoch = epoch + 1
                 best_state = {k: v.detach().clone() for k, v in module.state_dict().items()}
-            if no_change >= patience:
+            if no_change >= patience and epoch + 1 >= patience_ratio * result.best_epoch:
                 result.stop_reason = (f"the held-out loss did not improve by more than tol={tol:g} (relative) for "
-                                      f"{patience} epochs")
+                                      f"{no_change} epochs")
                 break
     if best_state is not None:
         module.load_state_dict(best_state)
@@ -514,8 +539,9 @@ class Training(BaseEstimator):
 
     Parameters
     ----------
-    max_epochs : int, default=500
-        The most training epochs (all of them with ``early_stopping=False``).
+    max_epochs : "auto" or int, default="auto"
+        The most training epochs (all of them with ``early_stopping=False``). "auto": 2,000 where training stops on
+        held-out rows (``early_stopping`` True or "shadow", hence by default), else 500.
     lr : "auto" or float, default="auto"
         Learning rate. "auto": 1e-3, and 3e-3 for steps of at least 1,024 rows on at least 8,192 rows trained on
         (what ``batch_size="auto"`` gives from 32,768 rows).
@@ -535,13 +561,20 @@ class Training(BaseEstimator):
     schedule : {"constant", "warmup_cosine"}, default="constant"
         The learning rate over the optimizer steps of ``max_epochs`` epochs: constant, or a linear warm-up over
         the first 5 % of the steps followed by a half cosine down to 0.
-    early_stopping : "auto" or bool, default="auto"
+    early_stopping : "auto", "shadow" or bool, default="auto"
         True: hold ``validation_fraction`` of the training rows out (never calibration rows) and stop when their
         loss (the likelihood's ``held_out_loss``) has not improved for ``n_iter_no_change`` epochs, keeping the
-        weights of the best epoch. "auto": True from 2,000 training rows on, False below. With fewer than 2 rows
-        on either side, training runs without stopping; why training stopped is logged at INFO level.
-    validation_fraction : float, default=0.1
-        The share of the training rows held out for early stopping (stratified by class where possible).
+        weights of the best epoch. "shadow": the network trains on all the rows, for the number of epochs at which
+        a copy of it (same initial weights, same settings), trained first on the rows less ``validation_fraction``
+        of them, had its lowest held-out loss; the copy stops as True does, and not before twice that epoch. On
+        small data this lets the table decide between the long training a smooth target needs and the short one
+        that keeps a noisy target from being fitted, without taking rows from the network. It costs the copy's
+        training: it runs at least twice the epochs it chooses, so the fit trains about three times as long.
+        "auto": True from 2,000 training rows on, "shadow" below. False: all ``max_epochs`` epochs. With fewer than
+        2 rows on either side, training runs without stopping; why training stopped is logged at INFO level.
+    validation_fraction : "auto" or float, default="auto"
+        The share of the training rows held out for early stopping (stratified by class where possible). "auto":
+        0.2 of the shadow copy's rows, 0.1 of the network's own with ``early_stopping=True``.
     n_iter_no_change : int, default=10
         Patience of early stopping: epochs in a row without improvement, each counted as at least 50 optimizer
         steps.
@@ -565,22 +598,22 @@ class Training(BaseEstimator):
     """
 
     _parameter_constraints: dict = {
-        "max_epochs": [Interval(numbers.Integral, 0, None)],
+        "max_epochs": [Options("auto"), Interval(numbers.Integral, 0, None)],
         "lr": [Options("auto"), Interval(numbers.Real, 0, None, closed="neither")],
         "batch_size": [None, Options("auto"), Interval(numbers.Integral, 1, None)],
         "weight_decay": [Options("auto", "cv"), Interval(numbers.Real, 0, None)],
         "optimizer": [Options(*OPTIMIZERS), Satisfies(_is_optimizer_class, "a torch.optim.Optimizer subclass")],
         "schedule": [Options(*SCHEDULES)],
-        "early_stopping": [Options("auto"), BOOLEAN],
-        "validation_fraction": [Interval(numbers.Real, 0, 1, closed="neither")],
+        "early_stopping": [Options("auto", "shadow"), BOOLEAN],
+        "validation_fraction": [Options("auto"), Interval(numbers.Real, 0, 1, closed="neither")],
         "n_iter_no_change": [Interval(numbers.Integral, 1, None)],
         "tol": [Interval(numbers.Real, 0, None)],
         "module_kwargs": [None, InstanceOf(dict, "a dict")],
         "standardize": [Options("auto"), BOOLEAN],
     }
 
-    def __init__(self, max_epochs=500, lr="auto", batch_size="auto", weight_decay="auto", optimizer="adam",
-                 schedule="constant", early_stopping="auto", validation_fraction=0.1, n_iter_no_change=10, tol=1e-4,
+    def __init__(self, max_epochs="auto", lr="auto", batch_size="auto", weight_decay="auto", optimizer="adam",
+                 schedule="constant", early_stopping="auto", validation_fraction="auto", n_iter_no_change=10, tol=1e-4,
                  module_kwargs=None, standardize="auto"):
         self.max_epochs = max_epochs
         self.lr = lr
@@ -621,38 +654,46 @@ class Training(BaseEstimator):
             return float(self.weight_decay)
         return 0.0 if prior_std is None else prior_weight_decay(n_weight, prior_std)
 
-    def _early_stopping_on(self, n: int) -> bool:
-        """Whether early stopping is asked for on n training rows ("auto": from ``AUTO_EARLY_STOPPING_ROWS`` on)."""
-        return n >= AUTO_EARLY_STOPPING_ROWS if isinstance(self.early_stopping, str) else bool(self.early_stopping)
+    def stopping(self, n: int) -> str:
+        """How a training on n rows stops, one of ``STOPPING_MODES``: "off" (all the epochs), "held_out" (early
+        stopping on rows held out of the network) or "shadow" (the epochs chosen by a copy, rows held out of it);
+        "auto" resolved (``AUTO_EARLY_STOPPING_ROWS``), "off" where the held-out share would leave fewer than 2
+        rows on either side."""
+        if isinstance(self.early_stopping, str):  # "auto" or "shadow"
+            mode = "held_out" if self.early_stopping == "auto" and n >= AUTO_EARLY_STOPPING_ROWS else "shadow"
+        else:
+            mode = "held_out" if self.early_stopping else "off"
+        if mode == "off":
+            return mode
+        n_val = int(np.ceil(self.held_out_share(mode) * n))
+        return mode if n_val >= 2 and n - n_val >= 2 else "off"
 
-    def _holds_validation_rows(self, n: int) -> bool:
-        """Whether n training rows leave at least 2 rows on either side of the validation split."""
-        n_val = int(np.ceil(self.validation_fraction * n))
-        return n_val >= 2 and n - n_val >= 2
+    def held_out_share(self, mode: str) -> float:
+        """``validation_fraction`` for a training that stops as ``mode``, "auto" resolved."""
+        if self.validation_fraction != "auto":
+            return float(self.validation_fraction)
+        return SHADOW_FRACTION if mode == "shadow" else HELD_OUT_FRACTION
 
-    def _stops_early(self, n: int) -> bool:
-        """Whether a training on n rows holds validation rows out and stops early on them (:meth:`validation_rows`
-        returns them)."""
-        return self._early_stopping_on(n) and self._holds_validation_rows(n)
+    def epochs(self, mode: str) -> int:
+        """``max_epochs`` for a training that stops as ``mode``, "auto" resolved."""
+        if self.max_epochs != "auto":
+            return int(self.max_epochs)
+        return AUTO_MAX_EPOCHS if mode == "off" else AUTO_MAX_EPOCHS_STOPPED
 
-    def validation_rows(self, yt: torch.Tensor, seed: int, classification: bool,
-                        owner: str) -> tuple[np.ndarray, np.ndarray | None]:
-        """Positions among the n training rows of the rows trained on and of the ``validation_fraction`` held out
-        for early stopping (⌈fraction · n⌉, stratified by class where possible; seeded from ``seed``), sorted;
-        ``(all rows, None)`` without early stopping ("auto" below ``AUTO_EARLY_STOPPING_ROWS`` rows), or when either
-        part would have fewer than 2 rows."""
+    def validation_rows(self, yt: torch.Tensor, seed: int, classification: bool, owner: str,
+                        mode: str | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+        """Positions among the n training rows of the rows trained on and of the share held out for stopping
+        (:meth:`held_out_share`, ⌈share · n⌉, stratified by class where possible; seeded from ``seed``), sorted;
+        ``(all rows, None)`` where training does not stop early (``mode``, by default :meth:`stopping`)."""
         n = len(yt)
-        n_val = int(np.ceil(self.validation_fraction * n))
-        auto = isinstance(self.early_stopping, str)  # "auto", the only string allowed
-        if not self._early_stopping_on(n):
-            if auto:
-                logger.info("%s: early_stopping='auto' is off below %d training rows (%d here): training on all of "
-                            "them for max_epochs=%d epochs", owner, AUTO_EARLY_STOPPING_ROWS, n, self.max_epochs)
+        mode = self.stopping(n) if mode is None else mode
+        if mode == "off":
+            asked = isinstance(self.early_stopping, str) or bool(self.early_stopping)
+            if asked and self.stopping(n) == "off":  # too few rows (not a caller's plain training)
+                logger.info("%s: %d training rows are too few to hold out validation rows for early stopping; "
+                            "training for max_epochs=%d epochs", owner, n, self.epochs(mode))
             return np.arange(n), None
-        if not self._holds_validation_rows(n):
-            logger.info("%s: %d training rows are too few to hold out validation rows for early stopping; training "
-                        "for max_epochs=%d epochs", owner, n, self.max_epochs)
-            return np.arange(n), None
+        n_val = int(np.ceil(self.held_out_share(mode) * n))
         labels = yt.detach().cpu().numpy() if classification else None
         stratify = labels if labels is not None and can_stratify(labels, n_val) else None
         fit, val = train_test_split(np.arange(n), test_size=n_val, random_state=(seed + _VALIDATION_SPLIT) % 2**31,
@@ -728,7 +769,7 @@ class Training(BaseEstimator):
         the kept one."""
         fit_sets = [fit for fit, _ in folds]
         n_fit = min(len(fit) for fit in fit_sets)
-        early = any(self._stops_early(len(fit)) for fit in fit_sets)
+        early = any(self.stopping(len(fit)) == "held_out" for fit in fit_sets)
         if not early and can_train_copies(module, Xt[:2], yt[:2], likelihood.loss):
             sets, decays = [], []
             for fit in fit_sets:
@@ -742,7 +783,7 @@ class Training(BaseEstimator):
             nets = train_copies(
                 module, Xt, yt, likelihood.loss, row_sets=sets, weight_decays=decays,
                 build=lambda groups: build_optimizer(self.optimizer, groups, lr=lr, weight_decay=0.0, fused=True),
-                batch_size=self.batch_rows(n_fit), max_epochs=self.max_epochs, seed=seed,
+                batch_size=self.batch_rows(n_fit), max_epochs=self.epochs("off"), seed=seed,
                 sample_weight=sample_weight, verbose=verbose, owner=owner,
                 lr_at=None if self.schedule == "constant" else lambda step, total: lr * lr_factor(self.schedule,
                                                                                                   step, total))
@@ -756,49 +797,87 @@ class Training(BaseEstimator):
             for precision in CV_PRIOR_PRECISIONS:
                 net = copy.deepcopy(module)
                 self._train(net, Xt[fit_index], yt[fit_index], likelihood, None, precision, seed=seed,
-                            sample_weight=w_fit, verbose=0, owner=owner)
+                            sample_weight=w_fit, verbose=0, owner=owner, mode=None if early else "off")
                 nets[-1].append(net)
         return nets
 
     def _train(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, likelihood, prior_std: float | None,
                cv_precision: float | None, *, seed: int, sample_weight: torch.Tensor | None, verbose: int,
-               owner: str) -> TrainingResult:
+               owner: str, mode: str | None = None) -> TrainingResult:
         """One training of ``module`` on the rows (Xt, yt) with the weight decay of :meth:`decay` (``prior_std``,
-        ``cv_precision``), less the validation rows of early stopping."""
+        ``cv_precision``), stopped as ``mode`` (default :meth:`stopping`): on all its epochs, on validation rows held
+        out of it, or after the epochs a shadow copy chose."""
         t0 = time.perf_counter()
-        fit_rows, val_rows = self.validation_rows(yt, seed, likelihood.is_classification, owner)
-        validation = None
-        if val_rows is not None:
+        mode = self.stopping(len(yt)) if mode is None else mode
+        if self.epochs(mode) == 0:  # nothing to stop: no rows held out
+            mode = "off"
+        fit_rows, val_rows = self.validation_rows(yt, seed, likelihood.is_classification, owner, mode)
+        if mode == "off":
+            result = self._run(module, Xt, yt, sample_weight, likelihood, prior_std, cv_precision, seed=seed,
+                               verbose=verbose, owner=owner, max_epochs=self.epochs(mode))
+        else:
             fit_index, val_index = (torch.as_tensor(r, device=Xt.device) for r in (fit_rows, val_rows))
             validation = (Xt[val_index], yt[val_index], None if sample_weight is None else sample_weight[val_index])
-            Xt, yt = Xt[fit_index], yt[fit_index]
-            sample_weight = None if sample_weight is None else sample_weight[fit_index]
+            w_fit = None if sample_weight is None else sample_weight[fit_index]
+            if mode == "held_out":
+                result = self._run(module, Xt[fit_index], yt[fit_index], w_fit, likelihood, prior_std, cv_precision,
+                                   seed=seed, verbose=verbose, owner=owner, max_epochs=self.epochs(mode),
+                                   validation=validation)
+            else:
+                shadow = self._run(copy.deepcopy(module), Xt[fit_index], yt[fit_index], w_fit, likelihood,
+                                   prior_std, cv_precision, seed=seed, verbose=verbose, owner=f"{owner} (shadow copy)",
+                                   max_epochs=self.epochs(mode), validation=validation,
+                                   patience_ratio=SHADOW_PATIENCE_RATIO, desc="training (shadow copy)")
+                # the learning rate of each step as the copy had it (a schedule spans the copy's max_epochs)
+                result = self._run(module, Xt, yt, sample_weight, likelihood, prior_std, cv_precision, seed=seed,
+                                   verbose=verbose, owner=owner, max_epochs=shadow.best_epoch,
+                                   schedule_epochs=self.epochs(mode))
+                result.validation_scores, result.best_epoch = shadow.validation_scores, shadow.best_epoch
+                result.shadow_epochs = shadow.n_iter
+                result.stop_reason = (f"trained for the {shadow.best_epoch} epochs after which a shadow copy, trained "
+                                      f"on the rows less {len(val_rows)} held out, had its lowest held-out loss "
+                                      f"({shadow.best_validation_score:.4g}; the copy stopped after {shadow.n_iter} "
+                                      f"epochs: {shadow.stop_reason.split(';')[0]})")
+                logger.info("%s: %s", owner, result.stop_reason)
+        result.validation_indices = val_rows
+        result.max_epochs = self.epochs(mode)
+        result.seconds = time.perf_counter() - t0
+        return result
+
+    def _run(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, sample_weight: torch.Tensor | None,
+             likelihood, prior_std: float | None, cv_precision: float | None, *, seed: int, verbose: int, owner: str,
+             max_epochs: int, validation: tuple | None = None, patience_ratio: float = 0.0,
+             desc: str = "training", schedule_epochs: int | None = None) -> TrainingResult:
+        """:func:`train_module` on the rows (Xt, yt) with these settings, its record completed."""
         batch_size = self.batch_rows(len(Xt))
         weight_decay = self.decay(len(Xt) if sample_weight is None else float(sample_weight.sum()), prior_std,
                                   cv_precision)
         result = train_module(
             module, Xt, yt, likelihood.loss, optimizer=self.optimizer, lr=self.learning_rate(len(Xt)),
-            weight_decay=weight_decay, batch_size=batch_size,
-            max_epochs=self.max_epochs, seed=seed, verbose=verbose, owner=owner,
-            sample_weight=sample_weight, validation=validation, validation_loss=likelihood.held_out_loss,
-            tol=self.tol, n_iter_no_change=self.n_iter_no_change,
-            fused=True, schedule=self.schedule)
-        result.validation_indices = val_rows
+            weight_decay=weight_decay, batch_size=batch_size, max_epochs=max_epochs, seed=seed, verbose=verbose,
+            owner=owner, sample_weight=sample_weight, validation=validation,
+            validation_loss=likelihood.held_out_loss, tol=self.tol, n_iter_no_change=self.n_iter_no_change,
+            fused=True, schedule=self.schedule, schedule_epochs=schedule_epochs, patience_ratio=patience_ratio,
+            desc=desc)
         result.n_rows_trained = len(Xt)
         result.batch_rows = min(batch_size or len(Xt), len(Xt))
-        result.max_epochs = self.max_epochs
         result.weight_decay = weight_decay
-        result.seconds = time.perf_counter() - t0
         return result
 
 
 def training_line(result: TrainingResult, threads: str) -> str:
     """E.g. "training: 500 epochs on 696 rows (batches of 64), 12.3 s, loss 0.0123 (first epoch 0.912);
     1 torch thread (auto)", or with early stopping "training: 37 epochs on 36,000 rows (batches of 200; 4,000
-    held out, stopped early, best held-out loss 0.123), ..."."""
+    held out, stopped early, best held-out loss 0.123), ...", or with a shadow copy "training: 1,876 epochs on 250
+    rows (batches of 64; the epochs chosen by a shadow copy with 50 rows held out: lowest held-out loss 0.0123 at
+    epoch 1,876 of the 2,000 it ran), ..."."""
     losses, held_out = result.loss_curve, result.validation_indices
     detail = f"batches of {result.batch_rows}"
-    if held_out is not None:
+    if result.shadow_epochs is not None:
+        detail += (f"; the epochs chosen by a shadow copy with {len(held_out):,} rows held out: lowest held-out loss "
+                   f"{result.best_validation_score:.4g} at epoch {result.best_epoch:,} of the "
+                   f"{result.shadow_epochs:,} it ran")
+    elif held_out is not None:
         stopped = "stopped early" if len(losses) < result.max_epochs else "ran max_epochs"
         detail += f"; {len(held_out):,} held out, {stopped}, best held-out loss {result.best_validation_score:.4g}"
     text = f"training: {len(losses)} epochs on {result.n_rows_trained:,} rows ({detail}), {result.seconds:.1f} s"
