@@ -612,3 +612,22 @@ def test_shadow_network_follows_the_learning_rate_schedule_its_copy_had(monkeypa
     n_copy = n_train - len(est.validation_indices_)
     assert est.n_iter_ < 40  # the network stopped before the schedule's end, so the check below can fail
     assert set(seen) == {40 * len(_training.batch_slices(n, _training.auto_batch_size(n))) for n in (n_copy, n_train)}
+
+
+@pytest.mark.parametrize("n", [150, 2999])
+def test_weight_decay_cv_folds_train_without_shadow_copies_of_their_own(monkeypatch, n):
+    """With weight_decay="cv", each fold network trains as its size says without a shadow copy of its own (one by one
+    for a module with buffers): 150 rows, every fold plainly and the kept network after its copy; 2,999 rows, folds
+    of 1,999 / 1,999 / 2,000 rows, plainly or on held-out rows, and the kept network on held-out rows."""
+    descs = []
+    real = _training.train_module
+    monkeypatch.setattr(_training, "train_module", lambda *a, **kw: descs.append(kw.get("desc")) or real(*a, **kw))
+    X, y = _data(n=n + 20)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    kw = {**FAST, "early_stopping": "auto", "max_components": 2, "n_samples": 10}
+    est = LaplaceActiveSubspaceRegressor(module=net, **grouped(**kw, max_epochs=2, weight_decay="cv"))
+    est.fit(X[:n], y[:n], X_cal=X[n:], y_cal=y[n:])
+    n_cv = 3 * len(_training.CV_PRIOR_PRECISIONS)
+    kept = ["training (shadow copy)", "training"] if n < 2000 else ["training"]
+    assert descs == ["training"] * n_cv + kept
+    assert (len(est.validation_indices_) == int(np.ceil((0.2 if n < 2000 else 0.1) * n)))

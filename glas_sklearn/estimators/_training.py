@@ -703,8 +703,9 @@ class Training(BaseEstimator):
     def fit(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, likelihood, *, seed: int,
             sample_weight: torch.Tensor | None = None, weight_prior_std: float | None = None, verbose: int = 0,
             owner: str = "Training") -> TrainingResult:
-        """Train ``module`` (the estimator's own network) in place on the training rows, less the validation rows
-        held out of them for early stopping, on ``likelihood.loss``; its history returned. ``weight_prior_std`` is
+        """Train ``module`` (the estimator's own network) in place on the training rows (less the validation rows
+        held out of them for early stopping; all of them after a shadow copy), on ``likelihood.loss``; its history
+        returned. ``weight_prior_std`` is
         the prior that ``weight_decay="auto"`` trains the MAP under (None: no weight decay, :meth:`decay`);
         ``weight_decay="cv"`` first chooses the prior by :meth:`cross_validate_decay`."""
         t0 = time.perf_counter()
@@ -765,8 +766,9 @@ class Training(BaseEstimator):
                      seed: int, sample_weight: torch.Tensor | None, verbose: int, owner: str) -> list[list[nn.Module]]:
         """The networks of the search, ``[fold][precision]``, each trained from ``module``'s weights on its fold's
         rows with weight decay c / n: all at once (:func:`~glas_sklearn._copies.train_copies`) where the folds
-        train without early stopping and ``module`` runs under ``vmap``, else one by one as :meth:`_train` trains
-        the kept one."""
+        train without early stopping and ``module`` runs under ``vmap``, else one by one. A fold stops on rows held
+        out of it where the kept network would (``early_stopping=True``, or "auto" from 2,000 rows); otherwise it
+        trains ``max_epochs`` (500 for "auto"), without a shadow copy of its own."""
         fit_sets = [fit for fit, _ in folds]
         n_fit = min(len(fit) for fit in fit_sets)
         early = any(self.stopping(len(fit)) == "held_out" for fit in fit_sets)
@@ -797,7 +799,8 @@ class Training(BaseEstimator):
             for precision in CV_PRIOR_PRECISIONS:
                 net = copy.deepcopy(module)
                 self._train(net, Xt[fit_index], yt[fit_index], likelihood, None, precision, seed=seed,
-                            sample_weight=w_fit, verbose=0, owner=owner, mode=None if early else "off")
+                            sample_weight=w_fit, verbose=0, owner=owner,
+                            mode="held_out" if self.stopping(len(fit)) == "held_out" else "off")
                 nets[-1].append(net)
         return nets
 
