@@ -222,9 +222,7 @@ ATTRIBUTES_DOC = """\
     n_calibration_rows_, n_sigma0_rows_, sigma0_rows_, sigma0_search_, train_indices_, calibration_indices_
         Rows scored, rows σ0 was tuned on ("nll"), positions in ``X`` of training and calibration rows.
     n_iter_, loss_curve_, validation_scores_, best_validation_score_, validation_indices_, weight_decay_
-        The training record (``training_loss_`` = ``loss_curve_``) and the weight decay trained with; where a
-        shadow copy chose the epochs (``Training(early_stopping="shadow")``, "auto" below 2,000 training rows) the
-        held-out curve, its best value and rows are the copy's, and the network itself trained on those rows too.
+        The training record (``training_loss_`` = ``loss_curve_``; held out: a shadow copy's, if one ran); weight decay.
     timings_, n_threads_, x_mean_, x_scale_, input_shape_, n_features_in_, feature_names_in_
         Stage times, torch threads, the input standardisation and the row shape seen in fit."""
 
