@@ -653,6 +653,13 @@ _POSTERIOR = ("max_components", "eigen_method", "subsample", "predictive", "n_sa
 _COMPUTE = ("device", "dtype", "n_threads", "working_memory", "padding_idx")
 
 
+def training_before_shadow(n_train: int) -> dict:
+    """The training settings of the defaults before ``Training(early_stopping="auto")`` chose a shadow copy below
+    2,000 training rows (027d2e6): held-out early stopping from 2,000 training rows, none below, 500 epochs at most,
+    a tenth held out. For the rows that pin an earlier default."""
+    return {"max_epochs": 500, "validation_fraction": 0.1, "early_stopping": n_train >= 2000}
+
+
 def grouped(**settings) -> dict:
     """Estimator keyword arguments from one flat dict of settings, as the benchmarks' configurations hold them: the
     training, posterior and compute settings gathered into ``Training``, the posterior kind's settings object and

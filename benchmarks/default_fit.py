@@ -145,10 +145,8 @@ def run_ours(method: str, X, y, X_te, y_te, seed: int) -> dict:
     if method == "second_default":  # before batch_size / lr "auto" grew to 1,024 rows / 3e-3 on large data
         settings = {"batch_size": 200, "lr": 1e-3, **GAUSSIAN_SETTINGS}
     if method in ("gaussian_default", "previous_default", "second_default", "early_stopping_on"):
-        # the training of their time: early_stopping="auto" meant held-out stopping from 2,000 training rows (the
-        # estimator keeps a tenth of X for calibration) and none below, 500 epochs at most, a tenth held out
-        old_auto = len(X) - int(np.ceil(0.1 * len(X))) >= 2000
-        settings = {"max_epochs": 500, "validation_fraction": 0.1, "early_stopping": old_auto, **settings}
+        # the training of their time (the estimator keeps a tenth of X for calibration)
+        settings = {**_common.training_before_shadow(len(X) - int(np.ceil(0.1 * len(X)))), **settings}
     est = LaplaceActiveSubspaceRegressor(**_common.grouped(confidence_level=LEVEL, random_state=seed, **settings))
     t0, c0 = time.perf_counter(), time.process_time()
     with warnings.catch_warnings():

@@ -181,8 +181,7 @@ DEFAULT_BEFORE = dict(likelihood="gaussian", posterior="low_rank", scaling="auto
 def fit_default_before(X_fit, y_fit, X_cal, y_cal, seed):
     from glas_sklearn.calibration import StdNormalizedResidual
     # epistemic_weight=1.0: the calibration of 03f817a (λ fitted came later; for this one-part σ̂ it stays 1 anyway)
-    # early_stopping="auto" of 03f817a: on from 2,000 training rows, off below (no shadow copy then)
-    pinned = {**DEFAULT_BEFORE, "early_stopping": len(y_fit) >= 2000}
+    pinned = {**DEFAULT_BEFORE, **_common.training_before_shadow(len(y_fit))}  # early_stopping="auto" of 03f817a
     est = LaplaceActiveSubspaceRegressor(**_common.grouped(calibration=ConformalCalibrator(StdNormalizedResidual(),
                                                                                    epistemic_weight=1.0),
                                                    random_state=seed, **pinned))

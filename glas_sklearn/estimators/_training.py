@@ -657,16 +657,25 @@ class Training(BaseEstimator):
     def stopping(self, n: int) -> str:
         """How a training on n rows stops, one of ``STOPPING_MODES``: "off" (all the epochs), "held_out" (early
         stopping on rows held out of the network) or "shadow" (the epochs chosen by a copy, rows held out of it);
-        "auto" resolved (``AUTO_EARLY_STOPPING_ROWS``), "off" where the held-out share would leave fewer than 2
-        rows on either side."""
+        "auto" resolved (``AUTO_EARLY_STOPPING_ROWS``), "off" where there is no epoch to stop or the held-out share
+        would leave fewer than 2 rows on either side."""
+        mode = self._requested(n)
+        return mode if mode != "off" and self.epochs(mode) > 0 and self._holds_out(mode, n) else "off"
+
+    def _requested(self, n: int) -> str:
+        """The mode ``early_stopping`` asks for on n rows, before :meth:`stopping` checks it can be done."""
         if isinstance(self.early_stopping, str):  # "auto" or "shadow"
-            mode = "held_out" if self.early_stopping == "auto" and n >= AUTO_EARLY_STOPPING_ROWS else "shadow"
-        else:
-            mode = "held_out" if self.early_stopping else "off"
-        if mode == "off":
-            return mode
-        n_val = int(np.ceil(self.held_out_share(mode) * n))
-        return mode if n_val >= 2 and n - n_val >= 2 else "off"
+            return "held_out" if self.early_stopping == "auto" and n >= AUTO_EARLY_STOPPING_ROWS else "shadow"
+        return "held_out" if self.early_stopping else "off"
+
+    def _n_held_out(self, mode: str, n: int) -> int:
+        """⌈share · n⌉ of n rows held out for a training that stops as ``mode`` (:meth:`held_out_share`)."""
+        return int(np.ceil(self.held_out_share(mode) * n))
+
+    def _holds_out(self, mode: str, n: int) -> bool:
+        """Whether n rows leave at least 2 on either side of ``mode``'s held-out share."""
+        n_val = self._n_held_out(mode, n)
+        return n_val >= 2 and n - n_val >= 2
 
     def held_out_share(self, mode: str) -> float:
         """``validation_fraction`` for a training that stops as ``mode``, "auto" resolved."""
@@ -688,12 +697,12 @@ class Training(BaseEstimator):
         n = len(yt)
         mode = self.stopping(n) if mode is None else mode
         if mode == "off":
-            asked = isinstance(self.early_stopping, str) or bool(self.early_stopping)
-            if asked and self.stopping(n) == "off":  # too few rows (not a caller's plain training)
+            requested = self._requested(n)
+            if requested != "off" and not self._holds_out(requested, n):
                 logger.info("%s: %d training rows are too few to hold out validation rows for early stopping; "
                             "training for max_epochs=%d epochs", owner, n, self.epochs(mode))
             return np.arange(n), None
-        n_val = int(np.ceil(self.held_out_share(mode) * n))
+        n_val = self._n_held_out(mode, n)
         labels = yt.detach().cpu().numpy() if classification else None
         stratify = labels if labels is not None and can_stratify(labels, n_val) else None
         fit, val = train_test_split(np.arange(n), test_size=n_val, random_state=(seed + _VALIDATION_SPLIT) % 2**31,
@@ -771,7 +780,8 @@ class Training(BaseEstimator):
         trains ``max_epochs`` (500 for "auto"), without a shadow copy of its own."""
         fit_sets = [fit for fit, _ in folds]
         n_fit = min(len(fit) for fit in fit_sets)
-        early = any(self.stopping(len(fit)) == "held_out" for fit in fit_sets)
+        modes = ["held_out" if self.stopping(len(fit)) == "held_out" else "off" for fit in fit_sets]  # no copies
+        early = "held_out" in modes
         if not early and can_train_copies(module, Xt[:2], yt[:2], likelihood.loss):
             sets, decays = [], []
             for fit in fit_sets:
@@ -792,15 +802,14 @@ class Training(BaseEstimator):
             k = len(CV_PRIOR_PRECISIONS)
             return [nets[i * k:(i + 1) * k] for i in range(len(fit_sets))]
         nets = []
-        for fit in fit_sets:
+        for fit, mode in zip(fit_sets, modes, strict=True):
             fit_index = torch.as_tensor(fit, device=Xt.device)
             w_fit = None if sample_weight is None else sample_weight[fit_index]
             nets.append([])
             for precision in CV_PRIOR_PRECISIONS:
                 net = copy.deepcopy(module)
                 self._train(net, Xt[fit_index], yt[fit_index], likelihood, None, precision, seed=seed,
-                            sample_weight=w_fit, verbose=0, owner=owner,
-                            mode="held_out" if self.stopping(len(fit)) == "held_out" else "off")
+                            sample_weight=w_fit, verbose=0, owner=owner, mode=mode)
                 nets[-1].append(net)
         return nets
 
@@ -812,8 +821,6 @@ class Training(BaseEstimator):
         out of it, or after the epochs a shadow copy chose."""
         t0 = time.perf_counter()
         mode = self.stopping(len(yt)) if mode is None else mode
-        if self.epochs(mode) == 0:  # nothing to stop: no rows held out
-            mode = "off"
         fit_rows, val_rows = self.validation_rows(yt, seed, likelihood.is_classification, owner, mode)
         if mode == "off":
             result = self._run(module, Xt, yt, sample_weight, likelihood, prior_std, cv_precision, seed=seed,
