@@ -65,8 +65,9 @@ def _dense_jacobians(net, X):
     return jacrev(f)(theta)
 
 
-def _dense_nll(post, net, X, lab, d, sigma0):
-    """Mean −log p_y of the probit predictive, Σ = P diag(1/(βλ + σ0⁻²)) Pᵀ + σ0² (I − P Pᵀ) formed explicitly."""
+def _dense_nll(post, net, X, lab, d, sigma0, per_row=False):
+    """Mean −log p_y of the probit predictive, Σ = P diag(1/(βλ + σ0⁻²)) Pᵀ + σ0² (I − P Pᵀ) formed explicitly
+    (``per_row``: the (n,) values)."""
     P = post.eigenvectors[:, :d]
     D = P.shape[0]
     if sigma0 == 0:
@@ -78,7 +79,8 @@ def _dense_nll(post, net, X, lab, d, sigma0):
     logit_var = torch.einsum("ncd,de,nce->nc", J, sigma, J)
     with torch.no_grad():
         probs = torch.softmax(net(X) / torch.sqrt(1 + math.pi / 8 * logit_var), -1)
-    return float(-torch.log(probs[torch.arange(len(lab)), lab]).mean())
+    rows = -torch.log(probs[torch.arange(len(lab)), lab])
+    return rows.numpy() if per_row else float(rows.mean())
 
 
 @pytest.mark.parametrize("scaling,where", [("mean", "interior"), ("standard", "upper")])
@@ -105,6 +107,47 @@ def test_chosen_sigma0_against_a_dense_brute_force_grid(scaling, where):
         assert 0 < best < len(grid) - 1 and nll_zero > nll[best]
         assert abs(math.log(res.sigma0) - math.log(grid[best])) <= spacing + res.xtol
         assert res.sigma0 < upper  # the EB value is too wide here: the case the search exists for
+
+
+@pytest.mark.parametrize("rows", ["one_far_wrong_row", "random_rows", "random_and_three_far_wrong_rows"])
+def test_one_se_rule_against_the_dense_per_row_nll(rows):
+    """``rule="one_se"``: the smallest evaluated σ0 whose per-row NLL differences from the lowest have a mean within
+    their standard error, recomputed from the dense Σ's per-row NLL at every evaluated σ0. A gain carried by one
+    confidently wrong row far from the data (39 rows classified right beside it) is within one standard error: the
+    lowest NLL is at σ0 > 0, the rule keeps σ0 = 0; a gain shared by several such rows is not."""
+    net, x, _, g = _trained_classifier()
+    post = fit_laplace_subspace(net, x, loss="cross_entropy", n_components=4, posterior="low_rank", sigma0="eb_full",
+                                scaling="mean", random_state=0).posterior
+    xt, lt = _blobs(200, g)
+    far = torch.tensor([[-3.0, -3.0], [-3.5, -2.0], [-2.0, -3.5]], dtype=torch.float64)
+    with torch.no_grad():
+        wrong = torch.softmax(net(far), -1).argmin(1)  # the least probable class far from the data
+        right = torch.nonzero(net(xt).argmax(1) == lt)[:, 0]
+    if rows == "one_far_wrong_row":
+        X, L = torch.cat([xt[right[:39]], far[:1]]), torch.cat([lt[right[:39]], wrong[:1]])
+    elif rows == "random_rows":
+        X, L = xt[:40], lt[:40]
+    else:
+        X, L = torch.cat([xt[:40], far]), torch.cat([lt[:40], wrong])
+    lowest = tune_sigma0(post, X, L, d=4, likelihood=Categorical())
+    res = tune_sigma0(post, X, L, d=4, likelihood=Categorical(), rule="one_se")
+    assert res.rule == "one_se" and lowest.rule == "lowest" and lowest.sigma0 == lowest.sigma0_lowest
+    # the same evaluations (the search does not depend on the rule): the same lowest
+    assert res.sigma0_lowest == lowest.sigma0 and list(res.table.sigma0) == list(lowest.table.sigma0)
+    sigmas = res.table.sigma0.to_numpy()
+    dense = np.stack([_dense_nll(post, net, X, L, 4, s, per_row=True) for s in sigmas])  # (evaluations, n)
+    np.testing.assert_allclose(res.table.nll, dense.mean(1), rtol=1e-9)
+    best = int(np.argmin(dense.mean(1)))
+    diff = dense - dense[best]
+    se = diff.std(1, ddof=1) / math.sqrt(diff.shape[1])
+    np.testing.assert_allclose(res.table.se, se, rtol=1e-6, atol=1e-12)
+    expected = min(s for s, m, e in zip(sigmas, diff.mean(1), se, strict=True) if m <= e)
+    assert res.sigma0 == expected and res.nll == pytest.approx(dense.mean(1)[list(sigmas).index(expected)])
+    assert res.sigma0 <= lowest.sigma0
+    if rows == "one_far_wrong_row":
+        assert lowest.sigma0 > 0 and res.sigma0 == 0.0 and res.nll == res.nll_at_zero
+    if rows == "random_and_three_far_wrong_rows":
+        assert res.sigma0 > 0
 
 
 def test_sigma0_zero_gives_the_map_probabilities_for_every_posterior_and_predictive():
@@ -172,6 +215,16 @@ def test_regression_nll_is_the_gaussian_density_with_the_interval_noise():
     hand = float((0.5 * torch.log(2 * math.pi * v) + 0.5 * (yt - mu) ** 2 / v).mean())
     assert res.nll == pytest.approx(hand, rel=1e-10)
     assert predictive_nll(post, xt, yt, 5, likelihood=Gaussian(), noise_var=nv) == pytest.approx(hand, rel=1e-12)
+    # per row: the standard errors of the one-SE rule, from the same density row by row
+    one_se = tune_sigma0(post.set_sigma0("auto"), xt, yt, d=5, likelihood=Gaussian(), noise_var=nv, rule="one_se")
+    per_row = []
+    for s0 in one_se.table.sigma0:
+        post.set_sigma0(float(s0))
+        v = post.linearized_variance(xt, 5)[:, 0] + nv
+        per_row.append((0.5 * torch.log(2 * math.pi * v) + 0.5 * (yt - mu) ** 2 / v).numpy())
+    diff = np.array(per_row) - per_row[int(np.argmin(one_se.table.nll))]
+    np.testing.assert_allclose(one_se.table.se, diff.std(1, ddof=1) / math.sqrt(30), rtol=1e-6, atol=1e-12)
+    assert one_se.sigma0_lowest == res.sigma0 and one_se.sigma0 <= res.sigma0
     # without noise, σ0 = 0 is a zero-variance Gaussian: no density, never chosen
     assert math.isinf(tune_sigma0(post.set_sigma0("auto"), xt, yt, d=5, likelihood=Gaussian()).nll_at_zero)
 
@@ -230,6 +283,10 @@ def test_default_classifier_tunes_sigma0_on_disjoint_stratified_reproducible_row
     # σ0: the search on the tuning rows, fixed in the posterior, and what sigma0_ reports
     search = clf.sigma0_search_
     assert clf.posterior_.sigma0 == clf.sigma0_ == search.sigma0 and search.n_rows == 30
+    # the network is the MAP under the N(0, 1) prior: the smallest σ0 within one standard error of the lowest NLL
+    table = search.table
+    assert clf.weight_decay_ > 0 and search.rule == "one_se"
+    assert clf.sigma0_ == table.sigma0[table.nll - table.nll.min() <= table.se].min()
     assert 0 <= clf.sigma0_ <= search.sigma0_upper
     # the conformal scores are those of the other rows, at that σ0
     proba = clf.predict_proba(X_cal[conf])
@@ -243,6 +300,25 @@ def test_default_classifier_tunes_sigma0_on_disjoint_stratified_reproducible_row
     other = LaplaceActiveSubspaceClassifier(**grouped(**{**FAST, "random_state": 1})).fit(X, y, X_cal=X_cal,
                                                                                            y_cal=y_cal)
     assert not np.array_equal(other.sigma0_rows_, tune)
+
+
+def test_sigma0_rule_follows_where_the_network_comes_from():
+    """A network trained here under a weight prior keeps σ0 = 0 unless a larger σ0 beats it by one standard error;
+    the same network passed prefit, or one trained without a prior, gets the σ0 of the lowest NLL. Either way the
+    search is the same (the same evaluations for the same network and rows)."""
+    X, y = _labels(120, 0)
+    X_cal, y_cal = _labels(60, 1)
+    trained = LaplaceActiveSubspaceClassifier(**grouped(**FAST)).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    settings = {k: v for k, v in FAST.items() if k != "max_epochs"}
+    prefit = LaplaceActiveSubspaceClassifier(**grouped(**settings, module=trained.module_, prefit=True))
+    prefit.fit((X - trained.x_mean_) / trained.x_scale_, y, X_cal=(X_cal - trained.x_mean_) / trained.x_scale_,
+               y_cal=y_cal)
+    assert trained.sigma0_search_.rule == "one_se" and prefit.sigma0_search_.rule == "lowest"
+    assert prefit.sigma0_ == prefit.sigma0_search_.sigma0_lowest
+    assert trained.sigma0_search_.sigma0_lowest == pytest.approx(prefit.sigma0_search_.sigma0_lowest, rel=1e-6)
+    no_prior = LaplaceActiveSubspaceClassifier(**grouped(**FAST, weight_decay=0.0))
+    no_prior.fit(X, y, X_cal=X_cal, y_cal=y_cal)
+    assert no_prior.weight_decay_ in (None, 0.0) and no_prior.sigma0_search_.rule == "lowest"
 
 
 def test_sigma0_nll_errors_and_the_auto_fallback():

@@ -191,11 +191,12 @@ class CalibrationPlan:
 
     # ------------------------------------------------------------------------------------------- the fit
     def fit(self, posterior, Xc, yc, *, n_components, predictive, n_samples: int, noise_var, seed: int,
-            likelihood, verbose: int = 0, class_labels=None, warned: bool = False) -> FittedCalibration:
+            likelihood, verbose: int = 0, class_labels=None, warned: bool = False,
+            sigma0_rule: str = "lowest") -> FittedCalibration:
         """d on the calibration rows by the calibrator: the smallest reaching the first level ("auto" under
         "coverage"), or the given one; with a calibrator that needs a fixed predictor d is fixed (given, or
-        ``max_components``) and σ0 may be tuned on part of the rows first. ``warned``: the few-rows warning was
-        given before training (not repeated)."""
+        ``max_components``) and σ0 may be tuned on part of the rows first (by :func:`tune_sigma0` under
+        ``sigma0_rule``). ``warned``: the few-rows warning was given before training (not repeated)."""
         t0 = time.perf_counter()
         calibrator = resolve_calibration(self.calibrator)  # a fresh one for every fit
         lines, search, sigma0_rows = [], None, np.zeros(0, dtype=np.int64)
@@ -208,10 +209,13 @@ class CalibrationPlan:
                 t1 = time.perf_counter()
                 index = torch.as_tensor(sigma0_rows, device=Xc.device)
                 search = tune_sigma0(posterior, Xc[index], yc[index], d=d, predictive=predictive, n_samples=n_samples,
-                                     noise_var=noise_var, random_state=seed, likelihood=likelihood)
+                                     noise_var=noise_var, random_state=seed, likelihood=likelihood,
+                                     rule=sigma0_rule)
                 posterior.set_sigma0(search.sigma0)
+                lowest = "" if search.sigma0_lowest == search.sigma0 else \
+                    f", the smallest within one standard error of the lowest at {search.sigma0_lowest:.4g}"
                 lines.append(f"sigma0: {search.sigma0:.4g} chosen by the predictive NLL of {len(sigma0_rows)} "
-                             f"calibration rows (full-space empirical Bayes {search.sigma0_upper:.4g}), "
+                             f"calibration rows{lowest} (full-space empirical Bayes {search.sigma0_upper:.4g}), "
                              f"{time.perf_counter() - t1:.1f} s")
                 index = torch.as_tensor(conf, device=Xc.device)
                 Xc, yc = Xc[index], yc[index]

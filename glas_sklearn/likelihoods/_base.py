@@ -259,13 +259,18 @@ class Likelihood(abc.ABC):
         return mean_interval_width(region)
 
     def predictive_nll(self, prediction, target: torch.Tensor) -> float:
-        """Mean negative log predictive density of the targets (:meth:`calibration_targets`): −log N(y; ŷ, σ̂²)
-        averaged over rows and outputs; +inf where σ̂ = 0 (no density off the mean)."""
+        """Mean negative log predictive density of the targets (:meth:`calibration_targets`): the mean of
+        :meth:`predictive_nll_rows` over rows; +inf where σ̂ = 0 (no density off the mean)."""
+        return float(self.predictive_nll_rows(prediction, target).mean())
+
+    def predictive_nll_rows(self, prediction, target: torch.Tensor) -> torch.Tensor:
+        """Negative log predictive density per row (n,) in float64: −log N(y; ŷ, σ̂²) averaged over the outputs;
+        +inf on a row where some σ̂ = 0."""
         var = prediction.std.to(torch.float64) ** 2
-        if bool((var <= 0).any()):
-            return math.inf
         res = target.to(torch.float64) - prediction.mean.to(torch.float64)
-        return float((0.5 * torch.log(2 * math.pi * var) + 0.5 * res**2 / var).mean())
+        terms = 0.5 * torch.log(2 * math.pi * var.clamp_min(torch.finfo(torch.float64).tiny)) + 0.5 * res**2 / var
+        terms = torch.where(var > 0, terms, torch.full_like(terms, math.inf))
+        return terms.reshape(terms.shape[0], -1).mean(dim=1)
 
     # -------------------------------------------------------- what the regressor asks
     def noise_variance(self, output: torch.Tensor) -> torch.Tensor:

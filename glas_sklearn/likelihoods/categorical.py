@@ -105,7 +105,8 @@ class Categorical(Likelihood):
         """The mean set size per level (k,)."""
         return mean_set_size(region)
 
-    def predictive_nll(self, prediction, target):
-        """−log p̂_y averaged over rows (p̂ clamped at the smallest positive float64)."""
+    def predictive_nll_rows(self, prediction, target):
+        """−log p̂_y per row (n,) (p̂ clamped at the smallest positive float64); their mean is
+        :meth:`~glas_sklearn.likelihoods.Likelihood.predictive_nll`."""
         p_true = prediction.gather(1, target[:, None])[:, 0]
-        return float(-torch.log(p_true.clamp_min(torch.finfo(torch.float64).tiny)).mean())
+        return -torch.log(p_true.clamp_min(torch.finfo(torch.float64).tiny))
