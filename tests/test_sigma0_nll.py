@@ -321,6 +321,22 @@ def test_sigma0_rule_follows_where_the_network_comes_from():
     assert no_prior.weight_decay_ in (None, 0.0) and no_prior.sigma0_search_.rule == "lowest"
 
 
+@pytest.mark.parametrize("posterior", ["low_rank", "subspace"])
+def test_classifier_sigma0_zero_is_the_network_s_own_probabilities(posterior):
+    """``sigma0=0.0``: the trained network's softmax, one argument away (float32 network: a few ulps of 1); the
+    regressor refuses it before training, since its normalised scores would divide by a zero std."""
+    X, y = _labels(120, 0)
+    settings = {**FAST, "dtype": "float32"}
+    clf = LaplaceActiveSubspaceClassifier(**grouped(**settings, posterior=posterior), sigma0=0.0).fit(X, y)
+    assert clf.sigma0_ == 0.0 and clf.sigma0_search_ is None
+    with torch.no_grad():
+        logits = clf.module_(torch.as_tensor((X - clf.x_mean_) / clf.x_scale_, dtype=torch.float32))
+    np.testing.assert_allclose(clf.predict_proba(X), torch.softmax(logits.double(), -1).numpy(), rtol=0,
+                               atol=32 * np.finfo(np.float32).eps)
+    with pytest.raises(ValueError, match="sigma0 must be .* float > 0, got 0.0"):
+        LaplaceActiveSubspaceRegressor(sigma0=0.0).fit(X, np.arange(120.0))
+
+
 def test_sigma0_nll_errors_and_the_auto_fallback():
     X, y = _labels(80, 0)
     with pytest.raises(ValueError, match="sigma0='nll'.*calibration='coverage'"):

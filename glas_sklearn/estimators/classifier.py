@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import numbers
+
 import numpy as np
 import torch
 from sklearn.base import ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
+from .._constraints import Interval, Options
 from .._threads import scoped_threads
 from ..likelihoods import Categorical
 from ._base import ATTRIBUTES_DOC, PARAMETERS_DOC, LaplaceActiveSubspaceBase
@@ -58,6 +61,12 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
                          scaling=scaling, n_components=n_components, sigma0=sigma0,
                          confidence_level=confidence_level, calibration_size=calibration_size, compute=compute,
                          random_state=random_state, verbose=verbose)
+
+    # sigma0=0.0 is allowed here: the network's own (MAP) probabilities, one argument away. The regressor refuses it,
+    # since a zero predictive std leaves its normalised conformity scores undefined.
+    _parameter_constraints = {**LaplaceActiveSubspaceBase._parameter_constraints,
+                              "sigma0": [Options("auto", "eb_subspace", "eb_full", "nll"),
+                                         Interval(numbers.Real, 0, None, closed="left")]}
 
     # A network trained on a small table without a prior drives its training loss to 0 and gives wrong classes
     # probability 1; the N(0, 1) prior is LogisticRegression(C=1)'s penalty.
