@@ -647,8 +647,7 @@ def markdown_table(header: Sequence[str], rows: Iterable[Sequence], align: str =
 
 
 #: Settings the estimators take inside their settings objects, by object.
-_TRAINING = ("max_epochs", "lr", "batch_size", "weight_decay", "optimizer", "schedule", "early_stopping",
-             "validation_fraction", "n_iter_no_change", "tol", "module_kwargs", "standardize")
+_TRAINING = tuple(__import__("glas_sklearn").Training().get_params(deep=False))  # every Training setting
 _POSTERIOR = ("max_components", "eigen_method", "subsample", "predictive", "n_samples", "include_noise")
 _COMPUTE = ("device", "dtype", "n_threads", "working_memory", "padding_idx")
 

@@ -5,8 +5,9 @@ stratified 75/25 ``train_test_split`` of the raw features, as a new user would m
 
 - ``default``: ``LaplaceActiveSubspaceClassifier(random_state=s)`` as it comes (its own calibration rows, σ0 and
   prediction sets); a fit that raises is counted as a failure and its split left out of every GLAS row;
-- ``MAP``: the same fit's trained network alone (softmax of its logits; ``sigma0=0.0`` gives the same
-  probabilities), sets by split conformal LAC on the default's conformal rows;
+- ``MAP``: the same fit's trained network(s) alone (softmax of its logits; of the default's ensemble of
+  ``n_networks``, their mean probabilities; ``sigma0=0.0`` gives the same), sets by split conformal LAC on the
+  default's conformal rows; ``single``: the ensemble's first network alone (the network ``n_networks=1`` trains);
 - ``temperature``: the MAP logits divided by the temperature T ≥ 1 that minimises the NLL of all the default's
   calibration rows (rows the network never saw), sets as for MAP: the reference any calibrated classifier must
   beat. Softening only: where those rows are all classified right their NLL falls all the way to T → 0, logits
@@ -26,6 +27,7 @@ Usage
     python benchmarks/classifier_small_tables.py --splits 5 --sets iris,wine
     python benchmarks/classifier_small_tables.py --splits 5 --weight-decay 0 --tag no_prior --out-dir /tmp/b  # no prior
     python benchmarks/classifier_small_tables.py --weight-decay cv --tag cv --sets iris,wine,breast_cancer
+    python benchmarks/classifier_small_tables.py --n-networks 1 --tag one_network   # one network, no ensemble
     python benchmarks/classifier_small_tables.py --quick             # 1 split, 60 epochs, *_quick outputs
     python benchmarks/classifier_small_tables.py --report-only       # the report again from the JSON
 """
@@ -51,11 +53,13 @@ from sklearn.preprocessing import StandardScaler
 from glas_sklearn import LaplaceActiveSubspaceClassifier
 from glas_sklearn.calibration import conformal_quantile
 from glas_sklearn.conformity_scores import LAC
+from glas_sklearn.ensemble import NetworkEnsemble
 
 LEVEL = 0.9
 SETS = {"iris": load_iris, "wine": load_wine, "breast_cancer": load_breast_cancer, "digits": load_digits}
-METHODS = [("default", "GLAS default"), ("map", "MAP network"), ("temperature", "temperature-scaled MAP"),
-           ("logreg", "logistic regression"), ("hgb", "gradient boosting")]
+METHODS = [("default", "GLAS default"), ("map", "MAP network(s)"), ("single", "one network (the first)"),
+           ("temperature", "temperature-scaled MAP"), ("logreg", "logistic regression"),
+           ("hgb", "gradient boosting")]
 METRICS = ("accuracy", "nll", "ece", "coverage", "set_size")
 SCORE = LAC(never_empty=True)  # the default classifier's own score
 
@@ -105,12 +109,14 @@ def metrics(probs: np.ndarray, labels: np.ndarray, sets: np.ndarray | None) -> d
     return out
 
 
-def network_logits(est: LaplaceActiveSubspaceClassifier, X: np.ndarray) -> np.ndarray:
-    """The trained network's logits (θ0), on the inputs standardised as the estimator does."""
+def network_logits(est: LaplaceActiveSubspaceClassifier, X: np.ndarray, first: bool = False) -> np.ndarray:
+    """The trained network's logits (θ0; of an ensemble, the log of its mean probabilities, or with ``first`` its
+    first network's logits), on the inputs standardised as the estimator does."""
     Z = X if est.x_mean_ is None else (X - est.x_mean_) / est.x_scale_
-    param = next(est.module_.parameters())
+    module = est.module_.members[0] if first and isinstance(est.module_, NetworkEnsemble) else est.module_
+    param = next(module.parameters())
     with torch.no_grad():
-        return est.module_.eval()(torch.as_tensor(Z, dtype=param.dtype)).double().numpy()
+        return module.eval()(torch.as_tensor(Z, dtype=param.dtype)).double().numpy()
 
 
 def run_split(name: str, split: int, cfg: argparse.Namespace) -> dict:
@@ -122,6 +128,8 @@ def run_split(name: str, split: int, cfg: argparse.Namespace) -> dict:
     hgb = HistGradientBoostingClassifier(random_state=split).fit(X_fit, y_fit)
     out["baseline_seconds"] = time.perf_counter() - t0
     kw = {} if cfg.epochs is None else {"max_epochs": cfg.epochs}
+    if cfg.n_networks != "auto":
+        kw["n_networks"] = int(cfg.n_networks)
     if cfg.weight_decay != "auto":
         kw["weight_decay"] = "cv" if cfg.weight_decay == "cv" else float(cfg.weight_decay)
     t0 = time.perf_counter()
@@ -150,6 +158,9 @@ def run_split(name: str, split: int, cfg: argparse.Namespace) -> dict:
     for key, scale in (("map", 1.0), ("temperature", temperature)):
         p_te, p_conf = softmax(logits_te / scale), softmax(logits_conf / scale)
         out["methods"][key] = metrics(p_te, y_te, conformal_sets(p_conf, y_fit[conf], p_te))
+    p_te, p_conf = (softmax(network_logits(est, rows, first=True)) for rows in (X_te, X_fit[conf]))
+    out["methods"]["single"] = metrics(p_te, y_te, conformal_sets(p_conf, y_fit[conf], p_te))
+    out["n_networks"] = len(est.module_.members) if isinstance(est.module_, NetworkEnsemble) else 1
     for key, model, fresh in (("logreg", logreg, make_pipeline(StandardScaler(), LogisticRegression(max_iter=5000))),
                               ("hgb", hgb, HistGradientBoostingClassifier(random_state=split))):
         fresh.fit(X_fit[train], y_fit[train])
@@ -199,6 +210,8 @@ def render(results: dict) -> str:
     epochs = "the default max_epochs" if cfg["epochs"] is None else f"max_epochs = {cfg['epochs']}"
     if cfg.get("weight_decay", "auto") != "auto":
         epochs += f", weight_decay = {cfg['weight_decay']}"
+    if cfg.get("n_networks", "auto") != "auto":
+        epochs += f", n_networks = {cfg['n_networks']}"
     title = f"# The classifier on small tables{_common.title_tag(results['command'])}"
     lines = [f"{title}{' (quick mode)' if cfg['quick'] else ''}", "",
              f"Generated by `{results['command']}` on {results['date']} "
@@ -215,7 +228,9 @@ def render(results: dict) -> str:
         lines += [f"## {name} ({n_fit} fitting rows, {entry['splits']} splits)", ""]
         rows = []
         for key, label in METHODS:
-            m = entry["methods"][key]
+            m = entry["methods"].get(key)
+            if m is None:  # a method added after this run
+                continue
             fails = f"{entry['failures']} / {entry['splits']}" if key == "default" else "—"
             rows.append([label, fails, _cell(m["accuracy"]), _cell(m["nll"]), _cell(m["ece"]),
                          _cell(m["coverage"]), _cell(m["set_size"], 2)])
@@ -239,6 +254,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sets", default=",".join(SETS), help=f"comma-separated, of {', '.join(SETS)}")
     p.add_argument("--epochs", type=int, default=None, help="max_epochs (default: the estimator's; quick 60)")
     p.add_argument("--weight-decay", default="auto", help="weight_decay: 'auto', 'cv' or a number")
+    p.add_argument("--n-networks", default="auto", help="Training(n_networks=...): 'auto' or a number")
     p.add_argument("--tag", default=None, help="outputs classifier_small_tables_TAG.*")
     args = p.parse_args(argv)
     if args.quick:

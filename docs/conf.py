@@ -78,8 +78,10 @@ API_TOPICS = [
      ["glas_sklearn.ggn", "glas_sklearn.eigen", "glas_sklearn.distributed"]),
     ("plotting", "Plotting", "Display classes and plot_* shortcuts (needs matplotlib).", ["glas_sklearn.plotting"]),
     ("utilities", "Utilities",
-     "Model adapters, eigenvector diagnostics, the shipped data set, SMILES tokens and chemistry helpers.",
-     ["glas_sklearn.adapters", "glas_sklearn.diagnostics", "glas_sklearn.datasets", "glas_sklearn.contrib.smiles",
+     "Model adapters, network ensembles, eigenvector diagnostics, the shipped data set, SMILES tokens and "
+     "chemistry helpers.",
+     ["glas_sklearn.adapters", "glas_sklearn.ensemble", "glas_sklearn.diagnostics", "glas_sklearn.datasets",
+      "glas_sklearn.contrib.smiles",
       "glas_sklearn.contrib.chem"]),
 ]
 

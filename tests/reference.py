@@ -96,8 +96,7 @@ def step_noise_data(n: int, seed: int = 0, outputs: int = 1):
 
 
 #: Settings the estimators take inside their settings objects, by object.
-_TRAINING = ("max_epochs", "lr", "batch_size", "weight_decay", "optimizer", "schedule", "early_stopping",
-             "validation_fraction", "n_iter_no_change", "tol", "module_kwargs", "standardize")
+_TRAINING = tuple(__import__("glas_sklearn").Training().get_params(deep=False))  # every Training setting
 _POSTERIOR = ("max_components", "eigen_method", "subsample", "predictive", "n_samples", "include_noise")
 _COMPUTE = ("device", "dtype", "n_threads", "working_memory", "padding_idx")
 

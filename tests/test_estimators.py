@@ -535,8 +535,9 @@ def test_default_network_follows_module_kwargs():
     assert [type(m) for m in layers] == [nn.Linear, nn.ReLU, nn.Linear, nn.ReLU, nn.Linear]
     assert [(m.in_features, m.out_features) for m in layers[::2]] == [(3, 4), (4, 3), (3, 1)]
     clf = _clf(module_kwargs=None, max_epochs=2).fit(*_labels())  # None: two tanh layers of 50, 3 logits
-    assert [(m.in_features, m.out_features) for m in clf.module_[::2]] == [(2, 50), (50, 50), (50, 3)]
-    assert isinstance(clf.module_[1], nn.Tanh)
+    for member in clf.module_.members:  # n_networks="auto": three such networks on a small table
+        assert [(m.in_features, m.out_features) for m in member[::2]] == [(2, 50), (50, 50), (50, 3)]
+        assert isinstance(member[1], nn.Tanh)
     with pytest.raises(ValueError, match=r"activation must be one of \['gelu', 'relu', 'silu', 'tanh'\], got 'elu'"):
         _reg(module_kwargs=dict(activation="elu")).fit(X, y)
 

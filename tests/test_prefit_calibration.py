@@ -221,10 +221,15 @@ def test_own_network_is_trained_only_on_rows_held_apart_from_the_calibration_row
     assert len(set(train) & set(cal)) == 0
     np.testing.assert_array_equal(np.sort(np.concatenate([train, cal])), np.arange(n))
     assert len(cal) == math.ceil(0.2 * n) and est.n_calibration_rows_ <= len(cal) and est.n_records_ == len(train)
-    # the network saw, in training mode, the rows of X[train_indices_] and no other
-    seen = est.module_.seen
+    # the network saw, in training mode, the rows of X[train_indices_] and no other; so did every network of the
+    # classifier's ensemble (n_networks="auto": three on a small table)
+    nets = getattr(est.module_, "members", [est.module_])
+    assert len(nets) == (3 if task == "classification" else 1)
+    seen = nets[0].seen
     assert len(seen) == 3 and all(s.shape == (len(train), 2) for s in seen)  # full batch, 3 epochs
-    assert _rows(torch.cat(seen).numpy()) == _rows(X[train])
+    for net in nets:
+        assert 1 <= len(net.seen) <= 3 and all(s.shape == (len(train), 2) for s in net.seen)
+        assert _rows(torch.cat(net.seen).numpy()) == _rows(X[train])
     assert not _rows(X[train]) & _rows(X[cal])
     # the first epoch's loss is the initial network's loss on the training rows (not on all rows)
     with torch.no_grad():

@@ -118,7 +118,8 @@ def test_fit_log_in_a_pipe_is_one_line_per_stage(cls, capsys):
     expected += ["sigma0"] if est.n_sigma0_rows_ else []
     assert stages == expected + ["calibration", cls.__name__], lines
     assert f"in {est.eigen_info_['n_matvecs']} products" in lines[1] and "converged" in lines[1]
-    assert lines[0].startswith(f"training: 5 epochs on {len(est.train_indices_)} rows")
+    networks = "3 networks of " if cls is LaplaceActiveSubspaceClassifier else ""  # n_networks="auto"
+    assert lines[0].startswith(f"training: {networks}5 epochs on {len(est.train_indices_)} rows")
     assert f"at d = {est.n_components_} on {est.n_calibration_rows_} rows" in lines[-2]
     assert lines[-1].startswith(f"{cls.__name__}: fitted in ") and "1 torch thread" in lines[-1]
     assert all(" s" in line for line in lines)  # each with its time

@@ -205,6 +205,7 @@ REGRESSORS = {
     "coverage_sampled": dict(likelihood="gaussian", posterior="subspace", calibration="coverage",
                              predictive="sampled"),
     "float64": dict(likelihood="gaussian", dtype="float64", random_state=np.random.RandomState(3)),
+    "ensemble": dict(likelihood="gaussian", n_networks=2),
 }
 
 

@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 from sklearn.base import BaseEstimator, clone
 from sklearn.utils.validation import check_is_fitted
+from torch import nn
 
 from .._checks import check_confidence_levels, numpy_rng
 from .._constraints import NO_VALIDATION, InstanceOf, Interval, Options, Satisfies, check_settings
@@ -27,6 +28,7 @@ from .._silenced import silenced
 from .._threads import scoped_threads
 from .._version import __version__
 from ..calibration import CALIBRATIONS, Calibrator, choose_dimension
+from ..ensemble import NetworkEnsemble
 from ..likelihoods import Likelihood
 from ..posterior import memory_budget
 from ..predictive import PredictiveMode, class_probabilities
@@ -42,6 +44,7 @@ from ._training import (
     check_output_shape,
     check_trainable,
     choose_threads,
+    member_seed,
     prefit_network,
     trainable_dtype,
     training_line,
@@ -386,15 +389,33 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
             check_output_shape(module, Xt[:1], n_outputs, likelihood, self._name)
             warn_if_underfits(module, Xt, data.yt, likelihood, self._name)
             return module, likelihood, None
-        module = build_network(self.module, settings.training.module_kwargs, Xt.shape[1], n_outputs, settings.seed,
-                               likelihood).to(device=Xt.device, dtype=dtype)
-        module = called_as_network(module, Xt[:1], padding)
+        n_networks = settings.training.networks(Xt.shape[0], likelihood.is_classification)
+        if n_networks > 1 and likelihood.ensemble_combine is None:
+            raise ValueError(f"{self._name}: training__n_networks={settings.training.n_networks!r} trains an "
+                             f"ensemble, whose members' outputs are averaged, but likelihood {likelihood.name!r} "
+                             "puts the noise in the network's outputs, which cannot be averaged; use "
+                             "training__n_networks=1 with it.")
+
+        def network(seed: int) -> nn.Module:
+            built = build_network(self.module, settings.training.module_kwargs, Xt.shape[1], n_outputs, seed,
+                                  likelihood, fresh=seed != settings.seed, owner=self._name)
+            return called_as_network(built.to(device=Xt.device, dtype=dtype), Xt[:1], padding)
+
+        module = network(settings.seed)
         check_trainable(module, self._name, False)
         check_output_shape(module, Xt[:1], n_outputs, likelihood, self._name)  # before training
         self.n_threads_ = choose_threads(settings.compute.n_threads, module, batch)
-        history = settings.training.fit(module, Xt, data.yt, likelihood, seed=settings.seed,
-                                        sample_weight=data.weight, weight_prior_std=self._weight_prior_std,
-                                        verbose=self.verbose, owner=self._name)
+        fit = {"sample_weight": data.weight, "weight_prior_std": self._weight_prior_std, "verbose": self.verbose}
+        history = settings.training.fit(module, Xt, data.yt, likelihood, seed=settings.seed, owner=self._name, **fit)
+        if n_networks > 1:  # a deep ensemble: each network trained as the first, from its own seed
+            members = [module]
+            for k in range(1, n_networks):
+                seed = member_seed(settings.seed, k)
+                members.append(network(seed))
+                done = settings.training.fit(members[-1], Xt, data.yt, likelihood, seed=seed,
+                                             owner=f"{self._name} (network {k + 1} of {n_networks})", **fit)
+                history.seconds += done.seconds
+            module, history.n_networks = NetworkEnsemble(members, combine=likelihood.ensemble_combine), n_networks
         self._report(training_line(history, self._threads_text()))
         return module, likelihood, history
 

@@ -14,6 +14,7 @@ import logging
 import math
 import numbers
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -29,13 +30,15 @@ from .._functional import eval_view
 from .._fused_adam import lean_fused_adam
 from .._loop import batch_slices, per_row_losses, seeded_torch
 from .._progress import progress
+from .._silenced import user_stacklevel
 from .._threads import adjust_threads, auto_threads
 from ..adapters import as_adapter, unwrap_model
 
 __all__ = ["ACTIVATIONS", "AUTO_EARLY_STOPPING_ROWS", "OPTIMIZERS", "SCHEDULES", "STOPPING_MODES", "Training",
            "TrainingResult",
            "auto_batch_size", "auto_lr", "batch_slices", "build_network", "build_optimizer", "default_mlp",
-           "held_out_loss", "lr_factor", "prior_weight_decay", "seeded_torch", "train_module", "trainable_dtype"]
+           "held_out_loss", "lr_factor", "member_seed", "prior_weight_decay", "seeded_torch", "train_module",
+           "trainable_dtype"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +72,9 @@ STOPPING_MODES = ("off", "held_out", "shadow")
 _FUSABLE = ("adam", "adamw")
 #: The learning-rate schedules by name (:func:`lr_factor`).
 SCHEDULES = ("constant", "warmup_cosine")
+#: ``n_networks="auto"``: this many networks for the classifier below ``AUTO_EARLY_STOPPING_ROWS`` training rows,
+#: else one (see :class:`Training`).
+AUTO_NETWORKS = 3
 #: ``schedule="warmup_cosine"``: the share of the optimizer steps spent warming up linearly from 0.
 WARMUP_SHARE = 0.05
 
@@ -187,6 +193,8 @@ class TrainingResult:
     shadow_epochs : int or None
         ``early_stopping="shadow"``: the epochs the shadow copy ran (its held-out losses are ``validation_scores``,
         the epoch it chose ``best_epoch``, its held-out rows ``validation_indices``); None otherwise.
+    n_networks : int
+        The networks trained (``n_networks``); the record above is the first one's (``seconds``: all of them).
     """
 
     loss_curve: list[float] = field(default_factory=list)
@@ -202,6 +210,7 @@ class TrainingResult:
     weight_decay: float = 0.0
     weight_decay_search: dict | None = None
     shadow_epochs: int | None = None
+    n_networks: int = 1
 
     @property
     def best_validation_score(self) -> float | None:
@@ -406,16 +415,24 @@ def user_module(module) -> nn.Module | None:
     return inner if isinstance(inner, nn.Module) else None
 
 
+def member_seed(seed: int, k: int) -> int:
+    """The seed of the k-th network of an ensemble (k = 0: ``seed`` itself, the one network of ``n_networks=1``)."""
+    return (seed + k * _MEMBER_SEED) % 2**31
+
+
 def build_network(module, module_kwargs: dict | None, n_features: int, n_outputs: int, seed: int,
-                  likelihood) -> nn.Module:
+                  likelihood, *, fresh: bool = False, owner: str = "Training") -> nn.Module:
     """A new network to train: a copy of the user's instance, ``module(**module_kwargs)`` for a callable, or the
     default MLP (wrapped by the likelihood, e.g. its variance head); initial weights from ``seed``, the global RNG
-    untouched. Never the user's own instance."""
+    untouched. Never the user's own instance. ``fresh``: a copy of an instance gets new initial weights too, from
+    its layers' ``reset_parameters`` (another member of an ensemble; a warning names the weights no layer resets,
+    which start as the instance's)."""
     user = user_module(module)
     kwargs = dict(module_kwargs or {})
     with seeded_torch(seed, torch.device("cpu")):
         if user is not None:
-            return copy.deepcopy(user)
+            net = copy.deepcopy(user)
+            return _reinitialised(net, seed, owner) if fresh else net
         if module is None:
             return likelihood.wrap_module(default_mlp(n_features, n_outputs, **kwargs))
         if callable(module):
@@ -425,6 +442,25 @@ def build_network(module, module_kwargs: dict | None, n_features: int, n_outputs
             return built
     raise TypeError(f"module must be None, a torch.nn.Module, a fitted skorch net or a callable returning one; "
                     f"got {type(module).__name__}.")
+
+
+def _reinitialised(net: nn.Module, seed: int, owner: str) -> nn.Module:
+    """``net`` with new initial weights drawn from ``seed`` by every submodule's ``reset_parameters``."""
+    param = next(net.parameters(), None)
+    covered: set[int] = set()
+    with seeded_torch(seed, torch.device("cpu") if param is None else param.device):
+        for sub in net.modules():
+            reset = getattr(sub, "reset_parameters", None)
+            if callable(reset):
+                reset()
+                covered.update(id(p) for p in sub.parameters(recurse=False))
+    left = [name for name, p in net.named_parameters() if p.requires_grad and id(p) not in covered]
+    if left:
+        warnings.warn(f"{owner}: training__n_networks > 1 re-initialises each copy of the module by its layers' "
+                      f"reset_parameters, but no layer resets {', '.join(left[:5])}"
+                      f"{' ...' if len(left) > 5 else ''}: those weights start equal in every network.",
+                      UserWarning, stacklevel=user_stacklevel())
+    return net
 
 
 def prefit_network(module, device: torch.device, dtype: torch.dtype, owner: str, dtype_setting) -> nn.Module:
@@ -526,6 +562,8 @@ def _is_optimizer_class(value) -> bool:
 
 # Offset of the seed of the early-stopping validation split (within the training rows).
 _VALIDATION_SPLIT = 104729
+# Offset between the seeds of an ensemble's networks (member_seed).
+_MEMBER_SEED = 6151
 # Offset of the seed of the folds of weight_decay="cv".
 _CV_SPLIT = 7727
 
@@ -581,6 +619,15 @@ class Training(BaseEstimator):
     tol : float, default=1e-4
         An epoch improves when its held-out loss is below the best so far by more than ``tol`` times the best's
         absolute value.
+    n_networks : "auto" or int, default="auto"
+        How many networks to train: a deep ensemble, each network trained as one network is but from its own seed
+        (initial weights, batch order, the rows held out for its early stopping or its shadow copy), on the same
+        training rows (never the calibration rows). The estimator's network is then a
+        :class:`~glas_sklearn.ensemble.NetworkEnsemble`: the members' mean output (regression) or the logarithm
+        of their mean softmax (classification, the averaged probabilities), with the Laplace posterior on all
+        their weights. It costs n_networks trainings. 1: one network. "auto": 3 for the classifier below 2,000
+        training rows (small tables, where one network's probabilities were the weak point), else 1. A module
+        instance is copied, and each copy after the first re-initialised by its layers' ``reset_parameters``.
     module_kwargs : dict, optional
         Keyword arguments of the default MLP (``hidden_layer_sizes``, default (50, 50); ``activation``, one of
         "tanh", "relu", "gelu", "silu") or of a callable ``module``.
@@ -608,13 +655,14 @@ class Training(BaseEstimator):
         "validation_fraction": [Options("auto"), Interval(numbers.Real, 0, 1, closed="neither")],
         "n_iter_no_change": [Interval(numbers.Integral, 1, None)],
         "tol": [Interval(numbers.Real, 0, None)],
+        "n_networks": [Options("auto"), Interval(numbers.Integral, 1, None)],
         "module_kwargs": [None, InstanceOf(dict, "a dict")],
         "standardize": [Options("auto"), BOOLEAN],
     }
 
     def __init__(self, max_epochs="auto", lr="auto", batch_size="auto", weight_decay="auto", optimizer="adam",
                  schedule="constant", early_stopping="auto", validation_fraction="auto", n_iter_no_change=10, tol=1e-4,
-                 module_kwargs=None, standardize="auto"):
+                 n_networks="auto", module_kwargs=None, standardize="auto"):
         self.max_epochs = max_epochs
         self.lr = lr
         self.batch_size = batch_size
@@ -625,6 +673,7 @@ class Training(BaseEstimator):
         self.validation_fraction = validation_fraction
         self.n_iter_no_change = n_iter_no_change
         self.tol = tol
+        self.n_networks = n_networks
         self.module_kwargs = module_kwargs
         self.standardize = standardize
 
@@ -653,6 +702,13 @@ class Training(BaseEstimator):
         if self.weight_decay != "auto":
             return float(self.weight_decay)
         return 0.0 if prior_std is None else prior_weight_decay(n_weight, prior_std)
+
+    def networks(self, n: int, classification: bool) -> int:
+        """How many networks to train on n rows: ``n_networks``, "auto" resolved (``AUTO_NETWORKS`` for a
+        classifier below ``AUTO_EARLY_STOPPING_ROWS`` rows, else 1)."""
+        if self.n_networks != "auto":
+            return int(self.n_networks)
+        return AUTO_NETWORKS if classification and n < AUTO_EARLY_STOPPING_ROWS else 1
 
     def stopping(self, n: int) -> str:
         """How a training on n rows stops, one of ``STOPPING_MODES``: "off" (all the epochs), "held_out" (early
@@ -890,7 +946,9 @@ def training_line(result: TrainingResult, threads: str) -> str:
     elif held_out is not None:
         stopped = "stopped early" if len(losses) < result.max_epochs else "ran max_epochs"
         detail += f"; {len(held_out):,} held out, {stopped}, best held-out loss {result.best_validation_score:.4g}"
-    text = f"training: {len(losses)} epochs on {result.n_rows_trained:,} rows ({detail}), {result.seconds:.1f} s"
+    networks = "" if result.n_networks == 1 else f"{result.n_networks} networks of "
+    text = (f"training: {networks}{len(losses)} epochs on {result.n_rows_trained:,} rows ({detail}), "
+            f"{result.seconds:.1f} s")
     if losses:
         text += f", loss {losses[-1]:.4g} (first epoch {losses[0]:.4g})"
     search = result.weight_decay_search

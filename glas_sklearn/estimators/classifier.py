@@ -22,12 +22,12 @@ __all__ = ["LaplaceActiveSubspaceClassifier"]
 class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase):
     __doc__ = f"""Classification with a torch network and generalized Laplace active-subspace uncertainty.
 
-    The network returns logits; the curvature is the generalized Gauss-Newton matrix of softmax cross-entropy, and
-    a network the estimator trains is the MAP under a N(0, 1) prior on every weight (``weight_decay="auto"``).
-    Probabilities push the linearised logit Gaussian through the softmax (probit) or average it over posterior
-    samples. By default half of the calibration rows choose σ0 by their NLL and the sets are split-conformal (LAC,
-    never empty) on the other half; ``calibration="coverage"`` (the paper) chooses d by the sets' coverage.
-    Calibration labels must be among those of ``y``; the split is stratified where every class has two rows.
+    The network returns logits. A network the estimator trains is the MAP under a N(0, 1) prior on every weight
+    (``weight_decay="auto"``); below 2,000 training rows it trains three (``n_networks``) and averages their
+    probabilities. Probabilities push the linearised logit Gaussian through the softmax (probit) or average it over
+    posterior samples. By default half of the calibration rows choose σ0 by their NLL and the sets are
+    split-conformal (LAC, never empty) on the other half; ``calibration="coverage"`` (the paper) chooses d by the
+    sets' coverage. Calibration labels must be among those of ``y``; the split is stratified where possible.
 
     Parameters
     ----------

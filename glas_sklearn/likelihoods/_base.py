@@ -81,6 +81,10 @@ class Likelihood(abc.ABC):
     #: True when the likelihood predicts a noise level per row, σ(x) (:meth:`row_noise_variance`: the network's
     #: outputs or a noise model fitted after it), rather than one constant σ.
     noise_per_row: bool = False
+    #: How an ensemble of networks combines its members' outputs into this likelihood's
+    #: (:class:`~glas_sklearn.ensemble.NetworkEnsemble`'s ``combine``); None: outputs that cannot be averaged (a
+    #: variance head), no ensemble.
+    ensemble_combine: str | None = "mean"
     #: The table column that :meth:`region_size` fills.
     region_size_name: str = "mean_width"
     #: What the targets are, in messages ("regression", "classification").

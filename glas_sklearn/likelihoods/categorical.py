@@ -33,6 +33,7 @@ class Categorical(Likelihood):
 
     name = "categorical"
     is_classification = True
+    ensemble_combine = "log_mean_softmax"
     region_size_name = "mean_set_size"
     problem = "classification"
 

@@ -73,6 +73,7 @@ class HeteroscedasticGaussian(RowNoisePredictive, Likelihood):
     needs_noise_variance = False  # β = 1 ("mean") or N ("standard"): the likelihood carries σ(x)
     default_scaling = "standard"
     noise_in_outputs = True
+    ensemble_combine = None
     noise_per_row = True
 
     def __init__(self, output: str = "mean_logvar", beta_nll: float = 0.5) -> None:

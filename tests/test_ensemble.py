@@ -1,0 +1,151 @@
+"""Ensembles (``Training(n_networks=K)``, :class:`~glas_sklearn.ensemble.NetworkEnsemble`): the combined output
+against its closed form, the curvature of the combined network against a dense GGN, the first network equal to
+the one ``n_networks=1`` trains, members trained from their own seeds, the user's module untouched, the
+estimators' predictions against the members' own outputs, and the errors."""
+
+import warnings
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor, Training
+from glas_sklearn.ensemble import NetworkEnsemble
+from glas_sklearn.ggn import GGNOperator
+from glas_sklearn.likelihoods import HeteroscedasticGaussian
+from tests.reference import dense_ggn, grouped, mlp
+
+FAST = dict(max_epochs=30, max_components=6, random_state=0, dtype="float64")
+
+
+def _blobs(n, seed):
+    rng = np.random.default_rng(seed)
+    lab = rng.integers(0, 3, n)
+    X = np.array([[0.0, 0.0], [1.5, 0.0], [0.0, 1.5]])[lab] + 0.7 * rng.standard_normal((n, 2))
+    return X, lab
+
+
+def _softmax(z):
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def test_combined_output_against_its_closed_form():
+    torch.manual_seed(0)
+    nets = [mlp(3, 4, 5, seed=s) for s in range(3)]
+    x = torch.randn(7, 3, dtype=torch.float64)
+    outs = torch.stack([n(x) for n in nets]).detach().numpy()
+    probs = NetworkEnsemble(nets, combine="log_mean_softmax")(x).detach().softmax(-1).numpy()
+    np.testing.assert_allclose(probs, _softmax(outs).mean(0), rtol=1e-12)
+    mean = NetworkEnsemble(nets)(x).detach().numpy()
+    np.testing.assert_allclose(mean, outs.mean(0), rtol=1e-12)
+    assert [name for name, _ in NetworkEnsemble(nets).named_parameters()][:2] == ["members.0.0.weight",
+                                                                                "members.0.0.bias"]
+    with pytest.raises(ValueError, match="combine must be one of"):
+        NetworkEnsemble(nets, combine="median")
+    with pytest.raises(TypeError, match="non-empty sequence"):
+        NetworkEnsemble([])
+    with pytest.raises(ValueError, match="differ in shape"):
+        NetworkEnsemble([mlp(3, 4, 5), mlp(3, 4, 2)])(x)
+
+
+@pytest.mark.parametrize("loss,combine", [("mse", "mean"), ("cross_entropy", "log_mean_softmax")])
+def test_curvature_of_the_combined_network_against_a_dense_ggn(loss, combine):
+    """The matrix-free GGN of the ensemble, over all its members' weights, equals the dense J_nᵀ H_n J_n of the
+    combined output (members coupled through H_n for the softmax of the mean probabilities)."""
+    nets = [mlp(2, 3, 3, seed=s) for s in range(2)]
+    ens = NetworkEnsemble(nets, combine=combine)
+    x = torch.randn(9, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    G = dense_ggn(ens, x, loss="mse" if loss == "mse" else "ce")
+    op = GGNOperator(ens, x, loss=loss).to_scipy()
+    D = G.shape[0]
+    assert op.shape == (D, D) and D == sum(p.numel() for n in nets for p in n.parameters())
+    dense_from_products = op.matmat(np.eye(D))
+    np.testing.assert_allclose(dense_from_products, G.numpy(), rtol=1e-10, atol=1e-12)
+    if combine == "log_mean_softmax":  # the members' blocks couple: not block-diagonal
+        d0 = sum(p.numel() for p in nets[0].parameters())
+        assert np.abs(G.numpy()[:d0, d0:]).max() > 1e-6
+
+
+def test_classifier_ensemble_first_network_is_the_single_one_and_probabilities_average():
+    X, y = _blobs(150, 0)
+    one = LaplaceActiveSubspaceClassifier(**grouped(**FAST, n_networks=1), sigma0=0.0).fit(X, y)
+    three = LaplaceActiveSubspaceClassifier(**grouped(**FAST, n_networks=3), sigma0=0.0).fit(X, y)
+    assert isinstance(three.module_, NetworkEnsemble) and len(three.module_.members) == 3
+    assert not isinstance(one.module_, NetworkEnsemble)
+    first = three.module_.members[0]
+    for (name, a), (_, b) in zip(one.module_.named_parameters(), first.named_parameters(), strict=True):
+        assert torch.equal(a, b), name  # the same seeds and computation: the network n_networks=1 trains
+    weights = [torch.cat([p.detach().reshape(-1) for p in m.parameters()]) for m in three.module_.members]
+    assert all(not torch.allclose(weights[i], weights[j]) for i in range(3) for j in range(i + 1, 3))
+    # σ0 = 0: the mean of the members' own softmax probabilities
+    Z = torch.as_tensor((X - three.x_mean_) / three.x_scale_)
+    with torch.no_grad():
+        members = np.stack([_softmax(m(Z).numpy()) for m in three.module_.members])
+    np.testing.assert_allclose(three.predict_proba(X), members.mean(0), rtol=1e-9, atol=1e-12)
+    # the posterior covers all the weights; the record is the first network's, its time all of them
+    assert three.n_weights_ == 3 * one.n_weights_
+    assert three.n_iter_ == one.n_iter_ and three.timings_["training"] > 0
+
+
+def test_n_networks_auto_and_the_training_line(caplog):
+    t = Training()
+    assert t.networks(1999, classification=True) == 3 and t.networks(2000, classification=True) == 1
+    assert t.networks(100, classification=False) == 1 and Training(n_networks=4).networks(10, False) == 4
+    X, y = _blobs(120, 1)
+    with caplog.at_level("INFO", logger="glas_sklearn"):
+        clf = LaplaceActiveSubspaceClassifier(**grouped(**FAST)).fit(X, y)
+    assert len(clf.module_.members) == 3
+    assert any("training: 3 networks of" in r.getMessage() for r in caplog.records)
+    with pytest.raises(ValueError, match="n_networks must be"):
+        LaplaceActiveSubspaceClassifier(**grouped(**FAST, n_networks=0)).fit(X, y)
+
+
+class _WithBareWeight(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(2, 5), nn.Tanh(), nn.Linear(5, 3))
+        self.offset = nn.Parameter(torch.zeros(3))
+
+    def forward(self, x):
+        return self.body(x) + self.offset
+
+
+def test_a_user_instance_is_copied_and_each_further_copy_reinitialised():
+    X, y = _blobs(120, 2)
+    torch.manual_seed(5)
+    net = _WithBareWeight().double()
+    before = {k: v.clone() for k, v in net.state_dict().items()}
+    with pytest.warns(UserWarning, match="no layer resets offset"):
+        clf = LaplaceActiveSubspaceClassifier(**grouped(**FAST, module=net, n_networks=2)).fit(X, y)
+    assert all(torch.equal(before[k], v) for k, v in net.state_dict().items())  # the user's module untouched
+    a, b = clf.module_.members
+    assert a is not net and b is not net
+    assert not torch.allclose(a.body[0].weight, b.body[0].weight)
+
+
+def test_regressor_ensemble_mean_and_the_variance_head_refused():
+    rng = np.random.default_rng(0)
+    X = rng.uniform(-2, 2, (160, 2))
+    y = np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(160)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(**FAST, likelihood="gaussian", n_networks=2)).fit(X, y)
+    assert isinstance(reg.module_, NetworkEnsemble) and reg.module_.combine == "mean"
+    Z = torch.as_tensor((X - reg.x_mean_) / reg.x_scale_)
+    with torch.no_grad():
+        outs = np.stack([m(Z).numpy()[:, 0] for m in reg.module_.members])
+    pred = reg.predict(X)
+
+    def affine_residual(f):  # the targets are standardised for training: predictions are a·f + b
+        A = np.c_[f, np.ones_like(f)]
+        return np.abs(A @ np.linalg.lstsq(A, pred, rcond=None)[0] - pred).max()
+
+    assert affine_residual(outs.mean(0)) < 1e-9 * np.abs(pred).max()
+    assert affine_residual(outs[0]) > 1e-4  # one member is not the prediction
+    y_pis = reg.predict_interval(X)[1]
+    assert y_pis.shape == (160, 2, 1) and np.all(y_pis[:, 1, 0] > y_pis[:, 0, 0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with pytest.raises(ValueError, match="n_networks=2 trains an ensemble.*cannot be averaged"):
+            LaplaceActiveSubspaceRegressor(**grouped(**FAST, likelihood=HeteroscedasticGaussian(),
+                                                     n_networks=2)).fit(X, y)
