@@ -12,6 +12,7 @@ from torch import nn
 
 from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor, Training
 from glas_sklearn.ensemble import NetworkEnsemble
+from glas_sklearn.estimators import _training
 from glas_sklearn.ggn import GGNOperator
 from glas_sklearn.likelihoods import HeteroscedasticGaussian
 from tests.reference import dense_ggn, grouped, mlp
@@ -149,3 +150,24 @@ def test_regressor_ensemble_mean_and_the_variance_head_refused():
         with pytest.raises(ValueError, match="n_networks=2 trains an ensemble.*cannot be averaged"):
             LaplaceActiveSubspaceRegressor(**grouped(**FAST, likelihood=HeteroscedasticGaussian(),
                                                      n_networks=2)).fit(X, y)
+
+
+def test_weight_decay_cv_is_chosen_once_for_the_whole_ensemble(monkeypatch):
+    """weight_decay="cv": the first network's cross-validation chooses the prior; the others train under it
+    (the same decay c / n on the same rows), without searching again."""
+    calls, decays = [], []
+    real_search, real_build = Training.cross_validate_decay, _training.build_optimizer
+    monkeypatch.setattr(Training, "cross_validate_decay",
+                        lambda self, *a, **kw: calls.append(1) or real_search(self, *a, **kw))
+    X, y = _blobs(120, 3)
+    clf = LaplaceActiveSubspaceClassifier(**grouped(**FAST, n_networks=2, weight_decay="cv"))
+    monkeypatch.setattr(_training, "build_optimizer",
+                        lambda *a, **kw: decays.append(kw["weight_decay"]) or real_build(*a, **kw))
+    clf.fit(X, y)
+    assert len(calls) == 1
+    n = len(clf.train_indices_)
+    c = clf.weight_decay_ * n  # the chosen prior precision
+    assert min(abs(c - p) for p in _training.CV_PRIOR_PRECISIONS) < 1e-9
+    # the last two optimizers: the second network's shadow copy (a fifth held out) and the network, c / rows each
+    n_copy = n - int(np.ceil(0.2 * n))
+    assert decays[-2:] == [pytest.approx(c / n_copy, rel=1e-12), pytest.approx(c / n, rel=1e-12)]

@@ -408,6 +408,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         fit = {"sample_weight": data.weight, "weight_prior_std": self._weight_prior_std, "verbose": self.verbose}
         history = settings.training.fit(module, Xt, data.yt, likelihood, seed=settings.seed, owner=self._name, **fit)
         if n_networks > 1:  # a deep ensemble: each network trained as the first, from its own seed
+            search = history.weight_decay_search  # weight_decay="cv": the prior is the table's, chosen once
+            fit["cv_precision"] = None if search is None else search["chosen"]
             members = [module]
             for k in range(1, n_networks):
                 seed = member_seed(settings.seed, k)

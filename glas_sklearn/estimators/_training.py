@@ -628,6 +628,7 @@ class Training(BaseEstimator):
         their weights. It costs n_networks trainings. 1: one network. "auto": 3 for the classifier below 2,000
         training rows (small tables, where one network's probabilities were the weak point), else 1. A module
         instance is copied, and each copy after the first re-initialised by its layers' ``reset_parameters``.
+        With ``weight_decay="cv"`` the first network's search chooses the prior and the others train under it.
     module_kwargs : dict, optional
         Keyword arguments of the default MLP (``hidden_layer_sizes``, default (50, 50); ``activation``, one of
         "tanh", "relu", "gelu", "silu") or of a callable ``module``.
@@ -767,19 +768,21 @@ class Training(BaseEstimator):
 
     def fit(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, likelihood, *, seed: int,
             sample_weight: torch.Tensor | None = None, weight_prior_std: float | None = None, verbose: int = 0,
-            owner: str = "Training") -> TrainingResult:
+            owner: str = "Training", cv_precision: float | None = None) -> TrainingResult:
         """Train ``module`` (the estimator's own network) in place on the training rows (less the validation rows
         held out of them for early stopping; all of them after a shadow copy), on ``likelihood.loss``; its history
         returned. ``weight_prior_std`` is
         the prior that ``weight_decay="auto"`` trains the MAP under (None: no weight decay, :meth:`decay`);
-        ``weight_decay="cv"`` first chooses the prior by :meth:`cross_validate_decay`."""
+        ``weight_decay="cv"`` first chooses the prior by :meth:`cross_validate_decay`, unless ``cv_precision``
+        gives the one an earlier search chose (another network of an ensemble)."""
         t0 = time.perf_counter()
         search = None
-        if self.weight_decay == "cv":
+        if self.weight_decay == "cv" and cv_precision is None:
             search = self.cross_validate_decay(module, Xt, yt, likelihood, seed=seed, sample_weight=sample_weight,
                                                verbose=verbose, owner=owner)
-        result = self._train(module, Xt, yt, likelihood, weight_prior_std, None if search is None else search["chosen"],
-                             seed=seed, sample_weight=sample_weight, verbose=verbose, owner=owner)
+            cv_precision = search["chosen"]
+        result = self._train(module, Xt, yt, likelihood, weight_prior_std, cv_precision, seed=seed,
+                             sample_weight=sample_weight, verbose=verbose, owner=owner)
         result.weight_decay_search = search
         result.seconds = time.perf_counter() - t0
         return result
