@@ -329,7 +329,7 @@ plt.show()
 # %% [markdown]
 # `plot_intervals` draws the band over the sorted calibration inputs and states the coverage in its title.
 # The estimator's posterior samples are seeded differently from the lower-level calls above, so its $d$ can
-# differ from theirs by a direction or two near the threshold.
+# differ from theirs by a direction or two near the threshold; here it picks the same $d$ (3 and 26).
 #
 # **Summary.** On this problem the mean-scaled posterior is calibrated by a handful of directions at any $N$,
 # and its sampled mean stays on the trained network; the standard (Bayes) scaling needs tens of directions,
