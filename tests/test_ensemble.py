@@ -10,6 +10,7 @@ import pytest
 import torch
 from torch import nn
 
+import glas_sklearn
 from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor, Training
 from glas_sklearn.ensemble import NetworkEnsemble
 from glas_sklearn.estimators import _training
@@ -113,6 +114,37 @@ class _WithBareWeight(nn.Module):
         return self.body(x) + self.offset
 
 
+def test_an_instance_trains_one_network_unless_asked_and_frozen_layers_keep_their_weights():
+    """n_networks="auto" trains one network from a module instance (its weights may be pretrained); asked for
+    more, the copies after the first are re-initialised except their frozen layers."""
+    X, y = _blobs(120, 4)
+    torch.manual_seed(2)
+    net = nn.Sequential(nn.Linear(2, 6), nn.Tanh(), nn.Linear(6, 3)).double()
+    net[0].requires_grad_(False)  # a frozen "backbone"
+    one = LaplaceActiveSubspaceClassifier(**grouped(**FAST, module=net)).fit(X, y)
+    assert not isinstance(one.module_, NetworkEnsemble)
+    two = LaplaceActiveSubspaceClassifier(**grouped(**FAST, module=net, n_networks=2)).fit(X, y)
+    a, b = two.module_.members
+    for member in (a, b):
+        assert torch.equal(member[0].weight, net[0].weight) and torch.equal(member[0].bias, net[0].bias)
+    assert not torch.allclose(a[2].weight, b[2].weight)
+
+
+def test_a_prefit_ensemble_warns_when_its_outputs_are_combined_unlike_the_likelihood():
+    X, y = _blobs(120, 5)
+    X_cal, y_cal = _blobs(40, 6)
+    nets = [mlp(2, 5, 3, seed=s) for s in range(2)]
+    settings = {k: v for k, v in FAST.items() if k != "max_epochs"}
+    with pytest.warns(UserWarning, match="combines its members' outputs by 'mean'.*'log_mean_softmax'"):
+        LaplaceActiveSubspaceClassifier(**grouped(**settings, module=NetworkEnsemble(nets), prefit=True)).fit(
+            X, y, X_cal=X_cal, y_cal=y_cal)
+    with warnings.catch_warnings():  # combined as the likelihood combines: no warning
+        warnings.simplefilter("error", UserWarning)
+        warnings.simplefilter("ignore", glas_sklearn.PrefitUnderfitWarning)  # untrained members serve here
+        LaplaceActiveSubspaceClassifier(**grouped(**settings, module=NetworkEnsemble(nets, "log_mean_softmax"),
+                                                  prefit=True)).fit(X, y, X_cal=X_cal, y_cal=y_cal)
+
+
 def test_a_user_instance_is_copied_and_each_further_copy_reinitialised():
     X, y = _blobs(120, 2)
     torch.manual_seed(5)
@@ -171,3 +203,30 @@ def test_weight_decay_cv_is_chosen_once_for_the_whole_ensemble(monkeypatch):
     # the last two optimizers: the second network's shadow copy (a fifth held out) and the network, c / rows each
     n_copy = n - int(np.ceil(0.2 * n))
     assert decays[-2:] == [pytest.approx(c / n_copy, rel=1e-12), pytest.approx(c / n, rel=1e-12)]
+
+
+class _Recorder(nn.Module):
+    """A small MLP that keeps every input it is called with in training mode."""
+
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(2, 6), nn.Tanh(), nn.Linear(6, 3))
+        self.seen: list[torch.Tensor] = []
+
+    def forward(self, x):
+        if self.training:
+            self.seen.append(x.detach().clone())
+        return self.body(x)
+
+
+def test_every_network_trains_on_the_training_rows_only():
+    """The networks of an ensemble built from a module class see, in training mode, only rows of
+    X[train_indices_] (their shadow copies some of them), never a calibration row."""
+    X, y = _blobs(150, 7)
+    clf = LaplaceActiveSubspaceClassifier(**grouped(**FAST, module=_Recorder, standardize=False)).fit(X, y)
+    assert len(clf.module_.members) == 3  # n_networks="auto" builds three from a class on a small table
+    train = {tuple(r) for r in X[clf.train_indices_].tolist()}
+    cal = {tuple(r) for r in X[clf.calibration_indices_].tolist()}
+    for member in clf.module_.members:
+        rows = {tuple(r) for r in torch.cat(member.seen).numpy().tolist()}
+        assert rows == train and not rows & cal

@@ -321,6 +321,24 @@ def test_sigma0_rule_follows_where_the_network_comes_from():
     assert no_prior.weight_decay_ in (None, 0.0) and no_prior.sigma0_search_.rule == "lowest"
 
 
+def test_one_se_falls_back_to_the_lowest_for_a_likelihood_with_only_a_mean_nll():
+    """A likelihood that redefines ``predictive_nll`` (not ``predictive_nll_rows``) is searched by its own mean NLL;
+    with no per-row values the one-SE rule has no standard error and keeps the lowest."""
+
+    class Doubled(Categorical):
+        def predictive_nll(self, prediction, target):
+            return 2.0 * super().predictive_nll(prediction, target)
+
+    net, x, _, g = _trained_classifier()
+    post = fit_laplace_subspace(net, x, loss="cross_entropy", n_components=4, posterior="low_rank", sigma0="eb_full",
+                                random_state=0).posterior
+    xt, lt = _blobs(40, g)
+    plain = tune_sigma0(post, xt, lt, d=4, likelihood=Categorical())
+    doubled = tune_sigma0(post, xt, lt, d=4, likelihood=Doubled(), rule="one_se")
+    np.testing.assert_allclose(doubled.table.nll, 2 * plain.table.nll, rtol=1e-12)
+    assert doubled.table.se.isna().all() and doubled.sigma0 == doubled.sigma0_lowest == plain.sigma0
+
+
 @pytest.mark.parametrize("posterior", ["low_rank", "subspace"])
 def test_classifier_sigma0_zero_is_the_network_s_own_probabilities(posterior):
     """``sigma0=0.0``: the trained network's softmax, one argument away (float32 network: a few ulps of 1); the

@@ -47,21 +47,29 @@ def predictive_nll(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, d: in
     -------
     float
     """
-    return float(_nll_rows(posterior, X, y, d, predictive=predictive, n_samples=n_samples, noise_var=noise_var,
-                           random_state=random_state, linearized_method=linearized_method, batch_size=batch_size,
-                           likelihood=likelihood).mean())
+    return _nll(posterior, X, y, d, predictive=predictive, n_samples=n_samples, noise_var=noise_var,
+                random_state=random_state, linearized_method=linearized_method, batch_size=batch_size,
+                likelihood=likelihood)[0]
 
 
-def _nll_rows(posterior, X, y, d, *, predictive, n_samples, noise_var, random_state, linearized_method, batch_size,
-              likelihood) -> torch.Tensor:
-    """The NLL of :func:`predictive_nll` per row (n,), float64."""
+def _nll(posterior, X, y, d, *, predictive, n_samples, noise_var, random_state, linearized_method, batch_size,
+         likelihood) -> tuple[float, torch.Tensor | None]:
+    """The mean NLL of :func:`predictive_nll` and its values per row (n,), float64; None per row for a likelihood
+    that defines only the mean (:meth:`~glas_sklearn.likelihoods.Likelihood.predictive_nll` overridden, not
+    ``predictive_nll_rows``)."""
     likelihood = resolve_calibration_likelihood(likelihood)
     X = posterior.functional_model.check_inputs(X)
     t = check_targets(y, likelihood, X.shape[0], posterior.device)
     prediction = likelihood.calibration_prediction(posterior, X, d, predictive=predictive, n_samples=n_samples,
                                                    noise_var=noise_var, random_state=random_state,
                                                    linearized_method=linearized_method, batch_size=batch_size)
-    return likelihood.predictive_nll_rows(prediction, likelihood.calibration_targets(t, prediction)).to(torch.float64)
+    target = likelihood.calibration_targets(t, prediction)
+    mean_at, rows_at = (_defined_in(type(likelihood), name) for name in ("predictive_nll", "predictive_nll_rows"))
+    if mean_at is not rows_at and issubclass(mean_at, rows_at):  # the mean redefined below the rows: its own
+        return float(likelihood.predictive_nll(prediction, target)), None
+    rows = likelihood.predictive_nll_rows(prediction, target).to(torch.float64)
+    rows = torch.where(torch.isnan(rows), torch.full_like(rows, math.inf), rows)
+    return float(rows.mean()), rows
 
 
 @dataclass(frozen=True)
@@ -73,7 +81,8 @@ class Sigma0Result:
     sigma0 : float
         The chosen prior standard deviation, an evaluated σ0 (0: the trained network's own predictive, e.g. the
         MAP probabilities): the one of the lowest NLL (``rule="lowest"``), or the smallest within one standard
-        error of it (``rule="one_se"``).
+        error of it (``rule="one_se"``; a likelihood without per-row values, ``predictive_nll_rows``, gets
+        the lowest).
     sigma0_upper : float
         The top of the range searched, the posterior's σ0 at d when called (its empirical Bayes value).
     nll : float
@@ -172,16 +181,16 @@ def tune_sigma0(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, *, d: in
     seed = int(numpy_rng(random_state).integers(0, 2**62))
     original = posterior.sigma0
     upper = float(posterior.fit_sigma0(d))
-    evals: list[tuple[float, torch.Tensor]] = []
+    evals: list[tuple[float, float, torch.Tensor | None]] = []
 
     def nll_at(sigma0: float) -> float:
         posterior.set_sigma0(sigma0)
-        rows = _nll_rows(posterior, X, y, d, predictive=predictive, n_samples=n_samples, noise_var=noise_var,
-                         random_state=seed, linearized_method=linearized_method, batch_size=batch_size,
-                         likelihood=likelihood)
-        rows = torch.where(torch.isnan(rows), torch.full_like(rows, math.inf), rows)
-        evals.append((float(sigma0), rows))
-        return float(rows.mean())
+        mean, rows = _nll(posterior, X, y, d, predictive=predictive, n_samples=n_samples, noise_var=noise_var,
+                          random_state=seed, linearized_method=linearized_method, batch_size=batch_size,
+                          likelihood=likelihood)
+        mean = math.inf if math.isnan(mean) else mean
+        evals.append((float(sigma0), mean, rows))
+        return mean
 
     try:
         nll_upper, nll_zero = nll_at(upper), nll_at(0.0)
@@ -191,14 +200,14 @@ def tune_sigma0(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, *, d: in
                             options={"xatol": xtol})
     finally:
         posterior.set_sigma0(original)
-    means = [float(rows.mean()) for _, rows in evals]
+    means = [mean for _, mean, _ in evals]
     lowest = min(range(len(evals)), key=lambda i: (means[i], i))
-    se = [_paired_se(rows, evals[lowest][1]) for _, rows in evals]
+    se = [_paired_se(rows, evals[lowest][2]) for _, _, rows in evals]
     chosen = lowest
     if rule == "one_se":
         within = [i for i in range(len(evals)) if means[i] - means[lowest] <= se[i] or i == lowest]
         chosen = min(within, key=lambda i: (evals[i][0], i))
-    table = pd.DataFrame({"sigma0": [s for s, _ in evals], "nll": means, "se": se})
+    table = pd.DataFrame({"sigma0": [s for s, _, _ in evals], "nll": means, "se": se})
     logger.debug("tune_sigma0: d=%d, sigma0=%.6g (lowest NLL at %.6g, EB %.6g), nll=%.6g (at 0: %.6g, at EB: %.6g), "
                  "%d evaluations", d, evals[chosen][0], evals[lowest][0], upper, means[chosen], nll_zero, nll_upper,
                  len(evals))
@@ -207,9 +216,16 @@ def tune_sigma0(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, *, d: in
                         sigma0_lowest=evals[lowest][0], rule=rule)
 
 
-def _paired_se(rows: torch.Tensor, reference: torch.Tensor) -> float:
-    """Standard error of the mean of the per-row differences ``rows − reference``; NaN for fewer than two rows or
-    a non-finite difference."""
+def _defined_in(cls: type, name: str) -> type:
+    """The class of ``cls``'s MRO that defines the attribute ``name``."""
+    return next(k for k in cls.__mro__ if name in vars(k))
+
+
+def _paired_se(rows: torch.Tensor | None, reference: torch.Tensor | None) -> float:
+    """Standard error of the mean of the per-row differences ``rows − reference``; NaN for fewer than two rows, a
+    non-finite difference or no per-row values."""
+    if rows is None or reference is None:
+        return math.nan
     diff = rows - reference
     if diff.numel() < 2 or not bool(torch.isfinite(diff).all()):
         return math.nan

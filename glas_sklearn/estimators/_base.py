@@ -10,6 +10,7 @@ import io
 import logging
 import numbers
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -24,7 +25,7 @@ from .._checks import check_confidence_levels, numpy_rng
 from .._constraints import NO_VALIDATION, InstanceOf, Interval, Options, Satisfies, check_settings
 from .._functional import model_outputs
 from .._progress import stage
-from .._silenced import silenced
+from .._silenced import silenced, user_stacklevel
 from .._threads import scoped_threads
 from .._version import __version__
 from ..calibration import CALIBRATIONS, Calibrator, choose_dimension
@@ -225,7 +226,7 @@ ATTRIBUTES_DOC = """\
     n_calibration_rows_, n_sigma0_rows_, sigma0_rows_, sigma0_search_, train_indices_, calibration_indices_
         Rows scored, rows σ0 was tuned on ("nll"), positions in ``X`` of training and calibration rows.
     n_iter_, loss_curve_, validation_scores_, best_validation_score_, validation_indices_, weight_decay_
-        The training record (``training_loss_`` = ``loss_curve_``; held out: a shadow copy's, if one ran); weight decay.
+        The (first network's) training record (``training_loss_``; held out: a shadow copy's, if one ran).
     timings_, n_threads_, x_mean_, x_scale_, input_shape_, n_features_in_, feature_names_in_
         Stage times, torch threads, the input standardisation and the row shape seen in fit."""
 
@@ -383,13 +384,22 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         Xt, padding, n_outputs = data.Xt, settings.compute.padding_idx, self._n_outputs(data, likelihood)
         batch = min(settings.training.batch_rows(Xt.shape[0]) or Xt.shape[0], Xt.shape[0])
         if self.prefit:
+            raw = user_module(self.module)
+            if isinstance(raw, NetworkEnsemble) and likelihood.ensemble_combine not in (None, raw.combine):
+                warnings.warn(f"{self._name}: the prefit NetworkEnsemble combines its members' outputs by "
+                              f"{raw.combine!r}, but this likelihood's outputs are combined by "
+                              f"{likelihood.ensemble_combine!r} (e.g. a classifier's members' probabilities are "
+                              f"averaged by 'log_mean_softmax', not their logits); build it with "
+                              f"combine={likelihood.ensemble_combine!r} unless {raw.combine!r} is meant.",
+                              UserWarning, stacklevel=user_stacklevel())
             module = called_as_network(self._prefit_module(Xt.device, dtype, settings), Xt[:1], padding)
             check_trainable(module, self._name, True)
             self.n_threads_ = choose_threads(settings.compute.n_threads, module, batch)
             check_output_shape(module, Xt[:1], n_outputs, likelihood, self._name)
             warn_if_underfits(module, Xt, data.yt, likelihood, self._name)
             return module, likelihood, None
-        n_networks = settings.training.networks(Xt.shape[0], likelihood.is_classification)
+        n_networks = settings.training.networks(Xt.shape[0], likelihood.is_classification,
+                                                instance=user_module(self.module) is not None)
         if n_networks > 1 and likelihood.ensemble_combine is None:
             raise ValueError(f"{self._name}: training__n_networks={settings.training.n_networks!r} trains an "
                              f"ensemble, whose members' outputs are averaged, but likelihood {likelihood.name!r} "
@@ -417,7 +427,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
                 done = settings.training.fit(members[-1], Xt, data.yt, likelihood, seed=seed,
                                              owner=f"{self._name} (network {k + 1} of {n_networks})", **fit)
                 history.seconds += done.seconds
-            module, history.n_networks = NetworkEnsemble(members, combine=likelihood.ensemble_combine), n_networks
+            module = NetworkEnsemble(members, combine=likelihood.ensemble_combine).eval()
+            history.n_networks = n_networks
         self._report(training_line(history, self._threads_text()))
         return module, likelihood, history
 
@@ -517,6 +528,9 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         what = "prediction sets" if self.likelihood_.is_classification else "intervals"
         if self.prefit:
             network = f"used the prefit network ({self.n_weights_:,} trainable weights) as it is"
+        elif isinstance(self.module_, NetworkEnsemble):
+            network = (f"trained {len(self.module_.members)} networks ({self.n_weights_:,} weights), the first for "
+                       f"{len(self.loss_curve_)} epochs, on {self._n_rows_trained:,} rows")
         else:
             network = (f"trained the network ({self.n_weights_:,} weights) for {len(self.loss_curve_)} epochs on "
                        f"{self._n_rows_trained:,} rows")

@@ -445,15 +445,16 @@ def build_network(module, module_kwargs: dict | None, n_features: int, n_outputs
 
 
 def _reinitialised(net: nn.Module, seed: int, owner: str) -> nn.Module:
-    """``net`` with new initial weights drawn from ``seed`` by every submodule's ``reset_parameters``."""
+    """``net`` with new initial weights drawn from ``seed`` by the ``reset_parameters`` of every submodule whose
+    own weights all train (frozen ones are left as they are)."""
     param = next(net.parameters(), None)
     covered: set[int] = set()
     with seeded_torch(seed, torch.device("cpu") if param is None else param.device):
         for sub in net.modules():
-            reset = getattr(sub, "reset_parameters", None)
-            if callable(reset):
+            reset, own = getattr(sub, "reset_parameters", None), list(sub.parameters(recurse=False))
+            if callable(reset) and all(p.requires_grad for p in own):  # a frozen layer keeps its weights
                 reset()
-                covered.update(id(p) for p in sub.parameters(recurse=False))
+                covered.update(id(p) for p in own)
     left = [name for name, p in net.named_parameters() if p.requires_grad and id(p) not in covered]
     if left:
         warnings.warn(f"{owner}: training__n_networks > 1 re-initialises each copy of the module by its layers' "
@@ -626,8 +627,10 @@ class Training(BaseEstimator):
         :class:`~glas_sklearn.ensemble.NetworkEnsemble`: the members' mean output (regression) or the logarithm
         of their mean softmax (classification, the averaged probabilities), with the Laplace posterior on all
         their weights. It costs n_networks trainings. 1: one network. "auto": 3 for the classifier below 2,000
-        training rows (small tables, where one network's probabilities were the weak point), else 1. A module
-        instance is copied, and each copy after the first re-initialised by its layers' ``reset_parameters``.
+        training rows (small tables, where one network's probabilities were the weak point) when it builds its
+        networks (the default MLP, a module class or callable), else 1, and 1 for a module instance (its weights
+        may be pretrained). Asked of an instance, each copy after the first is re-initialised by the
+        ``reset_parameters`` of its layers whose weights all train (a frozen layer keeps the instance's weights).
         With ``weight_decay="cv"`` the first network's search chooses the prior and the others train under it.
     module_kwargs : dict, optional
         Keyword arguments of the default MLP (``hidden_layer_sizes``, default (50, 50); ``activation``, one of
@@ -704,12 +707,13 @@ class Training(BaseEstimator):
             return float(self.weight_decay)
         return 0.0 if prior_std is None else prior_weight_decay(n_weight, prior_std)
 
-    def networks(self, n: int, classification: bool) -> int:
+    def networks(self, n: int, classification: bool, instance: bool = False) -> int:
         """How many networks to train on n rows: ``n_networks``, "auto" resolved (``AUTO_NETWORKS`` for a
-        classifier below ``AUTO_EARLY_STOPPING_ROWS`` rows, else 1)."""
+        classifier below ``AUTO_EARLY_STOPPING_ROWS`` rows that builds its networks, else 1; 1 from a module
+        ``instance``, whose weights may be pretrained)."""
         if self.n_networks != "auto":
             return int(self.n_networks)
-        return AUTO_NETWORKS if classification and n < AUTO_EARLY_STOPPING_ROWS else 1
+        return AUTO_NETWORKS if classification and not instance and n < AUTO_EARLY_STOPPING_ROWS else 1
 
     def stopping(self, n: int) -> str:
         """How a training on n rows stops, one of ``STOPPING_MODES``: "off" (all the epochs), "held_out" (early

@@ -10,7 +10,7 @@ from sklearn.base import ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
-from .._constraints import Interval, Options
+from .._constraints import Interval
 from .._threads import scoped_threads
 from ..likelihoods import Categorical
 from ._base import ATTRIBUTES_DOC, PARAMETERS_DOC, LaplaceActiveSubspaceBase
@@ -65,7 +65,8 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
     # sigma0=0.0 is allowed here: the network's own (MAP) probabilities, one argument away. The regressor refuses it,
     # since a zero predictive std leaves its normalised conformity scores undefined.
     _parameter_constraints = {**LaplaceActiveSubspaceBase._parameter_constraints,
-                              "sigma0": [Options("auto", "eb_subspace", "eb_full", "nll"),
+                              "sigma0": [*(c for c in LaplaceActiveSubspaceBase._parameter_constraints["sigma0"]
+                                           if not isinstance(c, Interval)),
                                          Interval(numbers.Real, 0, None, closed="left")]}
 
     # A network trained on a small table without a prior drives its training loss to 0 and gives wrong classes
