@@ -18,8 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import os
 import sys
 from collections.abc import Iterator
+
+# The package's folder: frames of files inside it are the package's own (user_stacklevel).
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 __all__ = ["is_silenced", "silenced", "user_stacklevel"]
 
@@ -48,8 +52,9 @@ def is_silenced(kind: str) -> bool:
 
 def user_stacklevel() -> int:
     """The ``stacklevel`` for a ``warnings.warn`` in the function that calls this: the first frame outside the
-    package, so that the warning points at the user's line whichever public method led there."""
+    package's files (the user's call, or scikit-learn's), so that the warning points at the user's line whichever
+    public method led there."""
     frame, level = sys._getframe(1), 1
-    while frame.f_back is not None and frame.f_globals.get("__name__", "").startswith("glas_sklearn"):
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep):
         frame, level = frame.f_back, level + 1
     return level

@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
-import sys
 import threading
 import warnings
 from collections import OrderedDict
@@ -25,6 +23,7 @@ import torch
 from torch import nn
 
 from .._functional import model_outputs
+from .._silenced import user_stacklevel
 
 __all__ = ["PrefitLeakageWarning", "PrefitRowRegistry", "PrefitUnderfitWarning", "REGISTRY", "check_rows",
            "declare_training_rows", "module_fingerprint", "no_better_than_a_constant", "row_digests",
@@ -33,7 +32,6 @@ __all__ = ["PrefitLeakageWarning", "PrefitRowRegistry", "PrefitUnderfitWarning",
 # Weight values hashed for a fingerprint: all of them up to this many, a strided sample of this many beyond.
 _FINGERPRINT_ELEMENTS = 2**24
 _FNV_OFFSET, _FNV_PRIME = np.uint64(0xCBF29CE484222325), np.uint64(0x100000001B3)
-_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class PrefitLeakageWarning(UserWarning):
@@ -109,15 +107,6 @@ def no_better_than_a_constant(likelihood, outputs: torch.Tensor, y: torch.Tensor
 def check_rows(n: int) -> torch.Tensor:
     """Positions of at most ``_CHECK_ROWS`` rows evenly spaced through n rows."""
     return torch.linspace(0, n - 1, min(n, _CHECK_ROWS)).round().to(torch.long).unique()
-
-
-def user_stacklevel() -> int:
-    """The ``stacklevel`` for a ``warnings.warn`` in the function calling this one that points at the first
-    frame outside the glas_sklearn package (the user's call, or scikit-learn's)."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep):
-        frame, level = frame.f_back, level + 1
-    return level
 
 
 def module_fingerprint(module: nn.Module) -> bytes:
