@@ -130,10 +130,8 @@ def tune_sigma0(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, *, d: in
     ``rule="lowest"`` returns the evaluated σ0 of the lowest NLL. ``rule="one_se"`` (the estimators'
     ``sigma0="nll"``) returns the smallest evaluated σ0 whose per-row NLL differences from the lowest have a mean
     of at most their standard error: a larger σ0 has to beat a smaller one by more than the rows' noise. With a
-    few dozen rows of which one is misclassified, the lowest NLL is often at σ0_EB because it softens that one
-    row, while the posterior makes the probabilities of other rows worse (the digits table of the classifier's
-    small-table benchmark: the test NLL rose on every split where the lowest rule chose σ0 > 0); such a gain, carried
-    by one row, is within one standard error, and the rule keeps the smaller σ0.
+    few dozen rows of which one is misclassified, the lowest NLL can sit at σ0_EB only because it softens that one
+    row; such a gain, carried by one row, is within one standard error, and the rule keeps the smaller σ0.
 
     For the linearised predictive the Jacobian quantities of ``X`` (J P, J Jᵀ) are computed at the first
     evaluation and cached by the posterior, so each further σ0 costs O(n C² d) (the low-rank posterior; the

@@ -321,11 +321,9 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
     def _sigma0_rule(self) -> str:
         """How ``sigma0="nll"`` chooses among the σ0 it evaluates (:func:`~glas_sklearn.calibration.tune_sigma0`).
         A network trained here under a weight prior is that prior's MAP, and its own predictive (σ0 = 0) is kept
-        unless a larger σ0 beats it by more than one standard error of the tuning rows' NLL: on the classifier's
-        small tables the lowest NLL moved σ0 on 11 of 20 digits splits, on the strength of one or two rows, and
-        raised the test NLL every time. A prefit network, or one trained without a prior, is often overconfident,
-        and gets the σ0 of the lowest NLL (on digits 0–4 it lowered the test NLL of an unregularised network on 4 of
-        13 seeds and raised it on 1)."""
+        unless a larger σ0 beats it by more than one standard error of the tuning rows' NLL ("one_se"). A prefit
+        network, or one trained without a prior, may be overconfident, and gets the σ0 of the lowest NLL
+        ("lowest"). The measurements behind the two rules are in the classification guide."""
         return "one_se" if not self.prefit and (self.weight_decay_ or 0.0) > 0 else "lowest"
 
     @property

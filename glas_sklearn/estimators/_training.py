@@ -72,8 +72,8 @@ STOPPING_MODES = ("off", "held_out", "shadow")
 _FUSABLE = ("adam", "adamw")
 #: The learning-rate schedules by name (:func:`lr_factor`).
 SCHEDULES = ("constant", "warmup_cosine")
-#: ``n_networks="auto"``: this many networks for the classifier below ``AUTO_EARLY_STOPPING_ROWS`` training rows,
-#: else one (see :class:`Training`).
+#: ``n_networks="auto"``: this many networks for the classifier below ``AUTO_EARLY_STOPPING_ROWS`` training rows
+#: when it builds them (not from a module instance), else one (:meth:`Training.networks`).
 AUTO_NETWORKS = 3
 #: ``schedule="warmup_cosine"``: the share of the optimizer steps spent warming up linearly from 0.
 WARMUP_SHARE = 0.05
@@ -627,10 +627,10 @@ class Training(BaseEstimator):
         :class:`~glas_sklearn.ensemble.NetworkEnsemble`: the members' mean output (regression) or the logarithm
         of their mean softmax (classification, the averaged probabilities), with the Laplace posterior on all
         their weights. It costs n_networks trainings. 1: one network. "auto": 3 for the classifier below 2,000
-        training rows (small tables, where one network's probabilities were the weak point) when it builds its
-        networks (the default MLP, a module class or callable), else 1, and 1 for a module instance (its weights
-        may be pretrained). Asked of an instance, each copy after the first is re-initialised by the
-        ``reset_parameters`` of its layers whose weights all train (a frozen layer keeps the instance's weights).
+        training rows when it builds its networks (the default MLP, a module class or callable), else 1, and 1 for
+        a module instance (its weights may be pretrained). Asked of an instance, each copy after the first is
+        re-initialised by the ``reset_parameters`` of its layers whose weights all train (a frozen layer keeps the
+        instance's weights).
         With ``weight_decay="cv"`` the first network's search chooses the prior and the others train under it.
     module_kwargs : dict, optional
         Keyword arguments of the default MLP (``hidden_layer_sizes``, default (50, 50); ``activation``, one of
