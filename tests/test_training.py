@@ -283,6 +283,17 @@ def test_stop_reason_is_logged_in_one_line(caplog):
     assert "stopped after 5 epochs" in lines[0] and "max_epochs=5 reached" in lines[0]
 
 
+def test_network_after_a_shadow_copy_logs_why_it_ran_those_epochs(caplog):
+    """The network that trains for its shadow copy's epochs says so in its one line, not "max_epochs=N reached"."""
+    X, y = _data(n=120)
+    with caplog.at_level(logging.INFO, logger="glas_sklearn.estimators._training"):
+        est = LaplaceActiveSubspaceRegressor(**grouped(**{**FAST, "early_stopping": "shadow"}, max_epochs=30)).fit(X, y)
+    lines = [r.getMessage() for r in caplog.records if r.name == "glas_sklearn.estimators._training"]
+    assert len(lines) == 2 and "(shadow copy)" in lines[0]  # the copy's line, then the network's
+    reason = lines[1].split(f"stopped after {est.n_iter_} epochs: ", 1)[1]
+    assert reason.startswith(f"the {est.n_iter_} epochs after which a shadow copy")
+
+
 def test_too_few_rows_for_validation_train_every_epoch():
     X, y = _data(n=12)
     est = LaplaceActiveSubspaceRegressor(**grouped(**FAST, max_epochs=4, validation_fraction=0.1)).fit(X, y)

@@ -245,7 +245,7 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
                  validation: tuple | None = None, validation_loss: Callable | None = None,
                  n_iter_no_change: int = 10, tol: float = 1e-4, fused: bool = False,
                  schedule: str = "constant", schedule_epochs: int | None = None, patience_ratio: float = 0.0,
-                 desc: str = "training") -> TrainingResult:
+                 desc: str = "training", planned: str | None = None) -> TrainingResult:
     """Mini-batch training of ``module`` in place on the mean loss, for at most ``max_epochs`` epochs; with
     ``validation`` rows, stopped early on their loss and left at the weights of its lowest value.
 
@@ -305,6 +305,9 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
         Early stopping waits, besides the patience, until the epoch is at least this many times the best epoch.
     desc : str, default="training"
         The progress bar's label.
+    planned : str, optional
+        Why ``max_epochs`` is the length of this run, where it is a planned length rather than a cap: the stop
+        reason recorded and logged when all the epochs run (default ``"max_epochs=N reached"``).
 
     Returns
     -------
@@ -326,7 +329,7 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
         # for less: on small data the loss can rest on a plateau for hundreds of steps before it falls again)
         patience = max(n_iter_no_change, -(-n_iter_no_change * PATIENCE_STEPS // len(slices)))
         total_steps, step = (schedule_epochs or max_epochs) * len(slices), 0
-        result.stop_reason = f"max_epochs={max_epochs} reached"
+        result.stop_reason = planned or f"max_epochs={max_epochs} reached"
         bar = progress(range(max_epochs), desc=desc, verbose=verbose, leave=False)
         for epoch in bar:
             perm = torch.randperm(n, generator=gen).to(X.device)
@@ -902,16 +905,15 @@ class Training(BaseEstimator):
                                    max_epochs=self.epochs(mode), validation=validation,
                                    patience_ratio=SHADOW_PATIENCE_RATIO, desc="training (shadow copy)")
                 # the learning rate of each step as the copy had it (a schedule spans the copy's max_epochs)
+                planned = (f"the {shadow.best_epoch} epochs after which a shadow copy, trained on the rows less "
+                           f"{len(val_rows)} held out, had its lowest held-out loss "
+                           f"({shadow.best_validation_score:.4g}; the copy stopped after {shadow.n_iter} epochs: "
+                           f"{shadow.stop_reason.split(';')[0]})")
                 result = self._run(module, Xt, yt, sample_weight, likelihood, prior_std, cv_precision, seed=seed,
                                    verbose=verbose, owner=owner, max_epochs=shadow.best_epoch,
-                                   schedule_epochs=self.epochs(mode))
+                                   schedule_epochs=self.epochs(mode), planned=planned)
                 result.validation_scores, result.best_epoch = shadow.validation_scores, shadow.best_epoch
                 result.shadow_epochs = shadow.n_iter
-                result.stop_reason = (f"trained for the {shadow.best_epoch} epochs after which a shadow copy, trained "
-                                      f"on the rows less {len(val_rows)} held out, had its lowest held-out loss "
-                                      f"({shadow.best_validation_score:.4g}; the copy stopped after {shadow.n_iter} "
-                                      f"epochs: {shadow.stop_reason.split(';')[0]})")
-                logger.info("%s: %s", owner, result.stop_reason)
         result.validation_indices = val_rows
         result.max_epochs = self.epochs(mode)
         result.seconds = time.perf_counter() - t0
@@ -920,7 +922,8 @@ class Training(BaseEstimator):
     def _run(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, sample_weight: torch.Tensor | None,
              likelihood, prior_std: float | None, cv_precision: float | None, *, seed: int, verbose: int, owner: str,
              max_epochs: int, validation: tuple | None = None, patience_ratio: float = 0.0,
-             desc: str = "training", schedule_epochs: int | None = None) -> TrainingResult:
+             desc: str = "training", schedule_epochs: int | None = None,
+             planned: str | None = None) -> TrainingResult:
         """:func:`train_module` on the rows (Xt, yt) with these settings, its record completed."""
         batch_size = self.batch_rows(len(Xt))
         weight_decay = self.decay(len(Xt) if sample_weight is None else float(sample_weight.sum()), prior_std,
@@ -931,7 +934,7 @@ class Training(BaseEstimator):
             owner=owner, sample_weight=sample_weight, validation=validation,
             validation_loss=likelihood.held_out_loss, tol=self.tol, n_iter_no_change=self.n_iter_no_change,
             fused=True, schedule=self.schedule, schedule_epochs=schedule_epochs, patience_ratio=patience_ratio,
-            desc=desc)
+            desc=desc, planned=planned)
         result.n_rows_trained = len(Xt)
         result.batch_rows = min(batch_size or len(Xt), len(Xt))
         result.weight_decay = weight_decay
