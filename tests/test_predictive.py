@@ -362,6 +362,27 @@ def test_predictive_modes_resolve_once_and_answer_from_the_posterior_protocol():
     np.testing.assert_allclose(bounds[..., 0, 0].numpy(), np.quantile(s, 0.1, axis=0), rtol=1e-12)
 
 
+def test_every_posterior_kind_answers_the_protocol_the_modes_ask():
+    """The modes type their posterior as predictive.PosteriorProtocol (predictive/ never imports posterior/): each
+    kind, and the stub above, has its members with the protocol's parameters, in order, with the same defaults."""
+    import inspect
+
+    from glas_sklearn.posterior import LowRankDiagPosterior, LowRankPosterior, SubspacePosterior
+    from glas_sklearn.predictive import PosteriorProtocol
+
+    members = [m for m in vars(PosteriorProtocol) if not m.startswith("_")]
+    assert set(members) >= {"predict_mean", "linearized_variance", "predict_samples", "linearized_samples"}
+    assert "off_subspace" in PosteriorProtocol.__annotations__
+    for kind in (SubspacePosterior, LowRankPosterior, LowRankDiagPosterior):
+        assert isinstance(kind.off_subspace, bool)
+        for name in members:
+            want = list(inspect.signature(getattr(PosteriorProtocol, name)).parameters.values())
+            have = list(inspect.signature(getattr(kind, name)).parameters.values())
+            assert [(p.name, p.default) for p in have[:len(want)]] == [(p.name, p.default) for p in want], (kind, name)
+    stub = _StubPosterior()
+    assert all(hasattr(stub, m) for m in members if m != "linearized_samples") and hasattr(stub, "off_subspace")
+
+
 def test_the_modes_ask_the_likelihood_for_its_moments_of_y():
     """The heteroscedastic likelihood through each mode: sampled, the law of total variance over the samples;
     linearised, μ(x; θ0), σ²(x; θ0) and the variance of the mean outputs (by hand)."""

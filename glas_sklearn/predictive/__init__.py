@@ -4,9 +4,9 @@ One module per concept: :mod:`~glas_sklearn.predictive.regression` (intervals: s
 linearised intervals, split-conformal ones), :mod:`~glas_sklearn.predictive.classification` (class probabilities
 and prediction sets), :mod:`~glas_sklearn.predictive.summaries` (empirical coverage and size) and
 :mod:`~glas_sklearn.predictive.modes`, the predictive modes as objects (:class:`Linearized`, :class:`Sampled`,
-named by :func:`resolve_predictive`), which give the predictive of a posterior at a subspace dimension d that
-calibration and the estimators' predictions share (:func:`regression_moments`, :func:`predictive_interval`,
-:func:`class_probabilities`).
+named by :func:`resolve_predictive`), which ask a posterior only what :class:`PosteriorProtocol` names and give
+the predictive of a posterior at a subspace dimension d that calibration and the estimators' predictions share
+(:func:`regression_moments`, :func:`predictive_interval`, :func:`class_probabilities`).
 
 Users score intervals with :mod:`glas_sklearn.metrics` (``coverage_score``, ``mean_width_score``,
 ``interval_score``: scikit-learn's ``(y_true, y_pis)`` convention, checked inputs, float results).
@@ -26,6 +26,7 @@ from .classification import conformal_sets, linearized_probabilities, prediction
 from .modes import (
     Linearized,
     OutputMoments,
+    PosteriorProtocol,
     PredictiveMode,
     RegressionMoments,
     Sampled,
@@ -40,6 +41,7 @@ from .summaries import interval_coverage, mean_interval_width, mean_set_size, se
 __all__ = [
     "Linearized",
     "OutputMoments",
+    "PosteriorProtocol",
     "PredictiveMode",
     "RegressionMoments",
     "Sampled",

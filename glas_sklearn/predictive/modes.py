@@ -13,7 +13,7 @@ are the public entry points that take a name or a mode.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -22,11 +22,29 @@ from .._checks import check_choice, numpy_rng
 from .classification import linearized_probabilities, sampled_probabilities
 from .regression import linearized_interval, sampled_interval
 
-if TYPE_CHECKING:  # pragma: no cover - typing only
-    from ..posterior import ActiveSubspacePosterior
+__all__ = ["Linearized", "OutputMoments", "PredictiveMode", "PosteriorProtocol", "RegressionMoments", "Sampled",
+           "class_probabilities", "predictive_interval", "regression_moments", "resolve_predictive"]
 
-__all__ = ["Linearized", "OutputMoments", "PredictiveMode", "RegressionMoments", "Sampled", "class_probabilities",
-           "predictive_interval", "regression_moments", "resolve_predictive"]
+
+@runtime_checkable
+class PosteriorProtocol(Protocol):
+    """What a predictive mode asks of a posterior (every kind of ``glas_sklearn.posterior`` provides it): the
+    network output at the trained weights, its linearised variance at dimension d, and draws of f through the
+    network or its linearisation, each ``(n, *out)`` or ``(S, n, *out)``; ``off_subspace``: whether the posterior
+    also perturbs the weights off its subspace (then the sampled mode draws the linearised network)."""
+
+    off_subspace: bool
+
+    def predict_mean(self, X: torch.Tensor, batch_size: int | None = None) -> torch.Tensor: ...
+
+    def linearized_variance(self, X: torch.Tensor, d: int, full_cov: bool = False,
+                            batch_size: int | None = None) -> torch.Tensor: ...
+
+    def predict_samples(self, X: torch.Tensor, d: int, n_samples: int = 1000, random_state=None,
+                        batch_size: int | None = None) -> torch.Tensor: ...
+
+    def linearized_samples(self, X: torch.Tensor, d: int, n_samples: int = 1000, random_state=None,
+                           batch_size: int | None = None) -> torch.Tensor: ...
 
 
 class RegressionMoments(NamedTuple):
@@ -74,7 +92,7 @@ class PredictiveMode(ABC):
         K Jacobian projections and two more."""
 
     @abstractmethod
-    def output_moments(self, posterior: ActiveSubspacePosterior, X: torch.Tensor, d: int, *, n_samples: int = 1000,
+    def output_moments(self, posterior: PosteriorProtocol, X: torch.Tensor, d: int, *, n_samples: int = 1000,
                        random_state=None, batch_size: int | None = None) -> OutputMoments:
         """Mean and variance of f at d (and the samples drawn, if any)."""
 
@@ -83,18 +101,18 @@ class PredictiveMode(ABC):
         """Central intervals ``(n, *out, 2, k)`` of f + ε, ε ~ N(0, ``noise_var``), from :meth:`output_moments`."""
 
     @abstractmethod
-    def probabilities(self, posterior: ActiveSubspacePosterior, X: torch.Tensor, d: int, *, n_samples: int = 1000,
+    def probabilities(self, posterior: PosteriorProtocol, X: torch.Tensor, d: int, *, n_samples: int = 1000,
                       random_state=None, linearized_method: str = "probit", generator=None,
                       batch_size: int | None = None, mean: torch.Tensor | None = None) -> torch.Tensor:
         """Class probabilities (n, C) at d; ``mean`` (the posterior mean's logits) may be passed when known."""
 
     @abstractmethod
-    def draw_outputs(self, posterior: ActiveSubspacePosterior, X: torch.Tensor, d: int, n_samples: int,
+    def draw_outputs(self, posterior: PosteriorProtocol, X: torch.Tensor, d: int, n_samples: int,
                      random_state=None) -> torch.Tensor:
         """Draws of the network output ``(S, n, *out)`` whose law is this mode's predictive of f."""
 
     @abstractmethod
-    def likelihood_parts(self, likelihood, posterior: ActiveSubspacePosterior, X: torch.Tensor, d: int, *,
+    def likelihood_parts(self, likelihood, posterior: PosteriorProtocol, X: torch.Tensor, d: int, *,
                          n_samples: int = 1000, random_state=None, batch_size: int | None = None):
         """The likelihood's (mean, aleatoric variance, epistemic variance) of y under this mode."""
 
@@ -194,7 +212,7 @@ def resolve_predictive(predictive: str | PredictiveMode, name: str = "predictive
 # ------------------------------------------------------------------ a posterior's predictive at d
 
 
-def regression_moments(posterior: ActiveSubspacePosterior, X: torch.Tensor, d: int, *,
+def regression_moments(posterior: PosteriorProtocol, X: torch.Tensor, d: int, *,
                        predictive: str | PredictiveMode = "linearized", n_samples: int = 1000, noise_var=0.0,
                        random_state=None, batch_size: int | None = None) -> RegressionMoments:
     """Predictive mean ŷ and standard deviation σ̂ = sqrt(σ_f² + σ²) of a regression posterior at dimension d.
@@ -213,7 +231,7 @@ def regression_moments(posterior: ActiveSubspacePosterior, X: torch.Tensor, d: i
     return RegressionMoments(m.mean, add_noise_variance(m.variance, noise_var).sqrt())
 
 
-def predictive_interval(posterior: ActiveSubspacePosterior, X: torch.Tensor, d: int, confidence_levels=None, *,
+def predictive_interval(posterior: PosteriorProtocol, X: torch.Tensor, d: int, confidence_levels=None, *,
                         predictive: str | PredictiveMode = "linearized", n_samples: int = 1000, noise_var=0.0,
                         random_state=None, batch_size: int | None = None
                         ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -232,7 +250,7 @@ def predictive_interval(posterior: ActiveSubspacePosterior, X: torch.Tensor, d: 
     return m.mean, add_noise_variance(m.variance, noise_var).sqrt(), bounds
 
 
-def class_probabilities(posterior: ActiveSubspacePosterior, X: torch.Tensor, d: int, *,
+def class_probabilities(posterior: PosteriorProtocol, X: torch.Tensor, d: int, *,
                         predictive: str | PredictiveMode = "sampled", n_samples: int = 1000, random_state=None,
                         linearized_method: str = "probit", batch_size: int | None = None) -> torch.Tensor:
     """Class probabilities (n, C) of a classification posterior at dimension d: the softmax averaged over
