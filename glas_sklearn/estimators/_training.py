@@ -904,11 +904,11 @@ class Training(BaseEstimator):
                                    prior_std, cv_precision, seed=seed, verbose=verbose, owner=f"{owner} (shadow copy)",
                                    max_epochs=self.epochs(mode), validation=validation,
                                    patience_ratio=SHADOW_PATIENCE_RATIO, desc="training (shadow copy)")
-                # the learning rate of each step as the copy had it (a schedule spans the copy's max_epochs)
                 planned = (f"the {shadow.best_epoch} epochs after which a shadow copy, trained on the rows less "
                            f"{len(val_rows)} held out, had its lowest held-out loss "
                            f"({shadow.best_validation_score:.4g}; the copy stopped after {shadow.n_iter} epochs: "
                            f"{shadow.stop_reason.split(';')[0]})")
+                # the learning rate of each step as the copy had it (a schedule spans the copy's max_epochs)
                 result = self._run(module, Xt, yt, sample_weight, likelihood, prior_std, cv_precision, seed=seed,
                                    verbose=verbose, owner=owner, max_epochs=shadow.best_epoch,
                                    schedule_epochs=self.epochs(mode), planned=planned)
