@@ -71,6 +71,8 @@ BENCHMARKS = {
                                          "gradient boosting", quick=("--threads", "1"), full=("--threads", "1")),
     "serialization": Benchmark("glas_sklearn.save / load against pickle: file size and load time",
                                quick=("--threads", "1"), full=("--threads", "1")),
+    "ensemble_fit": Benchmark("an ensemble's networks trained together against one by one: fit time, and the two "
+                              "fits' outputs compared", quick=("--threads", "1"), full=("--threads", "1")),
 }
 QUICK_DIR = Path(os.environ.get("TMPDIR", "/tmp")) / "glas-bench-quick"
 

@@ -10,7 +10,10 @@ from collections.abc import Callable
 import torch
 from torch.func import vmap
 
-__all__ = ["batch_slices", "per_row_losses", "seeded_torch"]
+__all__ = ["PATIENCE_STEPS", "batch_slices", "patience_epochs", "per_row_losses", "seeded_torch"]
+
+#: Early stopping's patience is ``n_iter_no_change`` epochs of at least this many optimizer steps each.
+PATIENCE_STEPS = 50
 
 
 @contextlib.contextmanager
@@ -38,3 +41,10 @@ def batch_slices(n: int, size: int) -> list[slice]:
     if size > 1 and len(starts) > 1 and n - starts[-1] == 1:
         starts.pop()
     return [slice(a, b) for a, b in zip(starts, [*starts[1:], n], strict=True)]
+
+
+def patience_epochs(n_iter_no_change: int, steps_per_epoch: int) -> int:
+    """Early stopping's patience in epochs: ``n_iter_no_change`` epochs of at least ``PATIENCE_STEPS`` optimizer
+    steps each (short epochs count for less: on small data the loss can rest on a plateau for hundreds of steps
+    before it falls again)."""
+    return max(n_iter_no_change, -(-n_iter_no_change * PATIENCE_STEPS // steps_per_epoch))

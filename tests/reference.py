@@ -132,3 +132,15 @@ def full_name(param: str) -> str:
         if param in names:
             return prefix + param
     return param
+
+
+def decays_recorded(seen: list, build):
+    """``build_optimizer`` that appends to ``seen`` the weight decay it is given, or that of each parameter group
+    (networks trained together, their decays in the groups)."""
+    def recorded(optimizer, params, **kw):
+        params = list(params)
+        groups = [g for g in params if isinstance(g, dict)]
+        seen.extend([g["weight_decay"] for g in groups] if groups else [kw["weight_decay"]])
+        return build(optimizer, params, **kw)
+
+    return recorded

@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from glas_sklearn._copies import can_train_copies, train_copies
+from glas_sklearn._copies import can_stack_layers, can_train_copies, stacked_forward, train_copies
 from glas_sklearn.estimators._training import build_optimizer, train_module
 
 
@@ -115,3 +115,41 @@ def test_a_diverging_copy_raises():
         train_copies(nn.Linear(3, 2), X * 1e20, y, nn.functional.cross_entropy, row_sets=[np.arange(10)] * 2,
                      weight_decays=[0.0, 0.0], build=lambda g: build_optimizer("sgd", g, lr=1e20, weight_decay=0.0),
                      batch_size=None, max_epochs=3, seed=0)
+
+
+@pytest.mark.parametrize("layers", [
+    lambda: [nn.Linear(3, 7), nn.Tanh(), nn.Linear(7, 2)],
+    lambda: [nn.Linear(3, 7, bias=False), nn.GELU(), nn.Dropout(0.3), nn.Linear(7, 5), nn.LeakyReLU(0.1),
+             nn.Linear(5, 2)],
+    lambda: [nn.Linear(3, 4), nn.SiLU(), nn.Linear(4, 4), nn.Softplus(), nn.Identity(), nn.Linear(4, 2)],
+])
+def test_stacked_products_give_each_networks_own_outputs(layers):
+    """The batched matrix products of a stack of linear layers, each network's weights a slice of the stacked ones
+    and its own rows, against each network called on its rows (eval mode: dropout off): to float32 rounding."""
+    nets = [nn.Sequential(*layers()) for _ in range(3)]
+    for k, net in enumerate(nets):
+        torch.manual_seed(k)
+        for p in net.parameters():
+            nn.init.normal_(p)
+        net.eval()
+    x = torch.randn(3, 11, 3, generator=torch.Generator().manual_seed(0))
+    assert can_stack_layers(nets[0], x[0, :1])
+    params = {name: torch.stack([dict(n.named_parameters())[name] for n in nets]) for name, _ in
+              nets[0].named_parameters()}
+    with torch.no_grad():
+        got = stacked_forward(nets[0], x[0, :1])(params, x)
+        want = torch.stack([n(x[k]) for k, n in enumerate(nets)])
+    scale = float(want.abs().max())
+    np.testing.assert_allclose(got, want, rtol=0, atol=100 * np.finfo(np.float32).eps * max(scale, 1.0))
+
+
+def test_only_stacks_of_linear_layers_on_vector_rows_run_as_batched_products():
+    x = torch.randn(1, 3)
+    assert not can_stack_layers(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 2)), x)
+    assert not can_stack_layers(nn.Sequential(nn.Sequential(nn.Linear(3, 4)), nn.Linear(4, 2)), x)  # nested
+    assert not can_stack_layers(nn.Linear(3, 2), x)  # not a Sequential
+    assert not can_stack_layers(nn.Sequential(nn.Linear(3, 2)), torch.randn(1, 5, 3))  # rows that are not vectors
+    frozen = nn.Sequential(nn.Linear(3, 2))
+    frozen[0].bias.requires_grad_(False)
+    assert not can_stack_layers(frozen, x)
+    assert can_stack_layers(nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)), x)

@@ -3,6 +3,7 @@ against its closed form, the curvature of the combined network against a dense G
 the one ``n_networks=1`` trains, members trained from their own seeds, the user's module untouched, the
 estimators' predictions against the members' own outputs, and the errors."""
 
+import copy
 import warnings
 
 import numpy as np
@@ -16,7 +17,7 @@ from glas_sklearn.ensemble import NetworkEnsemble
 from glas_sklearn.estimators import _training
 from glas_sklearn.ggn import GGNOperator
 from glas_sklearn.likelihoods import HeteroscedasticGaussian
-from tests.reference import dense_ggn, grouped, mlp
+from tests.reference import decays_recorded, dense_ggn, grouped, mlp
 
 FAST = dict(max_epochs=30, max_components=6, random_state=0, dtype="float64")
 
@@ -77,8 +78,12 @@ def test_classifier_ensemble_first_network_is_the_single_one_and_probabilities_a
     assert isinstance(three.module_, NetworkEnsemble) and len(three.module_.members) == 3
     assert not isinstance(one.module_, NetworkEnsemble)
     first = three.module_.members[0]
+    # the same seeds and steps as the network n_networks=1 trains, its products batched with the others': equal
+    # up to float64 rounding amplified over the steps
+    eps = np.finfo(np.float64).eps
     for (name, a), (_, b) in zip(one.module_.named_parameters(), first.named_parameters(), strict=True):
-        assert torch.equal(a, b), name  # the same seeds and computation: the network n_networks=1 trains
+        scale = max(1.0, float(a.detach().abs().max()))
+        np.testing.assert_allclose(b.detach(), a.detach(), rtol=0, atol=1e4 * eps * scale, err_msg=name)
     weights = [torch.cat([p.detach().reshape(-1) for p in m.parameters()]) for m in three.module_.members]
     assert all(not torch.allclose(weights[i], weights[j]) for i in range(3) for j in range(i + 1, 3))
     # σ0 = 0: the mean of the members' own softmax probabilities
@@ -89,6 +94,71 @@ def test_classifier_ensemble_first_network_is_the_single_one_and_probabilities_a
     # the posterior covers all the weights; the record is the first network's, its time all of them
     assert three.n_weights_ == 3 * one.n_weights_
     assert three.n_iter_ == one.n_iter_ and three.timings_["training"] > 0
+
+
+@pytest.mark.parametrize("early_stopping", [False, True, "shadow"])
+@pytest.mark.parametrize("weighted", [False, True])
+def test_networks_trained_together_are_the_networks_trained_one_by_one(early_stopping, weighted, caplog):
+    """Training.fit_together (the members in the same optimizer steps, their products batched) against
+    Training.fit of each member alone from the same initial weights and seed: the same validation rows, epochs,
+    epoch kept, stop reason and log line, and weights equal up to float64 rounding amplified over the steps;
+    the lowest held-out loss to a few ulps. With a shadow copy each network trains for its own copy's epochs, its
+    learning-rate schedule spanning the copy's."""
+    X, y = _blobs(90, 2)
+    Xt, yt = torch.as_tensor(X), torch.as_tensor(y)
+    w = torch.as_tensor(np.random.default_rng(0).uniform(0.3, 2.0, len(y))) if weighted else None
+    likelihood = glas_sklearn.likelihoods.Categorical()
+    schedule = "warmup_cosine" if early_stopping == "shadow" else "constant"  # the copies' schedule spans 150
+    training = Training(max_epochs=150, lr=0.03, early_stopping=early_stopping, n_iter_no_change=1, weight_decay=0.0,
+                        schedule=schedule)
+    seeds = [_training.member_seed(5, k) for k in range(3)]
+    nets = [mlp(2, 16, 3, seed=s) for s in seeds]
+    alone = [copy.deepcopy(n) for n in nets]
+    owners = [f"net {k}" for k in range(3)]
+    with caplog.at_level("INFO", logger="glas_sklearn"):
+        together = training.fit_together(nets, Xt, yt, likelihood, seeds=seeds, owners=owners, sample_weight=w)
+    lines_together = [r.getMessage() for r in caplog.records if "training stopped" in r.getMessage()]
+    caplog.clear()
+    with caplog.at_level("INFO", logger="glas_sklearn"):
+        one_by_one = [training.fit(n, Xt, yt, likelihood, seed=s, owner=o, sample_weight=w)
+                      for n, s, o in zip(alone, seeds, owners, strict=True)]
+    lines_alone = [r.getMessage() for r in caplog.records if "training stopped" in r.getMessage()]
+    assert sorted(lines_together) == sorted(lines_alone)
+    assert len(lines_alone) == (6 if early_stopping == "shadow" else 3)
+    eps = np.finfo(np.float64).eps
+    for a, b, ra, rb in zip(nets, alone, together, one_by_one, strict=True):
+        assert (ra.n_iter, ra.best_epoch, ra.shadow_epochs, ra.stop_reason) == (rb.n_iter, rb.best_epoch,
+                                                                                rb.shadow_epochs, rb.stop_reason)
+        if rb.validation_indices is None:
+            assert ra.validation_indices is None
+        else:
+            np.testing.assert_array_equal(ra.validation_indices, rb.validation_indices)
+            np.testing.assert_allclose(ra.validation_scores, rb.validation_scores, rtol=1e3 * eps)
+        np.testing.assert_allclose(ra.loss_curve, rb.loss_curve, rtol=1e3 * eps)
+        assert ra.weight_decay == rb.weight_decay and not a.training
+        for p, q in zip(a.parameters(), b.parameters(), strict=True):
+            scale = max(1.0, float(q.detach().abs().max()))
+            np.testing.assert_allclose(p.detach(), q.detach(), rtol=0, atol=1e4 * eps * scale)
+    if early_stopping == "shadow":  # each network its own copy's epochs
+        assert len({r.n_iter for r in one_by_one}) > 1
+    weights = [torch.cat([p.detach().reshape(-1) for p in n.parameters()]) for n in nets]
+    assert not torch.allclose(weights[0], weights[1])
+
+
+def test_networks_that_do_not_stack_train_one_by_one():
+    """A module that is not a stack of linear layers is left to Training.fit (None, nothing trained); the
+    estimator then trains its members one after another."""
+    X, y = _blobs(60, 3)
+    nets = [_WithBareWeight().double() for _ in range(2)]
+    before = [copy.deepcopy(n) for n in nets]
+    got = Training(max_epochs=5).fit_together(nets, torch.as_tensor(X), torch.as_tensor(y),
+                                              glas_sklearn.likelihoods.Categorical(), seeds=[0, 1], owners=["a", "b"])
+    assert got is None
+    assert all(torch.equal(p, q) for n, m in zip(nets, before, strict=True)
+               for p, q in zip(n.parameters(), m.parameters(), strict=True))
+    clf = LaplaceActiveSubspaceClassifier(**grouped(**(FAST | {"max_epochs": 400}), module=_WithBareWeight,
+                                                   n_networks=2)).fit(X, y)
+    assert len(clf.module_.members) == 2 and clf.score(X, y) > 0.6
 
 
 def test_n_networks_auto_and_the_training_line(caplog):
@@ -193,14 +263,14 @@ def test_weight_decay_cv_is_chosen_once_for_the_whole_ensemble(monkeypatch):
                         lambda self, *a, **kw: calls.append(1) or real_search(self, *a, **kw))
     X, y = _blobs(120, 3)
     clf = LaplaceActiveSubspaceClassifier(**grouped(**FAST, n_networks=2, weight_decay="cv"))
-    monkeypatch.setattr(_training, "build_optimizer",
-                        lambda *a, **kw: decays.append(kw["weight_decay"]) or real_build(*a, **kw))
+    monkeypatch.setattr(_training, "build_optimizer", decays_recorded(decays, real_build))
     clf.fit(X, y)
     assert len(calls) == 1
     n = len(clf.train_indices_)
     c = clf.weight_decay_ * n  # the chosen prior precision
     assert min(abs(c - p) for p in _training.CV_PRIOR_PRECISIONS) < 1e-9
-    # the last two optimizers: the second network's shadow copy (a fifth held out) and the network, c / rows each
+    # the last two optimizers: the networks' shadow copies (a fifth held out) and the networks, trained together,
+    # c / rows each
     n_copy = n - int(np.ceil(0.2 * n))
     assert decays[-2:] == [pytest.approx(c / n_copy, rel=1e-12), pytest.approx(c / n, rel=1e-12)]
 

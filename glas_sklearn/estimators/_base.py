@@ -414,17 +414,25 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         check_output_shape(module, Xt[:1], n_outputs, likelihood, self._name)  # before training
         self.n_threads_ = choose_threads(settings.compute.n_threads, module, batch)
         fit = {"sample_weight": data.weight, "weight_prior_std": self._weight_prior_std, "verbose": self.verbose}
-        history = settings.training.fit(module, Xt, data.yt, likelihood, seed=settings.seed, owner=self._name, **fit)
-        if n_networks > 1:  # a deep ensemble: each network trained as the first, from its own seed
-            search = history.weight_decay_search  # weight_decay="cv": the prior is the table's, chosen once
-            fit["cv_precision"] = None if search is None else search["chosen"]
-            members = [module]
-            for k in range(1, n_networks):
-                seed = member_seed(settings.seed, k)
-                members.append(network(seed))
-                done = settings.training.fit(members[-1], Xt, data.yt, likelihood, seed=seed,
-                                             owner=f"{self._name} (network {k + 1} of {n_networks})", **fit)
-                history.seconds += done.seconds
+        if n_networks == 1:
+            history = settings.training.fit(module, Xt, data.yt, likelihood, seed=settings.seed, owner=self._name,
+                                            **fit)
+        else:  # a deep ensemble: each network trained as the first, from its own seed
+            seeds = [member_seed(settings.seed, k) for k in range(n_networks)]
+            members = [module] + [network(seed) for seed in seeds[1:]]
+            owners = [self._name] + [f"{self._name} (network {k + 1} of {n_networks})" for k in range(1, n_networks)]
+            together = settings.training.fit_together(members, Xt, data.yt, likelihood, seeds=seeds, owners=owners,
+                                                      **fit)  # all in the same steps, where they stack
+            history = together[0] if together is not None else None
+            for member, seed, owner in zip(members, seeds, owners, strict=True):
+                if together is not None:
+                    break
+                done = settings.training.fit(member, Xt, data.yt, likelihood, seed=seed, owner=owner, **fit)
+                if history is None:  # weight_decay="cv": the prior is the table's, chosen once
+                    history, search = done, done.weight_decay_search
+                    fit["cv_precision"] = None if search is None else search["chosen"]
+                else:
+                    history.seconds += done.seconds
             module = NetworkEnsemble(members, combine=likelihood.ensemble_combine).eval()
             history.n_networks = n_networks
         self._report(training_line(history, self._threads_text()))

@@ -25,10 +25,10 @@ from sklearn.model_selection import KFold, StratifiedKFold, train_test_split
 from torch import nn
 
 from .._constraints import BOOLEAN, InstanceOf, Interval, Options, Satisfies, check_settings
-from .._copies import can_train_copies, train_copies
+from .._copies import can_stack_layers, can_train_copies, train_copies, train_stacked
 from .._functional import eval_view
 from .._fused_adam import lean_fused_adam
-from .._loop import batch_slices, per_row_losses, seeded_torch
+from .._loop import batch_slices, patience_epochs, per_row_losses, seeded_torch
 from .._progress import progress
 from .._silenced import user_stacklevel
 from .._threads import adjust_threads, auto_threads
@@ -42,8 +42,6 @@ __all__ = ["ACTIVATIONS", "AUTO_EARLY_STOPPING_ROWS", "OPTIMIZERS", "SCHEDULES",
 
 logger = logging.getLogger(__name__)
 
-#: Early stopping's patience is ``n_iter_no_change`` epochs of at least this many optimizer steps each.
-PATIENCE_STEPS = 50
 #: ``batch_size="auto"``: ⌊n / AUTO_STEPS⌋ rows per batch (about ``AUTO_STEPS`` steps per epoch),
 #: within [AUTO_MIN_BATCH, AUTO_MAX_BATCH] and at most n.
 AUTO_STEPS, AUTO_MIN_BATCH, AUTO_MAX_BATCH = 20, 64, 200
@@ -325,9 +323,7 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
         slices = batch_slices(n, batch_size or n)
         # per-row factors w_i / w̄ (mean 1 over the rows): a batch's loss is the mean of (w_i / w̄) ℓ_i
         factors = None if sample_weight is None else sample_weight / sample_weight.mean()
-        # patience: n_iter_no_change epochs of at least PATIENCE_STEPS optimizer steps each (short epochs count
-        # for less: on small data the loss can rest on a plateau for hundreds of steps before it falls again)
-        patience = max(n_iter_no_change, -(-n_iter_no_change * PATIENCE_STEPS // len(slices)))
+        patience = patience_epochs(n_iter_no_change, len(slices))
         total_steps, step = (schedule_epochs or max_epochs) * len(slices), 0
         result.stop_reason = planned or f"max_epochs={max_epochs} reached"
         bar = progress(range(max_epochs), desc=desc, verbose=verbose, leave=False)
@@ -629,7 +625,9 @@ class Training(BaseEstimator):
         training rows (never the calibration rows). The estimator's network is then a
         :class:`~glas_sklearn.ensemble.NetworkEnsemble`: the members' mean output (regression) or the logarithm
         of their mean softmax (classification, the averaged probabilities), with the Laplace posterior on all
-        their weights. It costs n_networks trainings. 1: one network. "auto": 3 for the classifier below 2,000
+        their weights. A stack of ``nn.Linear`` and elementwise layers (the default MLP) trains its networks
+        together, weights stacked and products batched, each as it would alone up to float rounding; other
+        networks train one after another. 1: one network. "auto": 3 for the classifier below 2,000
         training rows when it builds its networks (the default MLP, a module class or callable), else 1, and 1 for
         a module instance (its weights may be pretrained). Asked of an instance, each copy after the first is
         re-initialised by the ``reset_parameters`` of its layers whose weights all train (a frozen layer keeps the
@@ -793,6 +791,99 @@ class Training(BaseEstimator):
         result.weight_decay_search = search
         result.seconds = time.perf_counter() - t0
         return result
+
+    def fit_together(self, modules: Sequence[nn.Module], Xt: torch.Tensor, yt: torch.Tensor, likelihood, *,
+                     seeds: Sequence[int], sample_weight: torch.Tensor | None = None,
+                     weight_prior_std: float | None = None, verbose: int = 0, owners: Sequence[str],
+                     cv_precision: float | None = None) -> list[TrainingResult] | None:
+        """Train the networks of an ensemble (``modules``, one architecture, from their own initial weights and
+        ``seeds``) in place, each as :meth:`fit` trains one (its own validation rows, shadow copy and epochs), all
+        in the same optimizer steps (:func:`~glas_sklearn._copies.train_stacked`): the cost of about one training
+        where the network is a stack of linear layers (:func:`~glas_sklearn._copies.can_stack_layers`). None,
+        with nothing trained, for other networks (train them one by one with :meth:`fit`). ``seconds`` of the
+        first record is the whole training's, the others' 0."""
+        if len(modules) < 2 or not can_stack_layers(modules[0], Xt[:1]):
+            return None
+        t0 = time.perf_counter()
+        search = None
+        if self.weight_decay == "cv" and cv_precision is None:
+            search = self.cross_validate_decay(modules[0], Xt, yt, likelihood, seed=seeds[0],
+                                               sample_weight=sample_weight, verbose=verbose, owner=owners[0])
+            cv_precision = search["chosen"]
+        n = len(yt)
+        mode = self.stopping(n)
+        splits = [self.validation_rows(yt, s, likelihood.is_classification, o, mode)
+                  for s, o in zip(seeds, owners, strict=True)]
+        stacked = functools.partial(self._stacked, Xt=Xt, yt=yt, likelihood=likelihood, prior_std=weight_prior_std,
+                                    cv_precision=cv_precision, seeds=seeds, sample_weight=sample_weight,
+                                    verbose=verbose, owner=owners[0])
+        if mode == "off":
+            records = stacked(modules, [fit for fit, _ in splits], max_epochs=self.epochs(mode))
+        elif mode == "held_out":
+            records = stacked(modules, [fit for fit, _ in splits], max_epochs=self.epochs(mode),
+                              held_out=[val for _, val in splits])
+        else:
+            shadows = stacked([copy.deepcopy(m) for m in modules], [fit for fit, _ in splits],
+                              max_epochs=self.epochs(mode), held_out=[val for _, val in splits],
+                              patience_ratio=SHADOW_PATIENCE_RATIO, desc=f"training {len(modules)} networks "
+                                                                          "(shadow copies)")
+            for shadow, owner in zip(shadows, owners, strict=True):
+                logger.info("%s (shadow copy): training stopped after %d epochs: %s", owner, shadow.n_iter,
+                            shadow.stop_reason)
+            planned = [f"the {s.best_epoch} epochs after which a shadow copy, trained on the rows less "
+                       f"{len(val)} held out, had its lowest held-out loss ({s.best_validation_score:.4g}; the copy "
+                       f"stopped after {s.n_iter} epochs: {s.stop_reason.split(';')[0]})"
+                       for s, (_, val) in zip(shadows, splits, strict=True)]
+            records = stacked(modules, [np.arange(n)] * len(modules), max_epochs=[s.best_epoch for s in shadows],
+                              schedule_epochs=self.epochs(mode), planned=planned)
+            for record, shadow in zip(records, shadows, strict=True):
+                record.validation_scores, record.best_epoch = shadow.validation_scores, shadow.best_epoch
+                record.shadow_epochs = shadow.n_iter
+        for record, (_, val), owner in zip(records, splits, owners, strict=True):
+            record.validation_indices, record.max_epochs = val, self.epochs(mode)
+            logger.info("%s: training stopped after %d epochs: %s", owner, record.n_iter, record.stop_reason)
+        records[0].weight_decay_search = search
+        records[0].seconds = time.perf_counter() - t0
+        return records
+
+    def _stacked(self, modules: Sequence[nn.Module], row_sets: list, *, Xt: torch.Tensor, yt: torch.Tensor,
+                 likelihood, prior_std: float | None, cv_precision: float | None, seeds: Sequence[int],
+                 sample_weight: torch.Tensor | None, verbose: int, owner: str, max_epochs, held_out: list | None = None,
+                 patience_ratio: float = 0.0, schedule_epochs: int | None = None, planned: list | None = None,
+                 desc: str | None = None) -> list[TrainingResult]:
+        """:func:`~glas_sklearn._copies.train_stacked` of ``modules`` on their row sets with these settings (as
+        :meth:`_run` trains one), the trained weights copied into ``modules``; their records."""
+        n_fit = len(row_sets[0])
+        w_fit = [None if sample_weight is None else sample_weight[torch.as_tensor(r, device=Xt.device)]
+                 for r in row_sets]
+        decays = [self.decay(n_fit if w is None else float(w.sum()), prior_std, cv_precision) for w in w_fit]
+        validation = None
+        if held_out is not None:
+            index = [torch.as_tensor(v, device=Xt.device) for v in held_out]
+            validation = [(Xt[i], yt[i], None if sample_weight is None else sample_weight[i]) for i in index]
+        lr = self.learning_rate(n_fit)
+        networks, copies = train_stacked(
+            list(modules), Xt, yt, likelihood.loss, row_sets=row_sets, weight_decays=decays,
+            build=lambda groups: build_optimizer(self.optimizer, groups, lr=lr, weight_decay=0.0, fused=True),
+            batch_size=self.batch_rows(n_fit), max_epochs=max_epochs, seed=list(seeds), sample_weight=sample_weight,
+            lr_at=None if self.schedule == "constant" else lambda step, total: lr * lr_factor(self.schedule, step,
+                                                                                              total),
+            schedule_epochs=schedule_epochs, validation=validation, validation_loss=likelihood.held_out_loss,
+            tol=self.tol, n_iter_no_change=self.n_iter_no_change, patience_ratio=patience_ratio, planned=planned,
+            verbose=verbose, owner=owner, names=[f"network {m + 1} of {len(modules)}" for m in range(len(modules))],
+            desc=desc or f"training {len(modules)} networks")
+        results = []
+        with torch.no_grad():
+            for module, trained, record, decay in zip(modules, networks, copies, decays, strict=True):
+                for p, q in zip(module.parameters(), trained.parameters(), strict=True):
+                    p.copy_(q)
+                module.eval()
+                results.append(TrainingResult(loss_curve=record.loss_curve, validation_scores=record.validation_scores,
+                                              n_iter=record.n_iter, best_epoch=record.best_epoch,
+                                              stop_reason=record.stop_reason, n_rows_trained=n_fit,
+                                              batch_rows=min(self.batch_rows(n_fit) or n_fit, n_fit),
+                                              weight_decay=decay))
+        return results
 
     def cross_validate_decay(self, module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, likelihood, *, seed: int,
                              sample_weight: torch.Tensor | None = None, verbose: int = 0,
