@@ -423,16 +423,17 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
             owners = [self._name] + [f"{self._name} (network {k + 1} of {n_networks})" for k in range(1, n_networks)]
             together = settings.training.fit_together(members, Xt, data.yt, likelihood, seeds=seeds, owners=owners,
                                                       **fit)  # all in the same steps, where they stack
-            history = together[0] if together is not None else None
-            for member, seed, owner in zip(members, seeds, owners, strict=True):
-                if together is not None:
-                    break
-                done = settings.training.fit(member, Xt, data.yt, likelihood, seed=seed, owner=owner, **fit)
-                if history is None:  # weight_decay="cv": the prior is the table's, chosen once
-                    history, search = done, done.weight_decay_search
-                    fit["cv_precision"] = None if search is None else search["chosen"]
-                else:
-                    history.seconds += done.seconds
+            if together is not None:
+                history = together[0]
+            else:  # networks that do not stack: one after another
+                history = None
+                for member, seed, owner in zip(members, seeds, owners, strict=True):
+                    done = settings.training.fit(member, Xt, data.yt, likelihood, seed=seed, owner=owner, **fit)
+                    if history is None:  # weight_decay="cv": the prior is the table's, chosen once
+                        history, search = done, done.weight_decay_search
+                        fit["cv_precision"] = None if search is None else search["chosen"]
+                    else:
+                        history.seconds += done.seconds
             module = NetworkEnsemble(members, combine=likelihood.ensemble_combine).eval()
             history.n_networks = n_networks
         self._report(training_line(history, self._threads_text()))
