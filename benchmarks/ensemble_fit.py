@@ -14,6 +14,7 @@ Usage
     python benchmarks/ensemble_fit.py                    # 5 splits, 1 torch thread
     python benchmarks/ensemble_fit.py --splits 2 --cases iris,concrete
     python benchmarks/ensemble_fit.py --quick            # 1 split of iris and concrete, 60 epochs
+    python benchmarks/ensemble_fit.py --device cuda --splits 1   # on a GPU: ensemble_fit_cuda.*
     python benchmarks/ensemble_fit.py --report-only
 """
 
@@ -30,7 +31,13 @@ import torch
 from sklearn.datasets import load_breast_cancer, load_digits, load_iris, load_wine
 from sklearn.model_selection import train_test_split
 
-from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor, Training, load_concrete
+from glas_sklearn import (
+    Compute,
+    LaplaceActiveSubspaceClassifier,
+    LaplaceActiveSubspaceRegressor,
+    Training,
+    load_concrete,
+)
 
 STEM = "ensemble_fit"
 CASES = {"iris": load_iris, "wine": load_wine, "breast_cancer": load_breast_cancer, "digits": load_digits,
@@ -48,7 +55,7 @@ def one_by_one():
         Training.fit_together = real
 
 
-def fit_case(case: str, split: int, epochs: int | None) -> dict:
+def fit_case(case: str, split: int, epochs: int | None, device: str = "cpu") -> dict:
     """Both fits of one split: wall and training seconds, and the largest difference of their outputs."""
     if case == "concrete":
         X, y = load_concrete(return_X_y=True)
@@ -56,14 +63,16 @@ def fit_case(case: str, split: int, epochs: int | None) -> dict:
         training = Training(n_networks=3, **({} if epochs is None else {"max_epochs": epochs}))
 
         def make():
-            return LaplaceActiveSubspaceRegressor(training=training, random_state=split, verbose=0)
+            return LaplaceActiveSubspaceRegressor(training=training, compute=Compute(device=device),
+                                                  random_state=split, verbose=0)
     else:
         X, y = CASES[case](return_X_y=True)
         Xa, Xb, ya, _ = train_test_split(X, y, test_size=0.25, stratify=y, random_state=split)
         training = Training(**({} if epochs is None else {"max_epochs": epochs}))
 
         def make():
-            return LaplaceActiveSubspaceClassifier(training=training, random_state=split, verbose=0)
+            return LaplaceActiveSubspaceClassifier(training=training, compute=Compute(device=device),
+                                                   random_state=split, verbose=0)
 
     out, outputs = {}, {}
     for way in (("together", "one_by_one") if split % 2 == 0 else ("one_by_one", "together")):
@@ -107,8 +116,9 @@ def main(argv=None):
     _common.add_common_arguments(p, quick="1 split of iris and concrete, 60 epochs")
     p.add_argument("--splits", type=int, default=5)
     p.add_argument("--cases", default=",".join(CASES), help=f"comma-separated, of {', '.join(CASES)}")
+    p.add_argument("--device", default="cpu", help="the estimators' device, e.g. cuda (outputs ensemble_fit_cuda.*)")
     args = p.parse_args(argv)
-    json_path, md_path = _common.output_paths(args, STEM)
+    json_path, md_path = _common.output_paths(args, STEM + ("" if args.device == "cpu" else "_cuda"))
     if args.report_only:
         print(_common.report_from_results(json_path, md_path, render)[1])
         return
@@ -120,15 +130,16 @@ def main(argv=None):
     splits, epochs = (1, 60) if args.quick else (args.splits, None)
     runs = []
     for case in cases:
-        fit_case(case, 0, 5)  # a warm-up, not kept: the first fit of a process pays for loading and first calls
+        fit_case(case, 0, 5, args.device)  # a warm-up, not kept: a process's first fit pays for its first calls
         for split in range(splits):
-            runs.append(fit_case(case, split, epochs))
+            runs.append(fit_case(case, split, epochs, args.device))
             r = runs[-1]
             print(f"{case} split {split}: together {r['together_s']:.2f} s, one by one {r['one_by_one_s']:.2f} s, "
                   f"largest difference {r['max_abs_difference']:.1e}", flush=True)
     results = {**_common.new_results(args), "runs": runs}
     command = _common.command_line(__file__, argv)
-    print(_common.write_results_and_report(json_path, md_path, results, render, command=command)[1])
+    print(_common.write_results_and_report(json_path, md_path, results, render, command=command,
+                                           device=args.device)[1])
 
 
 if __name__ == "__main__":

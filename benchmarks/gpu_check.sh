@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # GPU checks (issue 13), one script for a CUDA machine, under 8 minutes:
 #   1. the CUDA tests (tests/test_cuda.py: products, Lanczos, posterior sampling on CUDA against the CPU);
-#   2. bench_ggn.py with --device cuda, writing benchmarks/results/bench_ggn_cuda.{md,json}.
+#   2. bench_ggn.py with --device cuda, writing benchmarks/results/bench_ggn_cuda.{md,json};
+#   3. ensemble_fit.py with --device cuda (an ensemble's networks trained together against one by one), writing
+#      benchmarks/results/ensemble_fit_cuda.{md,json}.
 # It needs no internet: it uses the Python given in $PYTHON (else .venv/bin/python, else python3) with the
 # checkout on PYTHONPATH, and stops with exit code 2 and a clear message when torch, CUDA or a dependency is
 # missing (nothing is installed from the network). When $OUT is set, the results and logs are copied there.
 #
-#   bash benchmarks/gpu_check.sh                 # everything (each step under its own timeout, 450 s in all)
+#   bash benchmarks/gpu_check.sh                 # everything (each step under its own timeout, 420 s in all)
 #   GPU_CHECK_QUICK=1 bash benchmarks/gpu_check.sh   # smoke run (--quick benchmarks)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -63,6 +65,8 @@ else
   status=1
 fi
 run bench_ggn 180 "$PYTHON" benchmarks/bench_ggn.py --device cuda --threads 2 ${QUICK[@]+"${QUICK[@]}"}
+run ensemble_fit 120 "$PYTHON" benchmarks/ensemble_fit.py --device cuda --threads 2 --splits 1 \
+  --cases iris,breast_cancer,concrete ${QUICK[@]+"${QUICK[@]}"}
 
 if [ -n "${OUT:-}" ]; then
   mkdir -p "$OUT"

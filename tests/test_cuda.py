@@ -132,6 +132,30 @@ def test_estimator_fits_on_cuda():
     assert np.isfinite(mean).all() and np.isfinite(pis).all() and (pis[:, 0] <= pis[:, 1]).all()
 
 
+@cuda
+def test_networks_trained_together_on_cuda_match_one_by_one():
+    """An ensemble's networks trained together on CUDA (stacked weights, batched products, each with its own shadow
+    copy) against the same networks trained one by one on CUDA: float64, the same epochs and weights to rounding."""
+    from glas_sklearn.likelihoods import Categorical
+
+    rng = np.random.default_rng(1)
+    X = torch.as_tensor(rng.normal(size=(90, 2)), device="cuda")
+    y = torch.as_tensor((X[:, 0] * X[:, 1] > 0).long().cpu().numpy(), device="cuda")
+    training = Training(max_epochs=40, lr=0.03, n_iter_no_change=1, early_stopping="shadow")
+    seeds = [3, 4, 5]
+    nets = [mlp(2, 8, 2, seed=s).cuda() for s in seeds]
+    alone = [copy.deepcopy(n) for n in nets]
+    together = training.fit_together(nets, X, y, Categorical(), seeds=seeds, owners=["a", "b", "c"])
+    one_by_one = [training.fit(n, X, y, Categorical(), seed=s) for n, s in zip(alone, seeds, strict=True)]
+    assert [r.n_iter for r in together] == [r.n_iter for r in one_by_one]
+    eps = np.finfo(np.float64).eps
+    for a, b in zip(nets, alone, strict=True):
+        for p, q in zip(a.parameters(), b.parameters(), strict=True):
+            assert p.device.type == "cuda"
+            np.testing.assert_allclose(p.detach().cpu(), q.detach().cpu(), rtol=0,
+                                       atol=1e4 * eps * max(1.0, float(q.detach().abs().max())))
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="a bash script")
 def test_gpu_check_script_stops_cleanly_without_cuda(tmp_path):
     """The CPU fallback of benchmarks/gpu_check.sh: with no visible CUDA device it says so and exits with 2,
