@@ -21,7 +21,7 @@ import torch
 from torch import nn
 from torch.func import functional_call, vmap
 
-from ._loop import batch_slices, patience_epochs, per_row_losses, seeded_torch
+from ._loop import HeldOutStopping, batch_slices, patience_epochs, per_row_losses, seeded_torch
 from ._progress import progress
 
 __all__ = ["CopyRecord", "can_stack_layers", "can_train_copies", "stacked_forward", "train_copies", "train_stacked"]
@@ -36,7 +36,8 @@ ELEMENTWISE = (nn.Tanh, nn.ReLU, nn.GELU, nn.SiLU, nn.Sigmoid, nn.LeakyReLU, nn.
 
 @dataclass
 class CopyRecord:
-    """What :func:`train_stacked` did to one network: as ``estimators/_training.TrainingResult`` records it."""
+    """What a training did to one network: its loss curves, epochs, the epoch kept and why it stopped
+    (:func:`train_stacked`'s record; ``estimators/_training.TrainingResult`` extends it)."""
 
     loss_curve: list[float] = field(default_factory=list)
     validation_scores: list[float] = field(default_factory=list)
@@ -100,12 +101,12 @@ def can_train_copies(module: nn.Module, x1: torch.Tensor, y1: torch.Tensor, loss
 
 
 
-def _copy_losses(module: nn.Module, loss: Callable, x1: torch.Tensor) -> Callable:
+def _copy_losses(module: nn.Module, loss: Callable, forward: Callable | None) -> Callable:
     """``losses(params, x, y, f)``: the objective to differentiate, the sum of the networks' mean losses on their
     own batches (their rows' losses weighted by the factors f (c, b) where given; None: unweighted), and those
-    losses (c,), detached; ``x1`` a row of the inputs (:func:`stacked_forward`)."""
-    if can_stack_layers(module, x1):
-        forward = stacked_forward(module, x1)
+    losses (c,), detached; ``forward`` the batched products of :func:`stacked_forward` (None: ``module`` under
+    vmap)."""
+    if forward is not None:
 
         def losses(params, x, y, f):
             out = forward(params, x)
@@ -233,16 +234,17 @@ def train_stacked(modules: nn.Module | Sequence[nn.Module], X: torch.Tensor, y: 
         factors = torch.zeros(n_copies, len(X), dtype=sample_weight.dtype, device=X.device)
         for m in range(n_copies):
             factors[m, rows[m]] = sample_weight[rows[m]] / sample_weight[rows[m]].mean()
-    losses = _copy_losses(base, loss, X[:1])
     forward = stacked_forward(base, X[:1])
+    losses = _copy_losses(base, loss, forward if can_stack_layers(base, X[:1]) else None)
     gens = [torch.Generator().manual_seed(int(seeds[m])) for m in range(n_copies)]
     slices = batch_slices(n_min, batch_size or n_min)
-    patience = patience_epochs(n_iter_no_change, len(slices))
     horizon = max(epochs)
     total_steps, step = (schedule_epochs or horizon) * len(slices), 0
     records = [CopyRecord(stop_reason=planned[m] or f"max_epochs={epochs[m]} reached") for m in range(n_copies)]
     kept: list[dict | None] = [None] * n_copies  # the weights of each network's best epoch (held-out rows)
-    no_change, active = [0] * n_copies, [epochs[m] > 0 for m in range(n_copies)]
+    patience = patience_epochs(n_iter_no_change, len(slices))
+    rules = [HeldOutStopping(tol, patience, patience_ratio) for _ in range(n_copies)]
+    active = [epochs[m] > 0 for m in range(n_copies)]
 
     def stacked_weights(running: list[int]) -> dict:  # name -> (len(running), *shape)
         if len(running) == 1:
@@ -296,14 +298,11 @@ def train_stacked(modules: nn.Module | Sequence[nn.Module], X: torch.Tensor, y: 
                     if not np.isfinite(score):
                         raise FloatingPointError(f"{owner}: the held-out loss of {names[m]} diverged to {score}; "
                                                  "lower lr or standardize the data.")
-                    best = record.best_validation_score
                     record.validation_scores.append(score)
-                    no_change[m] = 0 if best is None or score < best - tol * abs(best) else no_change[m] + 1
-                    if best is None or score < best:
-                        record.best_epoch, kept[m] = epoch + 1, weights_of(m)
-                    if no_change[m] >= patience and epoch + 1 >= patience_ratio * record.best_epoch:
-                        record.stop_reason = (f"the held-out loss did not improve by more than tol={tol:g} "
-                                              f"(relative) for {no_change[m]} epochs")
+                    if rules[m].observe(score, epoch + 1):
+                        record.best_epoch, kept[m] = rules[m].best_epoch, weights_of(m)
+                    if rules[m].stop:
+                        record.stop_reason = rules[m].reason()
                         active[m] = False
                 if active[m] and epoch + 1 >= epochs[m]:
                     active[m] = False
@@ -317,8 +316,7 @@ def train_stacked(modules: nn.Module | Sequence[nn.Module], X: torch.Tensor, y: 
                 p.copy_(state[name])
             networks.append(net.eval())
             if records[m].best_epoch is not None:
-                records[m].stop_reason += (f"; kept the weights of epoch {records[m].best_epoch} (held-out loss "
-                                           f"{records[m].best_validation_score:.4g})")
+                records[m].stop_reason += rules[m].kept()
     return networks, records
 
 

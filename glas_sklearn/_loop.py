@@ -1,6 +1,6 @@
-"""The pieces of a training loop that one network (``estimators/_training.train_module``) and several copies of
-it (:func:`~glas_sklearn._copies.train_copies`) share: the batches of an epoch, the seeded global RNG, per-row
-losses."""
+"""The pieces of a training loop that one network (``estimators/_training.train_module``) and several networks
+trained together (:func:`~glas_sklearn._copies.train_stacked`) share: the batches of an epoch, the seeded global
+RNG, per-row losses, early stopping on held-out losses."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Callable
 import torch
 from torch.func import vmap
 
-__all__ = ["PATIENCE_STEPS", "batch_slices", "patience_epochs", "per_row_losses", "seeded_torch"]
+__all__ = ["PATIENCE_STEPS", "HeldOutStopping", "batch_slices", "patience_epochs", "per_row_losses", "seeded_torch"]
 
 #: Early stopping's patience is ``n_iter_no_change`` epochs of at least this many optimizer steps each.
 PATIENCE_STEPS = 50
@@ -48,3 +48,37 @@ def patience_epochs(n_iter_no_change: int, steps_per_epoch: int) -> int:
     steps each (short epochs count for less: on small data the loss can rest on a plateau for hundreds of steps
     before it falls again)."""
     return max(n_iter_no_change, -(-n_iter_no_change * PATIENCE_STEPS // steps_per_epoch))
+
+
+class HeldOutStopping:
+    """Early stopping on a held-out loss, as scikit-learn's ``MLPRegressor(early_stopping=True)``: an epoch improves
+    when its loss is below the best so far by more than ``tol`` (relative); training stops after ``patience``
+    epochs in a row without an improvement, and not before the epoch is ``patience_ratio`` times the best one."""
+
+    def __init__(self, tol: float, patience: int, patience_ratio: float = 0.0) -> None:
+        self.tol, self.patience, self.patience_ratio = tol, patience, patience_ratio
+        self.best: float | None = None
+        self.best_epoch: int | None = None
+        self.no_change, self.epoch = 0, 0
+
+    def observe(self, score: float, epoch: int) -> bool:
+        """Record the held-out loss of ``epoch`` (1-based); True when it is the lowest so far (weights to keep)."""
+        best, self.epoch = self.best, epoch
+        self.no_change = 0 if best is None or score < best - self.tol * abs(best) else self.no_change + 1
+        if best is None or score < best:
+            self.best, self.best_epoch = score, epoch
+            return True
+        return False
+
+    @property
+    def stop(self) -> bool:
+        """Whether training stops after the epoch observed last."""
+        return self.no_change >= self.patience and self.epoch >= self.patience_ratio * self.best_epoch
+
+    def reason(self) -> str:
+        """Why it stopped, one clause."""
+        return f"the held-out loss did not improve by more than tol={self.tol:g} (relative) for {self.no_change} epochs"
+
+    def kept(self) -> str:
+        """The clause appended to a stop reason: the epoch whose weights were kept."""
+        return f"; kept the weights of epoch {self.best_epoch} (held-out loss {self.best:.4g})"

@@ -16,7 +16,7 @@ import numbers
 import time
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -25,10 +25,10 @@ from sklearn.model_selection import KFold, StratifiedKFold, train_test_split
 from torch import nn
 
 from .._constraints import BOOLEAN, InstanceOf, Interval, Options, Satisfies, check_settings
-from .._copies import can_stack_layers, can_train_copies, train_copies, train_stacked
+from .._copies import CopyRecord, can_stack_layers, can_train_copies, train_copies, train_stacked
 from .._functional import eval_view
 from .._fused_adam import lean_fused_adam
-from .._loop import batch_slices, patience_epochs, per_row_losses, seeded_torch
+from .._loop import HeldOutStopping, batch_slices, patience_epochs, per_row_losses, seeded_torch
 from .._progress import progress
 from .._silenced import user_stacklevel
 from .._threads import adjust_threads, auto_threads
@@ -161,7 +161,7 @@ def build_optimizer(optimizer, params, *, lr: float, weight_decay: float, fused:
 
 
 @dataclass
-class TrainingResult:
+class TrainingResult(CopyRecord):
     """What :func:`train_module` did.
 
     Attributes
@@ -195,11 +195,6 @@ class TrainingResult:
         The networks trained (``n_networks``); the record above is the first one's (``seconds``: all of them).
     """
 
-    loss_curve: list[float] = field(default_factory=list)
-    validation_scores: list[float] = field(default_factory=list)
-    n_iter: int = 0
-    best_epoch: int | None = None
-    stop_reason: str = ""
     validation_indices: np.ndarray | None = None
     n_rows_trained: int = 0
     batch_rows: int = 0
@@ -209,11 +204,6 @@ class TrainingResult:
     weight_decay_search: dict | None = None
     shadow_epochs: int | None = None
     n_networks: int = 1
-
-    @property
-    def best_validation_score(self) -> float | None:
-        """The held-out loss of the weights kept (None without validation rows)."""
-        return None if self.best_epoch is None else self.validation_scores[self.best_epoch - 1]
 
 
 def held_out_loss(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Callable,
@@ -314,7 +304,6 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
     """
     result = TrainingResult()
     best_state = None
-    no_change = 0
     with seeded_torch(seed + 1, X.device):  # dropout & co. draw from the seeded global RNG
         module.train()
         opt = build_optimizer(optimizer, module.parameters(), lr=lr, weight_decay=weight_decay, fused=fused)
@@ -323,7 +312,7 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
         slices = batch_slices(n, batch_size or n)
         # per-row factors w_i / w̄ (mean 1 over the rows): a batch's loss is the mean of (w_i / w̄) ℓ_i
         factors = None if sample_weight is None else sample_weight / sample_weight.mean()
-        patience = patience_epochs(n_iter_no_change, len(slices))
+        rule = HeldOutStopping(tol, patience_epochs(n_iter_no_change, len(slices)), patience_ratio)
         total_steps, step = (schedule_epochs or max_epochs) * len(slices), 0
         result.stop_reason = planned or f"max_epochs={max_epochs} reached"
         bar = progress(range(max_epochs), desc=desc, verbose=verbose, leave=False)
@@ -356,27 +345,30 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
             score = held_out_loss(module, *validation[:2], validation_loss or loss, validation[2])
             result.validation_scores.append(score)
             bar.set_postfix(loss=f"{result.loss_curve[-1]:.4g}", validation=f"{score:.4g}")
-            best = result.best_validation_score
             if not np.isfinite(score):
                 raise FloatingPointError(f"{owner}: the held-out loss diverged to {score}; lower lr or standardize "
                                          "the data.")
-            no_change = 0 if best is None or score < best - tol * abs(best) else no_change + 1
-            if best is None or score < best:
-                result.best_epoch = epoch + 1
+            if rule.observe(score, epoch + 1):
+                result.best_epoch = rule.best_epoch
                 best_state = {k: v.detach().clone() for k, v in module.state_dict().items()}
-            if no_change >= patience and epoch + 1 >= patience_ratio * result.best_epoch:
-                result.stop_reason = (f"the held-out loss did not improve by more than tol={tol:g} (relative) for "
-                                      f"{no_change} epochs")
+            if rule.stop:
+                result.stop_reason = rule.reason()
                 break
     if best_state is not None:
         module.load_state_dict(best_state)
-        result.stop_reason += (f"; kept the weights of epoch {result.best_epoch} (held-out loss "
-                               f"{result.best_validation_score:.4g})")
+        result.stop_reason += rule.kept()
     module.eval()
     for p in module.parameters():
         p.grad = None
     logger.info("%s: training stopped after %d epochs: %s", owner, result.n_iter, result.stop_reason)
     return result
+
+
+def shadow_plan(shadow: TrainingResult, n_held_out: int) -> str:
+    """Why a network trains for the epochs its shadow copy chose: its stop reason."""
+    return (f"the {shadow.best_epoch} epochs after which a shadow copy, trained on the rows less {n_held_out} held "
+            f"out, had its lowest held-out loss ({shadow.best_validation_score:.4g}; the copy stopped after "
+            f"{shadow.n_iter} epochs: {shadow.stop_reason.split(';')[0]})")
 
 
 def lr_factor(schedule: str, step: int, total_steps: int) -> float:
@@ -817,11 +809,9 @@ class Training(BaseEstimator):
         stacked = functools.partial(self._stacked, Xt=Xt, yt=yt, likelihood=likelihood, prior_std=weight_prior_std,
                                     cv_precision=cv_precision, seeds=seeds, sample_weight=sample_weight,
                                     verbose=verbose, owner=owners[0])
-        if mode == "off":
-            records = stacked(modules, [fit for fit, _ in splits], max_epochs=self.epochs(mode))
-        elif mode == "held_out":
+        if mode != "shadow":  # "off" trains all the epochs; "held_out" stops on each network's held-out rows
             records = stacked(modules, [fit for fit, _ in splits], max_epochs=self.epochs(mode),
-                              held_out=[val for _, val in splits])
+                              held_out=None if mode == "off" else [val for _, val in splits])
         else:
             shadows = stacked([copy.deepcopy(m) for m in modules], [fit for fit, _ in splits],
                               max_epochs=self.epochs(mode), held_out=[val for _, val in splits],
@@ -830,10 +820,7 @@ class Training(BaseEstimator):
             for shadow, owner in zip(shadows, owners, strict=True):
                 logger.info("%s (shadow copy): training stopped after %d epochs: %s", owner, shadow.n_iter,
                             shadow.stop_reason)
-            planned = [f"the {s.best_epoch} epochs after which a shadow copy, trained on the rows less "
-                       f"{len(val)} held out, had its lowest held-out loss ({s.best_validation_score:.4g}; the copy "
-                       f"stopped after {s.n_iter} epochs: {s.stop_reason.split(';')[0]})"
-                       for s, (_, val) in zip(shadows, splits, strict=True)]
+            planned = [shadow_plan(s, len(val)) for s, (_, val) in zip(shadows, splits, strict=True)]
             records = stacked(modules, [np.arange(n)] * len(modules), max_epochs=[s.best_epoch for s in shadows],
                               schedule_epochs=self.epochs(mode), planned=planned)
             for record, shadow in zip(records, shadows, strict=True):
@@ -845,6 +832,15 @@ class Training(BaseEstimator):
         records[0].weight_decay_search = search
         records[0].seconds = time.perf_counter() - t0
         return records
+
+    def _steps(self, n_fit: int) -> dict:
+        """The optimizer (``build``) and learning rate of each step (``lr_at``) of networks trained together on
+        ``n_fit`` rows each, as :func:`train_module` has them for one: "adam" / "adamw" fused, one kernel a step
+        for all the stacked weights, each network's weight decay in its parameter group."""
+        lr = self.learning_rate(n_fit)
+        return {"build": lambda groups: build_optimizer(self.optimizer, groups, lr=lr, weight_decay=0.0, fused=True),
+                "lr_at": None if self.schedule == "constant"
+                else lambda step, total: lr * lr_factor(self.schedule, step, total)}
 
     def _stacked(self, modules: Sequence[nn.Module], row_sets: list, *, Xt: torch.Tensor, yt: torch.Tensor,
                  likelihood, prior_std: float | None, cv_precision: float | None, seeds: Sequence[int],
@@ -861,14 +857,11 @@ class Training(BaseEstimator):
         if held_out is not None:
             index = [torch.as_tensor(v, device=Xt.device) for v in held_out]
             validation = [(Xt[i], yt[i], None if sample_weight is None else sample_weight[i]) for i in index]
-        lr = self.learning_rate(n_fit)
         networks, copies = train_stacked(
             list(modules), Xt, yt, likelihood.loss, row_sets=row_sets, weight_decays=decays,
-            build=lambda groups: build_optimizer(self.optimizer, groups, lr=lr, weight_decay=0.0, fused=True),
             batch_size=self.batch_rows(n_fit), max_epochs=max_epochs, seed=list(seeds), sample_weight=sample_weight,
-            lr_at=None if self.schedule == "constant" else lambda step, total: lr * lr_factor(self.schedule, step,
-                                                                                              total),
-            schedule_epochs=schedule_epochs, validation=validation, validation_loss=likelihood.held_out_loss,
+            **self._steps(n_fit), schedule_epochs=schedule_epochs, validation=validation,
+            validation_loss=likelihood.held_out_loss,
             tol=self.tol, n_iter_no_change=self.n_iter_no_change, patience_ratio=patience_ratio, planned=planned,
             verbose=verbose, owner=owner, names=[f"network {m + 1} of {len(modules)}" for m in range(len(modules))],
             desc=desc or f"training {len(modules)} networks")
@@ -878,9 +871,7 @@ class Training(BaseEstimator):
                 for p, q in zip(module.parameters(), trained.parameters(), strict=True):
                     p.copy_(q)
                 module.eval()
-                results.append(TrainingResult(loss_curve=record.loss_curve, validation_scores=record.validation_scores,
-                                              n_iter=record.n_iter, best_epoch=record.best_epoch,
-                                              stop_reason=record.stop_reason, n_rows_trained=n_fit,
+                results.append(TrainingResult(**vars(record), n_rows_trained=n_fit,
                                               batch_rows=min(self.batch_rows(n_fit) or n_fit, n_fit),
                                               weight_decay=decay))
         return results
@@ -947,15 +938,9 @@ class Training(BaseEstimator):
                 for c in CV_PRIOR_PRECISIONS:
                     sets.append(fit)
                     decays.append(self.decay(n_weight, None, c))
-            lr = self.learning_rate(n_fit)
-            # "adam" / "adamw" fused as the kept network trains: one kernel a step for all the stacked weights
-            nets = train_copies(
-                module, Xt, yt, likelihood.loss, row_sets=sets, weight_decays=decays,
-                build=lambda groups: build_optimizer(self.optimizer, groups, lr=lr, weight_decay=0.0, fused=True),
-                batch_size=self.batch_rows(n_fit), max_epochs=self.epochs("off"), seed=seed,
-                sample_weight=sample_weight, verbose=verbose, owner=owner,
-                lr_at=None if self.schedule == "constant" else lambda step, total: lr * lr_factor(self.schedule,
-                                                                                                  step, total))
+            nets = train_copies(module, Xt, yt, likelihood.loss, row_sets=sets, weight_decays=decays,
+                                batch_size=self.batch_rows(n_fit), max_epochs=self.epochs("off"), seed=seed,
+                                sample_weight=sample_weight, verbose=verbose, owner=owner, **self._steps(n_fit))
             k = len(CV_PRIOR_PRECISIONS)
             return [nets[i * k:(i + 1) * k] for i in range(len(fit_sets))]
         nets = []
@@ -995,10 +980,7 @@ class Training(BaseEstimator):
                                    prior_std, cv_precision, seed=seed, verbose=verbose, owner=f"{owner} (shadow copy)",
                                    max_epochs=self.epochs(mode), validation=validation,
                                    patience_ratio=SHADOW_PATIENCE_RATIO, desc="training (shadow copy)")
-                planned = (f"the {shadow.best_epoch} epochs after which a shadow copy, trained on the rows less "
-                           f"{len(val_rows)} held out, had its lowest held-out loss "
-                           f"({shadow.best_validation_score:.4g}; the copy stopped after {shadow.n_iter} epochs: "
-                           f"{shadow.stop_reason.split(';')[0]})")
+                planned = shadow_plan(shadow, len(val_rows))
                 # the learning rate of each step as the copy had it (a schedule spans the copy's max_epochs)
                 result = self._run(module, Xt, yt, sample_weight, likelihood, prior_std, cv_precision, seed=seed,
                                    verbose=verbose, owner=owner, max_epochs=shadow.best_epoch,
