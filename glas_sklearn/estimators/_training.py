@@ -790,9 +790,9 @@ class Training(BaseEstimator):
                      cv_precision: float | None = None) -> list[TrainingResult] | None:
         """Train the networks of an ensemble (``modules``, one architecture, from their own initial weights and
         ``seeds``) in place, each as :meth:`fit` trains one (its own validation rows, shadow copy and epochs), all
-        in the same optimizer steps (:func:`~glas_sklearn._copies.train_stacked`): the cost of about one training
-        where the network is a stack of linear layers (:func:`~glas_sklearn._copies.can_stack_layers`). None,
-        with nothing trained, for other networks (train them one by one with :meth:`fit`). ``seconds`` of the
+        in the same optimizer steps (:func:`~glas_sklearn._copies.train_stacked`, their products batched) where
+        the network is a stack of linear layers (:func:`~glas_sklearn._copies.can_stack_layers`). None, with
+        nothing trained, for other networks (train them one by one with :meth:`fit`). ``seconds`` of the
         first record is the whole training's, the others' 0."""
         if len(modules) < 2 or not can_stack_layers(modules[0], Xt[:1]):
             return None
