@@ -185,10 +185,13 @@ def test_conformal_intervals_cover_and_follow_the_noise(fitted_pair):
     assert np.median(np.abs(np.log(ratio))) < math.log(1.35)
     # the mean is the Gaussian network's, bit for bit (one network, the same training)
     np.testing.assert_array_equal(het.predict(X), hom.predict(X))
-    # the defaults under this likelihood: β = N/σ² ("standard", scaling="auto"; σ² of the training residuals) and
-    # σ0 by subspace EB; the Gaussian's β = 1/σ² ("mean")
+    # the defaults under this likelihood: β = Σ_n 1/σ²(x_n) over the training rows ("standard", scaling="auto": N/σ²
+    # with each row's precision ratio σ²/σ²(x_n) in its record weight; σ² of the training residuals) and σ0 by
+    # subspace EB; the Gaussian's β = 1/σ² ("mean")
     assert het.noise_source_ == "training" and het.posterior_.sigma0_method == "eb_subspace"
-    assert het.beta_ == pytest.approx(het.n_records_ / (het.noise_std_ / het.y_scale_[0]) ** 2, rel=1e-12)
+    Xt = het._check_fitted_X(_hetero_data(800, 0)[0][het.train_indices_])  # the training rows, network units
+    row_var = het.likelihood_.row_noise_variance(None, Xt).to(torch.float64)
+    assert het.beta_ == pytest.approx(float((1 / row_var).sum()), rel=1e-12)
     assert hom.beta_ == pytest.approx(1 / (hom.noise_std_ / hom.y_scale_[0]) ** 2)
 
 

@@ -222,3 +222,65 @@ def test_a_fitted_noise_likelihood_instance_is_the_noise_stage_always_on():
                                          compute=Compute(device="cpu")).fit(X, y)
     assert isinstance(own.likelihood_, FittedNoiseGaussian) and own.likelihood_.noise_model_ is not None
     assert own.predict_noise_std(X).shape == (200,) and np.all(own.predict_noise_std(X) > 0)
+
+
+# ------------------------------------------------------------------------------- the curvature under σ(x)
+class _KnownNoise:
+    """A noise model of known σ²(x) per row and target."""
+
+    def __init__(self, fn):
+        self.fn = fn
+
+    def variance(self, X):
+        return self.fn(X)
+
+
+def test_curvature_row_weights_are_the_precision_ratios():
+    """σ²/σ²(x) per row (one target), the mean of the targets' ratios (several), 1 for a noise model constant at
+    σ², and a clear error for a σ² of the wrong length; the Gaussian has none."""
+    X = torch.linspace(-1, 1, 7, dtype=torch.float64).reshape(-1, 1)
+    one = FittedNoiseGaussian().with_noise_model(_KnownNoise(lambda X: 0.1 + X**2))
+    np.testing.assert_allclose(one.curvature_row_weights(X, 0.4).numpy(), (0.4 / (0.1 + X**2)).ravel().numpy(),
+                               rtol=1e-15)
+    two = FittedNoiseGaussian().with_noise_model(_KnownNoise(lambda X: torch.cat([0.5 + 0 * X, 0.1 + X**2], 1)))
+    expected = 0.5 * (0.5 / 0.5 + 2.0 / (0.1 + X**2)).ravel()
+    np.testing.assert_allclose(two.curvature_row_weights(X, np.array([0.5, 2.0])).numpy(), expected.numpy(),
+                               rtol=1e-15)
+    flat = FittedNoiseGaussian().with_noise_model(
+        _KnownNoise(lambda X: torch.full((len(X), 1), 0.3, dtype=torch.float64)))
+    np.testing.assert_allclose(flat.curvature_row_weights(X, 0.3).numpy(), np.ones(7), rtol=1e-15)
+    with pytest.raises(ValueError, match="noise_var has 3 values for 2 targets"):
+        two.curvature_row_weights(X, np.ones(3))
+    assert Gaussian().curvature_row_weights(X, 0.3) is None
+
+
+def test_the_posterior_under_sigma_x_weighs_each_row_by_its_precision():
+    """With a noise model kept, the posterior's precision in its eigendirections, β λ_j, is the top of the dense
+    Σ_n J_nᵀ J_n / σ²(x_n) (the Gauss-Newton matrix of N(f, σ²(x)) at the trained weights), and under the Gaussian
+    the top of Σ_n J_nᵀ J_n / σ²; the same network (bit for bit), different curvatures. With row weights w_n the
+    dense reference is Σ_n w_n J_nᵀ J_n / σ²(x_n)."""
+    from sklearn.base import clone
+
+    from tests.reference import dense_jacobian
+
+    X, y = _data(lambda X: 0.02 + 0.6 * (X[:, 1] > 0), n=300)
+    w = np.random.default_rng(3).uniform(0.5, 2.0, len(y))
+    for weight in (None, w):
+        kw = dict(max_epochs=40, dtype="float64", calibration_size=0.2, scaling="standard")
+        het = _fit(X, y, "heteroscedastic", **kw)
+        gauss = _fit(X, y, "gaussian", **kw)
+        if weight is not None:
+            het = clone(het).fit(X, y, sample_weight=weight)
+            gauss = clone(gauss).fit(X, y, sample_weight=weight)
+        np.testing.assert_array_equal(het.predict(X), gauss.predict(X))
+        rows = het.train_indices_
+        Xt = het._check_fitted_X(X[rows])  # the training rows in the network's units
+        J = dense_jacobian(het.module_, Xt).reshape(len(rows), -1)
+        wt = torch.ones(len(rows), dtype=torch.float64) if weight is None else torch.as_tensor(weight[rows])
+        s2 = het.likelihood_.row_noise_variance(None, Xt).reshape(-1)
+        assert float(s2.max() / s2.min()) > 20  # the noise model follows the step
+        sigma2 = (gauss.noise_std_ / gauss.y_scale_[0]) ** 2
+        for est, precision in ((het, wt / s2), (gauss, wt / float(sigma2))):
+            dense = torch.linalg.eigvalsh(J.T @ (precision[:, None] * J)).flip(0)[:len(est.eigenvalues_)].numpy()
+            np.testing.assert_allclose(est.beta_ * est.eigenvalues_, dense, rtol=1e-6, atol=1e-8 * dense[0])
+        assert abs(het.beta_ * het.eigenvalues_[0] / (gauss.beta_ * gauss.eigenvalues_[0]) - 1) > 0.1

@@ -305,7 +305,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         laplace = settings.posterior.fit(self.module_, data.Xt, data.yt, self.likelihood_,
                                          scaling=self._scaling(), noise_var=noise_var, n_components=self.n_components,
                                          sigma0=settings.plan.posterior_sigma0, seed=settings.seed,
-                                         verbose=self.verbose, sample_weight=data.weight)
+                                         verbose=self.verbose, sample_weight=self._curvature_weight(data))
         self._keep_posterior(laplace, settings)
         calibration = settings.plan.fit(self.posterior_, data.Xc, data.yc, n_components=self.n_components,
                                         predictive=settings.predictive, n_samples=settings.posterior.n_samples,
@@ -481,6 +481,10 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
 
     def _scaling(self):
         return self.likelihood_.default_scaling if self.scaling == "auto" else self.scaling
+
+    def _curvature_weight(self, data: PreparedData):
+        """The training rows' weights in the curvature: the user's ``sample_weight`` (None: all 1)."""
+        return data.weight
 
     def _keep_posterior(self, laplace, settings: FitSettings) -> None:
         """The fitted posterior and what users read of it."""

@@ -228,6 +228,14 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         self.noise_std_ = float(std[0]) if self._y_shape[0] else std
         return var
 
+    def _curvature_weight(self, data):
+        """The user's row weights times the likelihood's per-row precision factors σ²/σ²(x) where the noise stage
+        kept a noise model (the curvature of N(f, σ²(x))), else the user's row weights."""
+        factors = self.likelihood_.curvature_row_weights(data.Xt, self._noise_var_out)
+        if factors is None:
+            return data.weight
+        return factors if data.weight is None else data.weight * factors.to(data.weight.dtype)
+
     def _interval_noise_var(self):
         return self._noise_var_out if self._include_noise else 0.0
 

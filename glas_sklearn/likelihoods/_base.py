@@ -287,6 +287,13 @@ class Likelihood(abc.ABC):
         (``module`` the fitted network); None for a constant noise (the caller's σ²)."""
         return None
 
+    def curvature_row_weights(self, X: torch.Tensor, noise_var) -> torch.Tensor | None:
+        """Per-row factors (n,) of the curvature's record weights, for a likelihood whose noise σ²(x) is not in
+        the network's outputs but varies by row: G and β are built with the constant σ² ``noise_var`` (one per
+        output, or pooled), so row n's precision 1/σ²(x_n) enters as the factor σ²/σ²(x_n). None (the default):
+        every row's precision is 1/σ², no factor."""
+        return None
+
     def check_output(self, output: torch.Tensor, where: str = "the network") -> None:
         """Raise a ValueError naming the problem when the network's outputs (n, m) are not valid for this likelihood
         (any finite-or-not output is accepted by default; the estimators check shapes)."""

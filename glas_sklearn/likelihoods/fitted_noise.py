@@ -1,9 +1,10 @@
 """The Gaussian with a noise level σ(x) fitted after the mean network: y ~ N(f(x; θ), σ²(x)).
 
-The network is the Gaussian's (k outputs, the ½-squared error), so its training, its curvature and its posterior
-are the Gaussian's; the noise σ²(x) is a separate model of the trained network's residuals
-(:mod:`~glas_sklearn.likelihoods.noise_model`), attached with :meth:`FittedNoiseGaussian.with_noise_model`. The
-predictive of y is N(f̂, σ²(x) + σ_epi²), and the conformal score normalises by σ̂² = σ²(x) + λ σ_epi².
+The network is the Gaussian's (k outputs, the ½-squared error), so its training is the Gaussian's; the noise
+σ²(x) is a separate model of the trained network's residuals (:mod:`~glas_sklearn.likelihoods.noise_model`),
+attached with :meth:`FittedNoiseGaussian.with_noise_model`. The curvature of the posterior is the Gauss-Newton
+matrix under that noise, each row weighed by its precision 1/σ²(x). The predictive of y is N(f̂, σ²(x) + σ_epi²),
+and the conformal score normalises by σ̂² = σ²(x) + λ σ_epi².
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ class FittedNoiseGaussian(RowNoisePredictive, Gaussian):
     """y ~ N(f(x; θ), σ²(x)): the Gaussian's network and posterior, and a noise model σ²(x) fitted after it.
 
     ``noise_model_`` (set by :meth:`with_noise_model`) answers ``variance(X)`` with σ²(x) per row and target, in
-    the network's units. The curvature is the Gaussian's, with the constant σ² of the residuals in β (the
-    regressor's ``noise_std_``); the regressors' ``scaling="auto"`` is "standard" (β = N/σ², the Bayesian
+    the network's units. The curvature is the Gauss-Newton matrix under that noise, Σ_n J_nᵀ J_n / σ²(x_n): the
+    Gaussian's with the constant σ² of the residuals in β (the regressor's ``noise_std_``) and each row weighted by
+    σ²/σ²(x_n) (:meth:`curvature_row_weights`); the regressors' ``scaling="auto"`` is "standard" (β = N/σ², the Bayesian
     posterior), so that σ_epi² is on the scale of σ²(x) it is added to (under "mean", N times larger, it swamps
     σ²(x) in σ̂).
 
@@ -59,6 +61,21 @@ class FittedNoiseGaussian(RowNoisePredictive, Gaussian):
             raise RuntimeError("FittedNoiseGaussian has no noise model yet; fit one (glas_sklearn.likelihoods."
                                "fit_noise_model) and attach it with with_noise_model().")
         return self.noise_model_.variance(X)
+
+    def curvature_row_weights(self, X: torch.Tensor, noise_var) -> torch.Tensor:
+        """σ²/σ²(x_n) per row (n,), averaged over the targets (σ² the constant ``noise_var`` of β, one per target or
+        pooled): with these factors in the record weights the curvature is Σ_n J_nᵀ J_n / σ²(x_n), the Gauss-Newton
+        matrix of N(f(x; θ), σ²(x)) at the trained weights, so rows with little noise constrain the weights more
+        (exact for one target; for several, the mean of the targets' precision ratios). A noise model constant at
+        σ² gives factors of 1 (the Gaussian's curvature)."""
+        var = self.row_noise_variance(None, X).to(torch.float64)
+        var = var.reshape(var.shape[0], -1)
+        ref = torch.as_tensor(noise_var, dtype=torch.float64, device=var.device).reshape(-1)
+        if ref.numel() not in (1, var.shape[1]):
+            raise ValueError(f"noise_var has {ref.numel()} values for {var.shape[1]} targets; give one, or one a "
+                             "target.")
+        return (ref / var.clamp_min(torch.finfo(torch.float64).tiny)).mean(1).to(X.dtype if X.is_floating_point()
+                                                                                 else torch.float64)
 
     def predictive_parts(self, posterior, X: torch.Tensor, d: int, *, predictive="linearized",
                          n_samples: int = 1000, random_state=None,
