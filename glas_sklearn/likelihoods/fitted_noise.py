@@ -20,14 +20,15 @@ __all__ = ["FittedNoiseGaussian"]
 
 
 class FittedNoiseGaussian(RowNoisePredictive, Gaussian):
-    """y ~ N(f(x; θ), σ²(x)): the Gaussian's network and posterior, and a noise model σ²(x) fitted after it.
+    """y ~ N(f(x; θ), σ²(x)): the Gaussian's network, a noise model σ²(x) fitted after it, and the posterior under
+    that noise.
 
     ``noise_model_`` (set by :meth:`with_noise_model`) answers ``variance(X)`` with σ²(x) per row and target, in
     the network's units. The curvature is the Gauss-Newton matrix under that noise, Σ_n J_nᵀ J_n / σ²(x_n): the
     Gaussian's with the constant σ² of the residuals in β (the regressor's ``noise_std_``) and each row weighted by
-    σ²/σ²(x_n) (:meth:`curvature_row_weights`); the regressors' ``scaling="auto"`` is "standard" (β = N/σ², the Bayesian
-    posterior), so that σ_epi² is on the scale of σ²(x) it is added to (under "mean", N times larger, it swamps
-    σ²(x) in σ̂).
+    σ²/σ²(x_n) (:meth:`curvature_row_weights`). The regressors' ``scaling="auto"`` is "standard" (the Bayesian
+    posterior: β = N/σ² over those weights, Σ_n 1/σ²(x_n) for one target), so that σ_epi² is on the scale of σ²(x)
+    it is added to (under "mean", N times larger, it swamps σ²(x) in σ̂).
 
     Examples
     --------
