@@ -10,6 +10,10 @@ Two studies, each method's intervals scored overall and per region with :mod:`gl
   rows; coverage per quintile of the true σ(x) and of each method's σ̂ (``--seeds`` seeds).
 - ``uci``: the four dev sets, standard splits (``--splits``); the training rows split 90/10 into fitting and
   calibration rows (seeded by the split, as ``uci_heteroscedastic.py``); coverage per σ̂ quintile pooled over splits.
+- ``shift``: top-third extrapolation of the dev sets: per feature f (``--features``, default 0 1) the test rows are
+  those whose value of f lies in its top third (stable sort), the rest are split 90/10 into fitting and calibration
+  rows (seeded by f); one run per set and feature (the protocol of the shift study at commit 2f6cef6,
+  ``mondrian_shift.py``, whose default then scored 0.402× split conformal on features 0–1).
 
 Methods (one calibration set each, level 0.9; :data:`METHODS` describes every row): ``default``
 (``LaplaceActiveSubspaceRegressor(random_state=seed)``: whatever the default is when the script runs) and
@@ -34,7 +38,8 @@ Usage::
 
     python benchmarks/regional_coverage.py --study synthetic --seeds 3 --tag synthetic
     python benchmarks/regional_coverage.py --study uci --splits 20 --tag uci
-    python benchmarks/regional_coverage.py --merge synthetic uci      # → regional_coverage.json / .md
+    python benchmarks/regional_coverage.py --study shift --methods default het default_before split_nn --tag shift
+    python benchmarks/regional_coverage.py --merge synthetic uci shift  # → regional_coverage.json / .md
     python benchmarks/regional_coverage.py --study uci --quick --methods default default_before split_nn --tag x
     python benchmarks/regional_coverage.py --report-only
 """
@@ -474,6 +479,24 @@ def run_uci(name, split, cfg):
     return {"dataset": name, "split": split, "n_cal": int(n_cal), "methods": res, "diagnostics": diag}
 
 
+def shift_partition(X: np.ndarray, feature: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Fitting, calibration and test rows of top-third extrapolation along ``feature``: the test rows are the top
+    third of its values (stable sort: ties keep their order), the rest split 90/10 (seeded by the feature)."""
+    order = np.argsort(X[:, feature], kind="stable")
+    test = np.sort(order[2 * len(order) // 3:])
+    train = np.setdiff1d(order, test)
+    perm = np.random.default_rng(1000 + feature).permutation(train)
+    n_cal = int(round(0.1 * len(train)))
+    return perm[n_cal:], perm[:n_cal], test
+
+
+def run_shift(name, feature, cfg):
+    X, y = _common.load_uci(cfg.data_dir / name)
+    fit, cal, test = shift_partition(X, feature)
+    res, diag = run_methods(X[fit], y[fit], X[cal], y[cal], X[test], y[test], feature, {}, methods=cfg.methods)
+    return {"dataset": name, "feature": feature, "n_cal": len(cal), "methods": res, "diagnostics": diag}
+
+
 # ---------------------------------------------------------------------------------------------------- summary
 def pooled_bins(runs, method, key):
     """Coverage per quintile pooled over runs (the quintiles are each run's own): covered / n per bin."""
@@ -538,7 +561,7 @@ def _yes(ok):
 
 
 def _methods_header(results):
-    present = {m for k in ("synthetic", "uci") for r in results.get(k, []) for m in r["methods"]}
+    present = {m for k in ("synthetic", "uci", "shift") for r in results.get(k, []) for m in r["methods"]}
     return "; ".join(f"`{k}` {v}" for k, v in METHODS if k in present)
 
 
@@ -546,6 +569,7 @@ def render(results) -> str:
     size = [f"{len({r['seed'] for r in results.get('synthetic', [])})} synthetic seed(s)"] if results.get("synthetic") \
         else []
     size += [f"{len({r['split'] for r in results['uci']})} UCI split(s)"] if results.get("uci") else []
+    size += [f"{len(results['shift'])} extrapolation run(s)"] if results.get("shift") else []
     title = "# Coverage per region (90 % intervals): " + ", ".join(size) + _common.title_tag(results["command"])
     lines = [title, "", f"`{results['command']}`", "",
              _common.machine_line(results["machine"]), "",
@@ -665,19 +689,48 @@ def render(results) -> str:
                                          "coverage 89–91 %", "σ̂ quintiles on every set", "all targets"],
                                         rows, "lrlrlllll")
         lines += [""]
+    shift = results.get("shift", [])
+    if shift:
+        lines += _render_shift(shift)
     return "\n".join(lines) + "\n"
+
+
+def _render_shift(runs) -> list:
+    """Per set: IS / split conformal (geometric mean over the features) and coverage per feature; then the
+    geometric mean over the sets (the 2f6cef6 default's 0.402× is the reference of the issue's target)."""
+    feats = sorted({r["feature"] for r in runs})
+    sets = [n for n in UCI_SETS if any(r["dataset"] == n for r in runs)]
+    lines = ["## Top-third extrapolation", "",
+             f"Per set and feature f ({', '.join(map(str, feats))}), the test rows are the top third of f's values, "
+             "the rest 90/10 fitting and calibration rows; IS / split conformal as a geometric mean over the features "
+             "of each set, then over the sets; coverage per feature. The variance-head default of 2f6cef6 scored "
+             "0.402× on features 0–1 (the target of the noise stage).", ""]
+    methods = [m for m, _ in METHODS if all(m in r["methods"] for r in runs)]
+    rows = []
+    for m in methods:
+        per_set, covs = [], []
+        for name in sets:
+            own = sorted((r for r in runs if r["dataset"] == name), key=lambda r: r["feature"])
+            per_set.append(_geo([r["methods"][m]["interval_score"] / r["methods"][REFERENCE]["interval_score"]
+                                 for r in own]))
+            covs.append("/".join(f"{100 * r['methods'][m]['coverage']:.0f}" for r in own))
+        rows.append([f"`{m}`", f"{_geo(per_set):.3f}", " / ".join(_ratio(x) for x in per_set), " · ".join(covs)])
+    lines += _common.markdown_table(["method", f"IS / {REFERENCE}, geometric mean", f"per set ({', '.join(sets)})",
+                                     "coverage % per feature, per set"], rows, "lrll")
+    return lines + [""]
 
 
 # ------------------------------------------------------------------------------------------------------- main
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     _common.add_common_arguments(p, quick="one seed / split, few rows")
-    p.add_argument("--study", choices=("synthetic", "uci"), default="synthetic")
+    p.add_argument("--study", choices=("synthetic", "uci", "shift"), default="synthetic")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--splits", type=int, default=20)
     p.add_argument("--first-split", type=int, default=0, help="splits first-split .. splits − 1 (parallel runs)")
     p.add_argument("--shapes", nargs="+", default=list(SHAPES))
     p.add_argument("--datasets", nargs="+", default=UCI_SETS)
+    p.add_argument("--features", type=int, nargs="+", default=[0, 1], help="shift study: the features cut")
     p.add_argument("--n-train", type=int, default=2500)
     p.add_argument("--cal-share", type=float, default=0.2)
     p.add_argument("--data-dir", type=_common.Path, default=_common.data_dir("uci"))
@@ -704,10 +757,11 @@ def main(argv=None):
         parts = [_common.read_results(args.out_dir / f"{STEM}_{t}.json") for t in args.merge]
         results = {"date": max(p["date"] for p in parts), "config": {}}
         for p in parts:
-            for k in ("synthetic", "uci"):
+            for k in ("synthetic", "uci", "shift"):
                 if p.get(k):
-                    ident = (lambda r: (r["shape"], r["seed"])) if k == "synthetic" else \
-                        (lambda r: (r["dataset"], r["split"]))
+                    ident = {"synthetic": lambda r: (r["shape"], r["seed"]),
+                             "uci": lambda r: (r["dataset"], r["split"]),
+                             "shift": lambda r: (r["dataset"], r["feature"])}[k]
                     seen = {ident(r): r for r in results.get(k, [])}
                     for r in p[k]:  # a run seen before: a later part's rows (methods) replace or add to its own
                         if ident(r) in seen:
@@ -730,16 +784,20 @@ def main(argv=None):
             args.shapes = args.sets
         else:
             args.datasets = args.sets
+    if args.study == "shift":
+        args.features = args.features[:1] if args.quick else args.features
     if args.study == "synthetic":
         if args.quick:
             args.seeds, args.n_train = 1, 600
         jobs = [(shape, seed) for seed in range(args.seeds) for shape in args.shapes]
+    elif args.study == "shift":  # feature-major: an interrupted run has the same features of every set
+        jobs = [(name, f) for f in args.features for name in args.datasets]
     else:
         jobs = [(name, split) for split in range(args.first_split, args.first_split + 1 if args.quick else args.splits)
                 for name in args.datasets]
     for a, b in jobs:
         t0, c0 = time.perf_counter(), time.process_time()
-        r = run_synthetic(a, b, args) if args.study == "synthetic" else run_uci(a, b, args)
+        r = {"synthetic": run_synthetic, "uci": run_uci, "shift": run_shift}[args.study](a, b, args)
         r["seconds"], r["cpu_seconds"] = time.perf_counter() - t0, time.process_time() - c0
         results[args.study].append(r)
         print(f"[regional] {a} {b}: {r['seconds']:.0f}s (CPU {r['cpu_seconds']:.0f}s) " + ", ".join(

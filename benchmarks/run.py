@@ -57,7 +57,8 @@ BENCHMARKS = {
                      quick=("--datasets", "yacht", "--no-laplace-torch", "--threads", "1"), modules=("mapie",),
                      data="uci", full=("--threads", "1")),
     "regional_coverage": Benchmark("coverage per region (fifths of the noise, of the predicted std) on synthetic "
-                                   "noise shapes and the UCI sets, against conformal and Bayesian anchors",
+                                   "noise shapes, the UCI sets and their top-third extrapolation, against conformal "
+                                   "and Bayesian anchors",
                                    quick=("--study", "synthetic", "--shapes", "interaction", "--no-check", "--methods",
                                           "default", "split_nn", "--threads", "1"),
                                    modules=("mapie",), full=("--study", "synthetic", "--seeds", "3")),

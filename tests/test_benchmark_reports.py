@@ -12,6 +12,7 @@ import importlib
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,3 +126,22 @@ def test_the_entry_point_builds_each_command_and_skips_what_is_missing(script, m
     assert "uci: skipped, needs the uci data" in capsys.readouterr().out
     with pytest.raises(SystemExit):
         run.main(["no_such_benchmark"])
+
+
+def test_the_shift_partition_tests_on_the_top_third_of_one_feature(script):
+    """regional_coverage's top-third extrapolation: the test rows are exactly those above the feature's two-thirds
+    order statistic (ties kept by a stable sort), the rest split 90/10 into fitting and calibration rows, disjoint,
+    together every row once; the split is seeded by the feature."""
+    rc = script("regional_coverage")
+    rng = np.random.default_rng(0)
+    X = np.column_stack([rng.normal(size=301), rng.integers(0, 5, size=301)])  # a continuous and a tied feature
+    for f in (0, 1):
+        fit, cal, test = rc.shift_partition(X, f)
+        assert np.array_equal(np.sort(np.concatenate([fit, cal, test])), np.arange(len(X)))
+        assert len(test) == len(X) - 2 * len(X) // 3
+        assert X[test, f].min() >= X[np.concatenate([fit, cal]), f].max()
+        assert len(cal) == round(0.1 * (len(fit) + len(cal)))
+        again = rc.shift_partition(X, f)
+        assert all(np.array_equal(a, b) for a, b in zip((fit, cal, test), again, strict=True))
+    order = np.argsort(X[:, 0])  # no ties: the test rows are the top third by value
+    assert np.array_equal(np.sort(rc.shift_partition(X, 0)[2]), np.sort(order[2 * len(X) // 3:]))
