@@ -1,6 +1,6 @@
 """Coverage per region: do the 90 % intervals hold their level in every region, and at what interval score?
 
-Two studies, each method's intervals scored overall and per region with :mod:`glas_sklearn.regional_coverage`:
+Three studies, each method's intervals scored overall and per region with :mod:`glas_sklearn.regional_coverage`:
 
 - ``synthetic``: three noise shapes, x ~ U(−1, 1)^p, y = m(x) + σ(x) ε, ε ~ N(0, 1):
   ``interaction`` (p = 3): m = sin 2x0 + x1 + ½ x2², σ = 0.05 · 20^((x0 x1 + 1)/2) (20× along an interaction);
@@ -784,14 +784,12 @@ def main(argv=None):
             args.shapes = args.sets
         else:
             args.datasets = args.sets
-    if args.study == "shift":
-        args.features = args.features[:1] if args.quick else args.features
     if args.study == "synthetic":
         if args.quick:
             args.seeds, args.n_train = 1, 600
         jobs = [(shape, seed) for seed in range(args.seeds) for shape in args.shapes]
     elif args.study == "shift":  # feature-major: an interrupted run has the same features of every set
-        jobs = [(name, f) for f in args.features for name in args.datasets]
+        jobs = [(name, f) for f in args.features[:1 if args.quick else None] for name in args.datasets]
     else:
         jobs = [(name, split) for split in range(args.first_split, args.first_split + 1 if args.quick else args.splits)
                 for name in args.datasets]
