@@ -472,11 +472,16 @@ def run_synthetic(shape, seed, cfg):
 
 def run_uci(name, split, cfg):
     X, y, train, test = _common.load_uci(cfg.data_dir / name, split)
-    perm = np.random.default_rng(1000 + split).permutation(train)
-    n_cal = int(round(0.1 * len(train)))
-    cal, fit = perm[:n_cal], perm[n_cal:]
+    fit, cal = fitting_and_calibration(train, split)
     res, diag = run_methods(X[fit], y[fit], X[cal], y[cal], X[test], y[test], split, {}, methods=cfg.methods)
-    return {"dataset": name, "split": split, "n_cal": int(n_cal), "methods": res, "diagnostics": diag}
+    return {"dataset": name, "split": split, "n_cal": len(cal), "methods": res, "diagnostics": diag}
+
+
+def fitting_and_calibration(train: np.ndarray, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The training rows split 90/10 into fitting and calibration rows, shuffled by ``1000 + seed``."""
+    perm = np.random.default_rng(1000 + seed).permutation(train)
+    n_cal = int(round(0.1 * len(train)))
+    return perm[n_cal:], perm[:n_cal]
 
 
 def shift_partition(X: np.ndarray, feature: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -484,10 +489,7 @@ def shift_partition(X: np.ndarray, feature: int) -> tuple[np.ndarray, np.ndarray
     third of its values (stable sort: ties keep their order), the rest split 90/10 (seeded by the feature)."""
     order = np.argsort(X[:, feature], kind="stable")
     test = np.sort(order[2 * len(order) // 3:])
-    train = np.setdiff1d(order, test)
-    perm = np.random.default_rng(1000 + feature).permutation(train)
-    n_cal = int(round(0.1 * len(train)))
-    return perm[n_cal:], perm[:n_cal], test
+    return (*fitting_and_calibration(np.setdiff1d(order, test), feature), test)
 
 
 def run_shift(name, feature, cfg):
