@@ -150,6 +150,25 @@ def test_one_se_rule_against_the_dense_per_row_nll(rows):
         assert res.sigma0 > 0
 
 
+def test_one_se_rule_takes_a_round_off_difference_for_none():
+    """The one-SE choice: a larger σ0 whose mean NLL is below a smaller one's by a few ulps of the per-row NLLs'
+    dtype (with a zero standard error, as when every row moves alike) does not beat it; a gain above round-off
+    and above the standard error does, and one within the standard error does not."""
+    from glas_sklearn.calibration.sigma0 import _one_se_choice
+
+    sigmas, base = [1.0, 0.0], 0.07
+    for dtype in (torch.float32, torch.float64):
+        eps = torch.finfo(dtype).eps
+        assert _one_se_choice(sigmas, [base, base + 4 * eps], [0.0, 0.0], eps=eps) == 1  # a few ulps
+        assert _one_se_choice(sigmas, [base, base + 1e3 * eps], [0.0, 0.0], eps=eps) == 0  # a real gain
+        assert _one_se_choice(sigmas, [base, base + 1e3 * eps], [0.0, 2e3 * eps], eps=eps) == 1  # within its SE
+        assert _one_se_choice(sigmas, [base, base + 1e3 * eps], [0.0, math.nan], eps=eps) == 0  # no SE: none
+    # the float32 tolerance is wider than float64's: the same difference is round-off for one, a gain for the other
+    gap = 10 * torch.finfo(torch.float32).eps
+    assert _one_se_choice(sigmas, [base, base + gap], [0.0, 0.0], eps=torch.finfo(torch.float32).eps) == 1
+    assert _one_se_choice(sigmas, [base, base + gap], [0.0, 0.0], eps=torch.finfo(torch.float64).eps) == 0
+
+
 def test_sigma0_zero_gives_the_map_probabilities_for_every_posterior_and_predictive():
     net, x, _, g = _trained_classifier()
     xt, _ = _blobs(30, g)

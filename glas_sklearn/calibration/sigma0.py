@@ -129,7 +129,8 @@ def tune_sigma0(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, *, d: in
 
     ``rule="lowest"`` returns the evaluated σ0 of the lowest NLL. ``rule="one_se"`` (the estimators'
     ``sigma0="nll"``) returns the smallest evaluated σ0 whose per-row NLL differences from the lowest have a mean
-    of at most their standard error: a larger σ0 has to beat a smaller one by more than the rows' noise. With a
+    of at most their standard error (plus the round-off of the means): a larger σ0 has to beat a smaller one by
+    more than the rows' noise. With a
     few dozen rows of which one is misclassified, the lowest NLL can sit at σ0_EB only because it softens that one
     row; such a gain, carried by one row, is within one standard error, and the rule keeps the smaller σ0.
 
@@ -203,8 +204,8 @@ def tune_sigma0(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, *, d: in
     se = [_paired_se(rows, evals[lowest][2]) for _, _, rows in evals]
     chosen = lowest
     if rule == "one_se":
-        within = [i for i in range(len(evals)) if means[i] - means[lowest] <= se[i] or i == lowest]
-        chosen = min(within, key=lambda i: (evals[i][0], i))
+        dtype = evals[lowest][2].dtype if evals[lowest][2] is not None else torch.float64
+        chosen = _one_se_choice([s for s, _, _ in evals], means, se, eps=torch.finfo(dtype).eps)
     table = pd.DataFrame({"sigma0": [s for s, _, _ in evals], "nll": means, "se": se})
     logger.debug("tune_sigma0: d=%d, sigma0=%.6g (lowest NLL at %.6g, EB %.6g), nll=%.6g (at 0: %.6g, at EB: %.6g), "
                  "%d evaluations", d, evals[chosen][0], evals[lowest][0], upper, means[chosen], nll_zero, nll_upper,
@@ -212,6 +213,26 @@ def tune_sigma0(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, *, d: in
     return Sigma0Result(sigma0=evals[chosen][0], sigma0_upper=upper, nll=means[chosen], nll_at_zero=nll_zero,
                         nll_at_upper=nll_upper, table=table, xtol=float(xtol), n_rows=int(X.shape[0]),
                         sigma0_lowest=evals[lowest][0], rule=rule)
+
+
+def _one_se_choice(sigma0s, means, ses, eps: float = torch.finfo(torch.float64).eps) -> int:
+    """The index of the smallest σ0 whose mean NLL exceeds the lowest by at most its standard error (``ses``, of
+    the per-row differences from the lowest; NaN counts as 0) plus the round-off of the means: a larger σ0 must
+    beat a smaller one by more than the rows' noise, and a difference of a few ulps (``eps``, the machine epsilon
+    of the per-row NLLs, times 64 and the lowest's magnitude) is no difference. Ties of σ0 go to the first.
+
+    Examples
+    --------
+    >>> _one_se_choice([1.0, 0.0, 0.5], [0.30, 0.31, 0.305], [0.0, 0.02, 0.0])  # 0.31 is within 0.02 of 0.30
+    1
+    >>> _one_se_choice([1.0, 0.0], [0.3, 0.3 + 1e-16], [0.0, 0.0])  # round-off, not a gain: σ0 = 0
+    1
+    """
+    lowest = min(range(len(means)), key=lambda i: (means[i], i))
+    tol = 64 * eps * max(1.0, abs(means[lowest]))
+    within = [i for i in range(len(means))
+              if i == lowest or means[i] - means[lowest] <= (ses[i] if math.isfinite(ses[i]) else 0.0) + tol]
+    return min(within, key=lambda i: (sigma0s[i], i))
 
 
 def _defined_in(cls: type, name: str) -> type:
