@@ -17,6 +17,7 @@ import math
 import os
 import platform
 import re
+import shlex
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -488,9 +489,10 @@ def title_tag(command: str) -> str:
 
 
 def command_line(script: str, argv: Sequence[str] | None) -> str:
-    """``python benchmarks/<script> <arguments>`` as the user typed them (``sys.argv`` when argv is None)."""
+    """``python benchmarks/<script> <arguments>`` as the user typed them (``sys.argv`` when argv is None), quoted
+    for a POSIX shell where an argument needs it (a JSON option), so that the line runs when pasted."""
     args = list(sys.argv[1:] if argv is None else argv)
-    return " ".join(["python", f"benchmarks/{Path(script).name}", *args])
+    return shlex.join(["python", f"benchmarks/{Path(script).name}", *args])
 
 
 # ----------------------------------------------------------------------------------------------- results

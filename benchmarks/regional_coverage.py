@@ -41,6 +41,7 @@ Usage::
     python benchmarks/regional_coverage.py --study shift --methods default het default_before split_nn --tag shift
     python benchmarks/regional_coverage.py --merge synthetic uci shift  # → regional_coverage.json / .md
     python benchmarks/regional_coverage.py --study uci --quick --methods default default_before split_nn --tag x
+    python benchmarks/regional_coverage.py --study shift --methods default split_nn --default-params '{"n_networks": 2}'
     python benchmarks/regional_coverage.py --report-only
 """
 
@@ -48,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import json
 import time
 import warnings
 
@@ -170,9 +172,11 @@ def _quiet_fit(est, X_fit, y_fit, X_cal, y_cal):
         return est.fit(X_fit, y_fit, X_cal=X_cal, y_cal=y_cal)
 
 
-def fit_default(X_fit, y_fit, X_cal, y_cal, seed):
-    """The default as it is when run: no argument but the seed."""
-    return _quiet_fit(LaplaceActiveSubspaceRegressor(random_state=seed), X_fit, y_fit, X_cal, y_cal)
+def fit_default(X_fit, y_fit, X_cal, y_cal, seed, params=None):
+    """The default as it is when run: no argument but the seed, and ``params`` (``--default-params``: flat
+    settings, training ones such as ``n_networks`` gathered into ``Training`` by :func:`_common.grouped`)."""
+    est = LaplaceActiveSubspaceRegressor(**_common.grouped(random_state=seed, **(params or {})))
+    return _quiet_fit(est, X_fit, y_fit, X_cal, y_cal)
 
 
 #: The constructor defaults of 03f817a that shape the intervals, pinned (the "before" of the issue's new default).
@@ -363,7 +367,8 @@ def score(y, pis, std, columns, X_slab, n_slab):
     return out
 
 
-def run_methods(X_fit, y_fit, X_cal, y_cal, X_te, y_te, seed, extra_columns, check=False, methods=None):
+def run_methods(X_fit, y_fit, X_cal, y_cal, X_te, y_te, seed, extra_columns, check=False, methods=None,
+                default_params=None):
     """The ``methods`` (default: all of :data:`METHODS`) on one partition; returns {method: scores} and
     diagnostics. ``default_before`` is always fitted: its network carries the split conformal, normalised and
     laplace-torch rows, and its σ̂ (``ref``) gives every method the same regions."""
@@ -391,7 +396,7 @@ def run_methods(X_fit, y_fit, X_cal, y_cal, X_te, y_te, seed, extra_columns, che
 
     fitted = {"default_before": before}
     if want & {"default", "default_mondrian", "default_mondrian30"}:
-        fitted["default"] = timed("default", fit_default, X_fit, y_fit, X_cal, y_cal, seed)
+        fitted["default"] = timed("default", fit_default, X_fit, y_fit, X_cal, y_cal, seed, default_params)
         diag["default_params"] = {k: repr(v) for k, v in fitted["default"].get_params().items()
                                   if k not in ("module", "random_state")}
     if want & {"het", "het_mondrian", "het_mondrian30"}:
@@ -466,14 +471,16 @@ def run_synthetic(shape, seed, cfg):
     X_te, y_te, s_te = draw(shape, 5000, rng)
     n_cal = int(round(cfg.cal_share * cfg.n_train))
     res, diag = run_methods(X[n_cal:], y[n_cal:], X[:n_cal], y[:n_cal], X_te, y_te, seed, {"noise": s_te},
-                            check=cfg.check and seed == 0 and shape == "interaction", methods=cfg.methods)
+                            check=cfg.check and seed == 0 and shape == "interaction", methods=cfg.methods,
+                            default_params=cfg.default_params)
     return {"shape": shape, "seed": seed, "methods": res, "diagnostics": diag}
 
 
 def run_uci(name, split, cfg):
     X, y, train, test = _common.load_uci(cfg.data_dir / name, split)
     fit, cal = fitting_and_calibration(train, split)
-    res, diag = run_methods(X[fit], y[fit], X[cal], y[cal], X[test], y[test], split, {}, methods=cfg.methods)
+    res, diag = run_methods(X[fit], y[fit], X[cal], y[cal], X[test], y[test], split, {}, methods=cfg.methods,
+                            default_params=cfg.default_params)
     return {"dataset": name, "split": split, "n_cal": len(cal), "methods": res, "diagnostics": diag}
 
 
@@ -495,7 +502,8 @@ def shift_partition(X: np.ndarray, feature: int) -> tuple[np.ndarray, np.ndarray
 def run_shift(name, feature, cfg):
     X, y = _common.load_uci(cfg.data_dir / name)
     fit, cal, test = shift_partition(X, feature)
-    res, diag = run_methods(X[fit], y[fit], X[cal], y[cal], X[test], y[test], feature, {}, methods=cfg.methods)
+    res, diag = run_methods(X[fit], y[fit], X[cal], y[cal], X[test], y[test], feature, {}, methods=cfg.methods,
+                            default_params=cfg.default_params)
     return {"dataset": name, "feature": feature, "n_cal": len(cal), "methods": res, "diagnostics": diag}
 
 
@@ -741,6 +749,9 @@ def parse_args(argv=None):
                    help="the shapes (synthetic) or data sets (uci) to run; overrides --shapes / --datasets")
     p.add_argument("--methods", nargs="+", default=None, choices=[m for m, _ in METHODS], metavar="METHOD",
                    help="the rows to compute (default: all): " + ", ".join(m for m, _ in METHODS))
+    p.add_argument("--default-params", type=json.loads, default=None, metavar="JSON",
+                   help='the `default` row with these settings, e.g. \'{"n_networks": 2}\' or '
+                        '\'{"likelihood": "heteroscedastic"}\' (training settings flat, as in Training)')
     p.add_argument("--tag", default=None)
     p.add_argument("--merge", nargs="*", default=None,
                    help="no computation: merge the tagged part files (a run in several parts: the later part's "

@@ -145,3 +145,22 @@ def test_the_shift_partition_tests_on_the_top_third_of_one_feature(script):
         assert all(np.array_equal(a, b) for a, b in zip((fit, cal, test), again, strict=True))
     order = np.argsort(X[:, 0])  # no ties: the test rows are the top third by value
     assert np.array_equal(np.sort(rc.shift_partition(X, 0)[2]), np.sort(order[2 * len(X) // 3:]))
+
+
+def test_the_default_row_takes_flat_settings(script):
+    """regional_coverage's ``--default-params``: a JSON dict of flat settings reaches the `default` row's estimator,
+    training settings gathered into ``Training`` (two networks here: an ensemble of two members)."""
+    from glas_sklearn.ensemble import NetworkEnsemble
+
+    rc = script("regional_coverage")
+    args = rc.parse_args(["--study", "shift", "--default-params", '{"n_networks": 2, "max_epochs": 3}'])
+    assert args.default_params == {"n_networks": 2, "max_epochs": 3}
+    assert rc.parse_args(["--study", "shift"]).default_params is None
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(80, 3))
+    y = X @ np.array([1.0, -0.5, 0.2]) + 0.1 * rng.normal(size=80)
+    est = rc.fit_default(X[:60], y[:60], X[60:], y[60:], 0, args.default_params)
+    assert isinstance(est.module_, NetworkEnsemble) and len(est.module_.members) == 2
+    assert est.training.n_networks == 2 and est.training.max_epochs == 3 and est.random_state == 0
+    plain = rc.fit_default(X[:60], y[:60], X[60:], y[60:], 0)
+    assert not isinstance(plain.module_, NetworkEnsemble) and plain.training is None

@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import shlex
 import sys
 from pathlib import Path
 
@@ -265,6 +266,10 @@ def test_machine_line_names_what_is_known():
 def test_command_line_and_repo_path():
     assert common.command_line("/any/where/uci.py", ["--quick", "--splits", "2"]) == \
         "python benchmarks/uci.py --quick --splits 2"
+    # an argument with spaces and quotes (a JSON option) is quoted: the line splits back into the same arguments
+    argv = ["--default-params", '{"n_networks": 2, "activation": "relu"}', "--tag", "x"]
+    line = common.command_line("regional_coverage.py", argv)
+    assert shlex.split(line) == ["python", "benchmarks/regional_coverage.py", *argv]
     assert common.repo_path(ROOT / "benchmarks" / "models" / "m.pt") == str(Path("benchmarks/models/m.pt"))
     assert common.repo_path("/elsewhere/m.pt") == "/elsewhere/m.pt"
 
