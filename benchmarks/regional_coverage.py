@@ -572,7 +572,13 @@ def _yes(ok):
 
 def _methods_header(results):
     present = {m for k in ("synthetic", "uci", "shift") for r in results.get(k, []) for m in r["methods"]}
-    return "; ".join(f"`{k}` {v}" for k, v in METHODS if k in present)
+    params = {json.dumps(c["default_params"]) for c in results.get("config", {}).values()
+              if isinstance(c, dict) and c.get("default_params")}
+    described = dict(METHODS)
+    if params:  # the default row of a run with --default-params is not the default
+        given = " / ".join(sorted(params))
+        described["default"] = f"`LaplaceActiveSubspaceRegressor` with `--default-params` {given} (and `random_state`)"
+    return "; ".join(f"`{k}` {described[k]}" for k, _ in METHODS if k in present)
 
 
 def render(results) -> str:

@@ -164,3 +164,9 @@ def test_the_default_row_takes_flat_settings(script):
     assert est.training.n_networks == 2 and est.training.max_epochs == 3 and est.random_state == 0
     plain = rc.fit_default(X[:60], y[:60], X[60:], y[60:], 0)
     assert not isinstance(plain.module_, NetworkEnsemble) and plain.training is None
+    # the report says so: its `default` row is not the default
+    head = rc._methods_header({"config": {"shift": vars(args)}, "shift": [{"methods": {"default": {}}}]})
+    assert '--default-params` {"n_networks": 2, "max_epochs": 3}' in head and "as it is when run" not in head
+    runs = [{"methods": {"default": {}}}]
+    plain_head = rc._methods_header({"config": {"shift": vars(rc.parse_args([]))}, "shift": runs})
+    assert "as it is when run" in plain_head
