@@ -130,9 +130,9 @@ def tune_sigma0(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, *, d: in
     ``rule="lowest"`` returns the evaluated σ0 of the lowest NLL. ``rule="one_se"`` (the estimators'
     ``sigma0="nll"``) returns the smallest evaluated σ0 whose per-row NLL differences from the lowest have a mean
     of at most their standard error (plus the round-off of the means): a larger σ0 has to beat a smaller one by
-    more than the rows' noise. With a
-    few dozen rows of which one is misclassified, the lowest NLL can sit at σ0_EB only because it softens that one
-    row; such a gain, carried by one row, is within one standard error, and the rule keeps the smaller σ0.
+    more than the rows' noise. With a few dozen rows of which one is misclassified, the lowest NLL can sit at σ0_EB
+    only because it softens that one row; such a gain, carried by one row, is within one standard error, and the
+    rule keeps the smaller σ0.
 
     For the linearised predictive the Jacobian quantities of ``X`` (J P, J Jᵀ) are computed at the first
     evaluation and cached by the posterior, so each further σ0 costs O(n C² d) (the low-rank posterior; the
@@ -218,8 +218,9 @@ def tune_sigma0(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, *, d: in
 def _one_se_choice(sigma0s, means, ses, eps: float = torch.finfo(torch.float64).eps) -> int:
     """The index of the smallest σ0 whose mean NLL exceeds the lowest by at most its standard error (``ses``, of
     the per-row differences from the lowest; NaN counts as 0) plus the round-off of the means: a larger σ0 must
-    beat a smaller one by more than the rows' noise, and a difference of a few ulps (``eps``, the machine epsilon
-    of the per-row NLLs, times 64 and the lowest's magnitude) is no difference. Ties of σ0 go to the first.
+    beat a smaller one by more than the rows' noise, and a difference within 64 · ``eps`` · max(1, |lowest|)
+    (``eps``: the machine epsilon of the per-row NLLs' dtype) is round-off, no difference. Ties of σ0 go to the
+    first.
 
     Examples
     --------
