@@ -507,6 +507,13 @@ def run_shift(name, feature, cfg):
     return {"dataset": name, "feature": feature, "n_cal": len(cal), "methods": res, "diagnostics": diag}
 
 
+#: The studies: each one's runner (one run of ``(a, b)``: shape and seed, set and split, or set and feature) and the
+#: key of a run (``--merge``: a later part's run of the same key adds its rows to, or replaces them in, the earlier).
+STUDIES = {"synthetic": (run_synthetic, lambda r: (r["shape"], r["seed"])),
+           "uci": (run_uci, lambda r: (r["dataset"], r["split"])),
+           "shift": (run_shift, lambda r: (r["dataset"], r["feature"]))}
+
+
 # ---------------------------------------------------------------------------------------------------- summary
 def pooled_bins(runs, method, key):
     """Coverage per quintile pooled over runs (the quintiles are each run's own): covered / n per bin."""
@@ -571,7 +578,7 @@ def _yes(ok):
 
 
 def _methods_header(results):
-    present = {m for k in ("synthetic", "uci", "shift") for r in results.get(k, []) for m in r["methods"]}
+    present = {m for k in STUDIES for r in results.get(k, []) for m in r["methods"]}
     params = {json.dumps(c["default_params"]) for c in results.get("config", {}).values()
               if isinstance(c, dict) and c.get("default_params")}
     described = dict(METHODS)
@@ -740,7 +747,7 @@ def _render_shift(runs) -> list:
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     _common.add_common_arguments(p, quick="one seed / split, few rows")
-    p.add_argument("--study", choices=("synthetic", "uci", "shift"), default="synthetic")
+    p.add_argument("--study", choices=tuple(STUDIES), default="synthetic")
     p.add_argument("--seeds", type=int, default=3)
     p.add_argument("--splits", type=int, default=20)
     p.add_argument("--first-split", type=int, default=0, help="splits first-split .. splits − 1 (parallel runs)")
@@ -776,11 +783,8 @@ def main(argv=None):
         parts = [_common.read_results(args.out_dir / f"{STEM}_{t}.json") for t in args.merge]
         results = {"date": max(p["date"] for p in parts), "config": {}}
         for p in parts:
-            for k in ("synthetic", "uci", "shift"):
+            for k, (_, ident) in STUDIES.items():
                 if p.get(k):
-                    ident = {"synthetic": lambda r: (r["shape"], r["seed"]),
-                             "uci": lambda r: (r["dataset"], r["split"]),
-                             "shift": lambda r: (r["dataset"], r["feature"])}[k]
                     seen = {ident(r): r for r in results.get(k, [])}
                     for r in p[k]:  # a run seen before: a later part's rows (methods) replace or add to its own
                         if ident(r) in seen:
@@ -814,7 +818,7 @@ def main(argv=None):
                 for name in args.datasets]
     for a, b in jobs:
         t0, c0 = time.perf_counter(), time.process_time()
-        r = {"synthetic": run_synthetic, "uci": run_uci, "shift": run_shift}[args.study](a, b, args)
+        r = STUDIES[args.study][0](a, b, args)
         r["seconds"], r["cpu_seconds"] = time.perf_counter() - t0, time.process_time() - c0
         results[args.study].append(r)
         print(f"[regional] {a} {b}: {r['seconds']:.0f}s (CPU {r['cpu_seconds']:.0f}s) " + ", ".join(

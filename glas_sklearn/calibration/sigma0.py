@@ -199,14 +199,14 @@ def tune_sigma0(posterior: ActiveSubspacePosterior, X: torch.Tensor, y, *, d: in
                             options={"xatol": xtol})
     finally:
         posterior.set_sigma0(original)
-    means = [mean for _, mean, _ in evals]
+    sigmas, means = [s for s, _, _ in evals], [mean for _, mean, _ in evals]
     lowest = min(range(len(evals)), key=lambda i: (means[i], i))
     se = [_paired_se(rows, evals[lowest][2]) for _, _, rows in evals]
     chosen = lowest
     if rule == "one_se":
         dtype = evals[lowest][2].dtype if evals[lowest][2] is not None else torch.float64
-        chosen = _one_se_choice([s for s, _, _ in evals], means, se, eps=torch.finfo(dtype).eps)
-    table = pd.DataFrame({"sigma0": [s for s, _, _ in evals], "nll": means, "se": se})
+        chosen = _one_se_choice(sigmas, means, se, eps=torch.finfo(dtype).eps)
+    table = pd.DataFrame({"sigma0": sigmas, "nll": means, "se": se})
     logger.debug("tune_sigma0: d=%d, sigma0=%.6g (lowest NLL at %.6g, EB %.6g), nll=%.6g (at 0: %.6g, at EB: %.6g), "
                  "%d evaluations", d, evals[chosen][0], evals[lowest][0], upper, means[chosen], nll_zero, nll_upper,
                  len(evals))
