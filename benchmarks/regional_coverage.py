@@ -13,7 +13,7 @@ Three studies, each method's intervals scored overall and per region with :mod:`
 - ``shift``: top-third extrapolation of the dev sets: per feature f (``--features``, default 0 1) the test rows are
   those whose value of f lies in its top third (stable sort), the rest are split 90/10 into fitting and calibration
   rows (seeded by f); one run per set and feature (the protocol of the shift study at commit 2f6cef6,
-  ``mondrian_shift.py``, whose default then scored 0.402× split conformal on features 0–1).
+  ``mondrian_shift.py``, whose figure for that commit's default is the reference the report quotes).
 
 Methods (one calibration set each, level 0.9; :data:`METHODS` describes every row): ``default``
 (``LaplaceActiveSubspaceRegressor(random_state=seed)``: whatever the default is when the script runs) and
@@ -720,7 +720,7 @@ def render(results) -> str:
 
 def _render_shift(runs) -> list:
     """Per set: IS / split conformal (geometric mean over the features) and coverage per feature; then the
-    geometric mean over the sets (the 2f6cef6 default's 0.402× is the reference of the issue's target)."""
+    geometric mean over the sets, with the 2f6cef6 default's figure quoted as the reference."""
     feats = sorted({r["feature"] for r in runs})
     sets = [n for n in UCI_SETS if any(r["dataset"] == n for r in runs)]
     lines = ["## Top-third extrapolation", "",
