@@ -170,3 +170,37 @@ def test_the_default_row_takes_flat_settings(script):
     runs = [{"methods": {"default": {}}}]
     plain_head = rc._methods_header({"config": {"shift": vars(rc.parse_args([]))}, "shift": runs})
     assert "as it is when run" in plain_head
+
+
+def test_the_small_tables_gap_is_the_paired_difference(script):
+    """classifier_small_tables' ``nll_gap``: mean and standard error of the default's NLL less the baseline's over
+    the splits the default fitted (a failed fit, with no default row, is left out), as numpy computes them."""
+    cst = script("classifier_small_tables")
+    rng = np.random.default_rng(1)
+    default, logreg = rng.uniform(0.05, 0.1, 6), rng.uniform(0.05, 0.1, 6)
+    rows = [{"methods": {"default": {"nll": a}, "logreg": {"nll": b}}} for a, b in zip(default, logreg, strict=True)]
+    rows.append({"failure": "ValueError: ...", "methods": {"logreg": {"nll": 9.0}}})
+    gap = cst.nll_gap(rows, "logreg")
+    diff = default - logreg
+    assert gap["baseline"] == "logreg" and gap["n"] == 6
+    np.testing.assert_allclose(gap["mean"], diff.mean(), rtol=1e-12)
+    np.testing.assert_allclose(gap["se"], diff.std(ddof=1) / np.sqrt(6), rtol=1e-12)
+
+
+def test_the_logistic_model_table_is_drawn_from_a_logistic_regression(script):
+    """classifier_small_tables' generated ``logistic_model`` table: the same rows every call, both classes, labels
+    whose log-odds are the drawing model's x·β + b (an unpenalised logistic regression on a large draw recovers β
+    and b to a few per cent), and noisy (the true model's NLL above 0.5: no table a network could fit exactly)."""
+    from sklearn.linear_model import LogisticRegression
+
+    cst = script("classifier_small_tables")
+    X, y = cst.load_logistic_model()
+    X2, y2 = cst.load_logistic_model()
+    assert X.shape == (400, 8) and np.array_equal(X, X2) and np.array_equal(y, y2) and set(y) == {0, 1}
+    big_X, big_y, beta, intercept = cst.load_logistic_model(n_rows=100_000, return_coef=True)
+    model = LogisticRegression(C=1e6, max_iter=10_000).fit(big_X, big_y)
+    assert np.linalg.norm(model.coef_[0] - beta) < 0.05 * np.linalg.norm(beta)
+    assert abs(model.intercept_[0] - intercept) < 0.05 * max(1.0, abs(intercept))
+    logits = big_X @ beta + intercept
+    true_nll = np.mean(np.log1p(np.exp(-np.where(big_y == 1, logits, -logits))))
+    assert true_nll > 0.5
