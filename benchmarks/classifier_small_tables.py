@@ -208,6 +208,11 @@ def nll_gap(rows: list[dict], baseline: str) -> dict:
     return {"baseline": baseline, **_mean_se(diffs)}
 
 
+def better_baseline(methods: dict) -> str:
+    """The baseline of the lower mean test NLL in a set's summary ``methods`` (logistic regression on a tie)."""
+    return min(("logreg", "hgb"), key=lambda k: methods[k]["nll"]["mean"])
+
+
 def summarise(runs: list[dict]) -> dict:
     summary = {}
     for name in dict.fromkeys(r["set"] for r in runs):
@@ -218,8 +223,9 @@ def summarise(runs: list[dict]) -> dict:
                                                   if key in r["methods"] and m in r["methods"][key]])
                                      for m in METRICS}
         meth = entry["methods"]
-        best = min(meth["logreg"]["nll"]["mean"], meth["hgb"]["nll"]["mean"])
-        entry["nll_gap"] = nll_gap(rows, "logreg" if meth["logreg"]["nll"]["mean"] <= best else "hgb")
+        baseline = better_baseline(meth)
+        best = meth[baseline]["nll"]["mean"]
+        entry["nll_gap"] = nll_gap(rows, baseline)
         entry["targets"] = {
             "no_failure": entry["failures"] == 0,
             "nll_at_most_best_baseline": bool(meth["default"]["nll"]["mean"] <= best),
@@ -268,8 +274,7 @@ def render(results: dict) -> str:
                          _cell(m["coverage"]), _cell(m["set_size"], 2)])
         lines += _common.markdown_table(header, rows, "lrrrrrr") + [""]
         t = entry["targets"]
-        gap = entry.get("nll_gap") or nll_gap([r for r in runs if r["set"] == name],
-                                              min(("logreg", "hgb"), key=lambda k: entry["methods"][k]["nll"]["mean"]))
+        gap = entry.get("nll_gap") or nll_gap([r for r in runs if r["set"] == name], better_baseline(entry["methods"]))
         paired = (f" (default − {dict(METHODS)[gap['baseline']]}, split by split: {gap['mean']:+.4f} ± "
                   f"{gap['se']:.4f} over {gap['n']} splits)" if gap["n"] > 1 else "")
         lines += [f"Targets: no failed fit **{'met' if t['no_failure'] else 'not met'}**; NLL at most the better "
