@@ -25,6 +25,7 @@ from pathlib import Path
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(DOCS))  # the site's own extension, numpydoc_signature
 
 import glas_sklearn  # noqa: E402
 
@@ -40,6 +41,7 @@ extensions = [
     "sphinx.ext.mathjax",
     "sphinx-mathjax-offline",  # MathJax served from the site's own _static/, so formulas render offline
     "numpydoc",
+    "numpydoc_signature",  # docs/numpydoc_signature.py: a class's Parameters in its signature's order and defaults
     "myst_nb",
 ]
 

@@ -144,3 +144,31 @@ def test_the_defaults_the_docs_state_are_the_codes():
                              f"get_params() gives {holders}")
     assert checked >= 15, f"only {checked} default claims found: the pattern misses the pages' phrasing"
     assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("name", ["LaplaceActiveSubspaceRegressor", "LaplaceActiveSubspaceClassifier"])
+def test_the_api_page_lists_each_parameter_once_in_signature_order_with_its_default(name, monkeypatch):
+    """What the site's extension (docs/numpydoc_signature.py) hands numpydoc for an estimator: one entry per
+    parameter ("random_state : ...; verbose : ..." on one line was one mangled entry), in the signature's order,
+    each stating the default get_params() gives."""
+    import inspect
+
+    import glas_sklearn
+
+    monkeypatch.syspath_prepend(str(ROOT / "docs"))
+    from numpydoc_signature import parameters_as_signature
+
+    cls = getattr(glas_sklearn, name)
+    lines = parameters_as_signature(cls, inspect.cleandoc(cls.__doc__).splitlines())
+    start = lines.index("Parameters") + 2
+    end = lines.index("Attributes")
+    headers = [line for line in lines[start:end] if line.strip() and not line.startswith(" ")]
+    names = [header.split(" : ")[0] for header in headers]
+    assert names == list(inspect.signature(cls.__init__).parameters)[1:]
+    params = cls().get_params(deep=False)
+    for header, param in zip(headers, names, strict=True):
+        value, stated = params[param], re.search(r"default=(.*)$", header)
+        if stated is None:
+            assert value is None and header.endswith("optional"), header
+        else:
+            assert stated.group(1) == (f'"{value}"' if isinstance(value, str) else repr(value)), header
