@@ -366,7 +366,10 @@ html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
     "header_links_before_dropdown": 6,
-    "secondary_sidebar_items": ["page-toc"],
+    # A page's table of contents goes under the site's navigation, in one column beside the article, so that at
+    # 1280 px the article is wide enough for a 100-character code line (two side columns left it 645 px); the two
+    # pages without the navigation column keep it on the right.
+    "secondary_sidebar_items": {"**": [], "index": ["page-toc"], "getting_started": ["page-toc"]},
 }
-html_sidebars = {"index": [], "getting_started": []}
+html_sidebars = {"**": ["sidebar-nav-bs", "page-toc"], "index": [], "getting_started": []}
 html_show_sourcelink = False

@@ -172,3 +172,17 @@ def test_the_api_page_lists_each_parameter_once_in_signature_order_with_its_defa
             assert value is None and header.endswith("optional"), header
         else:
             assert stated.group(1) == (f'"{value}"' if isinstance(value, str) else repr(value)), header
+
+
+#: The widest code line the site's content column shows without a scrollbar at 1280 px (docs/conf.py puts a
+#: page's table of contents beside the navigation, leaving one side column, for that).
+MAX_CODE_LINE = 100
+
+
+def test_code_on_the_pages_a_user_reads_fits_the_column():
+    fence = re.compile(r"^```(python|bash)\n(.*?)^```", re.S | re.M)
+    long = [f"{page.relative_to(ROOT)}:{text.count(chr(10), 0, m.start(2)) + 1 + k}: {len(line)} characters"
+            for page in CLAIM_PAGES for text in [page.read_text(encoding="utf-8")]
+            for m in fence.finditer(text) for k, line in enumerate(m.group(2).splitlines())
+            if len(line) > MAX_CODE_LINE]
+    assert not long, f"code lines wider than {MAX_CODE_LINE} characters (clipped at 1280 px):\n" + "\n".join(long)
