@@ -25,6 +25,7 @@ from pathlib import Path
 DOCS = Path(__file__).resolve().parent
 ROOT = DOCS.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(DOCS))  # the site's own extension, numpydoc_signature
 
 import glas_sklearn  # noqa: E402
 
@@ -40,6 +41,7 @@ extensions = [
     "sphinx.ext.mathjax",
     "sphinx-mathjax-offline",  # MathJax served from the site's own _static/, so formulas render offline
     "numpydoc",
+    "numpydoc_signature",  # docs/numpydoc_signature.py: a class's Parameters in its signature's order and defaults
     "myst_nb",
 ]
 
@@ -364,7 +366,10 @@ html_theme_options = {
     "navigation_with_keys": False,
     "show_toc_level": 2,
     "header_links_before_dropdown": 6,
-    "secondary_sidebar_items": ["page-toc"],
+    # A page's table of contents goes under the site's navigation, in one column beside the article, so that at
+    # 1280 px the article is wide enough for a 100-character code line (two side columns left it 645 px); the two
+    # pages without the navigation column keep it on the right.
+    "secondary_sidebar_items": {"**": [], "index": ["page-toc"], "getting_started": ["page-toc"]},
 }
-html_sidebars = {"index": [], "getting_started": []}
+html_sidebars = {"**": ["sidebar-nav-bs", "page-toc"], "index": [], "getting_started": []}
 html_show_sourcelink = False

@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-import os
-import sys
 from collections.abc import Iterator
 
-# The package's folder: frames of files inside it are the package's own (user_stacklevel).
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# The package's one rule for where a warning points (glas_sklearn/_warnings.py), here for the modules that import
+# it with silenced.
+from ._warnings import user_stacklevel
 
 __all__ = ["is_silenced", "silenced", "user_stacklevel"]
 
@@ -48,13 +47,3 @@ def silenced(*kinds: str) -> Iterator[None]:
 def is_silenced(kind: str) -> bool:
     """Whether this thread is inside :func:`silenced` for ``kind``."""
     return kind in _SILENCED.get()
-
-
-def user_stacklevel() -> int:
-    """The ``stacklevel`` for a ``warnings.warn`` in the function that calls this: the first frame outside the
-    package's files (the user's call, or scikit-learn's), so that the warning points at the user's line whichever
-    public method led there."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep):
-        frame, level = frame.f_back, level + 1
-    return level

@@ -145,7 +145,7 @@ def _paper_demo(args) -> int:
     for scaling in ("mean", "standard"):
         t0 = time.perf_counter()
         size = dict(training=Training(max_epochs=30)) if args.quick else {}
-        # the paper's method (d chosen by coverage); the estimator's defaults are low-rank + conformal
+        # the paper's method (d chosen by coverage); the estimator's defaults are low-rank + Mondrian conformal
         posterior = Subspace(max_components=10 if args.quick else 50, n_samples=args.n_samples)
         reg = LaplaceActiveSubspaceRegressor(scaling=scaling, confidence_level=args.level,
                                              calibration="coverage", posterior=posterior, random_state=args.seed,

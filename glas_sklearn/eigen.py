@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 import math
 import time
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -28,6 +27,7 @@ from sklearn.exceptions import ConvergenceWarning
 
 from ._checks import check_choice, check_positive_int, make_generator
 from ._progress import progress, stage
+from ._warnings import warn
 from .ggn import CurvatureOperator
 
 __all__ = ["EigenResult", "roundoff_tolerance", "top_eigenpairs"]
@@ -129,12 +129,12 @@ def _as_operator(op) -> CurvatureOperator:
 def _warn_unconverged(result: EigenResult, k: int) -> None:
     rel = result.relative_residuals
     worst = int(torch.argmax(rel))
-    warnings.warn(
+    warn(
         f"{result.method}: the top-{k} eigenpairs did not converge after {result.n_matvecs} products: "
         f"the largest relative residual ‖Gp−λp‖/λ1 is {float(rel[worst]):.2e} (pair {worst + 1}), above "
-        f"tol={result.tol:.1e}. Raise max_matvecs, or treat the trailing eigenpairs with caution.",
+        f"tol={result.tol:.1e}. Raise max_matvecs, ask for fewer eigenpairs (k; the estimators' "
+        "posterior=LowRank(max_components=...)), or treat the trailing eigenpairs with caution.",
         ConvergenceWarning,
-        stacklevel=3,
     )
 
 

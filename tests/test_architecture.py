@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 FLOORS = {
     # floor 0: checks, progress, the one model binding, adapters, the training loop's pieces
     "_checks": 0, "_version": 0, "_progress": 0, "_functional": 0, "_jacobians": 0, "adapters": 0, "_threads": 0,
-    "ensemble": 0, "_silenced": 0, "_constraints": 0, "_loop": 0, "_copies": 0, "_fused_adam": 0,
+    "ensemble": 0, "_silenced": 0, "_warnings": 0, "_constraints": 0, "_loop": 0, "_copies": 0, "_fused_adam": 0,
     # floor 1: tensor math of the predictive, the conformity scores
     "predictive": 1, "conformity_scores": 1,
     # floor 2: likelihoods and the curvature operators

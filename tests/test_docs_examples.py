@@ -33,6 +33,7 @@ import os
 import re
 import subprocess
 import sys
+import traceback
 import warnings
 from pathlib import Path
 
@@ -270,3 +271,62 @@ def test_pages_leave_global_configuration_alone():
     offending = [_page_id(p) for p in PAGES_WITH_CODE
                  if any("sklearn.set_config(" in code for _, code in python_blocks(p))]
     assert not offending, f"use sklearn.config_context(...) in examples, not set_config: {offending}"
+
+
+# ------------------------------------------------------------------------------ pasted into the interpreter
+#: The pages a newcomer pastes from: their blocks must also run typed into ``python`` line by line, where a blank
+#: line ends a compound statement and a statement right after an indented block without one is a SyntaxError.
+PASTED_PAGES = [ROOT / "README.md", DOCS / "getting_started.md"]
+
+
+class _Console:
+    """``code.InteractiveConsole`` fed one line at a time, recording what it would print as an error."""
+
+    def __init__(self, namespace: dict):
+        import code
+
+        errors = self.errors = []
+
+        class Console(code.InteractiveConsole):
+            def showsyntaxerror(self, filename=None, **kwargs):
+                errors.append("SyntaxError: " + "".join(traceback.format_exception_only(*sys.exc_info()[:2])))
+
+            def showtraceback(self):
+                errors.append("".join(traceback.format_exception(*sys.exc_info())[-3:]))
+
+        self.console = Console(locals=namespace)
+
+    def paste(self, code: str) -> None:
+        for line in code.splitlines():
+            self.console.push(line)
+        self.console.push("")  # the Enter after the paste, which ends a trailing compound statement
+
+
+def test_the_console_sees_what_a_script_does_not():
+    console = _Console({})
+    console.paste("total = 0\nfor k in range(3):\n    total += k\nprint(total)\n")
+    assert console.errors and console.errors[0].startswith("SyntaxError")
+    console = _Console({})
+    console.paste("total = 0\nfor k in range(3):\n    total += k\n\nassert total == 3\n")
+    assert console.errors == []
+
+
+@pytest.mark.parametrize("page", PASTED_PAGES, ids=_page_id)
+def test_page_pastes_into_the_interpreter(page, tmp_path, monkeypatch):
+    blocks = python_blocks(page)
+    _require(_top_level_imports([code for _, code in blocks]), page)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(ROOT))
+    config = sklearn.get_config()
+    console = _Console({"__name__": "__console__"})
+    try:
+        with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()), \
+                contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            for line, code in blocks:
+                before = len(console.errors)
+                console.paste(code)
+                console.errors[before:] = [f"{_page_id(page)}:{line}: {e}" for e in console.errors[before:]]
+    finally:
+        sklearn.set_config(**config)
+    assert not console.errors, "pasted into python, a block fails:\n" + "\n".join(console.errors)

@@ -291,7 +291,7 @@ def test_network_after_a_shadow_copy_logs_why_it_ran_those_epochs(caplog):
     lines = [r.getMessage() for r in caplog.records if r.name == "glas_sklearn.estimators._training"]
     assert len(lines) == 2 and "(shadow copy)" in lines[0]  # the copy's line, then the network's
     reason = lines[1].split(f"stopped after {est.n_iter_} epochs: ", 1)[1]
-    assert reason.startswith(f"the {est.n_iter_} epochs after which a shadow copy")
+    assert reason.startswith(f"the {est.n_iter_} epochs at which a trial run of the network")
 
 
 def test_too_few_rows_for_validation_train_every_epoch():

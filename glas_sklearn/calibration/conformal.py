@@ -11,7 +11,6 @@ The conformity scores themselves (``score(y, prediction)`` and its inverse ``reg
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,6 +19,7 @@ import torch
 
 from .._checks import check_confidence_levels, numpy_rng
 from .._silenced import is_silenced
+from .._warnings import warn
 from ..conformity_scores import LAC, ClassificationScore, ConformityScore, RegressionScore, StdNormalizedResidual
 from ..likelihoods import Likelihood
 from ..posterior import ActiveSubspacePosterior
@@ -161,10 +161,10 @@ def conformal_quantile(scores, confidence_levels, method: str = "higher") -> np.
     finite = ranks <= n
     if not finite.all() and not is_silenced("few_calibration_rows"):
         bad = levels[~finite]
-        warnings.warn(
-            f"{n} calibration rows are too few for a conformal quantile at level(s) {bad.tolist()} "
-            f"(⌈(n+1)(1−γ)⌉ ≤ n needs n ≥ {_rows_for_finite_quantile(bad)}); the intervals or sets are "
-            "infinite (every class) there. Use more calibration rows.", ConformalWarning, stacklevel=2)
+        warn(f"{n} calibration rows are too few for a conformal quantile at level(s) {bad.tolist()} "
+             f"(⌈(n+1)(1−γ)⌉ ≤ n needs n ≥ {_rows_for_finite_quantile(bad)}); the intervals or sets are "
+             "infinite (every class) there. Use more calibration rows (the estimators' calibration_size, or X_cal "
+             "and y_cal in fit) or a lower confidence_level.", ConformalWarning)
     if method == "higher":
         out[finite] = s[np.maximum(ranks[finite], 1) - 1]
         return out

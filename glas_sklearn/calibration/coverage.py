@@ -12,7 +12,6 @@ is the scan's whenever "coverage ≥ level" is monotone in d.
 from __future__ import annotations
 
 import logging
-import warnings
 from dataclasses import dataclass
 
 import numpy as np
@@ -27,6 +26,7 @@ from .._checks import (
 )
 from .._progress import progress
 from .._silenced import is_silenced, silenced
+from .._warnings import warn
 from ..posterior import ActiveSubspacePosterior
 from ..predictive import (
     Linearized,
@@ -229,12 +229,13 @@ def choose_dimension(posterior: ActiveSubspacePosterior, X_cal: torch.Tensor, y_
     if not reached:
         best = int(table["coverage"].idxmax())
         if not is_silenced("coverage_not_reached"):
-            warnings.warn(
+            warn(
                 f"No subspace dimension up to d_max={d_top} reached {level:.1%} coverage on the calibration data; "
                 f"the best was {table['coverage'].iloc[best]:.1%} at d={int(table['d'].iloc[best])}. Using d={d_top}. "
-                "Consider a larger d_max (more eigenpairs), the 'mean' posterior scaling, or intervals for y "
-                "(noise_var here; include_noise=True on LaplaceActiveSubspaceRegressor).",
-                CalibrationWarning, stacklevel=2,
+                "Consider a larger d_max (more eigenpairs; the estimators' posterior=LowRank(max_components=...)), "
+                "scaling='mean', or intervals for y (noise_var here; posterior=LowRank(include_noise=True) on "
+                "LaplaceActiveSubspaceRegressor).",
+                CalibrationWarning,
             )
         chosen = d_top
     row = table.loc[table["d"] == chosen].iloc[0]

@@ -63,7 +63,6 @@ from __future__ import annotations
 
 import itertools
 import numbers
-import warnings
 
 import numpy as np
 import pandas as pd
@@ -71,7 +70,8 @@ import torch
 from scipy import stats
 
 from .._checks import check_confidence_levels
-from .._silenced import is_silenced, silenced, user_stacklevel
+from .._silenced import is_silenced, silenced
+from .._warnings import warn
 from ..likelihoods import Categorical, Gaussian, Likelihood
 from ..predictive import RegressionMoments
 from .conformal import (
@@ -233,13 +233,13 @@ def _class_quantiles(scores, levels, quantile, labels=None) -> np.ndarray:
     if short.size and not is_silenced("few_calibration_rows"):
         rows = ", ".join(f"{labels[c]!r}: {scores[c].size}" if labels is not None else f"{c}: {scores[c].size}"
                          for c in short)
-        warnings.warn(
+        warn(
             f"Class-conditional conformal: {short.size} class(es) have too few calibration rows for a quantile at "
             f"level {float(levels.max())} (each needs {_rows_for_finite_quantile(levels)}; rows by class "
             f"{'' if labels is not None else 'index '}{rows}); those classes are in every prediction set at that "
             "level. Use more calibration rows (a larger calibration_size, or X_cal with more rows of those classes) "
             "or a lower confidence_level.",
-            ConformalWarning, stacklevel=user_stacklevel())
+            ConformalWarning)
     return out
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import logging
 import numbers
 import time
-import warnings
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -16,10 +15,10 @@ import torch
 from sklearn.model_selection import train_test_split
 
 from .._silenced import silenced
+from .._warnings import warn
 from ..calibration import Calibrator, ConformalWarning, resolve_calibration, tune_sigma0
 from ..calibration.conformal import conformal_rank
 from ..calibration.mondrian import BAND_TEST_LEVEL
-from ._prefit import user_stacklevel
 from ._training import can_stratify
 
 __all__ = ["CalibrationPlan", "FittedCalibration"]
@@ -169,9 +168,9 @@ class CalibrationPlan:
                "Training goes on.")
         if n_cal < need:
             what = "prediction sets hold every class" if self.classification else "intervals are infinite"
-            warnings.warn(f"{self.owner}.fit: {n_cal} calibration rows are too few for a conformal quantile at level "
-                          f"{level} (it needs {need}); at that level the {what}. Pass at least {need} {fix}",
-                          ConformalWarning, stacklevel=user_stacklevel())
+            warn(f"{self.owner}.fit: {n_cal} calibration rows are too few for a conformal quantile at level "
+                 f"{level} (it needs {need}); at that level the {what}. Pass at least {need} {fix}",
+                 ConformalWarning)
             return True
         per_class = self.class_rows_needed()
         if per_class == 0:
@@ -183,10 +182,10 @@ class CalibrationPlan:
             return False
         tuned = " (after the rows that tune sigma0)" if len(labels) < n_cal else ""
         listed = ", ".join(f"{class_labels[c]!r}: {counts[c]}" for c in short)
-        warnings.warn(f"{self.owner}.fit: class-conditional calibration needs {per_class} calibration rows of every "
-                      f"class for a quantile at level {level}, but {short.size} class(es) have fewer{tuned}: "
-                      f"{listed}. Those classes would be in every prediction set at that level. Pass more {fix}",
-                      ConformalWarning, stacklevel=user_stacklevel())
+        warn(f"{self.owner}.fit: class-conditional calibration needs {per_class} calibration rows of every "
+             f"class for a quantile at level {level}, but {short.size} class(es) have fewer{tuned}: "
+             f"{listed}. Those classes would be in every prediction set at that level. Pass more {fix}",
+             ConformalWarning)
         return True
 
     # ------------------------------------------------------------------------------------------- the fit

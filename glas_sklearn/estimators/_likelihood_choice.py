@@ -80,15 +80,22 @@ class NoiseStage:
 
 
 def support_line(support: dict) -> str:
-    """The fit's line on the choice, e.g. "likelihood: auto chose heteroscedastic: on 2,000 training rows
-    (2-fold cross-fitted) the noise model σ(x)'s NLL of the residuals is 0.31 ± 0.04 nats per row below a constant
-    σ's (σ(x) when more than 2 standard errors and 0.02 nats below), 0.3 s (noise model and test)"."""
+    """The fit's line on the choice, in words a user reads without the internals, e.g. "likelihood: auto chose
+    heteroscedastic (a noise level that varies with x): on 2,000 training rows, a noise level σ(x) fitted on one
+    half and scored on the other (both ways) fits the residuals 0.31 ± 0.04 nats a row better than one constant
+    level (kept when more than 2 standard errors and 0.02 nats better), 0.3 s (noise model and test)"."""
+    plain = _PLAIN.get(support["chosen"], "")
     if support["nll_gain"] != support["nll_gain"]:  # NaN: no test
-        return (f"likelihood: auto chose {support['chosen']}: no test on {support['n_rows']:,} training rows (too "
-                "few to tell)")
-    sign = "below" if support["nll_gain"] >= 0 else "above"
-    return (f"likelihood: auto chose {support['chosen']}: on {support['n_rows']:,} {support['rows']} rows "
-            f"({support['folds']}-fold cross-fitted) the noise model σ(x)'s NLL of the residuals is "
-            f"{abs(support['nll_gain']):.3g} ± {support['nll_gain_se']:.2g} nats per row {sign} a constant σ's "
-            f"(σ(x) when more than {support['z']:g} standard errors and {support['min_gain']:g} nats below), "
+        return (f"likelihood: auto chose {support['chosen']}{plain}: no test on {support['n_rows']:,} training rows "
+                "(too few to tell)")
+    sign = "better" if support["nll_gain"] >= 0 else "worse"
+    scored = ("fitted on one half and scored on the other (both ways)" if support["folds"] == 2 else
+              f"fitted and scored across {support['folds']} folds")
+    return (f"likelihood: auto chose {support['chosen']}{plain}: on {support['n_rows']:,} {support['rows']} rows, "
+            f"a noise level σ(x) {scored} fits the residuals {abs(support['nll_gain']):.3g} ± "
+            f"{support['nll_gain_se']:.2g} nats a row {sign} than one constant level (kept when more than "
+            f"{support['z']:g} standard errors and {support['min_gain']:g} nats better), "
             f"{support['seconds']:.1f} s (noise model and test)")
+
+
+_PLAIN = {"gaussian": " (one noise level for every x)", "heteroscedastic": " (a noise level that varies with x)"}

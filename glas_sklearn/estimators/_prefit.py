@@ -15,7 +15,6 @@ from __future__ import annotations
 import hashlib
 import math
 import threading
-import warnings
 from collections import OrderedDict
 
 import numpy as np
@@ -23,7 +22,7 @@ import torch
 from torch import nn
 
 from .._functional import model_outputs
-from .._silenced import user_stacklevel
+from .._warnings import user_stacklevel, warn
 
 __all__ = ["PrefitLeakageWarning", "PrefitRowRegistry", "PrefitUnderfitWarning", "REGISTRY", "check_rows",
            "declare_training_rows", "module_fingerprint", "no_better_than_a_constant", "row_digests",
@@ -281,11 +280,10 @@ def declare_training_rows(module: nn.Module, X: np.ndarray, X_cal: np.ndarray | 
     REGISTRY.declare(fingerprint, row_digests(X))
     seen = REGISTRY.reused(fingerprint, row_digests(X_cal))
     if seen:
-        warnings.warn(f"{owner}.fit: {seen} of the {len(X_cal)} X_cal rows are rows declared as training rows of this "
-                      "prefit network (rows of X in this or an earlier fit with the same weights). Their residuals "
-                      "are training residuals, so the calibrated intervals or sets will under-cover new rows; pass as "
-                      "X_cal only rows the network was not trained on.", PrefitLeakageWarning,
-                      stacklevel=user_stacklevel())
+        warn(f"{owner}.fit: {seen} of the {len(X_cal)} X_cal rows are rows declared as training rows of this "
+             "prefit network (rows of X in this or an earlier fit with the same weights). Their residuals "
+             "are training residuals, so the calibrated intervals or sets will under-cover new rows; pass as "
+             "X_cal only rows the network was not trained on.", PrefitLeakageWarning)
     return fingerprint
 
 
@@ -296,13 +294,13 @@ def warn_if_training_rows(fingerprint: bytes | None, X: np.ndarray, owner: str, 
         return
     seen = REGISTRY.reused(fingerprint, row_digests(X))
     if seen:
-        warnings.warn(
+        warn(
             f"{owner}.{method}: {seen} of the {len(X)} rows were declared as training rows of this prefit network "
             "(rows of X in a fit with prefit=True and the same weights). The network was trained on them, so its "
             "errors there are smaller than on new rows, and coverage or scores measured on them overstate what new "
             "rows get. This happens when a prefit network is cross-validated (GridSearchCV, cross_validate): every "
             "test fold was training data of the one network. Evaluate on rows held out before the network was "
-            "trained.", PrefitLeakageWarning, stacklevel=user_stacklevel())
+            "trained.", PrefitLeakageWarning)
 
 
 def warn_if_underfits(module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, likelihood, owner: str) -> None:
@@ -311,8 +309,7 @@ def warn_if_underfits(module: nn.Module, Xt: torch.Tensor, yt: torch.Tensor, lik
     rows = check_rows(Xt.shape[0]).to(Xt.device)
     finding = no_better_than_a_constant(likelihood, model_outputs(module, Xt[rows], batch_size=256), yt[rows])
     if finding:
-        warnings.warn(f"{owner}.fit: the prefit network predicts its training rows (the rows of X) no better than a "
-                      f"constant: {finding}. prefit=True uses the network as it is; check that it was trained and its "
-                      "trained weights loaded, on these targets in these units (y is not standardised for a prefit "
-                      "network), and that X holds the rows it was trained on.", PrefitUnderfitWarning,
-                      stacklevel=user_stacklevel())
+        warn(f"{owner}.fit: the prefit network predicts its training rows (the rows of X) no better than a "
+             f"constant: {finding}. prefit=True uses the network as it is; check that it was trained and its "
+             "trained weights loaded, on these targets in these units (y is not standardised for a prefit "
+             "network), and that X holds the rows it was trained on.", PrefitUnderfitWarning)

@@ -366,9 +366,9 @@ def train_module(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Call
 
 def shadow_plan(shadow: TrainingResult, n_held_out: int) -> str:
     """Why a network trains for the epochs its shadow copy chose: its stop reason."""
-    return (f"the {shadow.best_epoch} epochs after which a shadow copy, trained on the rows less {n_held_out} held "
-            f"out, had its lowest held-out loss ({shadow.best_validation_score:.4g}; the copy stopped after "
-            f"{shadow.n_iter} epochs: {shadow.stop_reason.split(';')[0]})")
+    return (f"the {shadow.best_epoch} epochs at which a trial run of the network, with {n_held_out} of the rows "
+            f"held out, did best on those rows (held-out loss {shadow.best_validation_score:.4g}; the trial run "
+            f"stopped after {shadow.n_iter} epochs: {shadow.stop_reason.split(';')[0]})")
 
 
 def lr_factor(schedule: str, step: int, total_steps: int) -> float:
@@ -1017,14 +1017,14 @@ class Training(BaseEstimator):
 def training_line(result: TrainingResult, threads: str) -> str:
     """E.g. "training: 500 epochs on 696 rows (batches of 64), 12.3 s, loss 0.0123 (first epoch 0.912);
     1 torch thread (auto)", or with early stopping "training: 37 epochs on 36,000 rows (batches of 200; 4,000
-    held out, stopped early, best held-out loss 0.123), ...", or with a shadow copy "training: 1,876 epochs on 250
-    rows (batches of 64; the epochs chosen by a shadow copy with 50 rows held out: lowest held-out loss 0.0123 at
-    epoch 1,876 of the 2,000 it ran), ..."."""
+    held out, stopped early, best held-out loss 0.123), ...", or after a shadow copy "training: 1,876 epochs on 250
+    rows (batches of 64; as many epochs as a trial run with 50 of the rows held out did best at: held-out loss
+    0.0123 at epoch 1,876 of the 2,000 it ran), ..."."""
     losses, held_out = result.loss_curve, result.validation_indices
     detail = f"batches of {result.batch_rows}"
     if result.shadow_epochs is not None:
-        detail += (f"; the epochs chosen by a shadow copy with {len(held_out):,} rows held out: lowest held-out loss "
-                   f"{result.best_validation_score:.4g} at epoch {result.best_epoch:,} of the "
+        detail += (f"; as many epochs as a trial run with {len(held_out):,} of the rows held out did best at: "
+                   f"held-out loss {result.best_validation_score:.4g} at epoch {result.best_epoch:,} of the "
                    f"{result.shadow_epochs:,} it ran")
     elif held_out is not None:
         stopped = "stopped early" if len(losses) < result.max_epochs else "ran max_epochs"

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import logging
 import os
-import warnings
 
 import torch
 import torch.autograd.forward_ad as fwAD
 
 from .._functional import forward_ad_section
+from .._warnings import warn
 from ._records import cells, record_weight
 
 __all__ = ["SingleProductMixin", "available_memory"]
@@ -94,8 +94,9 @@ class SingleProductMixin:
             except RuntimeError as err:  # e.g. a layer without double backward (cuDNN RNNs)
                 self._cache = None
                 if self.reuse_linearization is True:
-                    warnings.warn(f"Cannot reuse the linearisation ({err}); streaming JVP+VJP instead.",
-                                  RuntimeWarning, stacklevel=3)
+                    warn(f"Cannot reuse the linearisation ({err}); streaming JVP+VJP instead. "
+                         "reuse_linearization='auto' (or False) chooses the streaming products without this "
+                         "warning.", RuntimeWarning)
                 use = False
         return use
 
