@@ -1,4 +1,5 @@
-"""Several copies of one network trained at once (_copies.py): each copy ends where train_module takes
+"""Several copies of one network trained at once (training/networks.py's Stacked, through the one loop): each copy
+ends where train_module takes
 it alone on its rows with its weight decay, for each built-in optimizer and with row weights; the module is left
 as it was; modules vmap cannot batch are recognised."""
 
@@ -11,8 +12,13 @@ import pytest
 import torch
 from torch import nn
 
-from glas_sklearn._copies import can_stack_layers, can_train_copies, stacked_forward, train_copies
-from glas_sklearn.estimators._training import build_optimizer, train_module
+from glas_sklearn.training import build_optimizer, train_module, train_stacked
+from glas_sklearn.training.networks import can_stack_layers, can_train_copies, stacked_forward
+
+
+def train_copies(*args, **kwargs):
+    """The networks of :func:`train_stacked` (its records dropped)."""
+    return train_stacked(*args, **kwargs)[0]
 
 
 def _rows(n=48, seed=0):
