@@ -169,7 +169,6 @@ def run(nets: InPlace | Stacked, *, build: Callable, weight_decays: Sequence[flo
             running = [m for m in range(count) if active[m]]  # only the networks still training are computed
             if not running:
                 break
-            nets.train()
             orders = nets.orders(gens, running)
             total = torch.zeros(len(running), dtype=torch.float64, device=device)  # on the device: no sync a step
             for sl in slices:
@@ -208,12 +207,13 @@ def run(nets: InPlace | Stacked, *, build: Callable, weight_decays: Sequence[flo
                         active[m] = False
                 if active[m] and epoch + 1 >= epochs[m]:
                     active[m] = False
-            postfix = {"loss": f"{float(np.mean(list(epoch_losses.values()))):.4g}"}
-            if count > 1:
-                postfix["running"] = sum(active)
-            elif scores is not None:
-                postfix["validation"] = f"{scores[0]:.4g}"
-            bar.set_postfix(**postfix)
+            if verbose:
+                postfix = {"loss": f"{float(np.mean(list(epoch_losses.values()))):.4g}"}
+                if count > 1:
+                    postfix["running"] = sum(active)
+                elif scores is not None:
+                    postfix["validation"] = f"{scores[0]:.4g}"
+                bar.set_postfix(**postfix)
     networks = nets.finish(kept)
     for m, record in enumerate(records):
         if record.best_epoch is not None:

@@ -26,7 +26,8 @@ from torch.func import functional_call, vmap
 
 from .pieces import held_out_loss, per_row_losses
 
-__all__ = ["ELEMENTWISE", "InPlace", "Stacked", "can_stack_layers", "can_train_copies", "stacked_forward"]
+__all__ = ["ELEMENTWISE", "MODE_FREE", "InPlace", "Stacked", "can_stack_layers", "can_train_copies", "mode_free",
+           "stacked_forward"]
 
 logger = logging.getLogger(__name__)
 
@@ -119,6 +120,17 @@ def _copy_losses(module: nn.Module, loss: Callable, forward: Callable | None) ->
     return batched
 
 
+#: Layers whose output does not depend on train / eval mode: a module made of these alone (and ``nn.Sequential``)
+#: is scored on held-out rows without switching its mode (the switch costs more than a small network's forward pass).
+MODE_FREE = (nn.Sequential, nn.Linear, *(layer for layer in ELEMENTWISE if layer is not nn.Dropout))
+
+
+def mode_free(module: nn.Module) -> bool:
+    """Whether ``module`` computes the same in train and eval mode: every submodule one of ``MODE_FREE`` exactly, none
+    overriding ``train``."""
+    return all(type(m) in MODE_FREE and type(m).train is nn.Module.train for m in module.modules())
+
+
 class InPlace:
     """One module trained in place on the rows (X, y) (any module: buffers and frozen layers included); the weights
     of its best epoch kept as its ``state_dict``."""
@@ -130,6 +142,7 @@ class InPlace:
         # per-row factors w_i / w̄ (mean 1 over the rows): a batch's loss is the mean of (w_i / w̄) ℓ_i
         self.factors = None if sample_weight is None else sample_weight / sample_weight.mean()
         self.validation_rows, self.validation_loss = validation, validation_loss
+        self.mode_free = mode_free(module)
 
     def groups(self, weight_decays: Sequence[float]) -> list[dict]:
         return [{"params": list(self.module.parameters()), "weight_decay": float(weight_decays[0])}]
@@ -154,7 +167,7 @@ class InPlace:
 
     def scores(self, running: list[int]) -> dict[int, float]:
         X_val, y_val, w_val = self.validation_rows
-        return {0: held_out_loss(self.module, X_val, y_val, self.validation_loss, w_val)}
+        return {0: held_out_loss(self.module, X_val, y_val, self.validation_loss, w_val, switch=not self.mode_free)}
 
     def weights(self, m: int) -> dict:
         return {k: v.detach().clone() for k, v in self.module.state_dict().items()}

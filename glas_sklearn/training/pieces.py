@@ -34,11 +34,13 @@ def per_row_losses(loss: Callable, outputs: torch.Tensor, targets: torch.Tensor)
 
 
 def held_out_loss(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Callable,
-                  sample_weight: torch.Tensor | None = None, chunk: int = 4096) -> float:
+                  sample_weight: torch.Tensor | None = None, chunk: int = 4096, switch: bool = True) -> float:
     """The (weighted) mean of ``loss`` over the rows of (X, y), evaluated in eval mode without gradients, in
-    chunks of rows; with ``sample_weight`` Σ_i w_i ℓ_i / Σ_i w_i (ℓ_i by vmap on each row)."""
+    chunks of rows; with ``sample_weight`` Σ_i w_i ℓ_i / Σ_i w_i (ℓ_i by vmap on each row). ``switch=False``: in the
+    module's mode as it is (for a module that computes the same in both)."""
     was_training = module.training
-    module.eval()
+    if switch:
+        module.eval()
     total, weight = 0.0, 0.0
     with torch.no_grad():
         for i in range(0, X.shape[0], chunk):
@@ -50,7 +52,8 @@ def held_out_loss(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Cal
                 w = sample_weight[i:i + chunk]
                 total += float((w * per_row_losses(loss, out, target).to(w.dtype)).sum())
                 weight += float(w.sum())
-    module.train(was_training)
+    if switch:
+        module.train(was_training)
     return total / weight
 
 
