@@ -13,7 +13,9 @@ Data sets
 - ``friedman16_14k``: ``make_friedman1(n_samples=13_750, n_features=16, noise=1.0, random_state=split)`` (16
   inputs, 11 of them irrelevant), 11,000 training and 2,750 test rows (the size of the held-out table of issue 28);
 - ``friedman8_8k``: ``make_friedman1(n_samples=10_192, n_features=8, noise=0.5, random_state=split)``, 8,192
-  training and 2,000 test rows (kin8nm's size and width, the table of issue 42's fit-time target).
+  training and 2,000 test rows (kin8nm's size and width, the table of issue 42's fit-time target);
+- ``diabetes``: ``sklearn.datasets.load_diabetes`` (442 rows), and ``friedman1_1500``: ``make_friedman1(n_samples=
+  1_500, noise=1.0, random_state=split)``, both split as ``concrete_shipped`` (the small tables of issue 62).
 
 Methods (all at the 90 % level, fitted on the training rows of a split, scored on its test rows)
 -------------------------------------------------------------------------------------------------
@@ -34,6 +36,9 @@ Methods (all at the 90 % level, fitted on the training rows of a split, scored o
   the fused Adam, which changes nothing but the time, runs);
 - ``second_default``: the default of the second round, before ``batch_size="auto"`` / ``lr="auto"`` grew to 1,024
   rows and 3e-3 from 8,192 rows trained on: ``batch_size=200, lr=1e-3`` (what "auto" gave on the two large sets);
+- ``full_batch``: the candidate of issue 62 for small tables, ``Training(batch_size=None, lr=1e-2)``: full-batch
+  Adam steps at a larger rate (one step an epoch), today's stopping rule otherwise; compared paired with
+  ``new_default`` (today's recipe) on the same splits;
 - ``mapie_split_hgb``: MAPIE ``SplitConformalRegressor(HistGradientBoostingRegressor(), prefit=False)``, fitted
   on 90 % of the training rows and conformalised on the other 10 % (the estimator's own ``calibration_size``);
 - ``mapie_cqr_hgb``: MAPIE ``ConformalizedQuantileRegressor`` around three HistGradientBoosting quantile
@@ -43,11 +48,14 @@ Every method of ours but ``new_default`` is a Gaussian one: it passes ``likeliho
 calibration="conformal"`` (what the default was when it was measured; a version without those parameters gets
 none).
 
-For each: the wall time of the whole fit (for ours also ``timings_``: training of the network kept, the other
-trainings of ``likelihood="auto"``'s choice, curvature, calibration; and how often the variance head was kept), the
-epochs run (``n_iter_``), coverage, mean width and interval (Winkler) score of the test rows. Timed with one torch
-thread (``--threads 1``; HistGradientBoosting's OpenMP threads are limited to the same number through
-threadpoolctl). Results are merged into the JSON by (data set, split, method), so runs of parts accumulate.
+For each: the wall time of the whole fit and its ratio to ``mapie_split_hgb``'s in the same run (the tabular
+alternative; means over the splits both ran), for ours also the optimizer steps of every training of the fit (shadow
+copies and cross-validations included) and the time per step (the training loop's seconds ÷ its steps), ``timings_``
+(training of the network kept, the other trainings of ``likelihood="auto"``'s choice, curvature, calibration; and
+how often the variance head was kept), the epochs run (``n_iter_``), coverage, mean width and interval (Winkler)
+score of the test rows. Timed with one torch thread (``--threads 1``; HistGradientBoosting's OpenMP threads are
+limited to the same number through threadpoolctl). Results are merged into the JSON by (data set, split, method), so
+runs of parts accumulate.
 
 Usage
 -----
@@ -61,6 +69,7 @@ Usage
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 import warnings
@@ -76,7 +85,7 @@ from glas_sklearn.metrics import coverage_score, interval_score, mean_width_scor
 
 LEVEL = 0.9
 UCI = ["concrete", "energy", "yacht", "wine-quality-red"]
-DATASETS = [*UCI, "concrete_shipped", "friedman_50k", "friedman16_14k", "friedman8_8k"]
+DATASETS = [*UCI, "concrete_shipped", "friedman_50k", "friedman16_14k", "friedman8_8k", "diabetes", "friedman1_1500"]
 METHODS = {
     "old_default": "ours, old default (500 epochs of 64 rows, no early stopping)",
     "gaussian_default": "ours, the Gaussian default before likelihood='auto' and calibration='mondrian' (early "
@@ -85,12 +94,16 @@ METHODS = {
     "previous_default": "ours, the first early-stopping default (subsample=None)",
     "second_default": "ours, the second-round default (batch_size=200, lr=1e-3 on large data)",
     "early_stopping_on": "ours, early_stopping=True on every set (the first candidate default; small sets too)",
+    "full_batch": "ours, today's default with full-batch steps at lr 1e-2 (the candidate of issue 62)",
     "mapie_split_hgb": "MAPIE split conformal, HistGradientBoosting",
     "mapie_cqr_hgb": "MAPIE CQR, HistGradientBoosting quantiles",
 }
 OLD_SETTINGS = {"max_epochs": 500, "batch_size": 64, "early_stopping": False}
 GAUSSIAN_SETTINGS = {"likelihood": "gaussian", "calibration": "conformal"}
-OURS = ("old_default", "gaussian_default", "new_default", "previous_default", "second_default", "early_stopping_on")
+OURS = ("old_default", "gaussian_default", "new_default", "previous_default", "second_default", "early_stopping_on",
+        "full_batch")
+#: issue 62: the default's whole fit within this many times the tabular alternative's (MAPIE split conformal)
+MAX_RATIO_TO_TABULAR = 10.0
 # the targets of issue 28
 MAX_RATIO_TO_SPLIT_CONFORMAL, MIN_ROWS_FOR_RATIO = 15.0, 5000
 MAX_TRAINING_TO_LAPLACE = 3.0
@@ -112,6 +125,12 @@ def load(name: str, split: int):
     if name == "friedman16_14k":
         X, y = make_friedman1(n_samples=13_750, n_features=16, noise=1.0, random_state=split)
         return _tts(X, y, split, test_size=2_750)
+    if name == "diabetes":
+        from sklearn.datasets import load_diabetes
+        return _tts(*load_diabetes(return_X_y=True), split)
+    if name == "friedman1_1500":
+        X, y = make_friedman1(n_samples=1_500, noise=1.0, random_state=split)
+        return _tts(X, y, split)
     if name == "friedman8_8k":
         X, y = make_friedman1(n_samples=10_192, n_features=8, noise=0.5, random_state=split)
         return _tts(X, y, split, test_size=2_000)
@@ -144,18 +163,23 @@ def run_ours(method: str, X, y, X_te, y_te, seed: int) -> dict:
         settings = {"subsample": None, **GAUSSIAN_SETTINGS}
     if method == "second_default":  # before batch_size / lr "auto" grew to 1,024 rows / 3e-3 on large data
         settings = {"batch_size": 200, "lr": 1e-3, **GAUSSIAN_SETTINGS}
+    if method == "full_batch":
+        settings = {"batch_size": None, "lr": 1e-2}
     if method in ("gaussian_default", "previous_default", "second_default", "early_stopping_on"):
         # the training of their time (the estimator keeps a tenth of X for calibration)
         settings = {**_common.training_before_shadow(len(X) - int(np.ceil(0.1 * len(X)))), **settings}
     est = LaplaceActiveSubspaceRegressor(**_common.grouped(confidence_level=LEVEL, random_state=seed, **settings))
     t0, c0 = time.perf_counter(), time.process_time()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), counted_steps() as loop_runs:
         warnings.simplefilter("ignore")
         est.fit(X, y)
     fit_s, fit_cpu_s = time.perf_counter() - t0, time.process_time() - c0
     _, pis = est.predict_interval(X_te)
     t = est.timings_
-    out = {"fit_s": fit_s, "fit_cpu_s": fit_cpu_s, "training_s": t.get("training", 0.0), "curvature_s": t["curvature"],
+    steps = sum(n for n, _ in loop_runs)
+    out = {"fit_s": fit_s, "fit_cpu_s": fit_cpu_s, "steps": steps,
+           "ms_per_step": 1e3 * sum(s for _, s in loop_runs) / max(steps, 1),
+           "training_s": t.get("training", 0.0), "curvature_s": t["curvature"],
            "calibration_s": t["calibration"],
            "epochs": int(getattr(est, "n_iter_", len(est.training_loss_))),
            **scores(y_te, pis[:, 0, 0], pis[:, 1, 0])}
@@ -167,6 +191,27 @@ def run_ours(method: str, X, y, X_te, y_te, seed: int) -> dict:
         out["support"] = {k: support[k] for k in ("nll_gain", "nll_gain_se", "n_rows", "rows", "seconds", "folds")
                           if k in support}
     return out
+
+
+@contextlib.contextmanager
+def counted_steps():
+    """Inside the block every run of the training loop (``glas_sklearn.training.loop.run``) is recorded in the list
+    yielded as (optimizer steps, seconds): the steps of its longest-running network (networks trained together
+    take theirs in the same steps)."""
+    from glas_sklearn.training import loop
+    runs, real = [], loop.run
+
+    def recorded(nets, **kw):
+        t0 = time.perf_counter()
+        out = real(nets, **kw)
+        runs.append((max(r.n_steps for r in out[1]), time.perf_counter() - t0))
+        return out
+
+    loop.run = recorded
+    try:
+        yield runs
+    finally:
+        loop.run = real
 
 
 def _calibration_split(X, y, seed):
@@ -235,7 +280,8 @@ PAIRS = [("paired_gaussian_default", "gaussian_default", "old_default"),
          ("paired_early_stopping_on", "early_stopping_on", "old_default"),
          ("paired_new_vs_gaussian", "new_default", "gaussian_default"),
          ("paired_previous", "gaussian_default", "previous_default"),
-         ("paired_second", "gaussian_default", "second_default")]
+         ("paired_second", "gaussian_default", "second_default"),
+         ("paired_full_batch", "full_batch", "new_default")]
 
 
 def summarise(results: dict) -> dict:
@@ -248,6 +294,12 @@ def summarise(results: dict) -> dict:
             if rows:
                 entry[method] = {k: _mean(rows, k) for k in rows[0] if all(k in r for r in rows)}  # in every split
                 entry[method]["n_splits"] = len(rows)
+                both = [s for s in per_split.values() if method in s and "mapie_split_hgb" in s]
+                if method in OURS and both:  # the tabular alternative fitted in the same run, on the same splits
+                    for key in ("fit_s", "fit_cpu_s"):
+                        if all(key in s[m] for s in both for m in (method, "mapie_split_hgb")):
+                            entry[method][f"{key}_ratio"] = float(np.mean([s[method][key] for s in both])
+                                                                  / np.mean([s["mapie_split_hgb"][key] for s in both]))
         for key, method, ref in PAIRS:
             both = [s for s in per_split.values() if ref in s and method in s]
             if both:
@@ -277,8 +329,9 @@ def render(payload: dict) -> str:
              "curvature / calibration (`timings_`); *head*: the share of the splits on which `likelihood=\"auto\"` "
              "kept σ(x). `new_default` is today's default (one mean network, then the noise stage); "
              "`gaussian_default` the Gaussian default before it (rows measured as `new_default` then).", ""]
-    header = ["data set", "method", "splits", "fit (s)", "fit CPU (s)", "training", "choice", "curvature",
-              "calibration", "epochs", "head", "coverage (%)", "interval score", "width"]
+    header = ["data set", "method", "splits", "fit (s)", "fit CPU (s)", "÷ tabular", "÷ tabular CPU", "steps",
+              "ms / step", "training",
+              "choice", "curvature", "calibration", "epochs", "head", "coverage (%)", "interval score", "width"]
     rows = []
     for name, entry in summary.items():
         for method in METHODS:
@@ -289,10 +342,13 @@ def render(payload: dict) -> str:
             def f(k, d=2, e=e):
                 return "–" if k not in e or not np.isfinite(e[k]) else f"{e[k]:.{d}f}"
             head = "–" if "variance_head" not in e else f"{100 * e['variance_head']:.0f} %"
-            rows.append([name, method, int(e["n_splits"]), f("fit_s"), f("fit_cpu_s"), f("training_s"),
+            ratio, ratio_cpu = ("–" if f"{k}_ratio" not in e else f"{e[f'{k}_ratio']:.1f}×" for k in ("fit_s",
+                                                                                                     "fit_cpu_s"))
+            rows.append([name, method, int(e["n_splits"]), f("fit_s"), f("fit_cpu_s"), ratio, ratio_cpu, f("steps", 0),
+                         f("ms_per_step", 3), f("training_s"),
                          f("choice_s"), f("curvature_s"), f("calibration_s"), f("epochs", 0), head,
                          f"{100 * e['coverage']:.1f}", f("interval_score", 3), f("width", 3)])
-    lines += _common.markdown_table(header, rows, "llrrrrrrrrrrrr")
+    lines += _common.markdown_table(header, rows, "llrrrrrrrrrrrrrrrr")
     lines += ["", "## Targets", "",
               "The fit-time ratios are those of today's default against the MAPIE rows of the same runs; the "
               "paired ratios compare interval scores on the splits both methods were run on.", ""]
@@ -307,6 +363,14 @@ def render(payload: dict) -> str:
                     target = f"new_default fit time / MAPIE split conformal ≤ {MAX_RATIO_TO_SPLIT_CONFORMAL:g} ({what})"
                     checks.append([name, target,
                                    f"{r:.1f}", "met" if r <= MAX_RATIO_TO_SPLIT_CONFORMAL else "missed"])
+        for method in ("new_default", "full_batch"):
+            e = entry.get(method)
+            for key, what in (("fit_s_ratio", "wall"), ("fit_cpu_s_ratio", "CPU")):
+                if e and key in e:
+                    r = e[key]
+                    checks.append([name, f"{method} fit time / MAPIE split conformal ≤ {MAX_RATIO_TO_TABULAR:g} "
+                                         f"({what}, same run, {int(e['n_splits'])} splits)", f"{r:.1f}",
+                                   "met" if r <= MAX_RATIO_TO_TABULAR else "missed"])
         for method in ("gaussian_default", "new_default"):
             e = entry.get(method)
             if e and n_rows >= 40_000:
@@ -328,7 +392,7 @@ def render(payload: dict) -> str:
                                  f"splits{identical})",
                            f"{r:.3f} (median per split {p['per_split_ratio_median']:.3f})",
                            "met" if r <= 1 + MAX_SCORE_LOSS else "missed"])
-        for method in ("gaussian_default", "new_default"):
+        for method in ("gaussian_default", "new_default", "full_batch"):
             e = entry.get(method)
             if e and name in UCI:
                 c = e["coverage"]

@@ -4,8 +4,9 @@ networks trained one after another, in one run.
 Cases: the default classifier (three networks below 2,000 training rows) on iris, wine, breast cancer and digits
 (stratified 75/25 splits of the raw features, ``random_state`` = split), and the regressor with
 ``training=Training(n_networks=3)`` on the shipped concrete table (75/25 splits). Each split is fitted twice, as it
-comes (the networks trained together by ``Training.fit_together``) and with ``fit_together`` switched off (the
-networks trained one by one by ``Training.fit``, the path of modules that do not stack), in alternating order.
+comes (the networks trained together, stacked, in one run of the training loop) and with stacking switched off
+(``glas_sklearn.training.fitting.stacks``: the networks trained one by one, the path of modules that do not stack),
+in alternating order.
 Both fits compute the same networks up to float rounding: the report gives the largest difference of their
 predicted probabilities (predictions for the regressor) on the test rows beside the times.
 
@@ -38,6 +39,7 @@ from glas_sklearn import (
     Training,
     load_concrete,
 )
+from glas_sklearn.training import fitting
 
 STEM = "ensemble_fit"
 CASES = {"iris": load_iris, "wine": load_wine, "breast_cancer": load_breast_cancer, "digits": load_digits,
@@ -47,12 +49,12 @@ CASES = {"iris": load_iris, "wine": load_wine, "breast_cancer": load_breast_canc
 @contextlib.contextmanager
 def one_by_one():
     """Inside the block the estimators train an ensemble's networks one after another."""
-    real = Training.fit_together
-    Training.fit_together = lambda self, *a, **kw: None
+    real = fitting.stacks
+    fitting.stacks = lambda *a, **kw: False
     try:
         yield
     finally:
-        Training.fit_together = real
+        fitting.stacks = real
 
 
 def fit_case(case: str, split: int, epochs: int | None, device: str = "cpu") -> dict:

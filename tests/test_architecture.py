@@ -18,13 +18,13 @@ ROOT = Path(__file__).resolve().parents[1] / PACKAGE
 
 #: A part of the package (a top-level module or subpackage) → its floor; a part imports only from floors ≤ its own.
 FLOORS = {
-    # floor 0: checks, progress, the one model binding, adapters, the training loop's pieces
+    # floor 0: checks, progress, the one model binding, adapters
     "_checks": 0, "_version": 0, "_progress": 0, "_functional": 0, "_jacobians": 0, "adapters": 0, "_threads": 0,
-    "ensemble": 0, "_silenced": 0, "_warnings": 0, "_constraints": 0, "_loop": 0, "_copies": 0, "_fused_adam": 0,
+    "ensemble": 0, "_silenced": 0, "_warnings": 0, "_constraints": 0,
     # floor 1: tensor math of the predictive, the conformity scores
     "predictive": 1, "conformity_scores": 1,
-    # floor 2: likelihoods and the curvature operators
-    "likelihoods": 2, "ggn": 2, "distributed": 2, "eigen": 2,
+    # floor 2: likelihoods, the curvature operators, and the training of a network (it needs a loss only)
+    "likelihoods": 2, "ggn": 2, "distributed": 2, "eigen": 2, "training": 2,
     # floor 3
     "posterior": 3,
     # floor 4

@@ -1,4 +1,5 @@
-"""Several copies of one network trained at once (_copies.py): each copy ends where train_module takes
+"""Several copies of one network trained at once (training/networks.py's Stacked, through the one loop): each copy
+ends where train_module takes
 it alone on its rows with its weight decay, for each built-in optimizer and with row weights; the module is left
 as it was; modules vmap cannot batch are recognised."""
 
@@ -11,8 +12,13 @@ import pytest
 import torch
 from torch import nn
 
-from glas_sklearn._copies import can_stack_layers, can_train_copies, stacked_forward, train_copies
-from glas_sklearn.estimators._training import build_optimizer, train_module
+from glas_sklearn.training import build_optimizer, train_module, train_stacked
+from glas_sklearn.training.networks import can_stack_layers, can_train_copies, stacked_forward
+
+
+def train_copies(*args, **kwargs):
+    """The networks of :func:`train_stacked` (its records dropped)."""
+    return train_stacked(*args, **kwargs)[0]
 
 
 def _rows(n=48, seed=0):
@@ -153,3 +159,29 @@ def test_only_stacks_of_linear_layers_on_vector_rows_run_as_batched_products():
     frozen[0].bias.requires_grad_(False)
     assert not can_stack_layers(frozen, x)
     assert can_stack_layers(nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)), x)
+
+
+def test_only_modules_that_compute_the_same_in_both_modes_are_scored_without_a_mode_switch():
+    """The default MLP's layers compute the same in train and eval mode, so its held-out loss is computed without
+    switching; dropout, batch norm, nested custom modules and a module overriding train() are switched, and the
+    held-out loss of a dropout network is the eval-mode one (dropout off) either way it was left."""
+    from glas_sklearn.training.networks import mode_free
+    from glas_sklearn.training.pieces import held_out_loss
+
+    class OwnTrain(nn.Sequential):
+        def train(self, mode=True):
+            return super().train(mode)
+
+    assert mode_free(nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)))
+    assert not mode_free(_net())  # Dropout
+    assert not mode_free(nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4)))
+    assert not mode_free(OwnTrain(nn.Linear(3, 2)))
+    X, y = _rows()
+    net = _net()
+    net[2].p = 0.9
+    net.train()
+    got = held_out_loss(net, X, y, nn.functional.cross_entropy)
+    assert net.training  # left as it was
+    with torch.no_grad():
+        want = float(nn.functional.cross_entropy(net.eval()(X), y))
+    assert got == pytest.approx(want, rel=1e-6)

@@ -17,6 +17,7 @@ from glas_sklearn.ensemble import NetworkEnsemble
 from glas_sklearn.estimators import _training
 from glas_sklearn.ggn import GGNOperator
 from glas_sklearn.likelihoods import HeteroscedasticGaussian
+from glas_sklearn.training import CV_PRIOR_PRECISIONS, optim
 from tests.reference import decays_recorded, dense_ggn, grouped, mlp
 
 FAST = dict(max_epochs=30, max_components=6, random_state=0, dtype="float64")
@@ -258,17 +259,17 @@ def test_weight_decay_cv_is_chosen_once_for_the_whole_ensemble(monkeypatch):
     """weight_decay="cv": the first network's cross-validation chooses the prior; the others train under it
     (the same decay c / n on the same rows), without searching again."""
     calls, decays = [], []
-    real_search, real_build = Training.cross_validate_decay, _training.build_optimizer
+    real_search, real_build = Training.cross_validate_decay, optim.build_optimizer
     monkeypatch.setattr(Training, "cross_validate_decay",
                         lambda self, *a, **kw: calls.append(1) or real_search(self, *a, **kw))
     X, y = _blobs(120, 3)
     clf = LaplaceActiveSubspaceClassifier(**grouped(**FAST, n_networks=2, weight_decay="cv"))
-    monkeypatch.setattr(_training, "build_optimizer", decays_recorded(decays, real_build))
+    monkeypatch.setattr(optim, "build_optimizer", decays_recorded(decays, real_build))
     clf.fit(X, y)
     assert len(calls) == 1
     n = len(clf.train_indices_)
     c = clf.weight_decay_ * n  # the chosen prior precision
-    assert min(abs(c - p) for p in _training.CV_PRIOR_PRECISIONS) < 1e-9
+    assert min(abs(c - p) for p in CV_PRIOR_PRECISIONS) < 1e-9
     # the last two optimizers: the networks' shadow copies (a fifth held out) and the networks, trained together,
     # c / rows each
     n_copy = n - int(np.ceil(0.2 * n))

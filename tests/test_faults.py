@@ -382,12 +382,12 @@ def test_test_rows_beyond_float32_are_refused(regressors):
 def test_integer_X_with_a_float_module_is_refused_before_training(monkeypatch):
     """Integer X reaches a user's module as token ids: a float module cannot take them; said before training,
     with the hint, not as a dtype error from inside the training loop."""
-    import glas_sklearn.estimators._training as training
+    from glas_sklearn.training import loop
 
     def no_training(*args, **kwargs):
         raise AssertionError("training started")
 
-    monkeypatch.setattr(training, "train_module", no_training)
+    monkeypatch.setattr(loop, "run", no_training)
     X, y = _regression()
     net = nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1))
     with pytest.raises(ValueError, match=r"cannot be evaluated .* token ids; for a table of integer-valued features "

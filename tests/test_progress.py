@@ -57,7 +57,7 @@ def test_verbose_zero_is_silent():
 
 
 def _trained_like_loop(file, steps=400, **kwargs):
-    """The training loop's use of the bar: one ``set_postfix`` per step, as in estimators/_training.py."""
+    """The training loop's use of the bar: one ``set_postfix`` per step, as in glas_sklearn/training/loop.py."""
     bar = progress(range(steps), desc="training", file=file, **kwargs)
     for step in bar:
         bar.set_postfix(loss=f"{1.0 / (step + 1):.4g}")

@@ -17,9 +17,9 @@ from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import StandardScaler
 
 from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
-from glas_sklearn.estimators._training import train_module
 from glas_sklearn.ggn import GGNOperator
 from glas_sklearn.laplace import fit_laplace_subspace, residual_noise_variance
+from glas_sklearn.training import train_module
 from tests.reference import grouped
 
 from .reference import TinyLSTM, assert_unchanged, dense_ggn, mlp, snapshot

@@ -1,4 +1,4 @@
-"""The estimators' training loop (estimators/_training.py) and its settings: early stopping on held-out rows drawn
+"""The training loop (glas_sklearn/training/) and its settings: early stopping on held-out rows drawn
 from the training rows only, the weights of the best epoch restored, a one-row last batch merged, the fitted
 training attributes and the stop reason in the log."""
 
@@ -15,18 +15,21 @@ from torch import nn
 
 import glas_sklearn
 from glas_sklearn import Compute, LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor, LowRank, Training
-from glas_sklearn._fused_adam import FusedAdam
-from glas_sklearn.estimators import _training
+from glas_sklearn import training as _training
 from glas_sklearn.estimators._posterior import auto_subsample
-from glas_sklearn.estimators._training import (
+from glas_sklearn.likelihoods import HeteroscedasticGaussian
+from glas_sklearn.training import (
     auto_batch_size,
     auto_lr,
     batch_slices,
     build_optimizer,
+    fitting,
     held_out_loss,
+    loop,
+    optim,
     train_module,
 )
-from glas_sklearn.likelihoods import HeteroscedasticGaussian
+from glas_sklearn.training.optim import FusedAdam
 from tests.reference import decays_recorded, grouped
 
 #: Prefit networks here are often untrained on purpose; the warning saying so is tested in test_messages.py.
@@ -276,9 +279,9 @@ def test_classifier_holds_out_stratified_validation_rows():
 
 def test_stop_reason_is_logged_in_one_line(caplog):
     X, y = _data(n=120)
-    with caplog.at_level(logging.INFO, logger="glas_sklearn.estimators._training"):
+    with caplog.at_level(logging.INFO, logger="glas_sklearn.training"):
         LaplaceActiveSubspaceRegressor(**grouped(**FAST, max_epochs=5)).fit(X, y)
-    lines = [r.getMessage() for r in caplog.records if r.name == "glas_sklearn.estimators._training"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "glas_sklearn.training"]
     assert len(lines) == 1 and "\n" not in lines[0]
     assert "stopped after 5 epochs" in lines[0] and "max_epochs=5 reached" in lines[0]
 
@@ -286,9 +289,9 @@ def test_stop_reason_is_logged_in_one_line(caplog):
 def test_network_after_a_shadow_copy_logs_why_it_ran_those_epochs(caplog):
     """The network that trains for its shadow copy's epochs says so in its one line, not "max_epochs=N reached"."""
     X, y = _data(n=120)
-    with caplog.at_level(logging.INFO, logger="glas_sklearn.estimators._training"):
+    with caplog.at_level(logging.INFO, logger="glas_sklearn.training"):
         est = LaplaceActiveSubspaceRegressor(**grouped(**{**FAST, "early_stopping": "shadow"}, max_epochs=30)).fit(X, y)
-    lines = [r.getMessage() for r in caplog.records if r.name == "glas_sklearn.estimators._training"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "glas_sklearn.training"]
     assert len(lines) == 2 and "(shadow copy)" in lines[0]  # the copy's line, then the network's
     reason = lines[1].split(f"stopped after {est.n_iter_} epochs: ", 1)[1]
     assert reason.startswith(f"the {est.n_iter_} epochs at which a trial run of the network")
@@ -441,8 +444,8 @@ def test_adam_trains_fused_at_every_size_and_a_class_gives_torchs_own(monkeypatc
     """"adam" trains with the fused kernel on small and large tables alike; passing the class keeps torch's
     default (for-loop) Adam, one argument away."""
     built = []
-    real = _training.build_optimizer
-    monkeypatch.setattr(_training, "build_optimizer", lambda *a, **kw: built.append(real(*a, **kw)) or built[-1])
+    real = optim.build_optimizer
+    monkeypatch.setattr(optim, "build_optimizer", lambda *a, **kw: built.append(real(*a, **kw)) or built[-1])
     X, y = _data(n=n)
     LaplaceActiveSubspaceRegressor(**grouped(**{**FAST, "early_stopping": "auto", "max_components": 2}, max_epochs=1,
                                              optimizer=optimizer, calibration_size=0.1)).fit(X, y)
@@ -531,11 +534,12 @@ def test_cross_validate_decay_against_a_direct_computation(monkeypatch, batchnor
     likelihood = glas_sklearn.likelihoods.Categorical()
     training = Training(max_epochs=40, weight_decay="cv")
     together = []
-    real = _training.train_copies
-    monkeypatch.setattr(_training, "train_copies", lambda *a, **kw: together.append(1) or real(*a, **kw))
+    real = loop.run
+    monkeypatch.setattr(loop, "run", lambda nets, **kw: together.append(nets.count) or real(nets, **kw))
     search = training.cross_validate_decay(module, Xt, yt, likelihood, seed=3)
-    assert together == ([] if batchnorm else [1])
-    folds = StratifiedKFold(_training.CV_FOLDS, shuffle=True, random_state=3 + _training._CV_SPLIT)
+    # all nine networks in one run of the loop, or (a module with buffers) one run each
+    assert together == ([1] * 9 if batchnorm else [9])
+    folds = StratifiedKFold(_training.CV_FOLDS, shuffle=True, random_state=3 + fitting._CV_SPLIT)
     expected = np.zeros(len(_training.CV_PRIOR_PRECISIONS))
     for fit, out in folds.split(X, clean):
         for i, c in enumerate(_training.CV_PRIOR_PRECISIONS):
@@ -576,8 +580,8 @@ def test_auto_weight_decay_by_estimator(monkeypatch):
     assert Training(weight_decay=0.0).decay(250, 1.0) == 0.0
     assert Training(weight_decay=1e-3).decay(250, None) == 1e-3
     seen = []
-    real = _training.build_optimizer
-    monkeypatch.setattr(_training, "build_optimizer", decays_recorded(seen, real))
+    real = optim.build_optimizer
+    monkeypatch.setattr(optim, "build_optimizer", decays_recorded(seen, real))
     X, y = _data(n=60)
     labels = (y > np.median(y)).astype(int)
     w = np.random.default_rng(1).uniform(0.5, 2.0, size=len(y))
@@ -613,8 +617,8 @@ def test_shadow_network_follows_the_learning_rate_schedule_its_copy_had(monkeypa
     """With a schedule, the network stopped at the copy's best epoch took each step at the rate the copy took it:
     both schedules span the copy's max_epochs, not the network's shorter run."""
     seen = []
-    real = _training.lr_factor
-    monkeypatch.setattr(_training, "lr_factor",
+    real = optim.lr_factor
+    monkeypatch.setattr(optim, "lr_factor",
                         lambda sched, step, total: seen.append(total) or real(sched, step, total))
     X, y = _data(n=200)
     est = LaplaceActiveSubspaceRegressor(**grouped(**{**FAST, "early_stopping": "shadow", "max_components": 2},
@@ -631,8 +635,8 @@ def test_weight_decay_cv_folds_train_without_shadow_copies_of_their_own(monkeypa
     for a module with buffers): 150 rows, every fold plainly and the kept network after its copy; 2,999 rows, folds
     of 1,999 / 1,999 / 2,000 rows, plainly or on held-out rows, and the kept network on held-out rows."""
     descs = []
-    real = _training.train_module
-    monkeypatch.setattr(_training, "train_module", lambda *a, **kw: descs.append(kw.get("desc")) or real(*a, **kw))
+    real = loop.run
+    monkeypatch.setattr(loop, "run", lambda nets, **kw: descs.append(kw.get("desc")) or real(nets, **kw))
     X, y = _data(n=n + 20)
     net = torch.nn.Sequential(torch.nn.Linear(3, 8), torch.nn.BatchNorm1d(8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
     kw = {**FAST, "early_stopping": "auto", "max_components": 2, "n_samples": 10}
@@ -642,3 +646,49 @@ def test_weight_decay_cv_folds_train_without_shadow_copies_of_their_own(monkeypa
     kept = ["training (shadow copy)", "training"] if n < 2000 else ["training"]
     assert descs == ["training"] * n_cv + kept
     assert (len(est.validation_indices_) == int(np.ceil((0.2 if n < 2000 else 0.1) * n)))
+
+
+def test_clip_grad_norm_scales_each_networks_gradient_to_the_norm():
+    """``clip_grad_norm``: one full-batch SGD step moves the weights by -lr · g · min(1, c / (‖g‖ + 1e-6)) (torch's
+    clip_grad_norm_ adds 1e-6), g the gradient
+    computed here by autograd on a copy; networks trained together are clipped each by its own norm (one network's
+    step is the step it takes alone, though the stacked gradient's norm is larger)."""
+    torch.manual_seed(0)
+    X, y = torch.randn(30, 3, dtype=torch.float64), torch.randint(0, 2, (30,))
+    nets = [nn.Sequential(nn.Linear(3, 5), nn.Tanh(), nn.Linear(5, 2)).double() for _ in range(2)]
+    lr, clip = 0.5, 0.01
+    expected = []
+    for net in nets:
+        ref = copy.deepcopy(net)
+        nn.functional.cross_entropy(ref(X), y).backward()
+        g = torch.cat([p.grad.reshape(-1) for p in ref.parameters()])
+        assert float(g.norm()) > 2 * clip  # the clip binds, so the check below can fail
+        start = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
+        expected.append(start - lr * g * clip / (g.norm() + 1e-6))
+    alone = copy.deepcopy(nets[0])
+    train_module(alone, X, y, nn.functional.cross_entropy, optimizer="sgd", lr=lr, weight_decay=0.0,
+                 batch_size=None, max_epochs=1, seed=0, clip_grad_norm=clip)
+    got = torch.cat([p.detach().reshape(-1) for p in alone.parameters()])
+    np.testing.assert_allclose(got, expected[0], rtol=0, atol=1e-12)
+    trained, _ = _training.train_stacked(nets, X, y, nn.functional.cross_entropy, row_sets=[np.arange(30)] * 2,
+                                         build=lambda g: build_optimizer("sgd", g, lr=lr, weight_decay=0.0),
+                                         weight_decays=[0.0, 0.0], batch_size=None, max_epochs=1, seed=0,
+                                         clip_grad_norm=clip)
+    for net, want in zip(trained, expected, strict=True):
+        np.testing.assert_allclose(torch.cat([p.detach().reshape(-1) for p in net.parameters()]), want, rtol=0,
+                                   atol=1e-12)
+
+
+def test_clip_grad_norm_reaches_the_loop_from_the_estimator(monkeypatch):
+    """``training__clip_grad_norm`` is a parameter of the estimator (get_params / set_params), checked, and given to
+    every run of the training loop; None by default."""
+    seen = []
+    real = loop.run
+    monkeypatch.setattr(loop, "run", lambda nets, **kw: seen.append(kw["clip_grad_norm"]) or real(nets, **kw))
+    X, y = _data(n=60)
+    reg = LaplaceActiveSubspaceRegressor(**grouped(**FAST, max_epochs=2))
+    assert reg.get_params()["training__clip_grad_norm"] is None
+    reg.set_params(training__clip_grad_norm=1.5).fit(X, y)
+    assert seen == [1.5]
+    with pytest.raises(ValueError, match="clip_grad_norm"):
+        LaplaceActiveSubspaceRegressor(**grouped(**FAST, clip_grad_norm=-1.0)).fit(X, y)

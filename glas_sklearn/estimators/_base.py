@@ -33,6 +33,7 @@ from ..ensemble import NetworkEnsemble
 from ..likelihoods import Likelihood
 from ..posterior import memory_budget
 from ..predictive import PredictiveMode, class_probabilities
+from ..training import Objective
 from ._calibration import CalibrationPlan, calibration_line, calibration_name
 from ._data import PreparedData, check_sample_weight, prepare_data
 from ._posterior import Posterior, posterior_line, resolve_posterior_settings
@@ -413,27 +414,14 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         check_trainable(module, self._name, False)
         check_output_shape(module, Xt[:1], n_outputs, likelihood, self._name)  # before training
         self.n_threads_ = choose_threads(settings.compute.n_threads, module, batch)
-        fit = {"sample_weight": data.weight, "weight_prior_std": self._weight_prior_std, "verbose": self.verbose}
-        if n_networks == 1:
-            history = settings.training.fit(module, Xt, data.yt, likelihood, seed=settings.seed, owner=self._name,
-                                            **fit)
-        else:  # a deep ensemble: each network trained as the first, from its own seed
-            seeds = [member_seed(settings.seed, k) for k in range(n_networks)]
-            members = [module] + [network(seed) for seed in seeds[1:]]
-            owners = [self._name] + [f"{self._name} (network {k + 1} of {n_networks})" for k in range(1, n_networks)]
-            together = settings.training.fit_together(members, Xt, data.yt, likelihood, seeds=seeds, owners=owners,
-                                                      **fit)  # all in the same steps, where they stack
-            if together is not None:
-                history = together[0]
-            else:  # networks that do not stack: one after another
-                history = None
-                for member, seed, owner in zip(members, seeds, owners, strict=True):
-                    done = settings.training.fit(member, Xt, data.yt, likelihood, seed=seed, owner=owner, **fit)
-                    if history is None:  # weight_decay="cv": the prior is the table's, chosen once
-                        history, search = done, done.weight_decay_search
-                        fit["cv_precision"] = None if search is None else search["chosen"]
-                    else:
-                        history.seconds += done.seconds
+        seeds = [member_seed(settings.seed, k) for k in range(n_networks)]
+        members = [module] + [network(seed) for seed in seeds[1:]]  # a deep ensemble: each from its own seed
+        owners = [self._name] + [f"{self._name} (network {k + 1} of {n_networks})" for k in range(1, n_networks)]
+        objective = Objective(likelihood.loss, likelihood.held_out_loss, likelihood.is_classification)
+        history = settings.training.fit_networks(members, Xt, data.yt, objective, seeds=seeds, owners=owners,
+                                                 sample_weight=data.weight, weight_prior_std=self._weight_prior_std,
+                                                 verbose=self.verbose)[0]
+        if n_networks > 1:
             module = NetworkEnsemble(members, combine=likelihood.ensemble_combine).eval()
             history.n_networks = n_networks
         self._report(training_line(history, self._threads_text()))

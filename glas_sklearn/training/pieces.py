@@ -1,6 +1,5 @@
-"""The pieces of a training loop that one network (``estimators/_training.train_module``) and several networks
-trained together (:func:`~glas_sklearn._copies.train_stacked`) share: the batches of an epoch, the seeded global
-RNG, per-row losses, early stopping on held-out losses."""
+"""The pieces of the training loop (:func:`~glas_sklearn.training.loop.run`): the batches of an epoch, the seeded
+global RNG, per-row losses, the held-out loss of a module, early stopping on held-out losses."""
 
 from __future__ import annotations
 
@@ -8,9 +7,11 @@ import contextlib
 from collections.abc import Callable
 
 import torch
+from torch import nn
 from torch.func import vmap
 
-__all__ = ["PATIENCE_STEPS", "HeldOutStopping", "batch_slices", "patience_epochs", "per_row_losses", "seeded_torch"]
+__all__ = ["PATIENCE_STEPS", "HeldOutStopping", "batch_slices", "held_out_loss", "patience_epochs", "per_row_losses",
+           "seeded_torch"]
 
 #: Early stopping's patience is ``n_iter_no_change`` epochs of at least this many optimizer steps each.
 PATIENCE_STEPS = 50
@@ -30,6 +31,30 @@ def seeded_torch(seed: int, device: torch.device):
 def per_row_losses(loss: Callable, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """ℓ_i of every row, (n,): the mean loss evaluated on each row as a batch of one (vectorised with vmap)."""
     return vmap(lambda out, target: loss(out.unsqueeze(0), target.unsqueeze(0)))(outputs, targets)
+
+
+def held_out_loss(module: nn.Module, X: torch.Tensor, y: torch.Tensor, loss: Callable,
+                  sample_weight: torch.Tensor | None = None, chunk: int = 4096, switch: bool = True) -> float:
+    """The (weighted) mean of ``loss`` over the rows of (X, y), evaluated in eval mode without gradients, in
+    chunks of rows; with ``sample_weight`` Σ_i w_i ℓ_i / Σ_i w_i (ℓ_i by vmap on each row). ``switch=False``: in the
+    module's mode as it is (for a module that computes the same in both)."""
+    was_training = module.training
+    if switch:
+        module.eval()
+    total, weight = 0.0, 0.0
+    with torch.no_grad():
+        for i in range(0, X.shape[0], chunk):
+            out, target = module(X[i:i + chunk]), y[i:i + chunk]
+            if sample_weight is None:
+                total += float(loss(out, target)) * out.shape[0]
+                weight += out.shape[0]
+            else:
+                w = sample_weight[i:i + chunk]
+                total += float((w * per_row_losses(loss, out, target).to(w.dtype)).sum())
+                weight += float(w.sum())
+    if switch:
+        module.train(was_training)
+    return total / weight
 
 
 def batch_slices(n: int, size: int) -> list[slice]:

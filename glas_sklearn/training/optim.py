@@ -1,4 +1,6 @@
-"""Adam and AdamW in torch's fused kernel, called without ``torch.optim``'s per-step machinery.
+"""The optimizer step and the learning-rate schedule of the training loop: :func:`build_optimizer` (a name of
+``OPTIMIZERS`` or an optimizer class), :func:`lr_factor` (the schedules of ``SCHEDULES``), and Adam and AdamW in
+torch's fused kernel, called without ``torch.optim``'s per-step machinery (:class:`FusedAdam`).
 
 ``torch.optim.Adam(fused=True).step`` spends most of a small network's optimizer step outside the kernel (hooks,
 profiler records, regrouping the tensors by device and dtype, checking the state). :class:`FusedAdam` keeps the
@@ -10,11 +12,20 @@ own.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
 
-__all__ = ["FusedAdam", "lean_fused_adam"]
+__all__ = ["OPTIMIZERS", "SCHEDULES", "WARMUP_SHARE", "FusedAdam", "build_optimizer", "lean_fused_adam", "lr_factor"]
+
+OPTIMIZERS = {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
+#: Optimizers with a fused implementation in torch (one kernel for the update of all parameters).
+_FUSABLE = ("adam", "adamw")
+#: The learning-rate schedules by name (:func:`lr_factor`).
+SCHEDULES = ("constant", "warmup_cosine")
+#: ``schedule="warmup_cosine"``: the share of the optimizer steps spent warming up linearly from 0.
+WARMUP_SHARE = 0.05
 
 
 class FusedAdam:
@@ -84,3 +95,37 @@ def lean_fused_adam(params: Iterable, *, lr: float, weight_decay: float, decoupl
     except (RuntimeError, TypeError, AttributeError, NotImplementedError):
         return None
     return optimizer
+
+
+def build_optimizer(optimizer, params, *, lr: float, weight_decay: float, fused: bool = False):
+    """``optimizer(params, lr=lr, weight_decay=weight_decay)`` for a name of ``OPTIMIZERS`` or an optimizer class;
+    with ``fused`` and "adam" / "adamw", torch's fused kernel called directly (:class:`FusedAdam`: the same update to
+    the last bit as ``torch.optim.Adam(fused=True)``, without its per-step overhead; torch's own fused optimizer for
+    groups mixing devices or dtypes; torch's for-loop update where torch has no fused kernel for the parameters'
+    device and dtype). ``params``: tensors or parameter groups."""
+    if isinstance(optimizer, str):
+        opt_cls = OPTIMIZERS[optimizer]
+        if fused and optimizer in _FUSABLE:
+            params = list(params)
+            lean = lean_fused_adam(params, lr=lr, weight_decay=weight_decay, decoupled=optimizer == "adamw")
+            if lean is not None:
+                return lean
+            try:  # groups mixing devices or dtypes: torch's fused optimizer groups them itself
+                return opt_cls(params, lr=lr, weight_decay=weight_decay, fused=True)
+            except (RuntimeError, ValueError, TypeError):  # no fused kernel here: the plain update
+                pass
+        return opt_cls(params, lr=lr, weight_decay=weight_decay)
+    return optimizer(params, lr=lr, weight_decay=weight_decay)
+
+
+def lr_factor(schedule: str, step: int, total_steps: int) -> float:
+    """The learning rate of optimizer step ``step`` (0-based) of ``total_steps``, as a multiple of ``lr``:
+    "constant" 1; "warmup_cosine" a linear warm-up from 0 over the first ``WARMUP_SHARE`` of the steps (at least
+    one), then a half cosine down to 0 at the last step."""
+    if schedule == "constant" or total_steps <= 1:
+        return 1.0
+    warmup = max(1, int(WARMUP_SHARE * total_steps))
+    if step < warmup:
+        return (step + 1) / warmup
+    progress_share = (step - warmup) / max(1, total_steps - warmup)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress_share)))
