@@ -289,6 +289,96 @@ def test_the_state_count_sees_writes_in_one_module_and_reads_in_another(tmp_path
     assert cross_module_state(tmp_path, excluded={"p"}) == [("a.py", "b.py", "x_"), ("a.py", "b.py", "y_")]
 
 
+# ------------------------------------------------------------------- state shared through self, package-wide
+#: The most (writer module, reader module, attribute) triples of state shared through ``self`` between the modules of
+#: one class's MRO, over the whole package (issue 64: 31 before the GGN operator and the posterior held their parts).
+MAX_SHARED_SELF_STATE = 31
+
+
+def _class_definitions(root: Path) -> dict[tuple[str, str], ast.ClassDef]:
+    """(module, class name) → its ``class`` statement, for every top-level class of the package under ``root``."""
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        module, _ = _module_name(path, root)
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            if isinstance(node, ast.ClassDef):
+                out[(module, node.name)] = node
+    return out
+
+
+def _self_attributes(node: ast.ClassDef) -> tuple[set[str], set[str], set[str]]:
+    """(written, read, defined) names of one class body: ``self.x = ...`` (also in a tuple target, augmented or
+    deleted) is a write, any other ``self.x`` a read; its functions, properties and class attributes with a value
+    are defined (a bare annotation ``x: int`` declares, it does not define)."""
+    written, read, defined = set(), set(), set()
+    for item in node.body:
+        if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            defined.add(item.name)
+        elif isinstance(item, ast.Assign) or (isinstance(item, ast.AnnAssign) and item.value is not None):
+            targets = item.targets if isinstance(item, ast.Assign) else [item.target]
+            defined |= {n.id for t in targets for n in ast.walk(t) if isinstance(n, ast.Name)}
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id == "self":
+            (written if isinstance(sub.ctx, (ast.Store, ast.Del)) else read).add(sub.attr)
+    return written, read, defined
+
+
+def shared_self_state(root: Path = ROOT, package: str = PACKAGE) -> list[tuple[str, str, str]]:
+    """(writer module, reader module, attribute) for every class of the package whose MRO spans modules: an
+    attribute of ``self`` written by one class of the MRO and read by another class in another module that is not
+    its subclass (a mixin reading a sibling's state, a base reading what its subclass sets). Methods and class
+    attributes of any class of the MRO are not state, nor a scikit-learn estimator's constructor parameters
+    (``get_params``). The classes are imported to read their MRO."""
+    import importlib
+    import inspect
+
+    defs = _class_definitions(root)
+    found = set()
+    for module, name in defs:
+        cls = getattr(importlib.import_module(module), name, None)
+        if not inspect.isclass(cls):
+            continue
+        mro = [c for c in cls.__mro__ if (c.__module__, c.__qualname__) in defs]
+        if len({c.__module__ for c in mro}) < 2:
+            continue
+        uses = {c: _self_attributes(defs[(c.__module__, c.__qualname__)]) for c in mro}
+        defined = set().union(*(u[2] for u in uses.values()))
+        params = set(cls._get_param_names()) if hasattr(cls, "_get_param_names") else set()
+        for writer in mro:
+            for reader in mro:
+                if writer.__module__ == reader.__module__ or issubclass(reader, writer):
+                    continue
+                found |= {(writer.__module__, reader.__module__, attr)
+                          for attr in uses[writer][0] & uses[reader][1] - defined - params}
+    return sorted(found)
+
+
+def test_no_state_shared_through_self_across_modules():
+    """Classes hold their parts and ask them (the GGN operator its products, the posterior its bound model);
+    they do not pass state through attributes of one shared ``self`` that another module's class reads."""
+    found = shared_self_state()
+    print(f"{len(found)} attributes of self shared across modules")
+    assert len(found) <= MAX_SHARED_SELF_STATE, "\n".join(map(str, found))
+
+
+def test_the_shared_state_count_sees_mixins_and_bases_reading_their_subclasses(tmp_path, monkeypatch):
+    pkg = tmp_path / "madeup"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "base.py").write_text("class Base:\n    def area(self):\n        return self.w * self.h + self.k\n")
+    (pkg / "mix.py").write_text("class Mixin:\n    def twice(self):\n        return 2 * self.w + self.m()\n"
+                                "    def m(self):\n        return 0\n")
+    (pkg / "leaf.py").write_text("from .base import Base\nfrom .mix import Mixin\n\n\n"
+                                 "class Leaf(Mixin, Base):\n    k = 1\n    def __init__(self):\n"
+                                 "        self.w, self.h = 2, 3\n        self.own = self.w\n\n\n"
+                                 "class Child(Base):\n    def __init__(self):\n        self.k = 5\n"
+                                 "    def read(self):\n        return self.k\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    # Leaf's k is a class attribute (not state), Child's k an attribute its base reads; m is a method, own stays home
+    assert shared_self_state(pkg, "madeup") == [("madeup.leaf", "madeup.base", x) for x in ("h", "k", "w")] + [
+        ("madeup.leaf", "madeup.mix", "w")]
+
+
 @pytest.mark.parametrize("name", ["LaplaceActiveSubspaceRegressor", "LaplaceActiveSubspaceClassifier"])
 def test_estimators_have_few_package_classes_in_their_mro(name):
     """No mixins sharing ``self``: the estimator and one base of what both estimators share."""
