@@ -469,10 +469,18 @@ class FunctionalModel:
 
 
 class BoundModel:
-    """Read-only views of a ``functional_model`` attribute: the layout, dtype, device and θ0 of the bound model,
-    for the classes (the GGN operator, the posterior) that hold one."""
+    """A bound model's per-record Jacobians and read-only views (the layout, dtype, device and θ0), for the
+    classes (the GGN operator, the posterior) that hold one; each way of forming the Jacobians remembers, per
+    instance, whether the model allows it.
 
-    functional_model: FunctionalModel
+    Parameters
+    ----------
+    functional_model : FunctionalModel
+        The model bound as a function of its weights.
+    """
+
+    def __init__(self, functional_model: FunctionalModel) -> None:
+        self.functional_model = functional_model
 
     @property
     def layout(self) -> ParameterLayout:
