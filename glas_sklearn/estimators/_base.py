@@ -517,9 +517,7 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         self.sigma0_search_, self.sigma0_rows_ = fitted.sigma0_search, fitted.sigma0_rows
         self.n_calibration_rows_, self.n_sigma0_rows_ = fitted.n_rows, int(len(fitted.sigma0_rows))
         self._after_calibration(fitted.calibrator)
-        self._report(calibration_line(calibration_name(self.calibration), fitted, self.calibration_,
-                                      settings.plan.levels, settings.likelihood.is_classification,
-                                      self.calibration_reached_))
+        self._report(calibration_line(calibration_name(self.calibration), fitted, settings.plan.levels))
 
     def _report(self, line: str) -> None:
         """A finished stage's line: to standard error with ``verbose ≥ 1``, and logged at INFO level."""

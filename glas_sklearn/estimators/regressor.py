@@ -240,15 +240,9 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         return self._noise_var_out if self._include_noise else 0.0
 
     def _after_calibration(self, calibrator) -> None:
-        """``std_scale_``: with conformal calibration the root mean square of the calibration scores per output,
-        the Gaussian maximum-likelihood scale that turns σ̂ into the calibrated std of
-        ``predict(return_std=True)``; ones otherwise."""
-        scores = calibrator.scores_
-        if scores is not None:
-            sc = np.asarray(scores, dtype=np.float64).reshape(len(scores), -1)
-            self.std_scale_ = np.sqrt(np.mean(sc**2, axis=0))
-        else:
-            self.std_scale_ = np.ones(self._y_shape[1])
+        """``std_scale_``: the calibrator's scale from σ̂ to the calibrated std of ``predict(return_std=True)``
+        (:meth:`~glas_sklearn.calibration.Calibrator.std_scale`)."""
+        self.std_scale_ = calibrator.std_scale(self._y_shape[1])
 
     def _table_in_user_units(self, table):
         if len(self._targets.y_scale) == 1 and "mean_width" in table:
