@@ -469,9 +469,8 @@ class FunctionalModel:
 
 
 class BoundModel:
-    """A bound model's per-record Jacobians and read-only views (the layout, dtype, device and θ0), for the
-    classes (the GGN operator, the posterior) that hold one; each way of forming the Jacobians remembers, per
-    instance, whether the model allows it.
+    """The per-record Jacobians and read-only views (layout, dtype, device, θ0) of a bound model, for the GGN
+    operator and the posterior; each way of forming the Jacobians remembers whether the model allows it.
 
     Parameters
     ----------

@@ -43,6 +43,17 @@ class FittedCalibration:
     lines: list[str] = field(default_factory=list)
 
 
+    def attributes(self, targets) -> dict:
+        """The estimators' fitted attributes of the calibration step (the table in the units of y, by ``targets``)."""
+        cal = self.calibrator
+        return {"calibrator_": cal, "conformity_scores_": cal.scores_, "calibration_reached_": cal.reached_,
+                "n_components_": self.n_components, "sigma0_": self.sigma0,
+                "calibration_": targets.table_in_user_units(cal.table_.reset_index(drop=True)),
+                "_sample_seed_": self.sample_seed, "sigma0_search_": self.sigma0_search,
+                "sigma0_rows_": self.sigma0_rows, "n_calibration_rows_": self.n_rows,
+                "n_sigma0_rows_": int(len(self.sigma0_rows))}
+
+
 @dataclass
 class CalibrationPlan:
     """The calibration of one fit, resolved before training: the unfitted calibrator, the levels (the first the
