@@ -469,17 +469,13 @@ class FunctionalModel:
 
 
 class BoundModel:
-    """The per-record Jacobians and read-only views (layout, dtype, device, θ0) of a bound model, for the GGN
-    operator and the posterior; each way of forming the Jacobians remembers whether the model allows it.
-
-    Parameters
-    ----------
-    functional_model : FunctionalModel
-        The model bound as a function of its weights.
-    """
+    """The per-record Jacobians and read-only views (layout, dtype, device, θ0) of ``functional_model`` (a
+    :class:`FunctionalModel`), for the GGN operator and the posterior; each way of forming the Jacobians remembers
+    whether the model allows it."""
 
     def __init__(self, functional_model: FunctionalModel) -> None:
         self.functional_model = functional_model
+        self._vmap_jac_ok: bool | None = None  # None: not tried yet (likewise _pullback_jac_ok)
 
     @property
     def layout(self) -> ParameterLayout:

@@ -14,7 +14,14 @@ from torch import nn
 
 from .._constraints import BOOLEAN, Interval, Options, Satisfies, check_settings
 from ..laplace import LaplaceSubspace, fit_laplace_subspace
-from ..posterior import POSTERIOR_KINDS, ActiveSubspacePosterior, resolve_posterior
+from ..posterior import (
+    POSTERIOR_KINDS,
+    ActiveSubspacePosterior,
+    LowRankDiagPosterior,
+    LowRankPosterior,
+    SubspacePosterior,
+    resolve_posterior,
+)
 from ..predictive import PredictiveMode, resolve_predictive
 
 __all__ = ["AUTO_SUBSAMPLE_ROWS", "LowRank", "LowRankDiag", "Posterior", "Subspace", "auto_subsample",
@@ -162,7 +169,7 @@ class LowRank(_BuiltinKind):
     20
     """
 
-    _kind = POSTERIOR_KINDS["low_rank"]
+    _kind = LowRankPosterior
 
 
 class LowRankDiag(_BuiltinKind):
@@ -170,14 +177,14 @@ class LowRankDiag(_BuiltinKind):
     curvature P Λ Pᵀ plus the GGN's residual diagonal max(diag(G) − Σ_j λ_j p_j², 0), Σ by Woodbury.
     Parameters: those of :class:`Posterior` but ``kind``."""
 
-    _kind = POSTERIOR_KINDS["low_rank_diag"]
+    _kind = LowRankDiagPosterior
 
 
 class Subspace(_BuiltinKind):
     """The paper's subspace posterior (:class:`~glas_sklearn.posterior.SubspacePosterior`): θ = θ0 + P z, no
     variance off the top-d eigenvectors. Parameters: those of :class:`Posterior` but ``kind``."""
 
-    _kind = POSTERIOR_KINDS["subspace"]
+    _kind = SubspacePosterior
 
 
 #: The settings class of each built-in kind's name (the names are the posterior kinds' own).

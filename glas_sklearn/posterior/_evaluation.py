@@ -126,7 +126,6 @@ class PosteriorEvaluation(JacobianProducts):
         BoundModel.__init__(self, functional_model)
         self.eigenvectors = eigenvectors
         self._vmap_forward_ok: bool | None = None
-        self._vmap_jac_ok: bool | None = None
         self._init_thread_caches()
 
     def _init_thread_caches(self) -> None:
