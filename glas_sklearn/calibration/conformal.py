@@ -446,7 +446,7 @@ class ConformalCalibrator(Calibrator):
                     sample_seed=result.sample_seed, reached=None, predictive=resolve_predictive(predictive),
                     n_samples=n_samples,
                     noise_var=noise_var)
-        self._fit_groups(prediction, target, confidence_levels)
+        self.table_ = self._fit_groups(prediction, target, confidence_levels, self.table_)
         return self
 
     def _resolve_score(self, likelihood: Likelihood | None) -> None:
@@ -454,8 +454,10 @@ class ConformalCalibrator(Calibrator):
         if getattr(self, "conformity_score_", None) is None:
             self.conformity_score_ = resolve_conformity_score(self.conformity_score, likelihood)
 
-    def _fit_groups(self, prediction, target, confidence_levels) -> None:
-        """After the pooled scores: a subclass's use of the calibration rows' prediction and targets (none here)."""
+    def _fit_groups(self, prediction, target, confidence_levels, table):
+        """After the pooled scores: a subclass's use of the calibration rows' prediction and targets, returning the
+        calibration's table (here: ``table`` as it is)."""
+        return table
 
     def quantile(self, confidence_levels) -> np.ndarray:
         """Conformal quantiles of the stored scores at ``confidence_levels``; shape (k,) or (k, M)."""

@@ -214,17 +214,17 @@ class MondrianConformalCalibrator(ConformalCalibrator):
         self.quantile_method = quantile_method
 
     # ------------------------------------------------------------------------------------------- fit
-    def _fit_groups(self, prediction, target, confidence_levels) -> None:
+    def _fit_groups(self, prediction, target, confidence_levels, table):
         # the groups from the prediction the pooled scores were computed from (the predictive is computed once)
         self.calibrate_predictions(prediction, target, confidence_levels, self.likelihood_)
-        table = self.table_.copy()
+        table = table.copy()
         with silenced("few_calibration_rows"):  # calibrate_predictions has said it
             cov, width = _calibration_summary(self, prediction, target, confidence_levels)
         size_col = self.likelihood_.region_size_name
         table["coverage"], table[size_col] = cov, width
         table["n_bins"] = max(len(e) + 1 for e in self.edges_) if not self.conformity_score_.classification else \
             len(self.bin_scores_[0])
-        self.table_ = table
+        return table
 
     def check_settings(self, likelihood: Likelihood | None = None) -> None:
         super().check_settings(likelihood)
