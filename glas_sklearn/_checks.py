@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 __all__ = [
+    "can_stratify",
     "check_choice",
     "check_target_bounds",
     "check_confidence_levels",
@@ -220,3 +221,10 @@ def clip_to_bounds(values: np.ndarray, bounds: np.ndarray) -> np.ndarray:
     widens it."""
     shape = (1, -1) + (1,) * (values.ndim - 2)
     return np.clip(values, bounds[:, 0].reshape(shape), bounds[:, 1].reshape(shape))
+
+
+def can_stratify(y, n_held: int) -> bool:
+    """Whether a split of the labels ``y`` holding out ``n_held`` rows can be stratified: two rows of every class and
+    room for every class on both sides."""
+    _, counts = np.unique(y, return_counts=True)
+    return counts.min() >= 2 and len(counts) <= min(n_held, len(y) - n_held)

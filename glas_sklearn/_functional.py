@@ -469,10 +469,13 @@ class FunctionalModel:
 
 
 class BoundModel:
-    """Read-only views of a ``functional_model`` attribute: the layout, dtype, device and θ0 of the bound model,
-    for the classes (the GGN operator, the posterior) that hold one."""
+    """The per-record Jacobians and read-only views (layout, dtype, device, θ0) of ``functional_model`` (a
+    :class:`FunctionalModel`), for the GGN operator and the posterior; each way of forming the Jacobians remembers
+    whether the model allows it."""
 
-    functional_model: FunctionalModel
+    def __init__(self, functional_model: FunctionalModel) -> None:
+        self.functional_model = functional_model
+        self._vmap_jac_ok: bool | None = None  # None: not tried yet (likewise _pullback_jac_ok)
 
     @property
     def layout(self) -> ParameterLayout:

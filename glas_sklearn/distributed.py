@@ -98,8 +98,7 @@ class DistributedGGNOperator(CurvatureOperator):
                  trim_padding: bool = False, reuse_linearization: bool | str = "auto", group=None) -> None:
         _check_initialized()
         self.group = group
-        self.layout = ParameterLayout.from_model(model)
-        self.dtype, self.device = self.layout.dtype, self.layout.device
+        self._layout = ParameterLayout.from_model(model)
         self._comm = _comm_device(self.device, group)
         self.local: GGNOperator | None = None
         error: BaseException | None = None
@@ -136,6 +135,20 @@ class DistributedGGNOperator(CurvatureOperator):
             raise ValueError("No process holds a record: the distributed data set is empty.")
         self._share = self.n_local_records / self.n_records
         self.n_products = 0
+
+    # the protocol's questions, answered from the model's layout
+    @property
+    def layout(self) -> ParameterLayout:
+        """Names and shapes of the weights in the flat vector."""
+        return self._layout
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self._layout.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self._layout.device
 
     def __repr__(self) -> str:
         return (f"DistributedGGNOperator(D={self.shape[0]}, N={self.n_records}, local N={self.n_local_records}, "

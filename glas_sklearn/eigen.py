@@ -101,11 +101,18 @@ class _DenseMatrix(CurvatureOperator):
         if A.ndim != 2 or A.shape[0] != A.shape[1]:
             raise ValueError(f"A dense operator must be square, got shape {tuple(A.shape)}.")
         self.A = A.detach()
-        self.dtype, self.device = A.dtype, A.device
 
     @property
     def shape(self) -> tuple[int, int]:
         return tuple(self.A.shape)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.A.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.A.device
 
     def _matmat(self, V: torch.Tensor) -> torch.Tensor:
         return self.A @ V

@@ -202,6 +202,35 @@ def test_calibrator_properties_drive_the_estimator():
         LaplaceActiveSubspaceRegressor(**grouped(**SMALL, sigma0="nll", calibration=CoverageCalibrator())).fit(X, y)
 
 
+class InflatedCoverage(CoverageCalibrator):
+    """A user's calibrator, in one file: the paper's intervals, with its own scale for the std and its own report."""
+
+    def std_scale(self, n_outputs):
+        return np.full(n_outputs, 2.0)
+
+    def report(self, n_rows, confidence_levels):
+        return f": inflated at {confidence_levels[0]:g} on {n_rows} rows"
+
+
+def test_a_calibrator_owns_its_report_and_its_scale(capsys):
+    """The estimator's log line and ``predict(return_std=True)`` ask the calibrator: a subclass that changes them
+    changes nothing else (the same seed gives the same fit, the std twice the paper's)."""
+    X, y = _data(80)
+    paper = LaplaceActiveSubspaceRegressor(**grouped(**SMALL, calibration=CoverageCalibrator())).fit(X, y)
+    inflated = LaplaceActiveSubspaceRegressor(**grouped(**SMALL, calibration=InflatedCoverage()),
+                                              verbose=1).fit(X, y)
+    line = next(x for x in capsys.readouterr().err.splitlines() if x.startswith("calibration: "))
+    assert line.startswith(f"calibration: InflatedCoverage at d = {inflated.n_components_} on "
+                           f"{inflated.n_calibration_rows_} rows")
+    assert line.endswith(f": inflated at 0.9 on {inflated.n_calibration_rows_} rows"), line
+    np.testing.assert_array_equal(inflated.std_scale_, [2.0])
+    np.testing.assert_array_equal(paper.std_scale_, [1.0])
+    mean_p, std_p = paper.predict(X[:7], return_std=True)
+    mean_i, std_i = inflated.predict(X[:7], return_std=True)
+    np.testing.assert_array_equal(mean_i, mean_p)
+    np.testing.assert_allclose(std_i, 2.0 * std_p, rtol=1e-12)
+
+
 def test_bad_calibrations_and_scores_are_refused_clearly():
     assert CALIBRATIONS == ("conformal", "coverage", "mondrian")
     with pytest.raises(ValueError, match="'conformal', 'coverage', 'mondrian' or a Calibrator"):

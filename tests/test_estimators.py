@@ -1068,7 +1068,7 @@ def test_every_hook_the_base_calls_is_declared_on_the_base():
     params = set(LaplaceActiveSubspaceBase._get_param_names())  # e.g. self.module(**module_kwargs)
     assert not sorted(name for name in called - params if not hasattr(LaplaceActiveSubspaceBase, name))
     hooks = LaplaceActiveSubspaceBase.__abstractmethods__
-    assert {"_resolve_likelihood", "_validate_train", "_targets_tensor", "_fit_noise"} <= hooks
+    assert {"_components", "_validate_train", "_validate_calibration", "_auto_low_rank_sigma0"} <= hooks
 
     class Incomplete(LaplaceActiveSubspaceBase):
         pass

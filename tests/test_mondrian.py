@@ -236,7 +236,7 @@ def test_band_report_per_output_and_by_row_count():
     """The fit line says per output why it has its bands: 500 calibration rows give ⌊500/200⌋ = 2 bands by row
     count, five where the scores differ across five (output 0: noise ∝ σ̂²), and it says which output is which;
     a p-value just under the test's level is never printed as the level itself."""
-    from glas_sklearn.estimators._calibration import _bands_text, _pvalue
+    from glas_sklearn.calibration.mondrian import _pvalue
 
     rng = np.random.default_rng(0)
     sd = rng.uniform(0.5, 2.0, size=(500, 2))
@@ -246,7 +246,7 @@ def test_band_report_per_output_and_by_row_count():
     p0, p1 = cal.band_pvalue_
     assert p0 < 1e-6 and p1 > 0.1  # with this seed
     assert [len(e) + 1 for e in cal.edges_] == [5, 2]
-    text = _bands_text(cal, 0.9, 500)
+    text = cal.bands_report(0.9, 500)
     assert text.startswith("output 0: 5 bands of σ̂, each with its own quantile, as the scores differ")
     assert f"output 1: 2 bands of σ̂, each with its own quantile, by the row count (the scores are alike " \
            f"across narrower ones, Kruskal–Wallis p = {p1:.2g})" in text
@@ -255,10 +255,10 @@ def test_band_report_per_output_and_by_row_count():
     # a count the user set is said as set, not explained by the rows; the bands' rows are those of the highest level
     fixed = MondrianConformalCalibrator(n_bins=1).calibrate_predictions(_moments(np.zeros((500, 2)), sd),
                                                                       torch.as_tensor(y), 0.9, Gaussian())
-    assert _bands_text(fixed, 0.9, 500) == "n_bins=1 as set"
+    assert fixed.bands_report(0.9, 500) == "n_bins=1 as set"
     one = MondrianConformalCalibrator().calibrate_predictions(_moments(np.zeros(30), sd[:30, 1]),
                                                               torch.as_tensor(y[:30, 1:]), [0.8, 0.95], Gaussian())
-    assert _bands_text(one, 0.95, 30) == "one band of σ̂: bands need 38 calibration rows"  # 2 × 19, at 95 %
+    assert one.bands_report(0.95, 30) == "one band of σ̂: bands need 38 calibration rows"  # 2 × 19, at 95 %
 
 
 def _beta_binomial(n_b: int, level: float, n_test: float, n_seeds: int, k=None) -> tuple[float, float]:

@@ -144,7 +144,7 @@ def test_expected_coverage_note_for_few_calibration_rows(n, expected):
     """⌈(n + 1)(1 − γ)⌉ / (n + 1) at 90 %: 27/29 from 28 rows, 18/19 from 18; a point or less above the level
     (9 rows: 9/10; 30: 28/31) says nothing, nor does a level the rows cannot reach (8 rows: infinite intervals,
     warned elsewhere)."""
-    from glas_sklearn.estimators._calibration import _expected_coverage
+    from glas_sklearn.calibration.conformal import expected_coverage_note as _expected_coverage
 
     note = _expected_coverage(n, 0.9)
     if expected is None:

@@ -10,7 +10,7 @@ from sklearn.base import BaseEstimator
 
 from ..likelihoods import Gaussian, Likelihood, match_regression
 
-__all__ = ["Calibrator", "check_targets", "match_regression", "resolve_calibration_likelihood"]
+__all__ = ["Calibrator", "check_targets", "match_regression", "percent", "resolve_calibration_likelihood"]
 
 
 class Calibrator(BaseEstimator, ABC):
@@ -93,12 +93,28 @@ class Calibrator(BaseEstimator, ABC):
     def predict_set(self, probs: torch.Tensor, confidence_levels):
         """Prediction sets, bool of shape (n, C, k), from the class probabilities (n, C) at d."""
 
+    def report(self, n_rows: int, confidence_levels) -> str:
+        """What the estimators' log line says of this calibration on ``n_rows`` rows at ``confidence_levels`` (the
+        first the target), after "calibration: <name> at d = <d> on <n> rows, <t> s", e.g. ": coverage 0.912 of the
+        90 % target (reached)"; "" adds nothing."""
+        return ""
+
+    def std_scale(self, n_outputs: int) -> np.ndarray:
+        """Per output, the factor that turns the predictive's std into the calibrated std the regressor's
+        ``predict(return_std=True)`` returns (its ``std_scale_``): ones, the predictive's own std."""
+        return np.ones(n_outputs)
+
     def _store(self, result, *, n_components: int, sigma0: float, table, sample_seed: int, reached, predictive: str,
                n_samples: int, noise_var) -> None:
         self.result_ = result
         self.n_components_, self.sigma0_, self.table_ = int(n_components), float(sigma0), table
         self.sample_seed_, self.reached_ = int(sample_seed), reached
         self.predictive_, self.n_samples_, self.noise_var_ = predictive, int(n_samples), noise_var
+
+
+def percent(level: float) -> str:
+    """0.9 → "90 %", as the log lines write levels."""
+    return f"{100 * float(level):g} %"
 
 
 def check_targets(y, likelihood: Likelihood, n: int, device: torch.device) -> torch.Tensor:

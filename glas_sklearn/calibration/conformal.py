@@ -25,7 +25,13 @@ from ..likelihoods import Likelihood
 from ..posterior import ActiveSubspacePosterior
 from ..predictive import RegressionMoments, resolve_predictive
 from ..predictive.modes import add_noise_variance
-from ._base import Calibrator, check_targets, resolve_calibration_likelihood
+from ._base import Calibrator, check_targets, percent, resolve_calibration_likelihood
+from ._epistemic import (
+    _check_epistemic_weight,
+    epistemic_cap,
+    fit_epistemic_weight,
+    weighted_moments,
+)
 
 # The score names are re-exported from glas_sklearn.conformity_scores, where they are defined.
 __all__ = [
@@ -97,6 +103,19 @@ def conformal_rank(n: int, confidence_levels) -> np.ndarray:
     """
     levels = check_confidence_levels(confidence_levels)
     return np.ceil((n + 1) * levels - 1e-9 * (n + 1)).astype(np.int64)
+
+
+def expected_coverage_note(n: int, level: float) -> str:
+    """With few calibration rows a conformal interval covers ⌈(n + 1)(1 − γ)⌉ / (n + 1) on average, above the level:
+    said when that is a point or more (e.g. 93.1 % from 28 rows at 90 %), so that the overshoot is not a surprise."""
+    if n < 1:
+        return ""
+    k = int(conformal_rank(n, level)[0])
+    expected = k / (n + 1)
+    if k > n or expected - level < 0.01:
+        return ""
+    return (f"; with {n} rows conformal intervals cover {100 * expected:.1f} % on average (⌈(n + 1)(1 − γ)⌉/(n + 1); "
+            "more calibration rows bring it to the level)")
 
 
 def _rows_for_finite_quantile(confidence_levels) -> int:
@@ -176,116 +195,6 @@ def conformal_quantile(scores, confidence_levels, method: str = "higher") -> np.
     frac = np.where(low < 1, 0.0, frac).reshape((-1,) + (1,) * (s.ndim - 1))
     out[finite] = below + frac * (above - below)
     return out
-
-
-# ------------------------------------------------------------------------------- weighing the predictive's parts
-
-#: The epistemic weights λ searched by :func:`fit_epistemic_weight`: 0 and 161 values log-spaced over [1e-4, 1e4].
-EPISTEMIC_WEIGHTS = np.r_[0.0, np.exp(np.linspace(np.log(1e-4), np.log(1e4), 161))]
-
-
-def fit_epistemic_weight(residuals, noise_var, epistemic_var, cap=None) -> np.ndarray:
-    """The weight λ ≥ 0 of the epistemic variance, per output, that makes N(0, c (σ_n² + λ σ_epi²)) fit residuals best.
-
-    The Gaussian negative log-likelihood of the residuals r_i under variances c v_i(λ), v_i = σ_n,i² + λ σ_epi,i²
-    (with a cap m: v_i = σ_n,i² + λ min(σ_epi,i², m) + max(λ, 1) (σ_epi,i² − m)₊, the form :func:`weighted_moments`
-    applies it in), minimised over the scale c in closed form (ĉ = mean r²/v) is, up to constants,
-    ½ mean log v_i(λ) + ½ log mean(r_i²/v_i(λ)); λ is its minimiser over :data:`EPISTEMIC_WEIGHTS`. The overall
-    scale c is left to the conformal quantile: only λ, the shape of σ̂(x), is chosen here. λ = 1 (the predictive as
-    it is) is kept unless another weight fits strictly better; it is kept when one part is zero on every row (no
-    weight between parts to choose).
-
-    Parameters
-    ----------
-    residuals : array-like of shape (n,) or (n, M)
-        y − ŷ on the calibration rows.
-    noise_var, epistemic_var : array-like, same shape
-        σ_n² (the aleatoric variance, plus any added noise variance) and σ_epi² per row and output.
-    cap : array-like of shape (M,), optional
-        The cap m per output (:func:`epistemic_cap`); None: no cap.
-
-    Returns
-    -------
-    ndarray of shape (M,)
-
-    Examples
-    --------
-    >>> rng = np.random.default_rng(0)
-    >>> epi = rng.uniform(0.5, 2.0, 4000)
-    >>> r = np.sqrt(1.0 + 0.1 * epi) * rng.standard_normal(4000)
-    >>> float(fit_epistemic_weight(r, np.ones(4000), epi)[0]) < 0.5  # the epistemic part was over-stated
-    True
-    """
-    r, vn, ve = (np.asarray(a, dtype=np.float64) for a in (residuals, noise_var, epistemic_var))
-    r, vn, ve = (a.reshape(a.shape[0], -1) for a in (r, vn, ve))
-    m = np.full(r.shape[1], np.inf) if cap is None else np.broadcast_to(np.asarray(cap, np.float64), r.shape[1:])
-    out = np.ones(r.shape[1])
-    for j in range(r.shape[1]):
-        if not bool(np.any(vn[:, j] > 0)):  # one part only: no weight between parts to choose (with a cap, λ
-            continue  # would still bend σ̂ at m; the predictive is kept as it is)
-        below, excess = np.minimum(ve[:, j], m[j]), np.maximum(ve[:, j] - m[j], 0.0)
-        best = _profile_nll(r[:, j], vn[:, j] + ve[:, j])
-        for lam in EPISTEMIC_WEIGHTS:
-            v = vn[:, j] + lam * below + max(lam, 1.0) * excess
-            if not bool(np.all(v > 0)):
-                continue
-            nll = _profile_nll(r[:, j], v)
-            if nll < best - 1e-9 * abs(best) - 1e-12:
-                best, out[j] = nll, float(lam)
-    return out
-
-
-def epistemic_cap(epistemic_var) -> np.ndarray:
-    """The cap m of the epistemic variance per output: the median σ_epi² of the calibration rows, (n,) or (n, M).
-
-    Up to m the epistemic variance counts with the fitted weight λ, beyond it its excess counts at least in full
-    (:func:`weighted_moments`): a row whose σ_epi² is above that of the typical calibration row keeps its widening.
-    The median rather than the largest: under extrapolation the largest calibration σ_epi² is often an outlier, and
-    below it λ ≪ 1 shrinks σ̂ on the new rows (concrete, top third of feature 2: interval score 66.6 against 44.0
-    at λ = 1; 46.1 with the median; ``docs/benchmarks/studies.md#regional-calibration``).
-    """
-    ve = np.asarray(epistemic_var, dtype=np.float64)
-    ve = ve.reshape(ve.shape[0], -1)
-    return np.median(ve, axis=0) if ve.shape[0] else np.zeros(ve.shape[1])
-
-
-def _profile_nll(r: np.ndarray, v: np.ndarray) -> float:
-    if not bool(np.all(v > 0)):
-        return np.inf
-    return float(0.5 * np.mean(np.log(v)) + 0.5 * np.log(max(float(np.mean(r**2 / v)), 1e-300)))
-
-
-def weighted_moments(parts, noise_var, weight, cap=None) -> RegressionMoments:
-    """ŷ and σ̂ from the likelihood's parts (mean, aleatoric and epistemic variance, (n, M) each), the added noise
-    variance σ² (a number or one per output), the weights λ (M,) and the caps m (M,) of the epistemic variance:
-
-    σ̂² = σ_ale² + σ² + λ min(σ_epi², m) + max(λ, 1) (σ_epi² − m)₊.
-
-    Up to the cap (the median σ_epi² of the calibration rows, :func:`epistemic_cap`) the epistemic variance counts
-    with the weight λ chosen on those rows (in this same form, :func:`fit_epistemic_weight`); beyond it, above the
-    typical calibration row, its excess counts at least in full, so that the intervals keep widening off the data.
-    λ = 1 (or no cap) is σ_ale² + σ² + λ σ_epi²."""
-    mean, ale, epi = parts
-    like = dict(dtype=epi.dtype, device=epi.device)
-    lam = torch.as_tensor(np.asarray(weight, dtype=np.float64), **like)
-    var = add_noise_variance(ale, noise_var)
-    if cap is None:
-        var = var + lam * epi
-    else:
-        m = torch.as_tensor(np.asarray(cap, dtype=np.float64), **like)
-        var = var + lam * torch.minimum(epi, m) + torch.clamp_min(lam, 1.0) * (epi - m).clamp_min(0)
-    return RegressionMoments(mean, var.clamp_min(0).sqrt())
-
-
-def _check_epistemic_weight(weight) -> None:
-    if isinstance(weight, str):
-        if weight != "fit":
-            raise ValueError(f"epistemic_weight must be 'fit' or a number >= 0, got {weight!r}.")
-        return
-    if isinstance(weight, bool) or not isinstance(weight, (int, float, np.integer, np.floating)) \
-            or not np.isfinite(weight) or weight < 0:
-        raise ValueError(f"epistemic_weight must be 'fit' or a finite number >= 0 (1: the predictive as it is), "
-                         f"got {weight!r}.")
 
 
 @dataclass(frozen=True)
@@ -537,15 +446,51 @@ class ConformalCalibrator(Calibrator):
                     sample_seed=result.sample_seed, reached=None, predictive=resolve_predictive(predictive),
                     n_samples=n_samples,
                     noise_var=noise_var)
-        self._fit_groups(prediction, target, confidence_levels)
+        self.table_ = self._fit_groups(prediction, target, confidence_levels, self.table_)
         return self
 
-    def _fit_groups(self, prediction, target, confidence_levels) -> None:
-        """After the pooled scores: a subclass's use of the calibration rows' prediction and targets (none here)."""
+    def _resolve_score(self, likelihood: Likelihood | None) -> None:
+        """``conformity_score_``: the one fitted, else ``conformity_score`` or ``likelihood``'s default."""
+        if getattr(self, "conformity_score_", None) is None:
+            self.conformity_score_ = resolve_conformity_score(self.conformity_score, likelihood)
+
+    def _fit_groups(self, prediction, target, confidence_levels, table):
+        """After the pooled scores: a subclass's use of the calibration rows' prediction and targets, returning the
+        calibration's table (here: ``table`` as it is)."""
+        return table
 
     def quantile(self, confidence_levels) -> np.ndarray:
         """Conformal quantiles of the stored scores at ``confidence_levels``; shape (k,) or (k, M)."""
         return conformal_quantile(self.scores_, confidence_levels)
+
+    def std_scale(self, n_outputs: int) -> np.ndarray:
+        """The root mean square of the calibration scores per output: regression scores are residuals over σ̂, so
+        this is the Gaussian maximum-likelihood scale that turns σ̂ into a calibrated std (ones without scores)."""
+        if self.scores_ is None:
+            return super().std_scale(n_outputs)
+        sc = np.asarray(self.scores_, dtype=np.float64).reshape(len(self.scores_), -1)
+        return np.sqrt(np.mean(sc**2, axis=0))
+
+    def report(self, n_rows: int, confidence_levels) -> str:
+        """E.g. ": quantile 1.64 at 90 %", with the groups' own quantiles (:meth:`_groups_report`) and, where the
+        rank is rounded up in one group, the coverage few rows give on average."""
+        table = self.table_
+        if "quantile" not in table or "level" not in table:
+            return ""
+        text = ": " + ", ".join(f"quantile {row.quantile:.3g} at {percent(row.level)}" for row in table.itertuples())
+        groups, n_groups = self._groups_report(n_rows)
+        text += groups
+        if not self._interpolates() and n_groups == 1:  # interpolated: the level on average
+            text += expected_coverage_note(n_rows, float(table["level"].iloc[0]))
+        return text
+
+    def _groups_report(self, n_rows: int) -> tuple[str, int]:
+        """What the report says of the calibration's groups, and their number: one pooled group here."""
+        return "", 1
+
+    def _interpolates(self) -> bool:
+        """Whether the quantiles interpolate between ranks (False: the rank rounded up, ≥ the level)."""
+        return False
 
     def predictive_moments(self, posterior, X, *, batch_size=None) -> RegressionMoments:
         """ŷ and the σ̂ the scores were normalised by, on the rows ``X`` (the calibration's samples and weights)."""

@@ -5,7 +5,6 @@ the prediction helpers (rows checked, chunked within ``working_memory``, non-fin
 from __future__ import annotations
 
 import abc
-import contextlib
 import io
 import logging
 import numbers
@@ -23,7 +22,6 @@ from torch import nn
 
 from .._checks import check_confidence_levels, numpy_rng
 from .._constraints import NO_VALIDATION, InstanceOf, Interval, Options, Satisfies, check_settings
-from .._functional import model_outputs
 from .._progress import stage
 from .._silenced import silenced, user_stacklevel
 from .._threads import scoped_threads
@@ -31,12 +29,13 @@ from .._version import __version__
 from ..calibration import CALIBRATIONS, Calibrator, choose_dimension
 from ..ensemble import NetworkEnsemble
 from ..likelihoods import Likelihood
-from ..posterior import memory_budget
+from ..posterior import POSTERIOR_KINDS
 from ..predictive import PredictiveMode, class_probabilities
 from ..training import Objective
 from ._calibration import CalibrationPlan, calibration_line, calibration_name
+from ._compute import ChunkedPredictions, Compute, check_network_outputs, fit_line, working_memory_bytes
 from ._data import PreparedData, check_sample_weight, prepare_data
-from ._posterior import Posterior, posterior_line, resolve_posterior_settings
+from ._posterior import Posterior, posterior_attributes, posterior_line, resolve_posterior_settings
 from ._prefit import declare_training_rows, warn_if_training_rows, warn_if_underfits
 from ._training import (
     Training,
@@ -48,22 +47,14 @@ from ._training import (
     choose_threads,
     member_seed,
     prefit_network,
-    trainable_dtype,
     training_line,
     user_module,
 )
 
-__all__ = ["ATTRIBUTES_DOC", "Compute", "FitSettings", "LaplaceActiveSubspaceBase", "PARAMETERS_DOC",
-           "check_level_list"]
+__all__ = ["Compute", "FitSettings", "LaplaceActiveSubspaceBase", "TaskComponents", "check_level_list"]
 
 logger = logging.getLogger("glas_sklearn.estimators")
 
-#: The ``dtype`` names → torch dtypes.
-DTYPES = {"float32": torch.float32, "float64": torch.float64}
-# Rows per forward pass when the fit rows' outputs are checked.
-_CHECK_ROWS = 1024
-# Bytes per network output that a prediction holds at once per sample.
-_BYTES_PER_OUTPUT = 32
 # Fitted attributes (and the module parameter) that hold torch objects, saved through torch.save.
 _TORCH_STATE = ("module", "module_", "posterior_")
 #: The layout of the pickled state; a pickle of another format is refused, not migrated.
@@ -89,92 +80,6 @@ def _is_level_list(value) -> bool:
     return True
 
 
-def _rows_text(rows: np.ndarray) -> str:
-    shown = ", ".join(str(int(r)) for r in rows[:10])
-    return f"rows [{shown}{', …' if len(rows) > 10 else ''}]"
-
-
-def _write_rows(whole, part, start: int, n: int):
-    """Write a chunk's result (a tensor, or a tuple of tensors and None) at rows ``start:`` of the result over all
-    ``n`` rows, allocated on the first chunk (small results kept apart between the chunks' large temporaries
-    would fragment the C heap)."""
-    if isinstance(part, tuple):
-        whole = (None,) * len(part) if whole is None else whole
-        return tuple(_write_rows(w, p, start, n) for w, p in zip(whole, part, strict=True))
-    if part is None:
-        return None
-    if whole is None:
-        whole = torch.empty((n, *part.shape[1:]), dtype=part.dtype, device=part.device)
-    whole[start:start + part.shape[0]] = part
-    return whole
-
-
-class Compute(BaseEstimator):
-    """Where and how the estimators compute: device, dtype, torch threads, prediction memory, and the padding token
-    of integer sequences. Pass it as ``compute=Compute(...)``; its parameters are reached as ``compute__dtype``.
-
-    Parameters
-    ----------
-    device : "auto" or str, default="auto"
-        "auto": where a prefit module lives, else CUDA when available, else CPU.
-    dtype : {"auto", "float32", "float64"}, default="auto"
-        The floating dtype of the network, the curvature and the posterior. "auto": the dtype of a prefit module's
-        trainable parameters (never cast; with mixed precisions the widest), float32 for a network built here.
-    n_threads : "auto", int or None, default="auto"
-        torch's intra-op thread count while the estimator's methods run, restored afterwards. "auto": one thread
-        per whole 2²⁶ of trainable weights × rows of a training batch, never more than torch's own count; None
-        leaves torch's setting alone. The setting is process-wide while a call runs.
-    working_memory : float, default=64
-        MiB that prediction may hold at once for its temporaries: rows are predicted in chunks sized to it. The
-        results do not depend on it.
-    padding_idx : int, optional
-        The token id that pads integer sequences ``X`` (n, T) on the right: the mask of a module taking an
-        ``attention_mask``, and at predict time sequences of another length are padded or cut to the fitted one.
-    """
-
-    _parameter_constraints: dict = {
-        "device": NO_VALIDATION,  # checked when resolved (torch parses it)
-        "dtype": [Options("auto", *DTYPES)],
-        "n_threads": [Options("auto"), None, Interval(numbers.Integral, 1, None)],
-        "working_memory": [Interval(numbers.Real, 0, None, closed="neither")],
-        "padding_idx": [None, Interval(numbers.Integral, 0, None)],
-    }
-
-    def __init__(self, device="auto", dtype="auto", n_threads="auto", working_memory=64, padding_idx=None):
-        self.device = device
-        self.dtype = dtype
-        self.n_threads = n_threads
-        self.working_memory = working_memory
-        self.padding_idx = padding_idx
-
-    def resolve_device(self, prefit_module, owner: str) -> torch.device:
-        """``device`` as a torch device; "auto" is where a prefit module lives, else CUDA when available, else CPU."""
-        if self.device == "auto":
-            params = [] if prefit_module is None else list(prefit_module.parameters())
-            if params:  # a prefit module stays where it is
-                return params[0].device
-            return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-        try:
-            device = torch.device(self.device)
-        except (RuntimeError, TypeError) as err:
-            raise ValueError(f"{owner}: device {self.device!r} is not a torch device.") from err
-        if device.type == "cuda" and not torch.cuda.is_available():
-            raise ValueError(f"{owner}: device={self.device!r} but CUDA is not available; use device='cpu' or 'auto'.")
-        return device
-
-    def resolve_dtype(self, prefit_module, owner: str) -> torch.dtype:
-        """``dtype`` as a torch dtype; "auto" follows a prefit module's trainable parameters, else float32."""
-        if self.dtype != "auto":
-            return DTYPES[self.dtype]
-        weights_dtype = None if prefit_module is None else trainable_dtype(prefit_module)
-        if weights_dtype is None:
-            return torch.float32
-        if weights_dtype not in DTYPES.values():
-            raise ValueError(f"{owner}: the prefit module's parameters are {weights_dtype}; the posterior needs "
-                             "float32 or float64 weights (cast a copy of the module, e.g. net.float()).")
-        return weights_dtype
-
-
 @dataclass
 class FitSettings:
     """The settings of one fit, resolved to objects and checked before any data is touched."""
@@ -186,80 +91,91 @@ class FitSettings:
     plan: CalibrationPlan
     predictive: PredictiveMode
     seed: int
+    targets: type
+    noise: object
+
+    @classmethod
+    def resolve(cls, est) -> FitSettings:
+        """The settings of the estimator ``est`` checked (alone and together) and resolved to their objects, before
+        any data is touched; its ``_components`` supply the likelihood, the target handling and the noise step.
+        Nothing is written onto ``est``."""
+        check_settings(est)
+        training = (Training() if est.training is None else clone(est.training)).check(est._name)
+        posterior = resolve_posterior_settings(est.posterior).check(est._name)
+        compute = (Compute() if est.compute is None else clone(est.compute))
+        check_settings(compute, est._name, prefix="compute__")
+        task = est._components(posterior)
+        plan = CalibrationPlan.resolve(est.calibration, est._levels(None), est.sigma0, task.likelihood,
+                                       off_subspace=posterior.kind_class.off_subspace,
+                                       auto_low_rank_sigma0=est._auto_low_rank_sigma0, owner=est._name)
+        seed = int(numpy_rng(est.random_state).integers(0, 2**31 - 1))
+        return cls(task.likelihood, training, posterior, compute, plan, posterior.predictive_mode(), seed,
+                   task.targets, task.noise)
+
+    def fit_targets(self, owner: str, class_labels) -> Callable:
+        """``fit_targets(y, weight, standardize)`` of ``prepare_data``: the components' target handling."""
+        return lambda y, weight, standardize: self.targets.fit(y, weight, standardize, owner, class_labels)
 
 
-PARAMETERS_DOC = """\
-    module : None, torch.nn.Module, skorch net or callable, default=None
-        The network, ``(n, *input_shape)`` → ``(n, outputs)`` (logits); None: an MLP. Copied before training.
-    prefit : bool, default=False
-        Use the trained module as θ0 as it is (never trained or moved); ``fit`` then needs ``X_cal, y_cal``.
-    training : Training, optional
-        How the network is trained (:class:`~glas_sklearn.Training`); None: ``Training()``.
-    posterior : {"low_rank", "low_rank_diag", "subspace"} or Posterior, default="low_rank"
-        The posterior kind and its hyperparameters (:class:`~glas_sklearn.LowRank`, ...; a name: the defaults).
-    calibration : {"mondrian", "conformal", "coverage"} or Calibrator
-        Split conformal per band of σ̂ (or class), split conformal, or d chosen by coverage (with
-        ``posterior="subspace"``: the paper's method).
-    scaling : {"auto", "mean", "standard"} or float, default="auto"
-        β = 1/σ² ("mean"), N/σ² ("standard") or a given β; "auto": the likelihood's own.
-    n_components : "auto" or int, default="auto"
-        d. "auto": the smallest reaching the level under "coverage", else ``max_components``.
-    sigma0 : {"auto", "eb_subspace", "eb_full", "nll"} or float, default="auto"
-        Prior standard deviation: empirical Bayes (subspace, full space) or by held-out NLL (conformal only).
-    confidence_level : float or list of float, default=0.9
-        Level(s) 1 − γ; the first is the calibration target.
-    calibration_size : float or int, default=0.1
-        Share (or number) of rows of ``X`` held out for calibration when ``X_cal`` is not passed.
-    compute : Compute, optional
-        Device, dtype, threads, prediction memory, padding token (:class:`~glas_sklearn.Compute`).
-    random_state : int, RandomState or None; verbose : int, default=0
-        ``verbose`` ≥ 1 writes one line per finished stage to standard error (always logged at INFO level)."""
+def training_attributes(history: TrainingResult | None) -> dict:
+    """The estimators' fitted attributes of the training record (None: a prefit network, not trained here)."""
+    if history is None:
+        return {"n_iter_": 0, "loss_curve_": [], "validation_scores_": None, "best_validation_score_": None,
+                "validation_indices_": None, "weight_decay_": None, "training_loss_": [], "_n_rows_trained": None}
+    held = history.validation_indices
+    return {"n_iter_": history.n_iter, "loss_curve_": history.loss_curve,
+            "validation_scores_": history.validation_scores if held is not None else None,
+            "best_validation_score_": history.best_validation_score, "validation_indices_": held,
+            "weight_decay_": history.weight_decay, "training_loss_": history.loss_curve,
+            "_n_rows_trained": history.n_rows_trained}
 
-ATTRIBUTES_DOC = """\
-    module_, likelihood_, posterior_, calibrator_, predictive_
-        The fitted components: the network θ0, the likelihood, the posterior, the calibrator, the predictive mode.
-    n_components_, sigma0_, beta_ : int, float, float
-        d, the prior standard deviation at d and the posterior scaling.
-    eigenvalues_, eigen_info_, n_weights_, n_records_, trainable_parameters_
-        The curvature's top eigenvalues and solver record; D; N; the parameters the posterior covers.
-    calibration_, conformity_scores_, calibration_reached_, calibration_seed_
-        The calibration's table, scores, whether "coverage" reached the level, the samples' seed.
-    n_calibration_rows_, n_sigma0_rows_, sigma0_rows_, sigma0_search_, train_indices_, calibration_indices_
-        Rows scored, rows σ0 was tuned on ("nll"), positions in ``X`` of training and calibration rows.
-    n_iter_, loss_curve_, validation_scores_, best_validation_score_, validation_indices_, weight_decay_
-        The (first network's) training record (``training_loss_``; held out: a shadow copy's, if one ran).
-    timings_, n_threads_, x_mean_, x_scale_, input_shape_, n_features_in_, feature_names_in_
-        Stage times, torch threads, the input standardisation and the row shape seen in fit."""
+
+@dataclass(frozen=True)
+class TaskComponents:
+    """What an estimator supplies to ``fit``: its ``likelihood`` (resolved from its settings), its ``targets`` (a
+    class whose ``fit(y, sample_weight, standardize, owner, class_labels)`` returns the fitted target handling:
+    ``TargetScaler`` or ``LabelTargets``) and its ``noise`` step (``RegressionNoise`` or ``NoNoise``, whose
+    ``fit(module, likelihood, data, ...)`` returns a ``NoiseStep``)."""
+
+    likelihood: Likelihood
+    targets: type
+    noise: object
+
+
+#: The constructor parameters of both estimators and what each accepts (scikit-learn's parameter validation).
+BASE_CONSTRAINTS = {
+    "module": NO_VALIDATION,  # checked when the network is built
+    "prefit": [InstanceOf((bool, np.bool_), "True or False")],
+    "training": [None, InstanceOf(Training, "a glas_sklearn.Training")],
+    "posterior": [Options(*POSTERIOR_KINDS),
+                  InstanceOf(Posterior, "a Posterior settings object (e.g. LowRank(max_components=20))"),
+                  Satisfies(lambda v: isinstance(v, type), "a subclass of ActiveSubspacePosterior")],
+    "calibration": [InstanceOf(Calibrator, "a Calibrator (e.g. ConformalCalibrator(conformity_score=...))"),
+                    Options(*CALIBRATIONS)],
+    "scaling": [Options("auto", "mean", "standard"), Interval(numbers.Real, 0, None, closed="neither")],
+    "n_components": [Options("auto"), Interval(numbers.Integral, 1, None)],
+    "sigma0": [Options("auto", "eb_subspace", "eb_full", "nll"),
+               Interval(numbers.Real, 0, None, closed="neither")],
+    "confidence_level": [Satisfies(_is_level_list, "a number or a non-empty list of numbers strictly between "
+                                                   "0 and 1 (e.g. 0.9 for 90 % intervals)")],
+    "calibration_size": [Interval(numbers.Real, 0, 1, closed="neither"), Interval(numbers.Integral, 1, None)],
+    "compute": [None, InstanceOf(Compute, "a glas_sklearn.Compute")],
+    "random_state": [None, Interval(numbers.Integral, 0, 2**32, closed="left"),
+                     InstanceOf(np.random.RandomState, "a numpy.random.RandomState")],
+    "verbose": [Interval(numbers.Integral, 0, None), InstanceOf((bool, np.bool_), "True or False")],
+}
+
 
 class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
     """What :class:`LaplaceActiveSubspaceRegressor` and :class:`LaplaceActiveSubspaceClassifier` share: the
     orchestration of ``fit``, the fitted attributes, ``coverage_curve`` and the prediction helpers. Each subclass
-    supplies its targets and its likelihood through the abstract hooks."""
+    supplies its components (:class:`TaskComponents`: likelihood, target handling, noise step) and validates its
+    rows; ``fit`` runs the same steps for both."""
 
     #: The N(0, σ²) prior on every weight whose MAP ``weight_decay="auto"`` trains (None: no weight decay).
     _weight_prior_std: float | None = None
 
-    _parameter_constraints = {
-        "module": NO_VALIDATION,  # checked when the network is built
-        "prefit": [InstanceOf((bool, np.bool_), "True or False")],
-        "training": [None, InstanceOf(Training, "a glas_sklearn.Training")],
-        "posterior": [Options("low_rank", "low_rank_diag", "subspace"),
-                      InstanceOf(Posterior, "a Posterior settings object (e.g. LowRank(max_components=20))"),
-                      Satisfies(lambda v: isinstance(v, type), "a subclass of ActiveSubspacePosterior")],
-        "calibration": [InstanceOf(Calibrator, "a Calibrator (e.g. ConformalCalibrator(conformity_score=...))"),
-                        Options(*CALIBRATIONS)],
-        "scaling": [Options("auto", "mean", "standard"), Interval(numbers.Real, 0, None, closed="neither")],
-        "n_components": [Options("auto"), Interval(numbers.Integral, 1, None)],
-        "sigma0": [Options("auto", "eb_subspace", "eb_full", "nll"),
-                   Interval(numbers.Real, 0, None, closed="neither")],
-        "confidence_level": [Satisfies(_is_level_list, "a number or a non-empty list of numbers strictly between "
-                                                       "0 and 1 (e.g. 0.9 for 90 % intervals)")],
-        "calibration_size": [Interval(numbers.Real, 0, 1, closed="neither"), Interval(numbers.Integral, 1, None)],
-        "compute": [None, InstanceOf(Compute, "a glas_sklearn.Compute")],
-        "random_state": [None, Interval(numbers.Integral, 0, 2**32, closed="left"),
-                         InstanceOf(np.random.RandomState, "a numpy.random.RandomState")],
-        "verbose": [Interval(numbers.Integral, 0, None), InstanceOf((bool, np.bool_), "True or False")],
-    }
+    _parameter_constraints = BASE_CONSTRAINTS
 
     def __init__(self, module=None, *, prefit=False, training=None, posterior="low_rank", calibration="conformal",
                  scaling="auto", n_components="auto", sigma0="auto", confidence_level=0.9, calibration_size=0.1,
@@ -292,25 +208,26 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
             self._prefit_fingerprint = declare_training_rows(self._prefit_module(device, dtype, settings), X, X_cal,
                                                              self._name, settings.likelihood.is_classification)
         data = prepare_data(X, y, X_cal, y_cal, weight, kept, inputs=inputs, plan=settings.plan,
-                            calibration_size=self.calibration_size, seed=settings.seed, fit_targets=self._fit_targets,
-                            standardize=self._standardizes(settings), device=device, dtype=dtype,
-                            class_labels=self._class_labels())
-        self._inputs = data.inputs
-        self.x_mean_, self.x_scale_, self.input_shape_ = data.inputs.x_mean, data.inputs.x_scale, inputs.input_shape
-        self.train_indices_, self.calibration_indices_ = data.train_indices, data.calibration_indices
-        self.module_, self.likelihood_, history, timings = self._fit_network(data, settings, dtype)
+                            calibration_size=self.calibration_size, seed=settings.seed,
+                            fit_targets=settings.fit_targets(self._name, self._class_labels()),
+                            standardize=self._standardizes(settings),
+                            device=device, dtype=dtype, class_labels=self._class_labels())
+        self._keep_data(data, inputs)
+        self.module_, likelihood, history = self._train_network(data, settings, dtype, settings.likelihood)
         self._keep_history(history)
-        self.timings_.update(timings)
-        self._check_network_outputs(data)
-        noise_var = self._fit_noise(self.module_, data, settings)
+        check_network_outputs(self.module_, data, prefit=self.prefit, loss_curve=self.loss_curve_, owner=self._name)
+        noise = settings.noise.fit(self.module_, likelihood, data, seed=settings.seed,
+                                   fixed_predictor=settings.plan.calibrator.requires_fixed_predictor)
+        self._keep_noise(noise)
         laplace = settings.posterior.fit(self.module_, data.Xt, data.yt, self.likelihood_,
-                                         scaling=self._scaling(), noise_var=noise_var, n_components=self.n_components,
-                                         sigma0=settings.plan.posterior_sigma0, seed=settings.seed,
-                                         verbose=self.verbose, sample_weight=self._curvature_weight(data))
+                                         scaling=self._scaling(), noise_var=noise.beta_noise_var,
+                                         n_components=self.n_components, sigma0=settings.plan.posterior_sigma0,
+                                         seed=settings.seed, verbose=self.verbose,
+                                         sample_weight=noise.curvature_weight(data.Xt, data.weight))
         self._keep_posterior(laplace, settings)
         calibration = settings.plan.fit(self.posterior_, data.Xc, data.yc, n_components=self.n_components,
                                         predictive=settings.predictive, n_samples=settings.posterior.n_samples,
-                                        noise_var=self._interval_noise_var(), seed=settings.seed,
+                                        noise_var=noise.interval_noise_var, seed=settings.seed,
                                         likelihood=self.likelihood_, verbose=self.verbose,
                                         class_labels=self._class_labels(), warned=data.warned,
                                         sigma0_rule=self._sigma0_rule())
@@ -332,18 +249,8 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         return type(self).__name__
 
     def _resolve_settings(self) -> FitSettings:
-        """Every setting checked (alone and together) and resolved to its object, before any data is touched."""
-        check_settings(self)
-        training = (Training() if self.training is None else clone(self.training)).check(self._name)
-        posterior = resolve_posterior_settings(self.posterior).check(self._name)
-        compute = (Compute() if self.compute is None else clone(self.compute))
-        check_settings(compute, self._name, prefix="compute__")
-        likelihood = self._resolve_likelihood(posterior)
-        plan = CalibrationPlan.resolve(self.calibration, self._levels(None), self.sigma0, likelihood,
-                                       off_subspace=posterior.kind_class.off_subspace,
-                                       auto_low_rank_sigma0=self._auto_low_rank_sigma0, owner=self._name)
-        seed = int(numpy_rng(self.random_state).integers(0, 2**31 - 1))
-        return FitSettings(likelihood, training, posterior, compute, plan, posterior.predictive_mode(), seed)
+        """Every setting checked (alone and together) and resolved to its object (:meth:`FitSettings.resolve`)."""
+        return FitSettings.resolve(self)
 
     def _validate_fit_data(self, X, y, X_cal, y_cal, sample_weight, settings: FitSettings):
         """The training rows and, when given, the calibration rows validated (X densified), the input encoder of
@@ -363,7 +270,6 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
 
     def _placement(self, compute: Compute) -> tuple[torch.device, torch.dtype]:
         user = self._user_prefit_module()
-        self._compute = compute
         return compute.resolve_device(user, self._name), compute.resolve_dtype(user, self._name)
 
     def _user_prefit_module(self):
@@ -371,12 +277,6 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
 
     def _prefit_module(self, device, dtype, settings: FitSettings):
         return prefit_network(self.module, device, dtype, self._name, settings.compute.dtype)
-
-    def _fit_network(self, data: PreparedData, settings: FitSettings, dtype: torch.dtype):
-        """θ0: the prefit module as it is, or a network built from the recipe and trained on the training rows
-        (:meth:`Training.fit`): ``(module, likelihood, history, timings)``, history None when prefit, timings
-        of extra stages."""
-        return (*self._train_network(data, settings, dtype, settings.likelihood), {})
 
     def _train_network(self, data: PreparedData, settings: FitSettings, dtype, likelihood):
         """One network for ``likelihood``, built and trained (:meth:`Training.fit`)."""
@@ -427,68 +327,39 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         self._report(training_line(history, self._threads_text()))
         return module, likelihood, history
 
+    def _n_outputs(self, data: PreparedData, likelihood: Likelihood) -> int:
+        """The network outputs per row the targets call for under ``likelihood``."""
+        return likelihood.n_outputs(data.targets.n_outputs)
+
+    def _keep_data(self, data: PreparedData, inputs) -> None:
+        """The fitted input encoder and target handling, and the rows' positions."""
+        self._inputs, self._targets = data.inputs, data.targets
+        self.x_mean_, self.x_scale_, self.input_shape_ = data.inputs.x_mean, data.inputs.x_scale, inputs.input_shape
+        self.train_indices_, self.calibration_indices_ = data.train_indices, data.calibration_indices
+        self._keep(data.targets.fitted_attributes())  # the regressor's y_mean_, y_scale_
+
+    def _keep_noise(self, noise) -> None:
+        """The noise step: the fit's likelihood from here on, its σ² and what users read of it."""
+        self._noise_step, self.likelihood_ = noise, noise.likelihood
+        self.timings_.update(noise.timings)
+        for line in noise.lines:
+            self._report(line)
+        self._keep(noise.attributes)  # the regressor's noise_source_, noise_std_, likelihood_support_
+
     def _keep_history(self, history: TrainingResult | None) -> None:
         """The training record as the fitted attributes users read."""
-        if history is None:
-            self.n_iter_, self.loss_curve_, self.validation_scores_ = 0, [], None
-            self.best_validation_score_ = self.validation_indices_ = self.weight_decay_ = None
-        else:
-            self.n_iter_, self.loss_curve_ = history.n_iter, history.loss_curve
-            held = history.validation_indices
-            self.validation_scores_ = history.validation_scores if held is not None else None
-            self.best_validation_score_, self.validation_indices_ = history.best_validation_score, held
-            self.weight_decay_ = history.weight_decay
+        if history is not None:
             self.timings_["training"] = history.seconds
-        self.training_loss_ = self.loss_curve_
-        self._n_rows_trained = None if history is None else history.n_rows_trained
-
-    def _check_network_outputs(self, data: PreparedData) -> None:
-        """The network's outputs at θ0 on the training and calibration rows are finite; else an error naming the
-        rows (positions in the ``X`` or ``X_cal`` passed to fit) and the cause, before the curvature is built."""
-        split = data.train_indices is not None
-        for X, where, positions, kind in ((data.Xt, "X", data.train_indices, "training"),
-                                          (data.Xc, "X" if split else "X_cal", data.calibration_indices,
-                                           "calibration")):
-            out = model_outputs(self.module_, X, batch_size=_CHECK_ROWS)
-            bad = np.flatnonzero((~torch.isfinite(out)).reshape(len(out), -1).any(1).cpu().numpy())
-            if bad.size == 0:
-                continue
-            rows = bad if positions is None else np.sort(positions[bad])
-            if self.prefit:
-                cause = ("the prefit module returns NaN or inf there, so neither its predictions nor their "
-                         "uncertainty are defined. Check those rows (values far outside the network's training range, "
-                         "missing values encoded as numbers) and the module's forward (a log, sqrt or division of its "
-                         "input)")
-            else:
-                losses = self.loss_curve_
-                last = f" (the training loss ends at {losses[-1]:.4g})" if losses else ""
-                cause = (f"after training{last}: the training diverged or overflowed; lower lr, standardise X, or "
-                         "use dtype='float64'")
-            raise ValueError(f"{self._name}: the network's outputs are non-finite (NaN or inf) on {len(rows)} of the "
-                             f"{len(X)} {kind} rows, {_rows_text(rows)} of {where}: {cause}.")
+        self._keep(training_attributes(history))
 
     def _scaling(self):
         return self.likelihood_.default_scaling if self.scaling == "auto" else self.scaling
 
-    def _curvature_weight(self, data: PreparedData):
-        """The training rows' weights in the curvature: the user's ``sample_weight`` (None: all 1)."""
-        return data.weight
-
     def _keep_posterior(self, laplace, settings: FitSettings) -> None:
         """The fitted posterior and what users read of it."""
-        post = laplace.posterior
         self.timings_["curvature"] = laplace.timings["total"]
-        self.posterior_, self.predictive_ = post, settings.predictive
-        self.trainable_parameters_ = {name: tuple(shape)
-                                      for name, shape in zip(post.layout.names, post.layout.shapes, strict=True)}
-        self.n_weights_, self.beta_, self.n_records_ = int(post.n_weights), float(laplace.beta), int(laplace.n_records)
-        self.eigenvalues_ = laplace.eigen.eigenvalues.detach().cpu().numpy()
-        self.eigen_info_ = {
-            "method": laplace.eigen.method, "n_matvecs": laplace.eigen.n_matvecs, "converged": laplace.eigen.converged,
-            "residual_norms": laplace.eigen.residual_norms.detach().cpu().numpy(),
-            "relative_residuals": laplace.eigen.relative_residuals.detach().cpu().numpy(),
-        }
-        self._n_samples = settings.posterior.n_samples
+        self._keep(posterior_attributes(laplace))
+        self.predictive_, self._n_samples = settings.predictive, settings.posterior.n_samples
         self._report(posterior_line(settings.posterior.name, laplace, settings.plan.posterior_sigma0))
 
     def _keep_calibration(self, fitted, settings: FitSettings) -> None:
@@ -496,57 +367,36 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         self.timings_["calibration"] = fitted.seconds
         for line in fitted.lines:
             self._report(line)
-        self.calibrator_ = fitted.calibrator
-        self.conformity_scores_ = fitted.calibrator.scores_
-        self.calibration_reached_ = fitted.calibrator.reached_
-        self.n_components_, self.sigma0_ = fitted.n_components, fitted.sigma0
-        self.calibration_ = self._table_in_user_units(fitted.calibrator.table_.reset_index(drop=True))
-        self.calibration_seed_, self._sample_seed_ = settings.seed, fitted.sample_seed
-        self.sigma0_search_, self.sigma0_rows_ = fitted.sigma0_search, fitted.sigma0_rows
-        self.n_calibration_rows_, self.n_sigma0_rows_ = fitted.n_rows, int(len(fitted.sigma0_rows))
+        self._keep(fitted.attributes(self._targets))
+        self.calibration_seed_ = settings.seed
         self._after_calibration(fitted.calibrator)
-        self._report(calibration_line(calibration_name(self.calibration), fitted, self.calibration_,
-                                      settings.plan.levels, settings.likelihood.is_classification,
-                                      self.calibration_reached_))
+        self._report(calibration_line(calibration_name(self.calibration), fitted, settings.plan.levels))
+
+    def _keep(self, attributes: dict) -> None:
+        """A step's fitted attributes, as its component names them."""
+        for name, value in attributes.items():
+            setattr(self, name, value)
 
     def _report(self, line: str) -> None:
         """A finished stage's line: to standard error with ``verbose ≥ 1``, and logged at INFO level."""
         stage(line, verbose=self.verbose, logger=logging.getLogger("glas_sklearn.estimators._base"))
 
     def _threads_text(self) -> str:
-        n = self.n_threads_
-        if n is None:
-            return "torch's own thread count"
-        how = "auto" if isinstance(self._compute.n_threads, str) else "n_threads"
-        return f"{n} torch thread{'s' if n != 1 else ''} ({how})"
+        return (self.compute or Compute()).threads_text(self.n_threads_)
 
     def _fit_line(self) -> str:
-        """The closing line, e.g. "LaplaceActiveSubspaceRegressor: fitted in 15.2 s: trained the network (2,951
-        weights) for 500 epochs on 696 rows; posterior low_rank, d = 50; mondrian intervals at 90 % from 78
-        calibration rows; 1 torch thread (auto)"."""
-        what = "prediction sets" if self.likelihood_.is_classification else "intervals"
-        if self.prefit:
-            network = f"used the prefit network ({self.n_weights_:,} trainable weights) as it is"
-        elif isinstance(self.module_, NetworkEnsemble):
-            network = (f"trained {len(self.module_.members)} networks ({self.n_weights_:,} weights), the first for "
-                       f"{len(self.loss_curve_)} epochs, on {self._n_rows_trained:,} rows")
-        else:
-            network = (f"trained the network ({self.n_weights_:,} weights) for {len(self.loss_curve_)} epochs on "
-                       f"{self._n_rows_trained:,} rows")
-        kind = resolve_posterior_settings(self.posterior).name
-        levels = ", ".join(f"{100 * float(v):g} %" for v in self._levels(None))
-        return (f"{self._name}: fitted in {self.timings_['total']:.1f} s: {network}; posterior {kind}, d = "
-                f"{self.n_components_}; {calibration_name(self.calibration)} {what} at {levels} from "
-                f"{self.n_calibration_rows_} calibration rows; {self._threads_text()}")
+        """The closing line (:func:`fit_line`)."""
+        return fit_line(self._name, self.timings_["total"], self.module_, prefit=self.prefit,
+                        n_weights=self.n_weights_, epochs=len(self.loss_curve_), rows=self._n_rows_trained,
+                        posterior=resolve_posterior_settings(self.posterior).name, d=self.n_components_,
+                        calibration=calibration_name(self.calibration),
+                        classification=self.likelihood_.is_classification, levels=self._levels(None),
+                        n_calibration_rows=self.n_calibration_rows_, threads=self._threads_text())
 
     # ------------------------------------------------------------------------------- prediction helpers
     def _thread_count(self) -> int | None:
-        """torch's intra-op threads for the current call: the given count, None (torch's setting left alone), or
-        for "auto" the count the last fit chose (one before fit)."""
-        n = (self.compute or Compute()).n_threads
-        if n is None or (isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 1):
-            return n
-        return getattr(self, "n_threads_", None) or 1
+        """torch's intra-op threads for the current call (:meth:`Compute.thread_count`)."""
+        return (self.compute or Compute()).thread_count(getattr(self, "n_threads_", None))
 
     def _validate_X(self, X, y="no_validation", **kwargs):
         return self._inputs.validate(self, X, y, **kwargs)
@@ -574,70 +424,22 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         check_is_fitted(self, "posterior_")
         warn_if_training_rows(self._prefit_fingerprint, self._validate_X(X), self._name, method)
 
-    def _working_memory_bytes(self) -> float:
-        """``working_memory`` in bytes (it may be set after fit with ``set_params``, so it is checked here too)."""
-        wm = (self.compute or Compute()).working_memory
-        if isinstance(wm, bool) or not isinstance(wm, (int, float, np.integer, np.floating)) or not wm > 0:
-            raise ValueError(f"{self._name}: compute__working_memory must be a number of MiB > 0 (e.g. 64), got "
-                             f"{wm!r}.")
-        return float(wm) * 2**20
+    def _predictions(self) -> ChunkedPredictions:
+        """The fitted posterior's predictions in chunks of rows within ``compute__working_memory`` (checked here,
+        since it may be set after fit)."""
+        return ChunkedPredictions(self.posterior_, self.predictive_, self._n_samples,
+                                  working_memory_bytes(self.compute, self._name), self._name)
 
     def _predict_bytes_per_row(self, n_outputs: int, activations: int = 0) -> int:
-        """Bytes a prediction holds per row at once: the outputs per sample (sampled) or the Jacobian projections
-        and their float64 products (linearised), plus ``activations`` (of one row's forward pass) twice."""
-        values = self.predictive_.values_per_output(self._n_samples, self.posterior_.max_components)
-        return _BYTES_PER_OUTPUT * values * max(1, n_outputs) + 2 * activations
-
-    def _activation_bytes_per_row(self, Xt: torch.Tensor) -> int:
-        """The bytes one more row adds to the tensors a forward pass keeps for its backward pass (two forwards on 2
-        and 4 rows, under ``saved_tensors_hooks``)."""
-        if Xt.shape[0] < 4:
-            return 0
-        fm = self.posterior_.functional_model
-        leaves = {n: p.detach().requires_grad_() for n, p in fm.params0.items()}
-        sizes = []
-        for rows in (2, 4):
-            total = 0
-
-            def pack(t):
-                nonlocal total
-                total += t.numel() * t.element_size()
-                return t
-
-            with fm.autodiff(), torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-                fm(Xt[:rows], leaves)
-            sizes.append(total)
-        return max(0, (sizes[1] - sizes[0]) // 2)
+        return self._predictions().bytes_per_row(n_outputs, activations)
 
     def _predict_in_chunks(self, Xt, n_outputs: int, predict: Callable, *, finite: Callable):
-        """``predict(rows)`` over chunks of the rows of ``Xt`` (a tensor, or validated rows turned into input
-        tensors chunk by chunk), each within ``working_memory``, their results written into arrays allocated once.
-        Where ``finite(result)`` is not finite, the error names the rows and whether the network itself or the
-        posterior's samples are at fault."""
-        budget = int(self._working_memory_bytes()) // 2  # half for the results, half for the posterior's chunks
-        as_input = (lambda rows: rows) if isinstance(Xt, torch.Tensor) else self._rows_tensor
-        activations = self._activation_bytes_per_row(as_input(Xt[:4])) if Xt.shape[0] > _CHECK_ROWS else 0
-        size = max(1, budget // self._predict_bytes_per_row(n_outputs, activations))
-        whole = None
-        with memory_budget(budget, max(activations, 256)), self._released_cache():
-            for start in range(0, Xt.shape[0], size):
-                rows = as_input(Xt[start:start + size])
-                try:
-                    result = predict(rows)
-                except (ValueError, RuntimeError) as err:
-                    self._raise_if_network_nonfinite(rows, start, Xt.shape[0], cause=err)
-                    raise
-                check = finite(result)
-                if not bool(torch.isfinite(check).all()):
-                    self._raise_if_network_nonfinite(rows, start, Xt.shape[0])
-                    bad = np.flatnonzero((~torch.isfinite(check)).reshape(len(check), -1).any(1).cpu().numpy())
-                    raise ValueError(
-                        f"{self._name}: the predictive is non-finite (NaN or inf) on {_rows_text(bad + start)} of X, "
-                        "although the network's outputs at its trained weights are finite there: the posterior's "
-                        "weight samples make the network overflow on them. Use posterior__predictive='linearized', "
-                        "a smaller sigma0, or compute__dtype='float64'.")
-                whole = _write_rows(whole, result, start, Xt.shape[0])
-        return whole
+        """``predict(rows)`` over chunks of the rows of ``Xt`` (:meth:`ChunkedPredictions.run`; validated rows are
+        turned into input tensors chunk by chunk)."""
+        return self._predictions().run(Xt, n_outputs, predict, finite=finite, as_input=self._rows_tensor)
+
+    def _check_finite_rows(self, values: torch.Tensor, Xt: torch.Tensor) -> None:
+        self._predictions().check_finite_rows(values, Xt)
 
     def _calibrated_interval(self, Xt: torch.Tensor, levels):
         """The predictive (mean, std, bounds) of rows ``Xt`` as the fitted calibrator makes it."""
@@ -657,43 +459,6 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         return class_probabilities(self.posterior_, Xt, self.n_components_, predictive=self.predictive_,
                                    n_samples=self._n_samples, random_state=self._sample_seed_)
 
-    def _check_finite_rows(self, values: torch.Tensor, Xt: torch.Tensor) -> None:
-        """Refuse non-finite ``values`` (rows first) predicted for the rows ``Xt``, naming the rows and the cause."""
-        ok = torch.isfinite(values).reshape(len(values), -1).all(1)
-        if not bool(ok.all()):
-            self._raise_if_network_nonfinite(Xt, 0, Xt.shape[0])
-            bad = np.flatnonzero((~ok).cpu().numpy())
-            raise ValueError(f"{self._name}: the posterior's draws are non-finite (NaN or inf) on {_rows_text(bad)} of "
-                             "X, although the network's outputs at its trained weights are finite there: the weight "
-                             "samples make the network overflow on them. Use a smaller sigma0, or "
-                             "compute__dtype='float64'.")
-
-    @contextlib.contextmanager
-    def _released_cache(self):
-        """The posterior's cache of the last rows' Jacobian quantities is dropped when the prediction is done."""
-        try:
-            yield
-        finally:
-            self.posterior_.release_cache()
-
-    def _raise_if_network_nonfinite(self, rows: torch.Tensor, start: int, n: int, cause=None) -> None:
-        """Raise the error naming the rows (positions in X) where the network's output at θ0 is not finite."""
-        try:
-            with memory_budget(int(self._working_memory_bytes())):
-                out = self.posterior_.predict_mean(rows, batch_size=_CHECK_ROWS)
-        except Exception:  # noqa: BLE001 - the network cannot be evaluated at all: the original error stands
-            if cause is None:
-                raise
-            return
-        bad = np.flatnonzero((~torch.isfinite(out)).reshape(len(out), -1).any(1).cpu().numpy())
-        if bad.size:
-            raise ValueError(
-                f"{self._name}: the network's outputs are non-finite (NaN or inf) on {_rows_text(bad + start)} of X "
-                f"({n} rows): the network returns NaN or inf there at its trained weights, so neither the prediction "
-                "nor its uncertainty is defined. Check those rows (values far outside the training range, missing "
-                "values encoded as numbers) and the module's forward (a log, sqrt or division of its input).") \
-                from cause
-
     @scoped_threads
     def coverage_curve(self, X, y, *, d_max: int | None = None, confidence_level: float | None = None) -> pd.DataFrame:
         """Coverage on ``(X, y)`` of the posterior's own (1 − γ) intervals or sets for every d = 1 … ``d_max``
@@ -706,17 +471,17 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         warn_if_training_rows(self._prefit_fingerprint, X, self._name, "coverage_curve")
         p = self.posterior_
         Xt = self._inputs.rows_tensor(X, p.device, p.dtype)
-        yt = self._targets_tensor(y, p.device, p.dtype, self._inputs)
+        yt = self._targets.to_tensor(y, p.device, p.dtype, self._inputs)
         if confidence_level is not None and np.ndim(confidence_level) != 0:
             raise ValueError(f"confidence_level must be a single number, got {confidence_level!r}.")
         level = self._levels(confidence_level)[0]
         d_max = p.max_components if d_max is None else d_max
         with silenced("coverage_not_reached"):  # the whole curve is asked for, reaching the level or not
             result = choose_dimension(p, Xt, yt, confidence_level=level, d_max=d_max, predictive=self.predictive_,
-                                      n_samples=self._n_samples, noise_var=self._interval_noise_var(),
+                                      n_samples=self._n_samples, noise_var=self._noise_step.interval_noise_var,
                                       random_state=self.calibration_seed_, full_curve=True, verbose=self.verbose,
                                       likelihood=self.likelihood_)
-        return self._table_in_user_units(result.table.reset_index(drop=True))
+        return self._targets.table_in_user_units(result.table.reset_index(drop=True))
 
     # ---------------------------------------------------------------------------------------- pickling
     def __getstate__(self) -> dict:
@@ -759,19 +524,13 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
         """The class labels a classifier's messages name (None for regression)."""
         return None
 
-    def _table_in_user_units(self, table: pd.DataFrame) -> pd.DataFrame:
-        return table
-
-    def _interval_noise_var(self):
-        """Observation-noise variance added to intervals (internal units); 0 for parameter uncertainty only."""
-        return 0.0
-
     def _after_calibration(self, calibrator: Calibrator) -> None:
         """What a subclass records once the calibrator is fitted."""
 
     @abc.abstractmethod
-    def _resolve_likelihood(self, posterior: Posterior) -> Likelihood:
-        """The likelihood of this fit (the estimator's setting resolved to an object, checked)."""
+    def _components(self, posterior: Posterior) -> TaskComponents:
+        """The likelihood of this fit (the estimator's setting resolved to an object, checked), the target handling
+        and the noise step (:class:`TaskComponents`); nothing is written onto the estimator."""
 
     @abc.abstractmethod
     def _auto_low_rank_sigma0(self, calibrator: Calibrator) -> str:
@@ -784,22 +543,6 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
     @abc.abstractmethod
     def _validate_calibration(self, X_cal, y_cal):
         """Calibration (or scoring) rows and targets validated against what fit saw."""
-
-    @abc.abstractmethod
-    def _fit_targets(self, y, weight, standardize: bool):
-        """The fitted target scaler (regression) or label encoder of the training targets, with ``to_tensor``."""
-
-    @abc.abstractmethod
-    def _targets_tensor(self, y, device, dtype, inputs) -> torch.Tensor:
-        """Validated targets as the tensor the calibration takes (internal units)."""
-
-    @abc.abstractmethod
-    def _n_outputs(self, data: PreparedData, likelihood: Likelihood) -> int:
-        """The network outputs per row the targets call for under ``likelihood``."""
-
-    @abc.abstractmethod
-    def _fit_noise(self, module, data: PreparedData, settings: FitSettings):
-        """The noise model fitted at θ0: σ² for β (internal units), or None without a noise variance."""
 
     def __sklearn_tags__(self):
         tags = super().__sklearn_tags__()

@@ -14,12 +14,10 @@ import numpy as np
 import torch
 from sklearn.model_selection import train_test_split
 
+from .._checks import can_stratify
 from .._silenced import silenced
 from .._warnings import warn
 from ..calibration import Calibrator, ConformalWarning, resolve_calibration, tune_sigma0
-from ..calibration.conformal import conformal_rank
-from ..calibration.mondrian import BAND_TEST_LEVEL
-from ._training import can_stratify
 
 __all__ = ["CalibrationPlan", "FittedCalibration"]
 
@@ -42,6 +40,17 @@ class FittedCalibration:
     sigma0_search: object | None
     seconds: float
     lines: list[str] = field(default_factory=list)
+
+
+    def attributes(self, targets) -> dict:
+        """The estimators' fitted attributes of the calibration step (the table in the units of y, by ``targets``)."""
+        cal = self.calibrator
+        return {"calibrator_": cal, "conformity_scores_": cal.scores_, "calibration_reached_": cal.reached_,
+                "n_components_": self.n_components, "sigma0_": self.sigma0,
+                "calibration_": targets.table_in_user_units(cal.table_.reset_index(drop=True)),
+                "_sample_seed_": self.sample_seed, "sigma0_search_": self.sigma0_search,
+                "sigma0_rows_": self.sigma0_rows, "n_calibration_rows_": self.n_rows,
+                "n_sigma0_rows_": int(len(self.sigma0_rows))}
 
 
 @dataclass
@@ -234,97 +243,13 @@ class CalibrationPlan:
 
 
 # ------------------------------------------------------------------------------------------ the report line
-def _pct(level: float) -> str:
-    return f"{100 * float(level):g} %"
-
-
 def calibration_name(calibration) -> str:
     return calibration if isinstance(calibration, str) else type(calibration).__name__
 
 
-def calibration_line(name: str, fitted: FittedCalibration, table, levels, classification: bool,
-                     reached) -> str:
+def calibration_line(name: str, fitted: FittedCalibration, levels) -> str:
     """E.g. "calibration: conformal at d = 50 on 78 rows, 0.4 s: quantile 1.64 at 90 %" or "calibration:
-    coverage at d = 12 on 78 rows, 0.9 s: coverage 0.91 of the 90 % target (reached)"."""
-    d, n, cal = fitted.n_components, fitted.n_rows, fitted.calibrator
-    text = f"calibration: {name} at d = {d} on {n} rows, {fitted.seconds:.1f} s"
-    if "quantile" in table and "level" in table:
-        text += ": " + ", ".join(f"quantile {row.quantile:.3g} at {_pct(row.level)}" for row in table.itertuples())
-        level = float(table["level"].iloc[0])
-        bands = 1
-        if "n_bins" in table and len(table):
-            if classification:
-                bands = len(cal.bin_scores_[0])
-                text += f" (pooled; each of the {bands} classes has its own, calibrator_.bins_)"
-            else:
-                bands = max(len(e) + 1 for e in cal.edges_)
-                top = float(table["level"].max())  # the bands serve the highest level
-                text += f" ({'pooled; ' if bands > 1 else ''}{_bands_text(cal, top, n)})"
-        if getattr(cal, "quantile_method", "higher") == "higher" and bands == 1:  # interpolated: the level on average
-            text += _expected_coverage(n, level)
-    elif "coverage" in table and len(table):
-        level = levels[0]
-        row = table[table["d"] == d].iloc[-1] if (table["d"] == d).any() else table.iloc[-1]
-        text += f": coverage {row['coverage']:.3f} of the {_pct(level)} target"
-        text += {True: " (reached)", False: " (not reached)", None: ""}[reached]
-    return text
-
-
-def _bands_text(cal, level: float, n_rows: int) -> str:
-    """The σ̂ bands of a fitted MondrianConformalCalibrator and why, per output (once where the outputs agree), e.g.
-    "5 bands of σ̂, each with its own quantile, as the scores differ across them (Kruskal–Wallis p = 0.031)"."""
-    if cal.n_bins != "auto":
-        bands = max(len(e) + 1 for e in cal.edges_)
-        merged = f", merged to {bands} for {cal.rows_needed(level)} rows a band" if bands < cal.n_bins else ""
-        return f"n_bins={cal.n_bins} as set{merged}"
-    pvalues = getattr(cal, "band_pvalue_", None)
-    if cal.min_bins == "auto" or cal.min_bins_ > 1:
-        need = 2 * cal.rows_needed(level)
-    else:
-        need = 2 * max(cal.min_bin_size, cal.rows_needed(level))
-    texts = []
-    for j, edges in enumerate(cal.edges_):
-        bands = len(edges) + 1
-        p = np.nan if pvalues is None else float(pvalues[j])
-        own = f"{bands} bands of σ̂, each with its own quantile"
-        if np.isfinite(p):
-            test = f"Kruskal–Wallis p {_pvalue(p)}"
-            if p < BAND_TEST_LEVEL:
-                texts.append(f"{own}, as the scores differ across them ({test})")
-            elif bands == 1:
-                texts.append(f"one band of σ̂: the scores are alike across bands ({test})")
-            else:
-                texts.append(f"{own}, by the row count (the scores are alike across narrower ones, {test})")
-        elif bands == 1 and n_rows < need:
-            texts.append(f"one band of σ̂: bands need {need} calibration rows")
-        elif bands == 1:
-            texts.append("one band of σ̂")
-        else:
-            texts.append(own)
-    if len(set(texts)) == 1:
-        return texts[0] + (f", every output of {len(texts)}" if len(texts) > 1 else "")
-    if len(texts) > 4:
-        counts = [len(e) + 1 for e in cal.edges_]
-        return f"σ̂ bands per output {counts}, each with its own quantile (band_pvalue_ says why)"
-    return "; ".join(f"output {j}: {t}" for j, t in enumerate(texts))
-
-
-def _pvalue(p: float) -> str:
-    """"= 0.43" or "< 0.1": two significant digits, never rounded across the test's level (0.0996 is "< 0.1")."""
-    shown = f"{p:.2g}"
-    if p < BAND_TEST_LEVEL <= float(shown):
-        return f"< {BAND_TEST_LEVEL:g}"
-    return f"= {shown}"
-
-
-def _expected_coverage(n: int, level: float) -> str:
-    """With few calibration rows a conformal interval covers ⌈(n + 1)(1 − γ)⌉ / (n + 1) on average, above the level:
-    said when that is a point or more (e.g. 93.1 % from 28 rows at 90 %), so that the overshoot is not a surprise."""
-    if n < 1:
-        return ""
-    k = int(conformal_rank(n, level)[0])
-    expected = k / (n + 1)
-    if k > n or expected - level < 0.01:
-        return ""
-    return (f"; with {n} rows conformal intervals cover {100 * expected:.1f} % on average (⌈(n + 1)(1 − γ)⌉/(n + 1); "
-            "more calibration rows bring it to the level)")
+    coverage at d = 12 on 78 rows, 0.9 s: coverage 0.91 of the 90 % target (reached)": what follows the rows
+    and the time is the calibrator's own :meth:`~glas_sklearn.calibration.Calibrator.report`."""
+    text = f"calibration: {name} at d = {fitted.n_components} on {fitted.n_rows} rows, {fitted.seconds:.1f} s"
+    return text + fitted.calibrator.report(fitted.n_rows, levels)

@@ -251,7 +251,8 @@ class TargetScaler:
     y_1d: bool
 
     @classmethod
-    def fit(cls, y: np.ndarray, sample_weight, standardize: bool, owner: str) -> TargetScaler:
+    def fit(cls, y: np.ndarray, sample_weight, standardize: bool, owner: str, class_labels=None) -> TargetScaler:
+        """The scaler of the training targets ``y`` (weighted by ``sample_weight``; ``class_labels`` unused)."""
         Y = y.reshape(len(y), -1)
         if standardize:
             mean, scale = standardisation(Y, sample_weight, owner, "y")
@@ -265,6 +266,16 @@ class TargetScaler:
 
     def to_tensor(self, y, device, dtype, encoder: InputEncoder) -> torch.Tensor:
         return encoder.to_tensor((y.reshape(len(y), -1) - self.y_mean) / self.y_scale, device, dtype, "y")
+
+    def fitted_attributes(self) -> dict:
+        """The regressor's fitted attributes of the scaling."""
+        return {"y_mean_": self.y_mean, "y_scale_": self.y_scale}
+
+    def table_in_user_units(self, table):
+        """A calibration table with ``mean_width`` in the units of y (one output)."""
+        if len(self.y_scale) == 1 and "mean_width" in table:
+            table = table.assign(mean_width=table["mean_width"] * float(self.y_scale[0]))
+        return table
 
     def to_user_units(self, t: torch.Tensor, shift: bool = True) -> np.ndarray:
         """A tensor (n, M, ...) in internal units as an array in the units of y (``shift=False``: a scale)."""
@@ -335,9 +346,23 @@ def prepare_data(X, y, X_cal, y_cal, weight, kept, *, inputs: InputEncoder, plan
     return PreparedData(Xt, yt, Xc, yc, wt, inputs, targets, train_indices, calibration_indices, warned)
 
 
+@dataclass
 class LabelTargets:
-    """Class indices as the tensor the categorical loss takes."""
+    """Class indices as the tensor the categorical loss takes; ``n_outputs``: the number of classes."""
+
+    n_outputs: int
+
+    @classmethod
+    def fit(cls, y, sample_weight, standardize: bool, owner: str, class_labels=()) -> LabelTargets:
+        """The classes ``class_labels`` of the estimator (the training rows ``y`` may miss some)."""
+        return cls(len(class_labels))
 
     @staticmethod
     def to_tensor(y, device, dtype, inputs=None) -> torch.Tensor:
         return torch.as_tensor(np.asarray(y, dtype=np.int64)).to(device)
+
+    def fitted_attributes(self) -> dict:
+        return {}
+
+    def table_in_user_units(self, table):
+        return table

@@ -14,10 +14,18 @@ from torch import nn
 
 from .._constraints import BOOLEAN, Interval, Options, Satisfies, check_settings
 from ..laplace import LaplaceSubspace, fit_laplace_subspace
-from ..posterior import POSTERIOR_KINDS, ActiveSubspacePosterior, resolve_posterior
+from ..posterior import (
+    POSTERIOR_KINDS,
+    ActiveSubspacePosterior,
+    LowRankDiagPosterior,
+    LowRankPosterior,
+    SubspacePosterior,
+    resolve_posterior,
+)
 from ..predictive import PredictiveMode, resolve_predictive
 
 __all__ = ["AUTO_SUBSAMPLE_ROWS", "LowRank", "LowRankDiag", "Posterior", "Subspace", "auto_subsample",
+           "posterior_attributes",
            "posterior_line", "resolve_posterior_settings"]
 
 logger = logging.getLogger("glas_sklearn.estimators")
@@ -37,7 +45,17 @@ def _is_kind(value) -> bool:
         isinstance(value, type) and issubclass(value, ActiveSubspacePosterior))
 
 
-_SHARED_DOC = """\
+class Posterior(BaseEstimator):
+    """A posterior kind and its hyperparameters, for the estimators' ``posterior=``.
+
+    ``LowRank()``, ``LowRankDiag()`` and ``Subspace()`` are the built-in kinds; ``Posterior(kind=MyKind)`` takes
+    a subclass of :class:`~glas_sklearn.posterior.ActiveSubspacePosterior` of one's own. Its parameters are
+    reached as ``posterior__max_components`` in ``set_params`` and ``GridSearchCV``.
+
+    Parameters
+    ----------
+    kind : str or ActiveSubspacePosterior subclass
+        The kind's name (a key of :data:`~glas_sklearn.posterior.POSTERIOR_KINDS`) or class.
     max_components : int, default=50
         K, the eigenpairs of the curvature computed (at most D − 1 for D trainable weights): the largest subspace
         dimension d available, and d itself under ``n_components="auto"`` with a conformal calibration.
@@ -55,21 +73,7 @@ _SHARED_DOC = """\
         Regression with a constant noise: False (the paper) describes the network output f(x; θ) under the weight
         posterior; True describes y = f(x; θ) + ε, ε ~ N(0, σ²) (``noise_std_``), in the intervals,
         ``predict(return_std=True)`` and ``sample_y`` (with a conformal calibration it sets the scale the scores
-        are normalised by, σ̂² = σ_f² or σ_f² + σ²)."""
-
-
-class Posterior(BaseEstimator):
-    __doc__ = f"""A posterior kind and its hyperparameters, for the estimators' ``posterior=``.
-
-    ``LowRank()``, ``LowRankDiag()`` and ``Subspace()`` are the built-in kinds; ``Posterior(kind=MyKind)`` takes
-    a subclass of :class:`~glas_sklearn.posterior.ActiveSubspacePosterior` of one's own. Its parameters are
-    reached as ``posterior__max_components`` in ``set_params`` and ``GridSearchCV``.
-
-    Parameters
-    ----------
-    kind : str or ActiveSubspacePosterior subclass
-        The kind's name ("low_rank", "low_rank_diag", "subspace") or class.
-{_SHARED_DOC}
+        are normalised by, σ̂² = σ_f² or σ_f² + σ²).
     """
 
     _parameter_constraints: dict = {
@@ -140,14 +144,22 @@ class Posterior(BaseEstimator):
         return fitted
 
 
-class LowRank(Posterior):
-    __doc__ = f"""The low-rank Laplace posterior (:class:`~glas_sklearn.posterior.LowRankPosterior`):
-    Σ = P diag(σ_j²) Pᵀ + σ0² (I − P Pᵀ), the directions the data do not constrain keeping the prior's variance,
-    so intervals widen where the network extrapolates.
+class _BuiltinKind(Posterior):
+    """A built-in kind's settings: the class names its kind (``_kind``, a posterior class); the parameters are
+    :class:`Posterior`'s but ``kind``."""
 
-    Parameters
-    ----------
-{_SHARED_DOC}
+    _kind: type[ActiveSubspacePosterior]
+
+    def __init__(self, max_components=50, eigen_method="lanczos", subsample="auto", predictive="auto",
+                 n_samples=1000, include_noise=False):
+        super().__init__(self._kind.name, max_components, eigen_method, subsample, predictive, n_samples,
+                         include_noise)
+
+
+class LowRank(_BuiltinKind):
+    """The low-rank Laplace posterior (:class:`~glas_sklearn.posterior.LowRankPosterior`):
+    Σ = P diag(σ_j²) Pᵀ + σ0² (I − P Pᵀ), the directions the data do not constrain keeping the prior's variance,
+    so intervals widen where the network extrapolates. Parameters: those of :class:`Posterior` but ``kind``.
 
     Examples
     --------
@@ -157,42 +169,27 @@ class LowRank(Posterior):
     20
     """
 
-    def __init__(self, max_components=50, eigen_method="lanczos", subsample="auto", predictive="auto",
-                 n_samples=1000, include_noise=False):
-        super().__init__("low_rank", max_components, eigen_method, subsample, predictive, n_samples, include_noise)
+    _kind = LowRankPosterior
 
 
-class LowRankDiag(Posterior):
-    __doc__ = f"""The low-rank plus diagonal posterior (:class:`~glas_sklearn.posterior.LowRankDiagPosterior`): the
+class LowRankDiag(_BuiltinKind):
+    """The low-rank plus diagonal posterior (:class:`~glas_sklearn.posterior.LowRankDiagPosterior`): the
     curvature P Λ Pᵀ plus the GGN's residual diagonal max(diag(G) − Σ_j λ_j p_j², 0), Σ by Woodbury.
+    Parameters: those of :class:`Posterior` but ``kind``."""
 
-    Parameters
-    ----------
-{_SHARED_DOC}
-    """
-
-    def __init__(self, max_components=50, eigen_method="lanczos", subsample="auto", predictive="auto",
-                 n_samples=1000, include_noise=False):
-        super().__init__("low_rank_diag", max_components, eigen_method, subsample, predictive, n_samples,
-                         include_noise)
+    _kind = LowRankDiagPosterior
 
 
-class Subspace(Posterior):
-    __doc__ = f"""The paper's subspace posterior (:class:`~glas_sklearn.posterior.SubspacePosterior`):
-    θ = θ0 + P z, no variance off the top-d eigenvectors.
+class Subspace(_BuiltinKind):
+    """The paper's subspace posterior (:class:`~glas_sklearn.posterior.SubspacePosterior`): θ = θ0 + P z, no
+    variance off the top-d eigenvectors. Parameters: those of :class:`Posterior` but ``kind``."""
 
-    Parameters
-    ----------
-{_SHARED_DOC}
-    """
-
-    def __init__(self, max_components=50, eigen_method="lanczos", subsample="auto", predictive="auto",
-                 n_samples=1000, include_noise=False):
-        super().__init__("subspace", max_components, eigen_method, subsample, predictive, n_samples, include_noise)
+    _kind = SubspacePosterior
 
 
-#: The settings class of each built-in kind's name.
-_SETTINGS = {"low_rank": LowRank, "low_rank_diag": LowRankDiag, "subspace": Subspace}
+#: The settings class of each built-in kind's name (the names are the posterior kinds' own).
+_SETTINGS = {cls._kind.name: cls for cls in (LowRank, LowRankDiag, Subspace)}
+assert set(_SETTINGS) == set(POSTERIOR_KINDS), "every built-in kind has its settings class"
 
 
 def resolve_posterior_settings(posterior) -> Posterior:
@@ -216,3 +213,19 @@ def posterior_line(name: str, fitted: LaplaceSubspace, sigma0_setting) -> str:
     return (f"posterior: {name} on the top {K} eigendirections of {post.n_weights:,} weights, sigma0 = "
             f"{float(post.fit_sigma0(K)):.4g} at d = {K} ({how}), beta = {fitted.beta:.4g}, "
             f"{fitted.timings['total']:.1f} s (curvature and eigenpairs)")
+
+
+def posterior_attributes(fitted: LaplaceSubspace) -> dict:
+    """The estimators' fitted attributes of the posterior step: the posterior and its weights, β, N, the
+    eigenvalues and the eigensolver's record."""
+    post, eigen = fitted.posterior, fitted.eigen
+    return {
+        "posterior_": post, "n_weights_": int(post.n_weights), "beta_": float(fitted.beta),
+        "n_records_": int(fitted.n_records),
+        "trainable_parameters_": {name: tuple(shape)
+                                  for name, shape in zip(post.layout.names, post.layout.shapes, strict=True)},
+        "eigenvalues_": eigen.eigenvalues.detach().cpu().numpy(),
+        "eigen_info_": {"method": eigen.method, "n_matvecs": eigen.n_matvecs, "converged": eigen.converged,
+                        "residual_norms": eigen.residual_norms.detach().cpu().numpy(),
+                        "relative_residuals": eigen.relative_residuals.detach().cpu().numpy()},
+    }

@@ -13,14 +13,15 @@ from sklearn.utils.validation import check_is_fitted
 from .._constraints import Interval
 from .._threads import scoped_threads
 from ..likelihoods import Categorical
-from ._base import ATTRIBUTES_DOC, PARAMETERS_DOC, LaplaceActiveSubspaceBase
+from ._base import LaplaceActiveSubspaceBase, TaskComponents
 from ._data import InputEncoder, LabelTargets
+from ._likelihood_choice import NoNoise
 
 __all__ = ["LaplaceActiveSubspaceClassifier"]
 
 
 class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase):
-    __doc__ = f"""Classification with a torch network and generalized Laplace active-subspace uncertainty.
+    """Classification with a torch network and generalized Laplace active-subspace uncertainty.
 
     The network returns logits. A network the estimator trains is the MAP under a N(0, 1) prior on every weight
     (``weight_decay="auto"``); below 2,000 training rows it trains three (``n_networks``) and averages their
@@ -31,11 +32,51 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
 
     Parameters
     ----------
-{PARAMETERS_DOC}
+    module : None, torch.nn.Module, skorch net or callable, default=None
+        The network, ``(n, *input_shape)`` → ``(n, outputs)`` (logits); None: an MLP. Copied before training.
+    prefit : bool, default=False
+        Use the trained module as θ0 as it is (never trained or moved); ``fit`` then needs ``X_cal, y_cal``.
+    training : Training, optional
+        How the network is trained (:class:`~glas_sklearn.Training`); None: ``Training()``.
+    posterior : {"low_rank", "low_rank_diag", "subspace"} or Posterior, default="low_rank"
+        The posterior kind and its hyperparameters (:class:`~glas_sklearn.LowRank`, ...; a name: the defaults).
+    calibration : {"mondrian", "conformal", "coverage"} or Calibrator, default="conformal"
+        Split conformal per band of σ̂ (or class), split conformal, or d chosen by coverage (with
+        ``posterior="subspace"``: the paper's method).
+    scaling : {"auto", "mean", "standard"} or float, default="auto"
+        β = 1/σ² ("mean"), N/σ² ("standard") or a given β; "auto": the likelihood's own.
+    n_components : "auto" or int, default="auto"
+        d. "auto": the smallest reaching the level under "coverage", else ``max_components``.
+    sigma0 : {"auto", "eb_subspace", "eb_full", "nll"} or float, default="auto"
+        Prior standard deviation: empirical Bayes (subspace, full space) or by held-out NLL (conformal only); 0:
+        the network's own (MAP) probabilities.
+    confidence_level : float or list of float, default=0.9
+        Level(s) 1 − γ; the first is the calibration target.
+    calibration_size : float or int, default=0.1
+        Share (or number) of rows of ``X`` held out for calibration when ``X_cal`` is not passed.
+    compute : Compute, optional
+        Device, dtype, threads, prediction memory, padding token (:class:`~glas_sklearn.Compute`).
+    random_state : int, RandomState or None, default=None
+        Seeds the calibration split, the network's initialisation and the posterior samples.
+    verbose : int, default=0
+        ≥ 1 writes one line per finished stage to standard error (always logged at INFO level).
 
     Attributes
     ----------
-{ATTRIBUTES_DOC}
+    module_, likelihood_, posterior_, calibrator_, predictive_
+        The fitted components: the network θ0, the likelihood, the posterior, the calibrator, the predictive mode.
+    n_components_, sigma0_, beta_ : int, float, float
+        d, the prior standard deviation at d and the posterior scaling.
+    eigenvalues_, eigen_info_, n_weights_, n_records_, trainable_parameters_
+        The curvature's top eigenvalues and solver record; D; N; the parameters the posterior covers.
+    calibration_, conformity_scores_, calibration_reached_, calibration_seed_
+        The calibration's table, scores, whether "coverage" reached the level, the samples' seed.
+    n_calibration_rows_, n_sigma0_rows_, sigma0_rows_, sigma0_search_, train_indices_, calibration_indices_
+        Rows scored, rows σ0 was tuned on ("nll"), positions in ``X`` of training and calibration rows.
+    n_iter_, loss_curve_, validation_scores_, best_validation_score_, validation_indices_, weight_decay_
+        The (first network's) training record (``training_loss_``; held out: a shadow copy's, if one ran).
+    timings_, n_threads_, x_mean_, x_scale_, input_shape_, n_features_in_, feature_names_in_
+        Stage times, torch threads, the input standardisation and the row shape seen in fit.
     classes_ : ndarray of shape (n_classes,)
         The class labels (any sortable labels, strings included).
 
@@ -74,11 +115,12 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
     _weight_prior_std = 1.0
 
     # ------------------------------------------------------------------------------------------ hooks
-    def _resolve_likelihood(self, posterior) -> Categorical:
+    def _components(self, posterior) -> TaskComponents:
+        """The categorical likelihood, class indices as targets, no noise step."""
         if posterior.include_noise:
             raise ValueError("LaplaceActiveSubspaceClassifier: posterior__include_noise applies to regression; leave "
                              "it False.")
-        return Categorical()
+        return TaskComponents(Categorical(), LabelTargets, NoNoise())
 
     def _auto_low_rank_sigma0(self, calibrator) -> str:
         # Probabilities use the scale of σ0 itself, and the full-space EB σ0 is too wide for them, so under a
@@ -121,18 +163,6 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
 
     def _class_labels(self):
         return self.classes_.tolist()
-
-    def _fit_targets(self, y, weight, standardize: bool) -> LabelTargets:
-        return LabelTargets()
-
-    def _targets_tensor(self, y, device, dtype, inputs) -> torch.Tensor:
-        return LabelTargets.to_tensor(y, device, dtype)
-
-    def _n_outputs(self, data, likelihood) -> int:
-        return likelihood.n_outputs(len(self.classes_))
-
-    def _fit_noise(self, module, data, settings):
-        return None
 
     # -------------------------------------------------------------------------------------------- API
     def fit(self, X, y, sample_weight=None, *, X_cal=None, y_cal=None) -> "LaplaceActiveSubspaceClassifier":

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import numbers
-import warnings
 
 import numpy as np
 import torch
@@ -13,46 +12,23 @@ from sklearn.utils.validation import check_is_fitted
 
 from .._checks import check_target_bounds, clip_to_bounds, make_generator, numpy_rng
 from .._constraints import InstanceOf, Interval, Options
-from .._functional import model_outputs
 from .._threads import scoped_threads
 from ..calibration import resolve_calibration
-from ..laplace import residual_noise_variance
 from ..likelihoods import REGRESSION_LIKELIHOODS, FittedNoiseGaussian, Likelihood, resolve_likelihood
-from ._base import ATTRIBUTES_DOC, PARAMETERS_DOC, LaplaceActiveSubspaceBase
+from ._base import LaplaceActiveSubspaceBase, TaskComponents
 from ._data import InputEncoder, TargetScaler
-from ._likelihood_choice import NoiseStage
-from ._prefit import user_stacklevel
+from ._likelihood_choice import NoiseStage, RegressionNoise
 
 __all__ = ["LaplaceActiveSubspaceRegressor"]
 
 #: The sources ``noise_std`` names.
 NOISE_SOURCES = ("auto", "calibration", "training")
-# Below this many held-out rows the residual variance is too noisy to prefer it over the training residuals.
-_MIN_CALIBRATION_ROWS_FOR_NOISE = 30
 #: The names that, on a network built here, take the Gaussian's network and a noise model σ(x) fitted after it:
 #: tested against one constant σ ("auto"), or always kept ("heteroscedastic").
 _NOISE_STAGES = {"auto": NoiseStage(test=True), "heteroscedastic": NoiseStage(test=False)}
 
-_REGRESSOR_PARAMETERS_DOC = """\
-    likelihood : "auto", "gaussian", "heteroscedastic", "student_t" or Likelihood, default="auto"
-        "gaussian": one σ (the paper's); "heteroscedastic": σ(x) fitted after the network on its residuals
-        (:class:`~glas_sklearn.likelihoods.FittedNoiseGaussian`; a variance head on a module of your own);
-        "student_t": heavy tails; "auto": σ(x) where a cross-fitted test on the residuals supports it.
-    noise_std : "auto", "calibration", "training" or float, default="auto"
-        σ in β: from calibration or training residuals, or given (units of y). "auto": "training" under a
-        conformal calibration, else "calibration" from 30 calibration rows.
-    y_bounds : (low, high), one pair per output, or None, default=None
-        The targets' support, e.g. ``(0, None)`` for a price (None: unbounded); outputs are clipped to it,
-        which keeps every covered target covered. ``fit`` refuses targets outside it."""
-
-_REGRESSOR_ATTRIBUTES_DOC = """\
-    noise_source_, noise_std_, std_scale_, y_mean_, y_scale_, likelihood_support_, y_bounds_
-        The constant σ's source and value (units of y), the std's scale, the target scaling, the evidence of
-        "auto" (cross-fitted NLL gain of σ(x), nats per row, and the choice), [low, high] per output."""
-
-
 class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
-    __doc__ = f"""Regression with a torch network and generalized Laplace active-subspace uncertainty.
+    """Regression with a torch network and generalized Laplace active-subspace uncertainty.
 
     ``fit`` trains the network, takes the top eigenpairs of the generalized Gauss-Newton matrix and sets σ0 by
     empirical Bayes; the intervals ŷ ± q σ̂ are split-conformal on the calibration rows, per band of σ̂. Nothing
@@ -60,13 +36,64 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
 
     Parameters
     ----------
-{PARAMETERS_DOC}
-{_REGRESSOR_PARAMETERS_DOC}
+    module : None, torch.nn.Module, skorch net or callable, default=None
+        The network, ``(n, *input_shape)`` → ``(n, outputs)`` (the mean, or the likelihood's outputs); None: an
+        MLP. Copied before training.
+    prefit : bool, default=False
+        Use the trained module as θ0 as it is (never trained or moved); ``fit`` then needs ``X_cal, y_cal``.
+    training : Training, optional
+        How the network is trained (:class:`~glas_sklearn.Training`); None: ``Training()``.
+    likelihood : "auto", "gaussian", "heteroscedastic", "student_t" or Likelihood, default="auto"
+        "gaussian": one σ (the paper's); "heteroscedastic": σ(x) fitted after the network on its residuals
+        (:class:`~glas_sklearn.likelihoods.FittedNoiseGaussian`; a variance head on a module of your own);
+        "student_t": heavy tails; "auto": σ(x) where a cross-fitted test on the residuals supports it.
+    noise_std : "auto", "calibration", "training" or float, default="auto"
+        σ in β: from calibration or training residuals, or given (units of y). "auto": "training" under a
+        conformal calibration, else "calibration" from 30 calibration rows.
+    posterior : {"low_rank", "low_rank_diag", "subspace"} or Posterior, default="low_rank"
+        The posterior kind and its hyperparameters (:class:`~glas_sklearn.LowRank`, ...; a name: the defaults).
+    calibration : {"mondrian", "conformal", "coverage"} or Calibrator, default="mondrian"
+        Split conformal per band of σ̂ (or class), split conformal, or d chosen by coverage (with
+        ``posterior="subspace"``: the paper's method).
+    scaling : {"auto", "mean", "standard"} or float, default="auto"
+        β = 1/σ² ("mean"), N/σ² ("standard") or a given β; "auto": the likelihood's own.
+    n_components : "auto" or int, default="auto"
+        d. "auto": the smallest reaching the level under "coverage", else ``max_components``.
+    sigma0 : {"auto", "eb_subspace", "eb_full", "nll"} or float, default="auto"
+        Prior standard deviation: empirical Bayes (subspace, full space) or by held-out NLL (conformal only).
+    confidence_level : float or list of float, default=0.9
+        Level(s) 1 − γ; the first is the calibration target.
+    calibration_size : float or int, default=0.1
+        Share (or number) of rows of ``X`` held out for calibration when ``X_cal`` is not passed.
+    compute : Compute, optional
+        Device, dtype, threads, prediction memory, padding token (:class:`~glas_sklearn.Compute`).
+    random_state : int, RandomState or None, default=None
+        Seeds the calibration split, the network's initialisation and the posterior samples.
+    verbose : int, default=0
+        ≥ 1 writes one line per finished stage to standard error (always logged at INFO level).
+    y_bounds : (low, high), one pair per output, or None, default=None
+        The targets' support, e.g. ``(0, None)`` for a price (None: unbounded); outputs are clipped to it,
+        which keeps every covered target covered. ``fit`` refuses targets outside it.
 
     Attributes
     ----------
-{ATTRIBUTES_DOC}
-{_REGRESSOR_ATTRIBUTES_DOC}
+    module_, likelihood_, posterior_, calibrator_, predictive_
+        The fitted components: the network θ0, the likelihood, the posterior, the calibrator, the predictive mode.
+    n_components_, sigma0_, beta_ : int, float, float
+        d, the prior standard deviation at d and the posterior scaling.
+    eigenvalues_, eigen_info_, n_weights_, n_records_, trainable_parameters_
+        The curvature's top eigenvalues and solver record; D; N; the parameters the posterior covers.
+    calibration_, conformity_scores_, calibration_reached_, calibration_seed_
+        The calibration's table, scores, whether "coverage" reached the level, the samples' seed.
+    n_calibration_rows_, n_sigma0_rows_, sigma0_rows_, sigma0_search_, train_indices_, calibration_indices_
+        Rows scored, rows σ0 was tuned on ("nll"), positions in ``X`` of training and calibration rows.
+    n_iter_, loss_curve_, validation_scores_, best_validation_score_, validation_indices_, weight_decay_
+        The (first network's) training record (``training_loss_``; held out: a shadow copy's, if one ran).
+    timings_, n_threads_, x_mean_, x_scale_, input_shape_, n_features_in_, feature_names_in_
+        Stage times, torch threads, the input standardisation and the row shape seen in fit.
+    noise_source_, noise_std_, std_scale_, y_mean_, y_scale_, likelihood_support_, y_bounds_
+        The constant σ's source and value (units of y), the std's scale, the target scaling, the evidence of
+        "auto" (cross-fitted NLL gain of σ(x), nats per row, and the choice), [low, high] per output.
 
     Examples
     --------
@@ -103,18 +130,18 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         self.y_bounds = y_bounds
 
     # ------------------------------------------------------------------------------------------ hooks
-    def _resolve_likelihood(self, posterior) -> Likelihood:
+    def _components(self, posterior) -> TaskComponents:
+        """The likelihood (checked), the target scaler and the noise step (:class:`RegressionNoise`)."""
         likelihood = self.likelihood
-        self._include_noise = bool(posterior.include_noise)
+        include_noise = bool(posterior.include_noise)
         # on a network built here "auto" and "heteroscedastic" take the Gaussian's network and a noise stage after
         # it; "auto" takes the Gaussian alone under "coverage" or include_noise (one constant σ) and on a user's module
         stage = _NOISE_STAGES.get(likelihood) if isinstance(likelihood, str) else None
         if stage is not None and (self.module is not None or stage.test and (
-                self._include_noise or resolve_calibration(self.calibration).chooses_dimension)):
+                include_noise or resolve_calibration(self.calibration).chooses_dimension)):
             stage, likelihood = None, "gaussian" if stage.test else likelihood
         if isinstance(likelihood, FittedNoiseGaussian):  # an instance: its noise model is fitted here, always
             stage = NoiseStage(test=False)
-        self._noise_stage = stage
         if stage is not None:
             likelihood = FittedNoiseGaussian()
         likelihood = resolve_likelihood(likelihood)
@@ -131,11 +158,12 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
                              "(Likelihood.predictive_moments / predictive_interval) and names its default conformity "
                              "score (default_conformity_score), as 'gaussian', 'heteroscedastic' and 'student_t' "
                              "do.") from err
-        if self._include_noise and likelihood.noise_per_row:
+        if include_noise and likelihood.noise_per_row:
             raise ValueError("LaplaceActiveSubspaceRegressor: posterior__include_noise applies to a likelihood with a "
                              f"constant noise; with likelihood={self.likelihood!r} the intervals and std are always "
                              "for y (σ(x) is the noise): leave include_noise=False.")
-        return likelihood
+        noise = RegressionNoise(self.noise_std, include_noise, stage, self._name)
+        return TaskComponents(likelihood, TargetScaler, noise)
 
     def _auto_low_rank_sigma0(self, calibrator) -> str:
         # Conformal intervals are rescaled, so only the shape of σ̂(x) matters, and the larger subspace-EB σ0
@@ -166,94 +194,10 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         check_target_bounds(self.y_bounds, y_cal, "y_cal")
         return X_cal, y_cal.reshape(expected)
 
-    def _fit_targets(self, y, weight, standardize: bool) -> TargetScaler:
-        self._targets = TargetScaler.fit(y, weight, standardize, type(self).__name__)
-        self.y_mean_, self.y_scale_ = self._targets.y_mean, self._targets.y_scale
-        return self._targets
-
-    def _targets_tensor(self, y, device, dtype, inputs) -> torch.Tensor:
-        return self._targets.to_tensor(y, device, dtype, inputs)
-
-    def _n_outputs(self, data, likelihood) -> int:
-        return likelihood.n_outputs(data.targets.n_outputs)
-
-    def _fit_network(self, data, settings, dtype):
-        """θ0, then the noise stage where ``likelihood`` names one: the fit's likelihood becomes its choice."""
-        self.likelihood_support_ = None
-        module, likelihood, history, timings = super()._fit_network(data, settings, dtype)
-        if self._noise_stage is None:
-            return module, likelihood, history, timings
-        noise = self._noise_stage.fit(module, data.Xt, data.yt, seed=settings.seed, sample_weight=data.weight)
-        self._report(noise.line)
-        self.likelihood_support_ = noise.support
-        return module, noise.likelihood, history, {**timings, "noise": noise.seconds}
-
-    def _fit_noise(self, module, data, settings):
-        """σ² for β (pooled over outputs, internal units; training residuals weighted, calibration residuals
-        unweighted); the per-output values are kept for intervals. With the noise in the network's outputs no σ²
-        enters β, and the mean of σ²(x) over the training rows is kept for ``noise_std_``."""
-        likelihood, Xt, yt, Xc, yc = self.likelihood_, data.Xt, data.yt, data.Xc, data.yc
-        fixed = settings.plan.calibrator.requires_fixed_predictor
-        var = None
-        if likelihood.noise_in_outputs:
-            out = model_outputs(module, Xt)
-            likelihood.check_output(out, "the module")
-            source = likelihood.name
-            per_output = likelihood.noise_variance(out).to(torch.float64).reshape(len(out), -1).mean(0).cpu().numpy()
-        else:
-            source = self.noise_std
-            if source == "auto":
-                source = "calibration" if len(Xc) >= _MIN_CALIBRATION_ROWS_FOR_NOISE and not fixed else "training"
-            elif source == "calibration" and fixed:
-                warnings.warn("LaplaceActiveSubspaceRegressor: noise_std='calibration' with calibration='conformal' "
-                              "estimates σ from the calibration rows, so the conformal scores depend on those rows "
-                              "and the coverage guarantee is only approximate; use noise_std='training' or a given "
-                              "σ for the exact guarantee.", UserWarning, stacklevel=user_stacklevel())
-            if source == "training":
-                per_output = residual_noise_variance(module, Xt, yt, per_output=True, sample_weight=data.weight)
-            elif source == "calibration":
-                if len(Xc) < 2:
-                    raise ValueError(f"noise_std='calibration' needs at least 2 calibration rows, got {len(Xc)}.")
-                per_output = residual_noise_variance(module, Xc, yc, per_output=True)
-            else:
-                per_output = (float(self.noise_std) / self._targets.y_scale) ** 2
-            source = source if isinstance(source, str) else "given"
-        self._noise_var_out = np.asarray(per_output, dtype=np.float64)
-        if not likelihood.noise_in_outputs:
-            var = float(np.mean(self._noise_var_out))
-        self.noise_source_ = source
-        std = np.sqrt(self._noise_var_out) * self._targets.y_scale
-        if not isinstance(self.noise_std, str):
-            std = np.full_like(std, float(self.noise_std))  # a given σ is reported exactly as given
-        self.noise_std_ = float(std[0]) if self._y_shape[0] else std
-        return var
-
-    def _curvature_weight(self, data):
-        """The user's row weights times the likelihood's per-row precision factors σ²/σ²(x) where the noise stage
-        kept a noise model (the curvature of N(f, σ²(x))), else the user's row weights."""
-        factors = self.likelihood_.curvature_row_weights(data.Xt, self._noise_var_out)
-        if factors is None:
-            return data.weight
-        return factors if data.weight is None else data.weight * factors.to(data.weight.dtype)
-
-    def _interval_noise_var(self):
-        return self._noise_var_out if self._include_noise else 0.0
-
     def _after_calibration(self, calibrator) -> None:
-        """``std_scale_``: with conformal calibration the root mean square of the calibration scores per output,
-        the Gaussian maximum-likelihood scale that turns σ̂ into the calibrated std of
-        ``predict(return_std=True)``; ones otherwise."""
-        scores = calibrator.scores_
-        if scores is not None:
-            sc = np.asarray(scores, dtype=np.float64).reshape(len(scores), -1)
-            self.std_scale_ = np.sqrt(np.mean(sc**2, axis=0))
-        else:
-            self.std_scale_ = np.ones(self._y_shape[1])
-
-    def _table_in_user_units(self, table):
-        if len(self._targets.y_scale) == 1 and "mean_width" in table:
-            table = table.assign(mean_width=table["mean_width"] * float(self._targets.y_scale[0]))
-        return table
+        """``std_scale_``: the calibrator's scale from σ̂ to the calibrated std of ``predict(return_std=True)``
+        (:meth:`~glas_sklearn.calibration.Calibrator.std_scale`)."""
+        self.std_scale_ = calibrator.std_scale(self._y_shape[1])
 
     # -------------------------------------------------------------------------------------------- API
     def fit(self, X, y, sample_weight=None, *, X_cal=None, y_cal=None) -> "LaplaceActiveSubspaceRegressor":
@@ -313,8 +257,8 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
         s = self._posterior_draws(Xt, n_samples, random_state)
         gen = make_generator(None if random_state is None else numpy_rng(random_state).integers(2**62) + 1, s.device)
         noise_var = self.likelihood_.row_noise_variance(self.module_, Xt)  # σ²(x), or None: the constant's
-        if noise_var is None and self._include_noise:
-            noise_var = self._noise_var_out
+        if noise_var is None and self._noise_step.include_noise:
+            noise_var = self._noise_step.noise_var
         s = self.likelihood_.draw_y(s, noise_var, gen)
         self._check_finite_rows(s.transpose(0, 1), Xt)
         out = clip_to_bounds(self._targets.to_user_units(s.permute(1, 2, 0)), self.y_bounds_)

@@ -6,11 +6,12 @@ from __future__ import annotations
 import torch
 from torch.func import jvp, vjp, vmap
 
-from .._functional import forward_ad_section
-from ._linearization import available_memory
-from ._records import cells, record_weight
+from .._functional import FunctionalModel, forward_ad_section
+from ..likelihoods import Likelihood
+from ._linearization import Linearization, available_memory
+from ._records import RecordBatches, cells, record_weight
 
-__all__ = ["BlockProductMixin"]
+__all__ = ["BlockProducts"]
 
 # Memory for one vectorised block product (tangents, results and the batched activations of a mini-batch);
 # larger blocks are split into chunks of columns that fit it.
@@ -20,48 +21,72 @@ _BLOCK_BYTES = 1 << 30
 _VECTORIZE_MAX_COLUMN_BYTES = {"cached": 8 << 20, "streamed": 32 << 20}
 
 
-class BlockProductMixin:
-    """Vectorised block products for :class:`~glas_sklearn.ggn.GGNOperator` (which provides the bound model,
-    the likelihood, the mini-batches, ``vectorize_blocks`` and, from
-    :class:`~glas_sklearn.ggn._linearization.SingleProductMixin`, the cache decision and the activation bytes)."""
+class BlockProducts:
+    """Vectorised block products G V over the mini-batches of one bound model.
 
-    def _vectorize(self) -> bool:
+    Parameters
+    ----------
+    functional_model : FunctionalModel
+        The model bound as a function of its weights.
+    likelihood : Likelihood
+        Gives the output Hessian products H_n u.
+    records : RecordBatches
+        The mini-batches with their record weights, the total weight and ``trim_padding``.
+    vectorize : bool or "auto"
+        ``vectorize_blocks`` of :class:`~glas_sklearn.ggn.GGNOperator`.
+    linearization : Linearization
+        The single products, asked whether they go through the cache and how many bytes a forward pass saves.
+
+    Attributes
+    ----------
+    column_bytes : int or None
+        Bytes a vectorised block needs per column, measured on the first call of :meth:`columns` or
+        :meth:`vectorize`.
+    """
+
+    def __init__(self, functional_model: FunctionalModel, likelihood: Likelihood, records: RecordBatches,
+                 vectorize: bool | str, linearization: Linearization) -> None:
+        self.functional_model, self.likelihood, self.vectorize_blocks = functional_model, likelihood, vectorize
+        self.batches, self.total_weight, self.trim_padding = records.batches, records.total_weight, records.trim_padding
+        self.linearization = linearization
+        self.column_bytes: int | None = None
+
+    def vectorize(self) -> bool:
         """Whether blocks go the vectorised way (``vectorize_blocks``, "auto" resolved)."""
         if self.vectorize_blocks != "auto":
             return bool(self.vectorize_blocks)
-        if self.device.type != "cpu":
+        if self.functional_model.device.type != "cpu":
             return True
-        if self._use_cache is None:
-            self._use_cache = self._decide_cache()
-        limit = _VECTORIZE_MAX_COLUMN_BYTES["cached" if self._use_cache else "streamed"]
-        return self._per_column_bytes() <= limit
+        limit = _VECTORIZE_MAX_COLUMN_BYTES["cached" if self.linearization.uses_cache() else "streamed"]
+        return self.per_column_bytes() <= limit
 
-    def _per_column_bytes(self) -> int:
-        """Bytes a vectorised block needs per column (see :meth:`_block_columns`), measured once."""
-        if self._column_bytes is None:
-            first = cells(self._batches[0][0], self.trim_padding)
-            largest = max(cells(xb, self.trim_padding) for xb, _ in self._batches)
-            activations = self._saved_bytes_first_batch() * largest / first
-            element = torch.empty((), dtype=self.dtype).element_size()
-            self._column_bytes = int(3 * self.layout.size * element + 3 * activations) + 1
-        return self._column_bytes
+    def per_column_bytes(self) -> int:
+        """Bytes a vectorised block needs per column (see :meth:`columns`), measured once."""
+        if self.column_bytes is None:
+            first = cells(self.batches[0][0], self.trim_padding)
+            largest = max(cells(xb, self.trim_padding) for xb, _ in self.batches)
+            activations = self.linearization.saved_bytes_first_batch() * largest / first
+            element = torch.empty((), dtype=self.functional_model.dtype).element_size()
+            self.column_bytes = int(3 * self.functional_model.layout.size * element + 3 * activations) + 1
+        return self.column_bytes
 
-    def _block_columns(self, k: int) -> int:
+    def columns(self, k: int) -> int:
         """Columns per vectorised chunk: per column, three D-vectors (tangent, result, its parts) and three times
         the activations of the largest mini-batch (primal tangents forward, cotangents backward), within
         ``_BLOCK_BYTES`` and half the memory budget of the device."""
-        budget = min(_BLOCK_BYTES, available_memory(self.device) // 2)
-        return int(max(1, min(k, budget // self._per_column_bytes())))
+        budget = min(_BLOCK_BYTES, available_memory(self.functional_model.device) // 2)
+        return int(max(1, min(k, budget // self.per_column_bytes())))
 
-    def _product_block(self, V: torch.Tensor) -> torch.Tensor:
+    def product(self, V: torch.Tensor) -> torch.Tensor:
         """G V for a D×k block in one pass per mini-batch: the forward pass once, the k JVPs (forward mode)
         and the k VJPs vectorised over the columns with ``torch.func.vmap``."""
         k = V.shape[1]
         fm = self.functional_model
-        tangents = self.layout.unflatten_rows(V.T)
-        result = torch.zeros(k, self.layout.size, dtype=self.dtype, device=self.device)
+        layout = fm.layout
+        tangents = layout.unflatten_rows(V.T)
+        result = torch.zeros(k, layout.size, dtype=fm.dtype, device=fm.device)
         with fm.autodiff():
-            for xb, mb in self._batches:
+            for xb, mb in self.batches:
                 def f(params, xb=xb):
                     return fm(xb, params)
 
@@ -72,5 +97,5 @@ class BlockProductMixin:
                 hjv = self.likelihood.output_hessian_product(primal.detach().expand_as(jv), jv) \
                     * record_weight(mb, primal, self.total_weight)
                 (grads,) = vmap(pullback)(hjv)
-                result += torch.cat([grads[n].reshape(k, -1) for n in self.layout.names], dim=1)
+                result += torch.cat([grads[n].reshape(k, -1) for n in layout.names], dim=1)
         return result.T.contiguous()

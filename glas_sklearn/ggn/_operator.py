@@ -1,6 +1,8 @@
 """The generalized Gauss-Newton matrix of a trained network as a matrix-free linear operator
-(:class:`GGNOperator`): its parameters and attributes, the product dispatch and the exact diagonal; what it sums
-over is in _records.py, single products in _linearization.py, vectorised blocks in _blocks.py."""
+(:class:`GGNOperator`): its parameters and attributes, the product dispatch and the exact diagonal. It holds its
+parts, each built from explicit inputs: what it sums over (_records.py's ``RecordBatches``), single products
+(_linearization.py's ``Linearization``), vectorised blocks (_blocks.py's ``BlockProducts``) and the per-record
+Jacobians of the bound model (_functional.py's ``BoundModel``)."""
 
 from __future__ import annotations
 
@@ -10,10 +12,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from .._functional import BoundModel, FunctionalModel
+from .._functional import BoundModel, FunctionalModel, ParameterLayout
 from ..likelihoods import Likelihood, resolve_likelihood
-from ._blocks import BlockProductMixin
-from ._linearization import SingleProductMixin
+from ._blocks import BlockProducts
+from ._linearization import Linearization
 from ._protocol import CurvatureOperator
 from ._records import record_batches
 
@@ -25,7 +27,7 @@ logger = logging.getLogger("glas_sklearn.ggn")
 _DIAG_CHUNK_BYTES = 128 << 20
 
 
-class GGNOperator(BlockProductMixin, SingleProductMixin, BoundModel, CurvatureOperator):
+class GGNOperator(CurvatureOperator):
     """Matrix-free generalized Gauss-Newton matrix G of a torch model on a data set.
 
     Parameters
@@ -149,13 +151,39 @@ class GGNOperator(BlockProductMixin, SingleProductMixin, BoundModel, CurvatureOp
         if vectorize_blocks not in (True, False, "auto"):
             raise ValueError(f"vectorize_blocks must be True, False or 'auto', got {vectorize_blocks!r}.")
         self.vectorize_blocks = vectorize_blocks
-        self._cache: list | None = None
-        self._use_cache: bool | None = None
+        self._bound = BoundModel(fm)
+        self._linearization = Linearization(fm, self.likelihood, records, reuse_linearization)
+        self._blocks = BlockProducts(fm, self.likelihood, records, vectorize_blocks, self._linearization)
         self._block_ok: bool | None = None  # whether the vectorised block product works for this model
-        self._column_bytes: int | None = None
         self.n_products = 0
 
     # ------------------------------------------------------------- properties
+    @property
+    def layout(self) -> ParameterLayout:
+        return self.functional_model.layout
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.functional_model.dtype
+
+    @property
+    def device(self) -> torch.device:
+        return self.functional_model.device
+
+    @property
+    def theta0(self) -> torch.Tensor:
+        return self.functional_model.theta0
+
+    @property
+    def _use_cache(self) -> bool | None:
+        """Whether single products go through the cached linearisation (None until the first product)."""
+        return self._linearization.use_cache
+
+    @property
+    def _column_bytes(self) -> int | None:
+        """Bytes a vectorised block needs per column (None until measured)."""
+        return self._blocks.column_bytes
+
     def __repr__(self) -> str:
         return (f"GGNOperator(D={self.shape[0]}, N={self.n_records}, likelihood={self.likelihood!r}, "
                 f"batches={len(self._batches)}, dtype={self.dtype}, device={self.device})")
@@ -165,7 +193,7 @@ class GGNOperator(BlockProductMixin, SingleProductMixin, BoundModel, CurvatureOp
         """G V: one product for a single column, else vectorised chunks of columns (column by column for a
         model that ``torch.func.vmap`` cannot handle)."""
         k = V.shape[1]
-        chunk = 1 if k == 1 or self._block_ok is False or not self._vectorize() else self._block_columns(k)
+        chunk = 1 if k == 1 or self._block_ok is False or not self._vectorize() else self._blocks.columns(k)
         parts = []
         for i in range(0, k, chunk):
             Vc = V[:, i:i + chunk]
@@ -184,6 +212,19 @@ class GGNOperator(BlockProductMixin, SingleProductMixin, BoundModel, CurvatureOp
             parts.append(torch.stack([self._product(Vc[:, j]) for j in range(Vc.shape[1])], dim=1))
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=1)
 
+    def _vectorize(self) -> bool:
+        """Whether blocks go the vectorised way (``vectorize_blocks``, "auto" resolved)."""
+        return self._blocks.vectorize()
+
+    def _product_block(self, V: torch.Tensor) -> torch.Tensor:
+        """G V for a D×k block in one vectorised pass per mini-batch."""
+        return self._blocks.product(V)
+
+    def _product(self, v: torch.Tensor) -> torch.Tensor:
+        """G v for one vector v of length D: the cached or the streamed path."""
+        self.n_products += 1
+        return self._linearization.product(v)
+
     # ------------------------------------------------------------- public API
     def diagonal(self) -> torch.Tensor:
         """The exact diagonal of G, (1/N) Σ_n diag(J_nᵀ H_n J_n), from per-record Jacobians; shape (D,), float64
@@ -200,7 +241,7 @@ class GGNOperator(BlockProductMixin, SingleProductMixin, BoundModel, CurvatureOp
         for xb, mb in self._batches:
             with torch.no_grad():
                 outputs = fm(xb)
-            for rows, jac in self.record_jacobian_chunks(xb, _DIAG_CHUNK_BYTES):  # (c, *out, D)
+            for rows, jac in self._bound.record_jacobian_chunks(xb, _DIAG_CHUNK_BYTES):  # (c, *out, D)
                 per_record = self.likelihood.output_hessian_diagonal_terms(outputs[rows], jac)  # (c, *out[:-1], D)
                 if mb is not None:
                     per_record = per_record * mb[rows].to(torch.float64).unsqueeze(-1)
@@ -209,5 +250,4 @@ class GGNOperator(BlockProductMixin, SingleProductMixin, BoundModel, CurvatureOp
 
     def release(self) -> None:
         """Drop the cached linearisation (it is rebuilt on the next product)."""
-        self._cache = None
-        self._use_cache = None
+        self._linearization.release()

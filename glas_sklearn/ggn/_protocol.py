@@ -17,10 +17,11 @@ __all__ = ["CurvatureOperator"]
 class CurvatureOperator(abc.ABC):
     """A symmetric D×D operator known through its products with torch blocks (the curvature protocol).
 
-    A subclass provides ``dtype`` and ``device`` (attributes or properties), either a ``layout``
-    (:class:`~glas_sklearn._functional.ParameterLayout`, giving D) or its own ``shape``, and implements
-    :meth:`_matmat`. It then gets checked torch products (:meth:`matvec`, :meth:`matmat`, ``@``) and a
-    scipy ``LinearOperator`` (:meth:`to_scipy`), and works with :func:`~glas_sklearn.eigen.top_eigenpairs`.
+    A subclass answers the protocol's questions ``dtype`` and ``device`` (properties, or attributes it sets),
+    either ``layout`` (:class:`~glas_sklearn._functional.ParameterLayout`, giving D) or its own ``shape``, and
+    implements :meth:`_matmat`; the package's operators answer them with properties over their own state. It then
+    gets checked torch products (:meth:`matvec`, :meth:`matmat`, ``@``) and a scipy ``LinearOperator``
+    (:meth:`to_scipy`), and works with :func:`~glas_sklearn.eigen.top_eigenpairs`.
 
     Examples
     --------

@@ -12,7 +12,6 @@ from __future__ import annotations
 import abc
 import logging
 import math
-import threading
 from typing import ClassVar
 
 import numpy as np
@@ -189,17 +188,16 @@ class ActiveSubspacePosterior(PosteriorSampling, abc.ABC):
             if resolve_posterior(posterior) is not type(self):
                 raise ValueError(f"posterior={posterior!r} names another kind than {type(self).__name__}; leave it "
                                  "out, or build ActiveSubspacePosterior(..., posterior=...) to choose the kind.")
-        self.functional_model = FunctionalModel(model)
-        lam, P = check_eigenpairs(eigenvalues, eigenvectors, self.layout.size, self.dtype, self.device)
+        fm = FunctionalModel(model)
+        lam, P = check_eigenpairs(eigenvalues, eigenvectors, fm.layout.size, fm.dtype, fm.device)
+        self._init_evaluation(fm, P)
         self.eigenvalues = lam
-        self.eigenvectors = P
         self.beta = check_positive_float("beta", beta)
         self.sigma0 = check_sigma0(sigma0)
 
         self._lam64 = lam.detach().to("cpu", torch.float64).numpy()  # float64 copies for the empirical Bayes solve
         self._w0_sq_cumsum, self._w0_floor, self._theta_sq = weight_norms(self.theta0, P)
         self._sigma0_cache: dict[int, float] = {}
-        self._init_evaluation()
         self._set_ggn_diagonal(ggn_diagonal)
 
     # ---------------------------------------------------------- the kind's hooks
@@ -258,7 +256,7 @@ class ActiveSubspacePosterior(PosteriorSampling, abc.ABC):
         state.setdefault("_vmap_jac_ok", None)
         state.pop("_jp_cache", None)  # pickled by earlier versions
         self.__dict__.update(state)
-        self._local = threading.local()
+        self._init_thread_caches()
 
     def __repr__(self) -> str:
         return (f"{type(self).__name__}(D={self.n_weights}, K={self.max_components}, beta={self.beta:.4g}, "

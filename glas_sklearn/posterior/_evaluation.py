@@ -21,6 +21,7 @@ import torch
 from torch.func import vmap
 
 from .._checks import check_positive_int
+from .._functional import BoundModel, FunctionalModel
 from .._jacobians import JacobianProducts
 
 __all__ = ["PosteriorEvaluation", "jacobians_cheaper", "memory_budget"]
@@ -105,11 +106,12 @@ def _max_batched_rows() -> int:
 class PosteriorEvaluation(JacobianProducts):
     """Forwards at weight rows, JVPs, Jacobian projections and per-record Jacobians of a bound model.
 
-    The host class sets ``functional_model`` and ``eigenvectors`` (D, K) and calls :meth:`_init_evaluation` in its
-    constructor. The cache of Jacobian quantities (J P, J Jᵀ and, when
-    ``_keep_record_jacobians`` is set and they fit in one chunk, the per-record Jacobians) belongs to the last
-    ``X`` seen by the calling thread (the same tensor object, unmodified); it does not depend on the prior, is
-    kept per thread (threads sharing a posterior never see each other's), and is not pickled.
+    The host class calls :meth:`_init_evaluation` with the bound model and the eigenvectors (D, K) in its
+    constructor (and :meth:`_init_thread_caches` when unpickled); the state read here is set here. The cache of
+    Jacobian quantities (J P, J Jᵀ and, when ``_keep_record_jacobians`` is set and they fit in one chunk, the
+    per-record Jacobians) belongs to the last ``X`` seen by the calling thread (the same tensor object,
+    unmodified); it does not depend on the prior, is kept per thread (threads sharing a posterior never see each
+    other's), and is not pickled.
     :meth:`release_cache` drops the calling thread's.
     """
 
@@ -119,9 +121,15 @@ class PosteriorEvaluation(JacobianProducts):
     # Kinds whose output covariance needs J Jᵀ (variance off span(P)).
     _uses_gram = False
 
-    def _init_evaluation(self) -> None:
+    def _init_evaluation(self, functional_model: FunctionalModel, eigenvectors: torch.Tensor) -> None:
+        """Bind the model (:class:`~glas_sklearn._functional.BoundModel`) and the eigenvectors P (D, K), checked."""
+        BoundModel.__init__(self, functional_model)
+        self.eigenvectors = eigenvectors
         self._vmap_forward_ok: bool | None = None
-        self._vmap_jac_ok: bool | None = None
+        self._init_thread_caches()
+
+    def _init_thread_caches(self) -> None:
+        """Empty per-thread caches of the last inputs and their J P (not pickled)."""
         self._local = threading.local()
 
     @property

@@ -15,6 +15,7 @@ from sklearn.base import BaseEstimator
 from sklearn.model_selection import train_test_split
 from torch import nn
 
+from .._checks import can_stratify
 from .._constraints import BOOLEAN, InstanceOf, Interval, Options, Satisfies, check_settings
 from . import fitting, optim
 from .loop import TrainingResult
@@ -72,15 +73,6 @@ def prior_weight_decay(n: float, prior_std: float = 1.0) -> float:
     negative log posterior. ``prior_std=1`` is the penalty of scikit-learn's ``LogisticRegression(C=1)``; n is the
     sum of the rows' weights when they are weighted."""
     return 1.0 / (float(n) * prior_std**2)
-
-
-
-
-def can_stratify(y, n_held: int) -> bool:
-    """A stratified split needs two rows of every class and room for every class on both sides."""
-    _, counts = np.unique(y, return_counts=True)
-    return counts.min() >= 2 and len(counts) <= min(n_held, len(y) - n_held)
-
 
 
 def _is_optimizer_class(value) -> bool:
