@@ -16,7 +16,8 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ._format import ModelFileError, state_is_dict, torch_dtype
+from ._consistency import check_tensor_layout
+from ._format import PICKLING_KEYS, ModelFileError, state_is_dict, torch_dtype
 from ._trust import BUILTIN_TYPES, FUNCTION_TYPES
 
 __all__ = ["Reader", "device_available"]
@@ -48,6 +49,7 @@ class Reader:
         self.storages = storages
         self._storages: dict[int, torch.UntypedStorage] = {}
         self._refs: dict[int, Any] = {}
+        self.made: list = []  # every object made from a class of the table, for the checks after the walk
 
     # --------------------------------------------------------------- devices
     def device(self, recorded: str) -> torch.device:
@@ -171,6 +173,7 @@ class Reader:
         offset = int(node["offset"])
         if len(shape) != len(stride) or min(shape + stride + [offset], default=0) < 0:
             raise ModelFileError(f"The model file holds a tensor of shape {shape} and stride {stride}: it is damaged.")
+        check_tensor_layout(shape, stride)
         itemsize = torch.empty(0, dtype=dtype).element_size()
         last = offset + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) if all(shape) else offset - 1
         if (last + 1) * itemsize > storage.nbytes():
@@ -188,7 +191,13 @@ class Reader:
 
     def _array(self, node):
         shape = tuple(int(v) for v in node["shape"])
+        if any(n < 0 for n in shape):
+            raise ModelFileError(f"The model file holds an array of shape {shape}: it is damaged or was edited.")
         if node["dtype"] == "|O":
+            if type(node["items"]) is not list or len(node["items"]) != math.prod(shape):
+                raise ModelFileError(f"The model file holds an object array of shape {shape} with "
+                                     f"{len(node['items']) if type(node['items']) is list else 'no'} items: it is "
+                                     "damaged or was edited.")  # checked before the array is made
             out = np.empty(shape, dtype=object)
             self._keep(node, out)
             items = [self.decode(v) for v in node["items"]]
@@ -286,7 +295,15 @@ class Reader:
             raise ModelFileError(f"The model file stores {cls.__module__}.{cls.__qualname__} as a plain object, which "
                                  "it is not: the file was edited.")
         obj = self._keep(node, cls.__new__(cls))  # as pickle makes objects: no __init__
+        self.made.append(obj)
         state = self.decode(node.get("state"))
+        held = state[0] if isinstance(state, tuple) and len(state) == 2 else state
+        planted = sorted(PICKLING_KEYS.intersection(held)) if isinstance(held, dict) else []
+        if planted:  # what a pickling hook would interpret (bytes to unpickle): never an attribute a save writes
+            raise ModelFileError(f"The model file gives a {cls.__module__}.{cls.__qualname__} the attributes "
+                                 f"{planted}, which only the estimators' pickling hooks use and glas_sklearn.save "
+                                 "never writes: the file was edited to carry bytes that a later copy, pickle or "
+                                 "clone would unpickle. Nothing was made.")
         if state_is_dict(cls):  # an estimator: its __dict__, none of its pickling hooks run
             if type(state) is not dict or not all(type(k) is str for k in state):
                 raise ModelFileError(f"The model file holds a {cls.__qualname__} whose state is not a dict of names.")

@@ -21,7 +21,7 @@ from sklearn.preprocessing import (
 from ._format import ModelFileError, class_path
 
 __all__ = ["BUILTIN_TYPES", "FUNCTION_TYPES", "TRUSTED_CLASSES", "TRUSTED_FUNCTION_MODULES", "TRUSTED_PACKAGES",
-           "import_attribute", "resolve_classes", "trusted_names"]
+           "describe_classes", "import_attribute", "resolve_classes", "trusted_names"]
 
 #: Packages whose classes load without being trusted: glas-sklearn's own, torch.nn's built-in layers and
 #: torch.optim's optimizers (named by a ``optimizer=`` setting).
@@ -86,6 +86,21 @@ def import_attribute(module: str, name: str):
     for part in name.split("."):
         target = getattr(target, part)
     return target
+
+
+def describe_classes(entries) -> list[dict]:
+    """The class table's entries as ``{"name", "kind", "trusted"}`` (trusted: on the allow-list), sorted by name;
+    nothing is imported. A malformed table is refused."""
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ModelFileError("The model file's class table is damaged (not a list of {module, name}).")
+    out = {}
+    for entry in entries:
+        module, name, kind = entry.get("module"), entry.get("name"), entry.get("kind", "class")
+        if not (isinstance(module, str) and isinstance(name, str) and kind in ("class", "function")):
+            raise ModelFileError(f"The model file's class table holds {entry!r}, which is no class entry.")
+        out[f"{module}.{name}"] = {"name": f"{module}.{name}", "kind": kind,
+                                   "trusted": _trusted_by_default(module, name, kind)}
+    return [out[key] for key in sorted(out)]
 
 
 def resolve_classes(entries, trusted: frozenset[str]) -> list:

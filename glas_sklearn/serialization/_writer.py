@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ._format import ALIGN, VALUE_NODES, ModelFileError, class_path, dtype_name, state_is_dict
+from ._format import ALIGN, PICKLING_KEYS, VALUE_NODES, ModelFileError, class_path, dtype_name, state_is_dict
 from ._trust import BUILTIN_TYPES, FUNCTION_TYPES, import_attribute
 
 __all__ = ["Writer"]
@@ -179,6 +179,11 @@ class Writer:
         self._alive.append(obj)
         state = dict(vars(obj)) if state_is_dict(t) else obj.__getstate__()
         self._alive.append(state)
+        held = state[0] if isinstance(state, tuple) and len(state) == 2 else state
+        planted = sorted(PICKLING_KEYS.intersection(held)) if isinstance(held, dict) else []
+        if planted:
+            raise ModelFileError(f"{where} holds the attributes {planted}, which only the estimators' pickling hooks "
+                                 "use (pickle bytes): a model file never stores them. Delete them from the object.")
         node["state"] = self.encode(state, where)
         return node
 
