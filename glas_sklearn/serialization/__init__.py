@@ -31,7 +31,6 @@ import numpy as np
 import torch
 
 from .._version import __version__
-from ._consistency import check_loaded
 from ._format import DATA_MEMBER, FORMAT, FORMAT_VERSION, MAX_SCHEMA_BYTES, SCHEMA_MEMBER, ModelFileError
 from ._reader import Reader
 from ._trust import describe_classes, resolve_classes, trusted_names
@@ -210,7 +209,7 @@ def _load_file(file: BinaryIO, describe: str, trusted_classes: frozenset[str] | 
     reader = Reader(classes, schema.get("storages"), data, map_location)
     try:
         root = reader.decode(schema.get("root"))
-        check_loaded(reader.made)
+        reader.check_layout()
         return root
     except ModelFileError:
         raise

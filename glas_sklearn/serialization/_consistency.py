@@ -10,12 +10,17 @@ import math
 
 import numpy as np
 import torch
+from torch import nn
 
-from .._functional import FunctionalModel, ParameterLayout
+from .._functional import FunctionalModel, ModelAdapter, ParameterLayout
+from ..calibration._base import Calibrator
+from ..conformity_scores import ConformityScore
+from ..likelihoods._base import Likelihood
 from ..posterior import ActiveSubspacePosterior
+from ..predictive.modes import PredictiveMode
 from ._format import ModelFileError
 
-__all__ = ["check_loaded", "check_tensor_layout"]
+__all__ = ["check_state", "check_tensor_layout"]
 
 
 def check_tensor_layout(shape: list[int], stride: list[int]) -> None:
@@ -34,9 +39,9 @@ def _fail(what: str) -> None:
     raise ModelFileError(f"The model file's {what}: the file was edited or damaged. Nothing was returned.")
 
 
-def _check_functional(model: FunctionalModel) -> None:
-    layout = getattr(model, "layout", None)
-    theta0 = getattr(model, "theta0", None)
+def _check_functional(state: dict) -> None:
+    layout = state.get("layout")
+    theta0 = state.get("theta0")
     if not isinstance(layout, ParameterLayout) or not isinstance(theta0, torch.Tensor):
         _fail("network binding has no parameter layout or no weight vector θ0")
     shapes, numels = tuple(layout.shapes), tuple(layout.numels)
@@ -50,7 +55,7 @@ def _check_functional(model: FunctionalModel) -> None:
               f"needs a contiguous vector of {sum(numels)} weights")
     if theta0.dtype != layout.dtype:
         _fail(f"weight vector θ0 is {theta0.dtype}, where its layout records {layout.dtype}")
-    module = getattr(model, "module", None)
+    module = state.get("module")
     if isinstance(module, torch.nn.Module):
         held = dict(module.named_parameters())
         for i, (name, shape) in enumerate(zip(layout.names, shapes, strict=True)):
@@ -63,9 +68,9 @@ def _check_functional(model: FunctionalModel) -> None:
                       f"layout of θ0 records {dtype} of shape {tuple(shape)}")
 
 
-def _check_posterior(posterior: ActiveSubspacePosterior) -> None:
-    model = getattr(posterior, "functional_model", None)
-    lam, vectors = getattr(posterior, "eigenvalues", None), getattr(posterior, "eigenvectors", None)
+def _check_posterior(state: dict) -> None:
+    model = state.get("functional_model")
+    lam, vectors = state.get("eigenvalues"), state.get("eigenvectors")
     if not isinstance(model, FunctionalModel) or not isinstance(lam, torch.Tensor) or not isinstance(vectors,
                                                                                                      torch.Tensor):
         _fail("posterior has no network binding or no eigenpairs")
@@ -77,16 +82,59 @@ def _check_posterior(posterior: ActiveSubspacePosterior) -> None:
     if not (lam.dtype == vectors.dtype == theta0.dtype and lam.device == vectors.device == theta0.device):
         _fail(f"posterior's eigenpairs are {lam.dtype} / {vectors.dtype} on {lam.device} / {vectors.device}, "
               f"where its weights are {theta0.dtype} on {theta0.device}")
-    lam64 = getattr(posterior, "_lam64", None)
+    lam64 = state.get("_lam64")
     if isinstance(lam64, np.ndarray) and lam64.shape != (K,):
         _fail(f"posterior's float64 eigenvalues have shape {lam64.shape}, where it holds {K} eigenpairs")
 
 
-def check_loaded(made: list) -> None:
-    """Every network binding (first) and posterior among the objects a load made, checked as described above."""
-    for obj in made:
-        if isinstance(obj, FunctionalModel):
-            _check_functional(obj)
-    for obj in made:
-        if isinstance(obj, ActiveSubspacePosterior):
-            _check_posterior(obj)
+#: What the attributes of glas-sklearn's objects hold when they are set (None aside): by the owner's class (its own
+#: or a base's import path, "*" for every glas-sklearn class), then the attribute's name. A reference or class index
+#: edited to another object is refused here rather than failing inside a prediction.
+ATTRIBUTE_TYPES = {
+    "*": {"posterior_": ActiveSubspacePosterior, "likelihood_": Likelihood, "predictive_": PredictiveMode,
+          "calibrator_": Calibrator, "conformity_score_": ConformityScore, "module_": nn.Module},
+    "glas_sklearn._functional.FunctionalModel": {"layout": ParameterLayout, "adapter": ModelAdapter,
+                                                 "module": nn.Module, "theta0": torch.Tensor},
+    "glas_sklearn.posterior._base.ActiveSubspacePosterior": {"functional_model": FunctionalModel,
+                                                            "eigenvalues": torch.Tensor,
+                                                            "eigenvectors": torch.Tensor},
+    # the estimators' own pieces, by name (serialization does not import the estimators it reads)
+    "glas_sklearn.estimators._base.LaplaceActiveSubspaceBase": {
+        "_inputs": "glas_sklearn.estimators._data.InputEncoder",
+        "_targets": "glas_sklearn.estimators._data.TargetScaler",
+        "_compute": "glas_sklearn.estimators._base.Compute", "training": "glas_sklearn.estimators._training.Training",
+        "_noise_stage": "glas_sklearn.estimators._likelihood_choice.NoiseStage"},
+}
+
+
+def _is_a(value, expected) -> bool:
+    if isinstance(expected, type):
+        return isinstance(value, expected)
+    return any(f"{c.__module__}.{c.__qualname__}" == expected for c in type(value).__mro__)
+
+
+def _check_attribute_types(cls: type, state: dict) -> None:
+    owners = {f"{c.__module__}.{c.__qualname__}" for c in cls.__mro__} | {"*"}
+    for owner, table in ATTRIBUTE_TYPES.items():
+        if owner not in owners:
+            continue
+        for name, expected in table.items():
+            value = state.get(name)
+            if value is not None and not _is_a(value, expected):
+                wanted = expected.__qualname__ if isinstance(expected, type) else expected.rsplit(".", 1)[-1]
+                _fail(f"{cls.__qualname__} holds a {type(value).__module__}.{type(value).__qualname__} as {name}, "
+                      f"where a {wanted} belongs")
+
+
+def check_state(cls: type, state) -> None:
+    """Before an object of ``cls`` is given ``state``: the types of its known attributes (for glas-sklearn's own
+    classes), a network binding's and a posterior's state checked as described above (so that their
+    ``__setstate__`` never computes on inconsistent tensors)."""
+    if not isinstance(state, dict):
+        return
+    if cls.__module__.startswith("glas_sklearn."):
+        _check_attribute_types(cls, state)
+    if issubclass(cls, FunctionalModel):
+        _check_functional(state)
+    elif issubclass(cls, ActiveSubspacePosterior):
+        _check_posterior(state)

@@ -16,8 +16,8 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ._consistency import check_tensor_layout
-from ._format import PICKLING_KEYS, ModelFileError, state_is_dict, torch_dtype
+from ._consistency import check_state, check_tensor_layout
+from ._format import ALIGN, PICKLING_KEYS, ModelFileError, state_is_dict, torch_dtype
 from ._trust import BUILTIN_TYPES, FUNCTION_TYPES
 
 __all__ = ["Reader", "device_available"]
@@ -49,7 +49,7 @@ class Reader:
         self.storages = storages
         self._storages: dict[int, torch.UntypedStorage] = {}
         self._refs: dict[int, Any] = {}
-        self.made: list = []  # every object made from a class of the table, for the checks after the walk
+        self._spans: dict[int, int] = {}  # offset → bytes of every storage and array read from data.bin
 
     # --------------------------------------------------------------- devices
     def device(self, recorded: str) -> torch.device:
@@ -82,9 +82,31 @@ class Reader:
             entry = self.storages[index]
             offset, nbytes = entry["at"], entry["nbytes"]
             self._check_span(offset, nbytes)
+            if nbytes:
+                if offset in self._spans:
+                    raise ModelFileError(f"The model file places two storages at byte {offset} of its data: it was "
+                                         "edited.")
+                self._spans[offset] = nbytes
             flat = torch.from_numpy(self.data[offset:offset + nbytes])  # a view of the file's buffer: no copy
             self._storages[index] = flat.to(self.device(entry["device"])).untyped_storage()
         return self._storages[index]
+
+    def check_layout(self) -> None:
+        """After the walk: the storages and arrays read tile data.bin as save lays them out (each at an aligned
+        offset, none overlapping another, nothing but padding between them), so that no offset or size edited to
+        point at other bytes goes unnoticed."""
+        for index in range(len(self.storages)):
+            self._storage(index)
+        end = 0
+        for offset in sorted(self._spans):
+            if offset % ALIGN or offset < end or offset - end >= ALIGN:
+                raise ModelFileError(f"The model file's arrays and tensors do not tile its data as glas_sklearn.save "
+                                     f"writes it (one starts at byte {offset}, after one ending at byte {end}): the "
+                                     "file was edited.")
+            end = offset + self._spans[offset]
+        if len(self.data) - end >= ALIGN:
+            raise ModelFileError(f"The model file's data holds {len(self.data) - end} bytes that no array or tensor "
+                                 "uses: the file was edited.")
 
     # ------------------------------------------------------------------ walk
     def decode(self, node):
@@ -213,6 +235,10 @@ class Reader:
         if nbytes != math.prod(shape) * dtype.itemsize:
             raise ModelFileError(f"The model file holds an array of shape {shape} and dtype {dtype} in {nbytes!r} "
                                  "bytes: it is damaged or was edited.")
+        if nbytes:
+            if offset in self._spans:
+                raise ModelFileError(f"The model file places two arrays at byte {offset} of its data: it was edited.")
+            self._spans[offset] = nbytes
         flat = self.data[offset:offset + nbytes].view(dtype)  # a view of the file's buffer: no copy
         out = flat.reshape(shape[::-1]).T if node["order"] == "F" else flat.reshape(shape)
         return self._keep(node, out)
@@ -295,7 +321,6 @@ class Reader:
             raise ModelFileError(f"The model file stores {cls.__module__}.{cls.__qualname__} as a plain object, which "
                                  "it is not: the file was edited.")
         obj = self._keep(node, cls.__new__(cls))  # as pickle makes objects: no __init__
-        self.made.append(obj)
         state = self.decode(node.get("state"))
         held = state[0] if isinstance(state, tuple) and len(state) == 2 else state
         planted = sorted(PICKLING_KEYS.intersection(held)) if isinstance(held, dict) else []
@@ -304,6 +329,7 @@ class Reader:
                                  f"{planted}, which only the estimators' pickling hooks use and glas_sklearn.save "
                                  "never writes: the file was edited to carry bytes that a later copy, pickle or "
                                  "clone would unpickle. Nothing was made.")
+        check_state(cls, state)
         if state_is_dict(cls):  # an estimator: its __dict__, none of its pickling hooks run
             if type(state) is not dict or not all(type(k) is str for k in state):
                 raise ModelFileError(f"The model file holds a {cls.__qualname__} whose state is not a dict of names.")
