@@ -27,7 +27,7 @@ PICKLING_KEYS = frozenset({"_glas_pickle", "_glas_state", "_torch_state", "_torc
 #: Nodes that stand for a value (no identity to keep): never memoised, never the target of a reference.
 VALUE_NODES = frozenset({"tuple", "frozenset", "bytes", "complex", "torch.dtype", "torch.device", "torch.Size",
                          "numpy.scalar", "numpy.dtype", "builtin_type", "numpy.type", "type", "enum",
-                         "namedtuple", "function", "pandas.RangeIndex"})
+                         "namedtuple", "function", "pandas.RangeIndex", "slice", "numpy.ufunc"})
 
 
 class ModelFileError(ValueError):

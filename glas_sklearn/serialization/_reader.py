@@ -168,6 +168,18 @@ class Reader:
     def _complex(self, node):
         return complex(float(node["re"]), float(node["im"]))
 
+    def _slice(self, node):
+        start, stop, step = (self.decode(v) for v in node["items"])
+        if not all(v is None or type(v) is int for v in (start, stop, step)):
+            raise ModelFileError(f"The model file holds a slice of {start!r}, {stop!r}, {step!r}: not integers.")
+        return slice(start, stop, step)
+
+    def _ufunc(self, node):
+        ufunc = getattr(np, str(node["name"]), None) if str(node["name"]).isidentifier() else None
+        if not isinstance(ufunc, np.ufunc):
+            raise ModelFileError(f"The model file names the numpy ufunc {node['name']!r}, which is not one.")
+        return ufunc
+
     def _torch_dtype(self, node):
         return torch_dtype(node["name"])
 
@@ -394,7 +406,8 @@ def _default_setstate(obj, state) -> None:
 _DECODERS = {
     "ref": Reader._ref, "list": Reader._list, "dict": Reader._dict, "OrderedDict": Reader._dict,
     "tuple": Reader._tuple, "set": Reader._set, "frozenset": Reader._frozenset, "bytes": Reader._bytes_node,
-    "bytearray": Reader._bytes_node, "complex": Reader._complex, "tensor": Reader._tensor,
+    "bytearray": Reader._bytes_node, "complex": Reader._complex, "slice": Reader._slice, "numpy.ufunc": Reader._ufunc,
+    "tensor": Reader._tensor,
     "torch.dtype": Reader._torch_dtype, "torch.device": Reader._torch_device, "torch.Size": Reader._torch_size,
     "torch.Generator": Reader._generator, "ndarray": Reader._array, "numpy.scalar": Reader._numpy_scalar,
     "numpy.dtype": Reader._numpy_dtype, "numpy.type": Reader._numpy_type, "builtin_type": Reader._builtin_type,

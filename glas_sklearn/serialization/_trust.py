@@ -7,13 +7,23 @@ import importlib
 import types
 
 import numpy as np
-from sklearn.compose import TransformedTargetRegressor
-from sklearn.pipeline import Pipeline
+from sklearn.compose import ColumnTransformer, TransformedTargetRegressor
+from sklearn.impute import MissingIndicator, SimpleImputer
+from sklearn.pipeline import FeatureUnion, Pipeline
 from sklearn.preprocessing import (
+    Binarizer,
+    FunctionTransformer,
+    KBinsDiscretizer,
     LabelBinarizer,
     LabelEncoder,
+    MaxAbsScaler,
     MinMaxScaler,
+    Normalizer,
     OneHotEncoder,
+    OrdinalEncoder,
+    PolynomialFeatures,
+    PowerTransformer,
+    QuantileTransformer,
     RobustScaler,
     StandardScaler,
 )
@@ -26,12 +36,15 @@ __all__ = ["BUILTIN_TYPES", "FUNCTION_TYPES", "TRUSTED_CLASSES", "TRUSTED_FUNCTI
 #: Packages whose classes load without being trusted: glas-sklearn's own, torch.nn's built-in layers and
 #: torch.optim's optimizers (named by a ``optimizer=`` setting).
 TRUSTED_PACKAGES = ("glas_sklearn", "torch.nn.modules", "torch.optim")
-#: Classes of other packages that load without being trusted: the scikit-learn composites glas_sklearn.compose
-#: serves and a few preprocessing steps (restored by ``__dict__``, as scikit-learn estimators are), numpy's random
-#: generators (restored through their state).
+#: Classes of other packages that load without being trusted: scikit-learn's composites (Pipeline, ColumnTransformer,
+#: FeatureUnion, TransformedTargetRegressor) and the tabular preprocessing steps users put before a network (restored
+#: by ``__dict__``, as scikit-learn estimators are: none of their code runs at load; a FunctionTransformer's function
+#: is checked as any function is, a numpy ufunc being data), numpy's random generators (restored through their state).
 TRUSTED_CLASSES = frozenset(f"{c.__module__}.{c.__qualname__}" for c in (
-    Pipeline, TransformedTargetRegressor, StandardScaler, MinMaxScaler, RobustScaler, LabelEncoder, LabelBinarizer,
-    OneHotEncoder,
+    Pipeline, ColumnTransformer, FeatureUnion, TransformedTargetRegressor, FunctionTransformer,
+    StandardScaler, MinMaxScaler, MaxAbsScaler, RobustScaler, QuantileTransformer, PowerTransformer, Normalizer,
+    Binarizer, KBinsDiscretizer, PolynomialFeatures, OneHotEncoder, OrdinalEncoder, SimpleImputer, MissingIndicator,
+    LabelEncoder, LabelBinarizer,
     np.random.RandomState, np.random.Generator, np.random.PCG64, np.random.PCG64DXSM, np.random.MT19937,
     np.random.Philox, np.random.SFC64))
 #: Modules whose functions load without being trusted (a network's activation held as a function): torch's

@@ -55,9 +55,12 @@ class Writer:
         """The index of ``cls`` (a class, or a function when ``kind="function"``) in the class table."""
         module, name = class_path(cls)
         if "<locals>" in name or "<lambda>" in name:
+            way_out = (" (glas_sklearn.load then needs trusted=[its import path]), or, for arithmetic on arrays "
+                       "such as a FunctionTransformer's or a TransformedTargetRegressor's func, use a numpy ufunc "
+                       "(np.log1p / np.expm1), which is stored as data" if kind == "function" else "")
             raise ModelFileError(f"{where} is the {kind} {module}.{name}, defined inside a function (or a lambda): a "
-                                 f"model file names a {kind} by its import path. Define it at the top level of a "
-                                 "module.")
+                                 f"model file holds data, not code, and names a {kind} by its import path. Define it "
+                                 f"at the top level of a module{way_out}.")
         key = (module, name)
         if key not in self._class_index:
             try:
@@ -117,6 +120,12 @@ class Writer:
             return {"@": t.__name__, "b64": base64.b64encode(obj).decode("ascii")}
         if t is complex:
             return {"@": "complex", "re": obj.real, "im": obj.imag}
+        if t is slice:
+            return {"@": "slice", "items": self._items((obj.start, obj.stop, obj.step), where)}
+        if isinstance(obj, np.ufunc):  # by its name in numpy's namespace (np.log1p): arithmetic on arrays only
+            if getattr(np, obj.__name__, None) is not obj:
+                raise ModelFileError(f"{where} is the numpy ufunc {obj.__name__}, which is not numpy's own.")
+            return {"@": "numpy.ufunc", "name": obj.__name__}
         if isinstance(obj, torch.Tensor):
             return self._tensor(obj, where)
         if t is torch.dtype:
