@@ -15,6 +15,7 @@ __all__ = [
     "check_positive_float",
     "check_positive_int",
     "check_sample_weight",
+    "normalized_sample_weight",
     "check_vector",
     "clip_to_bounds",
     "make_generator",
@@ -171,6 +172,36 @@ def check_sample_weight(sample_weight, n_rows: int, device: torch.device | str =
     if not bool((w > 0).any()):
         raise ValueError("sample_weight is zero for every row; at least one row needs a positive weight.")
     return w
+
+
+def normalized_sample_weight(sample_weight, n_rows: int, owner: str) -> np.ndarray:
+    """``sample_weight`` for ``n_rows`` rows checked (finite, non-negative, not all zero: else a ValueError naming
+    the rows and the fix) and divided by the mean of its positive entries, in float64: weights of any scale
+    (1e-50, 1e300) give the fit of their normalised version, which no float32 computation over- or underflows."""
+    try:
+        w = np.asarray(sample_weight, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"{owner}: sample_weight must be an array of numbers, got "
+                        f"{type(sample_weight).__name__}.") from err
+    if w.ndim == 0:  # one weight for every row, as scikit-learn takes it
+        w = np.full(n_rows, float(w))
+    if w.ndim != 1 or w.shape[0] != n_rows:
+        raise ValueError(f"{owner}: sample_weight has shape {w.shape}, but X has {n_rows} rows: pass one weight per "
+                         f"row, shape ({n_rows},).")
+    bad = np.flatnonzero(~np.isfinite(w))
+    if bad.size:
+        raise ValueError(f"{owner}: sample_weight holds {bad.size} NaN or infinite value(s) (rows "
+                         f"{bad[:5].tolist()}{' ...' if bad.size > 5 else ''}); weights must be finite numbers >= 0.")
+    bad = np.flatnonzero(w < 0)
+    if bad.size:
+        raise ValueError(f"{owner}: sample_weight holds {bad.size} negative value(s) (rows {bad[:5].tolist()}"
+                         f"{' ...' if bad.size > 5 else ''}); weights must be >= 0 (0 drops a row).")
+    positive = w[w > 0]
+    if positive.size == 0:
+        raise ValueError(f"{owner}: sample_weight is zero for every row; at least one row needs a positive weight.")
+    top = positive.max()
+    scaled = w / top  # in [0, 1]: the mean below neither overflows (1e308) nor loses the small ones (1e-300)
+    return scaled / scaled[w > 0].mean()
 
 
 def check_target_bounds(y_bounds, y: np.ndarray, name: str = "y") -> np.ndarray:
