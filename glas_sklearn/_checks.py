@@ -9,6 +9,7 @@ import torch
 
 __all__ = [
     "check_choice",
+    "check_class_labels",
     "check_target_bounds",
     "check_confidence_levels",
     "check_finite_tensor",
@@ -28,6 +29,22 @@ def check_choice(name: str, value, choices) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}.")
     return value
+
+
+def check_class_labels(y, owner: str) -> None:
+    """Raise a ValueError, naming the kinds found and the fix, when class labels mix text and numbers (``["a", 1]``):
+    such labels have no order, so neither ``classes_`` nor the label encoding is defined."""
+    values = np.asarray(y, dtype=object).reshape(-1)
+    kinds = {}
+    for value in values.tolist():
+        kind = ("text" if isinstance(value, (str, bytes)) else "number" if isinstance(value, numbers.Number)
+                else type(value).__name__)
+        kinds.setdefault(kind, value)
+    if len(kinds) > 1:
+        found = ", ".join(f"{kind} (e.g. {example!r})" for kind, example in sorted(kinds.items()))
+        raise ValueError(f"{owner}: y mixes class labels of different kinds: {found}. Labels of one kind are needed "
+                         "to order the classes: convert them all to strings (np.asarray(y).astype(str)) or all to "
+                         "numbers.")
 
 
 def check_positive_int(name: str, value, *, allow_none: bool = False, minimum: int = 1):
