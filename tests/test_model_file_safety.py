@@ -258,6 +258,7 @@ HOSTILE_JSON = {
     "3e8 objects declared": (_object_array([300_000_000]), "with 2 items"),
     "a data array of 2**40 bytes": (_data_array([2**37]), "beyond its data"),
     "a negative shape": (_data_array([-1]), "damaged"),
+    "3e5 empty JSON objects": (lambda s: s["root"]["state"]["map"].update(junk_=[{}] * 300_000), "denser than"),
 }
 
 

@@ -39,6 +39,9 @@ from ._writer import Writer
 __all__ = ["FORMAT", "FORMAT_VERSION", "ModelFileError", "audit", "dumps_state", "load", "loads_state", "save",
            "untrusted_names"]
 
+#: The fewest bytes of model.json per JSON object or list that save writes (``{"@":"list","items":[]}`` is 24 bytes
+#: for two): a denser model.json, which would take a hundred times its size in memory to parse, is refused.
+_BYTES_PER_CONTAINER = 8
 #: A zip member's local header: signature, versions, flags, method, time, date, CRC, sizes, name and extra lengths.
 _LOCAL_HEADER = struct.Struct("<4sHHHHHIIIHH")
 
@@ -316,6 +319,11 @@ def _read_schema(archive: zipfile.ZipFile, describe: str, size: int | None = Non
     if len(text) != info.file_size:
         raise ModelFileError(f"{describe} is damaged: {SCHEMA_MEMBER} holds {len(text)} bytes, not the "
                              f"{info.file_size} its zip entry declares.")
+    containers = text.count(b"{") + text.count(b"[")
+    if containers * _BYTES_PER_CONTAINER > len(text):  # what json.loads would make: ~100 bytes of memory each
+        raise ModelFileError(f"{describe}: {SCHEMA_MEMBER} holds {containers} JSON objects and lists in "
+                             f"{len(text)} bytes, denser than any object graph glas_sklearn.save writes (a node "
+                             f"takes at least {_BYTES_PER_CONTAINER} bytes): refused before parsing.")
     try:
         schema = json.loads(text.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
