@@ -389,7 +389,7 @@ def test_byte_wise_mutations_are_refused_or_load_as_saved(fitted, saved_bytes):
         else:
             out[at:at] = bytes(rng.integers(0, 256, int(rng.integers(1, 9)), dtype=np.uint8))
         outcomes.append(_loads_as_saved(bytes(out), reg, X))
-    assert not all(outcomes) and any(outcomes) is not None
+    assert 0 < outcomes.count(False)  # the mutations did reach the members (some were refused)
 
 
 _STRUCTURAL_KEYS = ("dtype", "shape", "stride", "offset", "storage", "at", "nbytes", "cls", "to", "@", "fn",
