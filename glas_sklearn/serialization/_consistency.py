@@ -6,7 +6,9 @@ fit, rather than failing later inside torch or predicting other numbers."""
 
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 
 import numpy as np
 import torch
@@ -92,7 +94,9 @@ def _check_posterior(state: dict) -> None:
 #: edited to another object is refused here rather than failing inside a prediction.
 ATTRIBUTE_TYPES = {
     "*": {"posterior_": ActiveSubspacePosterior, "likelihood_": Likelihood, "predictive_": PredictiveMode,
-          "calibrator_": Calibrator, "conformity_score_": ConformityScore, "module_": nn.Module},
+          "calibrator_": Calibrator, "conformity_score_": ConformityScore, "module_": nn.Module,
+          "functional_model": FunctionalModel},
+    "glas_sklearn.calibration.conformal.ConformalResult": {"conformity_score": ConformityScore},
     "glas_sklearn._functional.FunctionalModel": {"layout": ParameterLayout, "adapter": ModelAdapter,
                                                  "module": nn.Module, "theta0": torch.Tensor},
     "glas_sklearn.posterior._base.ActiveSubspacePosterior": {"functional_model": FunctionalModel,
@@ -126,6 +130,38 @@ def _check_attribute_types(cls: type, state: dict) -> None:
                       f"where a {wanted} belongs")
 
 
+def _check_layer(cls: type, state: dict) -> None:
+    """A torch.nn built-in layer's state holds the settings its class declares (``__constants__``: a Linear's
+    in_features and out_features): a class index edited to another layer is refused."""
+    missing = sorted(set(getattr(cls, "__constants__", ())) - set(state))
+    if missing:
+        _fail(f"{cls.__module__}.{cls.__qualname__} has no {missing}, which every such layer holds")
+    reference = _default_layer(cls)
+    if reference is not None:  # a layer made without arguments (an activation, Dropout, Identity): the same fields
+        for field in ("_parameters", "_buffers"):
+            held = state.get(field)
+            if isinstance(held, dict) and set(held) != set(reference[field]):
+                _fail(f"{cls.__module__}.{cls.__qualname__} holds the {field.strip('_')} {sorted(held)}, where "
+                      f"such a layer has {sorted(reference[field])}")
+        extra = sorted(k for k in state if not k.startswith("_") and k not in reference["public"])
+        if extra:
+            _fail(f"{cls.__module__}.{cls.__qualname__} holds the settings {extra}, which such a layer has not")
+
+
+@functools.lru_cache(maxsize=None)
+def _default_layer(cls: type) -> dict | None:
+    """The fields of a torch.nn built-in layer made with no arguments, on the meta device (None when it needs
+    arguments)."""
+    try:
+        with torch.device("meta"), warnings.catch_warnings():  # no memory for its weights (nn.Transformer())
+            warnings.simplefilter("ignore")
+            layer = cls()
+    except Exception:  # noqa: BLE001 - a layer that needs arguments (Linear) or cannot be made here
+        return None
+    return {"_parameters": frozenset(layer._parameters), "_buffers": frozenset(layer._buffers),
+            "public": frozenset(k for k in vars(layer) if not k.startswith("_"))}
+
+
 def check_state(cls: type, state) -> None:
     """Before an object of ``cls`` is given ``state``: the types of its known attributes (for glas-sklearn's own
     classes), a network binding's and a posterior's state checked as described above (so that their
@@ -134,6 +170,8 @@ def check_state(cls: type, state) -> None:
         return
     if cls.__module__.startswith("glas_sklearn."):
         _check_attribute_types(cls, state)
+    elif cls.__module__.startswith("torch.nn.modules.") and issubclass(cls, nn.Module):
+        _check_layer(cls, state)
     if issubclass(cls, FunctionalModel):
         _check_functional(state)
     elif issubclass(cls, ActiveSubspacePosterior):
