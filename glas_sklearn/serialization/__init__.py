@@ -12,7 +12,15 @@ a few scikit-learn and numpy types) and the ``trusted`` names the caller gives; 
 is not the class's own (an alias edited in, such as a module's imported ``os``), or a function is refused by name.
 Objects are then made with ``cls.__new__(cls)`` and given their state with the class's ``__setstate__`` (or a
 ``__dict__`` update): no ``__init__`` runs, and scikit-learn estimators are given their ``__dict__`` directly,
-so that no pickling hook of theirs runs either.
+so that no pickling hook of theirs runs either; no object's state may hold the attributes those hooks interpret
+(so nothing of a file is unpickled at a later deep copy, pickle or clone either).
+
+Every damaged or edited file ends in :class:`ModelFileError` before any large allocation: the archive's checksums,
+stored (never compressed) members whose declared sizes fit the file, a ``model.json`` no denser in objects than save
+writes, arrays whose items match their shape, tensors whose strides do not overlap, storages and arrays tiling
+``data.bin`` as save lays it out, and the state checked against what the estimators compute with
+(``_consistency``). :func:`audit` and :func:`untrusted_names` list what a file would make before anything is
+imported.
 """
 
 from __future__ import annotations

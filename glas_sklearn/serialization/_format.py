@@ -64,8 +64,8 @@ def _subclasses(cls: type):
 def state_is_dict(cls: type) -> bool:
     """Whether objects of ``cls`` are stored as their ``__dict__`` and restored by a ``__dict__`` update, with no
     pickling hook of theirs run: scikit-learn estimators, and every class whose ``__getstate__`` or
-    ``__setstate__`` an estimator inherits (the estimators' pickling hooks, which carry the torch state as pickle
-    bytes). Other classes go through their ``__getstate__`` and ``__setstate__``, as pickle does."""
+    ``__setstate__`` an estimator inherits (the estimators' pickling hooks, which carry the torch state as bytes
+    for pickle). Other classes go through their ``__getstate__`` and ``__setstate__``, as pickle does."""
     if issubclass(cls, BaseEstimator):
         return True
     hooks = [next((c for c in cls.__mro__ if name in vars(c)), object) for name in ("__getstate__", "__setstate__")]
