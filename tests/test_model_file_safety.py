@@ -441,3 +441,16 @@ def test_structural_mutations_are_refused_or_load_as_saved(fitted, saved_bytes):
         refused += not _loads_as_saved(out.getvalue(), reg, X)
         node[key] = original
     assert refused > 0
+
+
+def test_an_edited_ggn_diagonal_is_refused():
+    """The low-rank-plus-diagonal posterior's GGN diagonal (float64, one entry per weight) edited to float32 or
+    to fewer entries: refused, naming it."""
+    X, y = _data()
+    reg = LaplaceActiveSubspaceRegressor(**grouped(**{**TINY, "posterior": "low_rank_diag"})).fit(X, y)
+    buffer = io.BytesIO()
+    glas_sklearn.save(reg, buffer)
+    path = ("posterior_", "_ggn_diag")
+    for edit in (_set(path, dtype="float32"), lambda s: _tensor_at(s, path).update(shape=[1])):
+        with pytest.raises(ModelFileError, match="GGN diagonal is"):
+            safe_load(io.BytesIO(_edit_json(buffer.getvalue(), edit)))

@@ -84,6 +84,11 @@ def _check_posterior(state: dict) -> None:
     if not (lam.dtype == vectors.dtype == theta0.dtype and lam.device == vectors.device == theta0.device):
         _fail(f"posterior's eigenpairs are {lam.dtype} / {vectors.dtype} on {lam.device} / {vectors.device}, "
               f"where its weights are {theta0.dtype} on {theta0.device}")
+    diag = state.get("_ggn_diag")  # the low-rank-plus-diagonal kind's GGN diagonal, one entry per weight
+    if diag is not None and not (isinstance(diag, torch.Tensor) and tuple(diag.shape) == (theta0.numel(),)
+                                 and diag.dtype == torch.float64 and diag.device == theta0.device):
+        _fail(f"posterior's GGN diagonal is {getattr(diag, 'dtype', type(diag).__name__)} of shape "
+              f"{tuple(getattr(diag, 'shape', ()))}, where {theta0.numel()} weights need a float64 vector of as many")
     lam64 = state.get("_lam64")
     if isinstance(lam64, np.ndarray) and lam64.shape != (K,):
         _fail(f"posterior's float64 eigenvalues have shape {lam64.shape}, where it holds {K} eigenpairs")
