@@ -252,6 +252,8 @@ class Reader:
                 raise ModelFileError(f"The model file places two arrays at byte {offset} of its data: it was edited.")
             self._spans[offset] = nbytes
         flat = self.data[offset:offset + nbytes].view(dtype)  # a view of the file's buffer: no copy
+        if node["order"] not in ("C", "F"):
+            raise ModelFileError(f"The model file holds an array of memory order {node['order']!r}, not 'C' or 'F'.")
         out = flat.reshape(shape[::-1]).T if node["order"] == "F" else flat.reshape(shape)
         return self._keep(node, out)
 
