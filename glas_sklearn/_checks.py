@@ -10,12 +10,14 @@ import torch
 __all__ = [
     "can_stratify",
     "check_choice",
+    "check_class_labels",
     "check_target_bounds",
     "check_confidence_levels",
     "check_finite_tensor",
     "check_positive_float",
     "check_positive_int",
     "check_sample_weight",
+    "normalized_sample_weight",
     "check_vector",
     "clip_to_bounds",
     "make_generator",
@@ -28,6 +30,22 @@ def check_choice(name: str, value, choices) -> str:
     if not isinstance(value, str) or value not in choices:
         raise ValueError(f"{name} must be one of {sorted(choices)}, got {value!r}.")
     return value
+
+
+def check_class_labels(y, owner: str) -> None:
+    """Raise a ValueError, naming the kinds found and the fix, when class labels mix text and numbers (``["a", 1]``):
+    such labels have no order, so neither ``classes_`` nor the label encoding is defined."""
+    values = np.asarray(y, dtype=object).reshape(-1)
+    kinds = {}
+    for value in values.tolist():
+        kind = ("text" if isinstance(value, (str, bytes)) else "number" if isinstance(value, numbers.Number)
+                else type(value).__name__)
+        kinds.setdefault(kind, value)
+    if len(kinds) > 1:
+        found = ", ".join(f"{kind} (e.g. {example!r})" for kind, example in sorted(kinds.items()))
+        raise ValueError(f"{owner}: y mixes class labels of different kinds: {found}. Labels of one kind are needed "
+                         "to order the classes: convert them all to strings (np.asarray(y).astype(str)) or all to "
+                         "numbers.")
 
 
 def check_positive_int(name: str, value, *, allow_none: bool = False, minimum: int = 1):
@@ -172,6 +190,36 @@ def check_sample_weight(sample_weight, n_rows: int, device: torch.device | str =
     if not bool((w > 0).any()):
         raise ValueError("sample_weight is zero for every row; at least one row needs a positive weight.")
     return w
+
+
+def normalized_sample_weight(sample_weight, n_rows: int, owner: str) -> np.ndarray:
+    """``sample_weight`` for ``n_rows`` rows checked (finite, non-negative, not all zero: else a ValueError naming
+    the rows and the fix) and divided by the mean of its positive entries, in float64: weights of any scale
+    (1e-50, 1e300) give the fit of their normalised version, which no float32 computation over- or underflows."""
+    try:
+        w = np.asarray(sample_weight, dtype=np.float64)
+    except (TypeError, ValueError) as err:
+        raise TypeError(f"{owner}: sample_weight must be an array of numbers, got "
+                        f"{type(sample_weight).__name__}.") from err
+    if w.ndim == 0:  # one weight for every row, as scikit-learn takes it
+        w = np.full(n_rows, float(w))
+    if w.ndim != 1 or w.shape[0] != n_rows:
+        raise ValueError(f"{owner}: sample_weight has shape {w.shape}, but X has {n_rows} rows: pass one weight per "
+                         f"row, shape ({n_rows},).")
+    bad = np.flatnonzero(~np.isfinite(w))
+    if bad.size:
+        raise ValueError(f"{owner}: sample_weight holds {bad.size} NaN or infinite value(s) (rows "
+                         f"{bad[:5].tolist()}{' ...' if bad.size > 5 else ''}); weights must be finite numbers >= 0.")
+    bad = np.flatnonzero(w < 0)
+    if bad.size:
+        raise ValueError(f"{owner}: sample_weight holds {bad.size} negative value(s) (rows {bad[:5].tolist()}"
+                         f"{' ...' if bad.size > 5 else ''}); weights must be >= 0 (0 drops a row).")
+    positive = w[w > 0]
+    if positive.size == 0:
+        raise ValueError(f"{owner}: sample_weight is zero for every row; at least one row needs a positive weight.")
+    top = positive.max()
+    scaled = w / top  # in [0, 1]: the mean below neither overflows (1e308) nor loses the small ones (1e-300)
+    return scaled / scaled[w > 0].mean()
 
 
 def check_target_bounds(y_bounds, y: np.ndarray, name: str = "y") -> np.ndarray:

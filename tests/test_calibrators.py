@@ -287,7 +287,7 @@ def test_pickles_round_trip_and_older_pickles_are_refused_naming_the_version():
     loaded = pickle.loads(pickle.dumps(est))
     np.testing.assert_array_equal(loaded.predict_interval(X[:5])[1], est.predict_interval(X[:5])[1])
     state = est.__getstate__()
-    assert state["_glas_pickle"] == (glas_sklearn.__version__, 2)
+    assert state["_glas_pickle"] == (glas_sklearn.__version__, 3)
     for stamp in (None, ("0.0.9", 0)):
         old = dict(state)
         old.pop("_glas_pickle")

@@ -258,7 +258,7 @@ def test_the_posterior_under_sigma_x_weighs_each_row_by_its_precision():
     """With a noise model kept, the posterior's precision in its eigendirections, β λ_j, is the top of the dense
     Σ_n J_nᵀ J_n / σ²(x_n) (the Gauss-Newton matrix of N(f, σ²(x)) at the trained weights), and under the Gaussian
     the top of Σ_n J_nᵀ J_n / σ²; the same network (bit for bit), different curvatures. With row weights w_n the
-    dense reference is Σ_n w_n J_nᵀ J_n / σ²(x_n)."""
+    dense reference is Σ_n w_n J_nᵀ J_n / σ²(x_n), w normalised to mean 1 as fit does."""
     from sklearn.base import clone
 
     from tests.reference import dense_jacobian
@@ -276,7 +276,8 @@ def test_the_posterior_under_sigma_x_weighs_each_row_by_its_precision():
         rows = het.train_indices_
         Xt = het._check_fitted_X(X[rows])  # the training rows in the network's units
         J = dense_jacobian(het.module_, Xt).reshape(len(rows), -1)
-        wt = torch.ones(len(rows), dtype=torch.float64) if weight is None else torch.as_tensor(weight[rows])
+        wt = (torch.ones(len(rows), dtype=torch.float64) if weight is None  # fit normalises weights to mean 1
+              else torch.as_tensor((weight / weight.mean())[rows]))
         s2 = het.likelihood_.row_noise_variance(None, Xt).reshape(-1)
         assert float(s2.max() / s2.min()) > 20  # the noise model follows the step
         sigma2 = (gauss.noise_std_ / gauss.y_scale_[0]) ** 2

@@ -318,18 +318,49 @@ def test_weighted_standardisation_and_training_equal_repeated_rows():
 
 
 @pytest.mark.parametrize("bad,match", [
-    (np.ones(39), r"sample_weight.shape"),
-    (np.ones((40, 2)), "1D array or scalar"),
-    (-np.ones(40), "Negative values"),
-    (np.r_[np.nan, np.ones(39)], "NaN"),
-    (np.r_[np.inf, np.ones(39)], "infinity"),
-    (np.zeros(40), "at least one non-zero"),
+    (np.ones(39), r"sample_weight has shape \(39,\), but X has 40 rows: pass one weight per row"),
+    (np.ones((40, 2)), r"sample_weight has shape \(40, 2\)"),
+    (-np.ones(40), r"40 negative value\(s\) \(rows \[0, 1, 2, 3, 4\] ...\); weights must be >= 0"),
+    (np.r_[np.nan, np.ones(39)], r"1 NaN or infinite value\(s\) \(rows \[0\]\)"),
+    (np.r_[np.ones(39), np.inf], r"1 NaN or infinite value\(s\) \(rows \[39\]\)"),
+    (np.zeros(40), "zero for every row; at least one row needs a positive weight"),
     (np.r_[np.ones(2), np.zeros(38)], "at least 3 rows of positive sample_weight"),
 ])
 def test_estimator_refuses_bad_weights(bad, match):
     X, y = _data(40)
     with pytest.raises(ValueError, match=match):
         LaplaceActiveSubspaceRegressor(**grouped(**SMALL)).fit(X, y, sample_weight=bad)
+
+
+@pytest.mark.parametrize("Est", [LaplaceActiveSubspaceRegressor, LaplaceActiveSubspaceClassifier])
+def test_weights_of_any_scale_fit_as_their_normalised_version(Est):
+    """Uniform weights of 1e39, 1e300 or 1e-50 (beyond float32's range, or below it) fit as no weights, bit for
+    bit; unequal weights scaled by 1e300 fit as the unscaled ones (the weights are divided by their mean, in
+    float64, once)."""
+    X, y = _data(40)
+    if Est is LaplaceActiveSubspaceClassifier:
+        y = (y > 0).astype(int)
+    settings = grouped(**{**SMALL, "dtype": "float32", "max_epochs": 5})
+    method = "predict_proba" if Est is LaplaceActiveSubspaceClassifier else "predict"
+    X_test, _ = _data(8, seed=3)
+    none = getattr(Est(**settings).fit(X, y), method)(X_test)
+    for scale in (1e39, 1e300, 1e-50, 5e-324):
+        got = getattr(Est(**settings).fit(X, y, sample_weight=np.full(40, scale)), method)(X_test)
+        np.testing.assert_array_equal(got, none, err_msg=f"uniform weights {scale}")
+    w = 1.0 + (np.arange(40) % 3)
+    unscaled = getattr(Est(**settings).fit(X, y, sample_weight=w / w.mean()), method)(X_test)
+    for scale in (1e300, 1e-300):
+        got = getattr(Est(**settings).fit(X, y, sample_weight=w * scale), method)(X_test)
+        np.testing.assert_allclose(got, unscaled, rtol=1e-6, err_msg=f"weights scaled by {scale}")
+
+
+def test_a_scalar_weight_is_every_rows_weight():
+    X, y = _data(40)
+    X_test, _ = _data(8, seed=3)
+    settings = grouped(**{**SMALL, "max_epochs": 5})
+    np.testing.assert_array_equal(LaplaceActiveSubspaceRegressor(**settings).fit(X, y, sample_weight=3.0)
+                                  .predict(X_test), LaplaceActiveSubspaceRegressor(**settings).fit(X, y)
+                                  .predict(X_test))
 
 
 # --------------------------------------------------------------------------------------- routing

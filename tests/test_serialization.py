@@ -556,28 +556,27 @@ def test_load_runs_only_reviewed_hooks_of_the_package():
 
 
 def test_an_estimator_pickling_hook_named_in_a_file_does_not_unpickle(saved, marker, tmp_path):
-    """The estimators' own __setstate__ loads their torch state from pickle bytes. A file that gives a torch blob
-    (whose unpickling would write the marker) as the state of an estimator, or of the class the estimators inherit
-    that hook from, gets an inert object or a refusal: nothing is unpickled, the payload never runs."""
+    """The estimators' pickling hooks carry their torch state as bytes. A file that gives such bytes (a torch blob
+    whose unpickling would write the marker) as the state of an estimator, or of the class the estimators inherit
+    that hook from, is refused, naming the attributes: nothing is unpickled, the payload never runs."""
     path, payload = marker
     blob = io.BytesIO()
     torch.save({"posterior_": _Payload(path)}, blob)
     owner = next(c for c in LaplaceActiveSubspaceRegressor.__mro__ if "__setstate__" in vars(c))
-    state = {"_glas_pickle": {"@": "tuple", "items": [glas_sklearn.__version__, 1]},
-             "_torch_state": {"@": "bytes", "b64": base64.b64encode(blob.getvalue()).decode()},
-             "_torch_device": "cpu"}
-    for cls in (owner, LaplaceActiveSubspaceRegressor):
-        schema, data = _read(saved)
-        schema["classes"].append({"module": cls.__module__, "name": cls.__qualname__})
-        schema["root"]["state"]["map"]["planted_"] = {"@": "object", "cls": len(schema["classes"]) - 1,
-                                                      "state": {"@": "dict", "map": state}}
-        edited = tmp_path / "hook.glas"
-        _write(edited, schema, data)
-        try:
-            loaded = safe_load(edited)
-        except ModelFileError:  # an abstract base class cannot be made
-            continue
-        assert type(loaded.planted_) is cls and isinstance(loaded.planted_._torch_state, bytes)
+    for key in ("_torch_state", "_glas_state"):
+        state = {"_glas_pickle": {"@": "tuple", "items": [glas_sklearn.__version__, 3]},
+                 key: {"@": "bytes", "b64": base64.b64encode(blob.getvalue()).decode()}}
+        for cls in (owner, LaplaceActiveSubspaceRegressor):
+            schema, data = _read(saved)
+            schema["classes"].append({"module": cls.__module__, "name": cls.__qualname__})
+            schema["root"]["state"]["map"]["planted_"] = {"@": "object", "cls": len(schema["classes"]) - 1,
+                                                          "state": {"@": "dict", "map": state}}
+            edited = tmp_path / "hook.glas"
+            _write(edited, schema, data)
+            refused = rf"attributes \['_glas_pickle', '{key}'\].*never writes" if cls is not owner else "abstract"
+            with pytest.raises(ModelFileError, match=refused):
+                safe_load(edited)
+    assert not pathlib.Path(path).exists()
 
 
 def test_the_object_graph_round_trips_whatever_its_layout(tmp_path):

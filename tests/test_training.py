@@ -472,7 +472,8 @@ def test_subsample_auto_builds_the_curvature_on_10000_of_more_rows(monkeypatch):
 @pytest.mark.parametrize("weighted", [False, True])
 def test_classifier_auto_weight_decay_is_logistic_regressions_prior(weighted):
     """weight_decay="auto": a linear network trained to convergence is scikit-learn's LogisticRegression(C=1) on the
-    standardised inputs (the same N(0, 1) prior; with sample_weight, C Σ w ℓ + ‖W‖² / 2), an independent solver."""
+    standardised inputs (the same N(0, 1) prior; with sample_weight, C Σ w ℓ + ‖W‖² / 2 with w normalised to mean
+    1), an independent solver."""
     from sklearn.linear_model import LogisticRegression
 
     rng = np.random.default_rng(0)
@@ -486,6 +487,7 @@ def test_classifier_auto_weight_decay_is_logistic_regressions_prior(weighted):
         posterior=LowRank(max_components=2), compute=Compute(dtype="float64"), random_state=0,
     ).fit(X, y, sample_weight=w, X_cal=X[:12], y_cal=y[:12])
     Z = (X - clf.x_mean_) / clf.x_scale_
+    w = None if w is None else w / w.mean()  # the weights' scale never matters: fit normalises them to mean 1
     ref = LogisticRegression(C=1.0, fit_intercept=False, tol=1e-12, max_iter=10_000).fit(Z, y, sample_weight=w)
     np.testing.assert_allclose(clf.module_.weight.detach().numpy(), ref.coef_, atol=1e-4)  # Adam converged
     # and not the unpenalised fit: the prior moves the weights by far more than that
@@ -570,8 +572,9 @@ def test_weight_decay_cv_in_the_regressor(caplog):
 
 
 def test_auto_weight_decay_by_estimator(monkeypatch):
-    """weight_decay="auto" resolves to 1 / n (the rows trained on, or the sum of their weights) for the classifier,
-    to 0 for the regressor; a number is used as given; the optimizer is built with the resolved value."""
+    """weight_decay="auto" resolves to 1 / n (the rows trained on, or the sum of their weights normalised to mean 1)
+    for the classifier, to 0 for the regressor; a number is used as given; the optimizer is built with the resolved
+    value."""
     assert _training.prior_weight_decay(400) == pytest.approx(1 / 400)
     assert _training.prior_weight_decay(100, prior_std=0.5) == pytest.approx(4 / 100)
     assert Training().weight_decay == "auto"
@@ -591,7 +594,7 @@ def test_auto_weight_decay_by_estimator(monkeypatch):
     # n_networks="auto": three networks, trained together (one optimizer, one group of their stacked weights)
     assert seen == [pytest.approx(1 / len(clf.train_indices_))]
     clf = LaplaceActiveSubspaceClassifier(**kw).fit(X, labels, sample_weight=w)
-    assert seen[-1] == pytest.approx(1 / w[clf.train_indices_].sum())
+    assert seen[-1] == pytest.approx(1 / (w / w.mean())[clf.train_indices_].sum())  # weights normalised to mean 1
     LaplaceActiveSubspaceClassifier(**{**kw, "training": Training(max_epochs=1, weight_decay=0.0,
                                                                   early_stopping=False)}).fit(X, labels)
     reg = LaplaceActiveSubspaceRegressor(**{**kw, "likelihood": "gaussian"}).fit(X, y)

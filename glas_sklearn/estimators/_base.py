@@ -5,7 +5,6 @@ the prediction helpers (rows checked, chunked within ``working_memory``, non-fin
 from __future__ import annotations
 
 import abc
-import io
 import logging
 import numbers
 import time
@@ -55,10 +54,11 @@ __all__ = ["Compute", "FitSettings", "LaplaceActiveSubspaceBase", "TaskComponent
 
 logger = logging.getLogger("glas_sklearn.estimators")
 
-# Fitted attributes (and the module parameter) that hold torch objects, saved through torch.save.
+# Fitted attributes (and the module parameter) that hold torch objects, pickled as the bytes of a model file.
 _TORCH_STATE = ("module", "module_", "posterior_")
-#: The layout of the pickled state; a pickle of another format is refused, not migrated.
-_PICKLE_FORMAT = 2
+#: The layout of the pickled state; a pickle of another format is refused, not migrated (3: the torch objects as a
+#: model file's bytes, where format 2 held torch.save's pickle bytes).
+_PICKLE_FORMAT = 3
 
 
 def check_level_list(confidence_level) -> list[float]:
@@ -485,21 +485,27 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
 
     # ---------------------------------------------------------------------------------------- pickling
     def __getstate__(self) -> dict:
-        # torch objects through torch.save (a CUDA pickle loads on a CPU-only machine), stamped with the version
-        state = dict(super().__getstate__())
+        # The torch objects as the bytes of a model file (glas_sklearn.save's format: data only, device-portable),
+        # never torch.save: what __setstate__ reads is never unpickled. Attributes named as the pickling keys are
+        # never carried over from __dict__ (a loaded object graph cannot smuggle bytes for __setstate__ to read).
+        from ..serialization import ModelFileError, dumps_state
+        from ..serialization._format import PICKLING_KEYS
+
+        state = {k: v for k, v in super().__getstate__().items() if k not in PICKLING_KEYS}
         state["_glas_pickle"] = (__version__, _PICKLE_FORMAT)
         torch_part = {k: state.pop(k) for k in _TORCH_STATE if k in state}
         if any(v is not None for v in torch_part.values()):
-            buffer = io.BytesIO()
-            torch.save(torch_part, buffer)
-            state["_torch_state"] = buffer.getvalue()
-            post = torch_part.get("posterior_")
-            state["_torch_device"] = str(post.device) if post is not None else None
+            try:
+                state["_glas_state"] = dumps_state(torch_part)
+            except ModelFileError:  # a user's module the format cannot hold (a class defined in a function):
+                state.update(torch_part)  # carried as live objects, as pickle and deepcopy treat any object
         else:
             state.update(torch_part)
         return state
 
     def __setstate__(self, state: dict) -> None:
+        from ..serialization import loads_state
+
         state = dict(state)
         stamp = state.pop("_glas_pickle", None)
         if stamp is None or tuple(stamp)[1:] != (_PICKLE_FORMAT,):
@@ -509,14 +515,11 @@ class LaplaceActiveSubspaceBase(BaseEstimator, metaclass=abc.ABCMeta):
                              f"of its own format ({_PICKLE_FORMAT}): states of other formats are not migrated. Refit "
                              f"the estimator with glas-sklearn {__version__} and pickle it again (or load it with the "
                              "version that saved it).")
-        blob = state.pop("_torch_state", None)
-        saved_device = state.pop("_torch_device", None)
+        for key in ("_torch_state", "_torch_device"):  # torch.save bytes of format 2: never unpickled
+            state.pop(key, None)
+        blob = state.pop("_glas_state", None)
         if blob is not None:
-            map_location = None if torch.cuda.is_available() else "cpu"
-            if map_location == "cpu" and saved_device is not None and saved_device != "cpu":
-                logger.info("%s was fitted on %s; CUDA is not available here, so it is loaded on the CPU.",
-                            self._name, saved_device)
-            state.update(torch.load(io.BytesIO(blob), map_location=map_location, weights_only=False))
+            state.update(loads_state(blob))
         super().__setstate__(state)
 
     # ------------------------------------------------------------------------------ hooks of the subclasses

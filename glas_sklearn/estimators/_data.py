@@ -11,7 +11,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import scipy.sparse as sp
 import torch
-from sklearn.utils.validation import _check_sample_weight, check_array, check_X_y, validate_data
+from sklearn.utils.validation import _check_sample_weight, _num_samples, check_array, check_X_y, validate_data
+
+from .._checks import normalized_sample_weight
 
 __all__ = ["InputEncoder", "LabelTargets", "PreparedData", "TargetScaler", "check_sample_weight", "prepare_data",
            "standardisation"]
@@ -304,12 +306,14 @@ class PreparedData:
 
 
 def check_sample_weight(sample_weight, X, owner: str) -> tuple[np.ndarray | None, np.ndarray | None]:
-    """``sample_weight`` checked (one finite, non-negative weight per row, not all zero): the weights of the rows
-    of positive weight (None when not given or all ones) and those rows' positions in ``X`` (None when there is
+    """``sample_weight`` checked (one finite, non-negative weight per row, not all zero) and normalised to a mean of
+    1 over the rows of positive weight (so that its scale never matters): the weights of those rows (None when not
+    given or uniform) and those rows' positions in ``X`` (None when there is
     no zero weight)."""
     if sample_weight is None:
         return None, None
-    weight = _check_sample_weight(sample_weight, X, dtype=np.float64, ensure_non_negative=True)
+    weight = _check_sample_weight(normalized_sample_weight(sample_weight, _num_samples(X), owner), X,
+                                  dtype=np.float64)
     if np.all(weight == 1.0):
         return None, None
     kept = np.flatnonzero(weight > 0)

@@ -10,6 +10,7 @@ from sklearn.base import ClassifierMixin
 from sklearn.utils.multiclass import check_classification_targets
 from sklearn.utils.validation import check_is_fitted
 
+from .._checks import check_class_labels
 from .._constraints import Interval
 from .._threads import scoped_threads
 from ..likelihoods import Categorical
@@ -130,6 +131,8 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
     def _validate_train(self, X, y, settings):
         X, y, inputs = InputEncoder.from_fit_rows(self, X, y, module=self.module,
                                                   padding_idx=settings.compute.padding_idx)
+        if np.asarray(y).dtype == object:
+            check_class_labels(y, self._name)
         check_classification_targets(y)
         self.classes_, codes = np.unique(y, return_inverse=True)
         if len(self.classes_) < 2:

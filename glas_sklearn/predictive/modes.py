@@ -177,7 +177,17 @@ class Sampled(PredictiveMode):
         return OutputMoments(samples.mean(0), samples.var(0, unbiased=False), samples)
 
     def interval(self, moments, confidence_levels, noise_var=0.0):
-        return sampled_interval(moments.samples, confidence_levels, noise_var=noise_var)[1]
+        """The central sample (or mixture) quantile intervals, each widened to hold the point prediction (the
+        sample mean): a central interval is built around the median, so at low levels (0.05, 1e-12: nearly the
+        median alone) it would miss a mean that a skewed sample puts beside it."""
+        bounds = sampled_interval(moments.samples, confidence_levels, noise_var=noise_var)[1]
+        mean = moments.mean
+        if isinstance(bounds, torch.Tensor):
+            point = torch.as_tensor(mean, dtype=bounds.dtype, device=bounds.device).unsqueeze(-1)
+            return torch.stack([torch.minimum(bounds[..., 0, :], point), torch.maximum(bounds[..., 1, :], point)],
+                               -2)
+        point = np.asarray(mean, dtype=bounds.dtype)[..., None]
+        return np.stack([np.minimum(bounds[..., 0, :], point), np.maximum(bounds[..., 1, :], point)], -2)
 
     def probabilities(self, posterior, X, d, *, n_samples=1000, random_state=None, linearized_method="probit",
                       generator=None, batch_size=None, mean=None):

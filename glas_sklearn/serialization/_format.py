@@ -8,8 +8,8 @@ import functools
 import torch
 from sklearn.base import BaseEstimator
 
-__all__ = ["ALIGN", "DATA_MEMBER", "FORMAT", "FORMAT_VERSION", "ModelFileError", "SCHEMA_MEMBER", "VALUE_NODES",
-           "class_path", "dtype_name", "state_is_dict", "torch_dtype"]
+__all__ = ["ALIGN", "DATA_MEMBER", "FORMAT", "FORMAT_VERSION", "MAX_SCHEMA_BYTES", "ModelFileError", "PICKLING_KEYS",
+           "SCHEMA_MEMBER", "VALUE_NODES", "class_path", "dtype_name", "state_is_dict", "torch_dtype"]
 
 #: The ``format`` a model file names in its ``model.json``.
 FORMAT = "glas-sklearn-model"
@@ -17,10 +17,17 @@ FORMAT = "glas-sklearn-model"
 FORMAT_VERSION = 1
 SCHEMA_MEMBER, DATA_MEMBER = "model.json", "data.bin"
 ALIGN = 64  # every storage and array starts at a multiple of this many bytes of data.bin
+#: The most bytes ``model.json`` may hold: an estimator's object graph is a few hundred kilobytes of JSON (the
+#: tensors and arrays are in ``data.bin``); a larger one is refused before it is read.
+MAX_SCHEMA_BYTES = 64 << 20
+#: Names the estimators' pickling hooks (``__getstate__`` / ``__setstate__``) put in the state they hand to pickle,
+#: never attributes of a live object: a file whose object states hold any of them is refused, so that nothing read
+#: from a file is ever interpreted by a pickling hook (a deep copy, a pickle, ``sklearn.base.clone``).
+PICKLING_KEYS = frozenset({"_glas_pickle", "_glas_state", "_torch_state", "_torch_device"})
 #: Nodes that stand for a value (no identity to keep): never memoised, never the target of a reference.
 VALUE_NODES = frozenset({"tuple", "frozenset", "bytes", "complex", "torch.dtype", "torch.device", "torch.Size",
                          "numpy.scalar", "numpy.dtype", "builtin_type", "numpy.type", "type", "enum",
-                         "namedtuple", "function", "pandas.RangeIndex"})
+                         "namedtuple", "function", "pandas.RangeIndex", "slice", "numpy.ufunc"})
 
 
 class ModelFileError(ValueError):
@@ -57,8 +64,8 @@ def _subclasses(cls: type):
 def state_is_dict(cls: type) -> bool:
     """Whether objects of ``cls`` are stored as their ``__dict__`` and restored by a ``__dict__`` update, with no
     pickling hook of theirs run: scikit-learn estimators, and every class whose ``__getstate__`` or
-    ``__setstate__`` an estimator inherits (the estimators' pickling hooks, which carry the torch state as pickle
-    bytes). Other classes go through their ``__getstate__`` and ``__setstate__``, as pickle does."""
+    ``__setstate__`` an estimator inherits (the estimators' pickling hooks, which carry the torch state as bytes
+    for pickle). Other classes go through their ``__getstate__`` and ``__setstate__``, as pickle does."""
     if issubclass(cls, BaseEstimator):
         return True
     hooks = [next((c for c in cls.__mro__ if name in vars(c)), object) for name in ("__getstate__", "__setstate__")]

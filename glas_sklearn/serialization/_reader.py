@@ -16,7 +16,8 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ._format import ModelFileError, state_is_dict, torch_dtype
+from ._consistency import check_state, check_tensor_layout
+from ._format import ALIGN, PICKLING_KEYS, ModelFileError, state_is_dict, torch_dtype
 from ._trust import BUILTIN_TYPES, FUNCTION_TYPES
 
 __all__ = ["Reader", "device_available"]
@@ -48,6 +49,7 @@ class Reader:
         self.storages = storages
         self._storages: dict[int, torch.UntypedStorage] = {}
         self._refs: dict[int, Any] = {}
+        self._spans: dict[int, int] = {}  # offset → bytes of every storage and array read from data.bin
 
     # --------------------------------------------------------------- devices
     def device(self, recorded: str) -> torch.device:
@@ -80,9 +82,31 @@ class Reader:
             entry = self.storages[index]
             offset, nbytes = entry["at"], entry["nbytes"]
             self._check_span(offset, nbytes)
+            if nbytes:
+                if offset in self._spans:
+                    raise ModelFileError(f"The model file places two storages at byte {offset} of its data: it was "
+                                         "edited.")
+                self._spans[offset] = nbytes
             flat = torch.from_numpy(self.data[offset:offset + nbytes])  # a view of the file's buffer: no copy
             self._storages[index] = flat.to(self.device(entry["device"])).untyped_storage()
         return self._storages[index]
+
+    def check_layout(self) -> None:
+        """After the walk: the storages and arrays read tile data.bin as save lays them out (each at an aligned
+        offset, none overlapping another, nothing but padding between them), so that no offset or size edited to
+        point at other bytes goes unnoticed."""
+        for index in range(len(self.storages)):
+            self._storage(index)
+        end = 0
+        for offset in sorted(self._spans):
+            if offset % ALIGN or offset < end or offset - end >= ALIGN:
+                raise ModelFileError(f"The model file's arrays and tensors do not tile its data as glas_sklearn.save "
+                                     f"writes it (one starts at byte {offset}, after one ending at byte {end}): the "
+                                     "file was edited.")
+            end = offset + self._spans[offset]
+        if len(self.data) - end >= ALIGN:
+            raise ModelFileError(f"The model file's data holds {len(self.data) - end} bytes that no array or tensor "
+                                 "uses: the file was edited.")
 
     # ------------------------------------------------------------------ walk
     def decode(self, node):
@@ -144,6 +168,18 @@ class Reader:
     def _complex(self, node):
         return complex(float(node["re"]), float(node["im"]))
 
+    def _slice(self, node):
+        start, stop, step = (self.decode(v) for v in node["items"])
+        if not all(v is None or type(v) is int for v in (start, stop, step)):
+            raise ModelFileError(f"The model file holds a slice of {start!r}, {stop!r}, {step!r}: not integers.")
+        return slice(start, stop, step)
+
+    def _ufunc(self, node):
+        ufunc = getattr(np, str(node["name"]), None) if str(node["name"]).isidentifier() else None
+        if not isinstance(ufunc, np.ufunc):
+            raise ModelFileError(f"The model file names the numpy ufunc {node['name']!r}, which is not one.")
+        return ufunc
+
     def _torch_dtype(self, node):
         return torch_dtype(node["name"])
 
@@ -171,6 +207,7 @@ class Reader:
         offset = int(node["offset"])
         if len(shape) != len(stride) or min(shape + stride + [offset], default=0) < 0:
             raise ModelFileError(f"The model file holds a tensor of shape {shape} and stride {stride}: it is damaged.")
+        check_tensor_layout(shape, stride)
         itemsize = torch.empty(0, dtype=dtype).element_size()
         last = offset + sum((n - 1) * s for n, s in zip(shape, stride, strict=True)) if all(shape) else offset - 1
         if (last + 1) * itemsize > storage.nbytes():
@@ -188,7 +225,13 @@ class Reader:
 
     def _array(self, node):
         shape = tuple(int(v) for v in node["shape"])
+        if any(n < 0 for n in shape):
+            raise ModelFileError(f"The model file holds an array of shape {shape}: it is damaged or was edited.")
         if node["dtype"] == "|O":
+            if type(node["items"]) is not list or len(node["items"]) != math.prod(shape):
+                raise ModelFileError(f"The model file holds an object array of shape {shape} with "
+                                     f"{len(node['items']) if type(node['items']) is list else 'no'} items: it is "
+                                     "damaged or was edited.")  # checked before the array is made
             out = np.empty(shape, dtype=object)
             self._keep(node, out)
             items = [self.decode(v) for v in node["items"]]
@@ -204,7 +247,13 @@ class Reader:
         if nbytes != math.prod(shape) * dtype.itemsize:
             raise ModelFileError(f"The model file holds an array of shape {shape} and dtype {dtype} in {nbytes!r} "
                                  "bytes: it is damaged or was edited.")
+        if nbytes:
+            if offset in self._spans:
+                raise ModelFileError(f"The model file places two arrays at byte {offset} of its data: it was edited.")
+            self._spans[offset] = nbytes
         flat = self.data[offset:offset + nbytes].view(dtype)  # a view of the file's buffer: no copy
+        if node["order"] not in ("C", "F"):
+            raise ModelFileError(f"The model file holds an array of memory order {node['order']!r}, not 'C' or 'F'.")
         out = flat.reshape(shape[::-1]).T if node["order"] == "F" else flat.reshape(shape)
         return self._keep(node, out)
 
@@ -287,6 +336,14 @@ class Reader:
                                  "it is not: the file was edited.")
         obj = self._keep(node, cls.__new__(cls))  # as pickle makes objects: no __init__
         state = self.decode(node.get("state"))
+        held = state[0] if isinstance(state, tuple) and len(state) == 2 else state
+        planted = sorted(PICKLING_KEYS.intersection(held)) if isinstance(held, dict) else []
+        if planted:  # what a pickling hook would interpret (bytes to unpickle): never an attribute a save writes
+            raise ModelFileError(f"The model file gives a {cls.__module__}.{cls.__qualname__} the attributes "
+                                 f"{planted}, which only the estimators' pickling hooks use and glas_sklearn.save "
+                                 "never writes: the file was edited to carry bytes that a later copy, pickle or "
+                                 "clone would unpickle. Nothing was made.")
+        check_state(cls, state)
         if state_is_dict(cls):  # an estimator: its __dict__, none of its pickling hooks run
             if type(state) is not dict or not all(type(k) is str for k in state):
                 raise ModelFileError(f"The model file holds a {cls.__qualname__} whose state is not a dict of names.")
@@ -351,7 +408,8 @@ def _default_setstate(obj, state) -> None:
 _DECODERS = {
     "ref": Reader._ref, "list": Reader._list, "dict": Reader._dict, "OrderedDict": Reader._dict,
     "tuple": Reader._tuple, "set": Reader._set, "frozenset": Reader._frozenset, "bytes": Reader._bytes_node,
-    "bytearray": Reader._bytes_node, "complex": Reader._complex, "tensor": Reader._tensor,
+    "bytearray": Reader._bytes_node, "complex": Reader._complex, "slice": Reader._slice, "numpy.ufunc": Reader._ufunc,
+    "tensor": Reader._tensor,
     "torch.dtype": Reader._torch_dtype, "torch.device": Reader._torch_device, "torch.Size": Reader._torch_size,
     "torch.Generator": Reader._generator, "ndarray": Reader._array, "numpy.scalar": Reader._numpy_scalar,
     "numpy.dtype": Reader._numpy_dtype, "numpy.type": Reader._numpy_type, "builtin_type": Reader._builtin_type,

@@ -7,13 +7,23 @@ import importlib
 import types
 
 import numpy as np
-from sklearn.compose import TransformedTargetRegressor
-from sklearn.pipeline import Pipeline
+from sklearn.compose import ColumnTransformer, TransformedTargetRegressor
+from sklearn.impute import MissingIndicator, SimpleImputer
+from sklearn.pipeline import FeatureUnion, Pipeline
 from sklearn.preprocessing import (
+    Binarizer,
+    FunctionTransformer,
+    KBinsDiscretizer,
     LabelBinarizer,
     LabelEncoder,
+    MaxAbsScaler,
     MinMaxScaler,
+    Normalizer,
     OneHotEncoder,
+    OrdinalEncoder,
+    PolynomialFeatures,
+    PowerTransformer,
+    QuantileTransformer,
     RobustScaler,
     StandardScaler,
 )
@@ -21,17 +31,20 @@ from sklearn.preprocessing import (
 from ._format import ModelFileError, class_path
 
 __all__ = ["BUILTIN_TYPES", "FUNCTION_TYPES", "TRUSTED_CLASSES", "TRUSTED_FUNCTION_MODULES", "TRUSTED_PACKAGES",
-           "import_attribute", "resolve_classes", "trusted_names"]
+           "describe_classes", "import_attribute", "resolve_classes", "trusted_names"]
 
 #: Packages whose classes load without being trusted: glas-sklearn's own, torch.nn's built-in layers and
 #: torch.optim's optimizers (named by a ``optimizer=`` setting).
 TRUSTED_PACKAGES = ("glas_sklearn", "torch.nn.modules", "torch.optim")
-#: Classes of other packages that load without being trusted: the scikit-learn composites glas_sklearn.compose
-#: serves and a few preprocessing steps (restored by ``__dict__``, as scikit-learn estimators are), numpy's random
-#: generators (restored through their state).
+#: Classes of other packages that load without being trusted: scikit-learn's composites (Pipeline, ColumnTransformer,
+#: FeatureUnion, TransformedTargetRegressor) and the tabular preprocessing steps users put before a network (restored
+#: by ``__dict__``, as scikit-learn estimators are: none of their code runs at load; a FunctionTransformer's function
+#: is checked as any function is, a numpy ufunc being data), numpy's random generators (restored through their state).
 TRUSTED_CLASSES = frozenset(f"{c.__module__}.{c.__qualname__}" for c in (
-    Pipeline, TransformedTargetRegressor, StandardScaler, MinMaxScaler, RobustScaler, LabelEncoder, LabelBinarizer,
-    OneHotEncoder,
+    Pipeline, ColumnTransformer, FeatureUnion, TransformedTargetRegressor, FunctionTransformer,
+    StandardScaler, MinMaxScaler, MaxAbsScaler, RobustScaler, QuantileTransformer, PowerTransformer, Normalizer,
+    Binarizer, KBinsDiscretizer, PolynomialFeatures, OneHotEncoder, OrdinalEncoder, SimpleImputer, MissingIndicator,
+    LabelEncoder, LabelBinarizer,
     np.random.RandomState, np.random.Generator, np.random.PCG64, np.random.PCG64DXSM, np.random.MT19937,
     np.random.Philox, np.random.SFC64))
 #: Modules whose functions load without being trusted (a network's activation held as a function): torch's
@@ -86,6 +99,21 @@ def import_attribute(module: str, name: str):
     for part in name.split("."):
         target = getattr(target, part)
     return target
+
+
+def describe_classes(entries) -> list[dict]:
+    """The class table's entries as ``{"name", "kind", "trusted"}`` (trusted: on the allow-list), sorted by name;
+    nothing is imported. A malformed table is refused."""
+    if not isinstance(entries, list) or not all(isinstance(e, dict) for e in entries):
+        raise ModelFileError("The model file's class table is damaged (not a list of {module, name}).")
+    out = {}
+    for entry in entries:
+        module, name, kind = entry.get("module"), entry.get("name"), entry.get("kind", "class")
+        if not (isinstance(module, str) and isinstance(name, str) and kind in ("class", "function")):
+            raise ModelFileError(f"The model file's class table holds {entry!r}, which is no class entry.")
+        out[f"{module}.{name}"] = {"name": f"{module}.{name}", "kind": kind,
+                                   "trusted": _trusted_by_default(module, name, kind)}
+    return [out[key] for key in sorted(out)]
 
 
 def resolve_classes(entries, trusted: frozenset[str]) -> list:

@@ -13,7 +13,7 @@ import pandas as pd
 import torch
 from torch import nn
 
-from ._format import ALIGN, VALUE_NODES, ModelFileError, class_path, dtype_name, state_is_dict
+from ._format import ALIGN, PICKLING_KEYS, VALUE_NODES, ModelFileError, class_path, dtype_name, state_is_dict
 from ._trust import BUILTIN_TYPES, FUNCTION_TYPES, import_attribute
 
 __all__ = ["Writer"]
@@ -55,9 +55,12 @@ class Writer:
         """The index of ``cls`` (a class, or a function when ``kind="function"``) in the class table."""
         module, name = class_path(cls)
         if "<locals>" in name or "<lambda>" in name:
+            way_out = (" (glas_sklearn.load then needs trusted=[its import path]), or, for arithmetic on arrays "
+                       "such as a FunctionTransformer's or a TransformedTargetRegressor's func, use a numpy ufunc "
+                       "(np.log1p / np.expm1), which is stored as data" if kind == "function" else "")
             raise ModelFileError(f"{where} is the {kind} {module}.{name}, defined inside a function (or a lambda): a "
-                                 f"model file names a {kind} by its import path. Define it at the top level of a "
-                                 "module.")
+                                 f"model file holds data, not code, and names a {kind} by its import path. Define it "
+                                 f"at the top level of a module{way_out}.")
         key = (module, name)
         if key not in self._class_index:
             try:
@@ -117,6 +120,12 @@ class Writer:
             return {"@": t.__name__, "b64": base64.b64encode(obj).decode("ascii")}
         if t is complex:
             return {"@": "complex", "re": obj.real, "im": obj.imag}
+        if t is slice:
+            return {"@": "slice", "items": self._items((obj.start, obj.stop, obj.step), where)}
+        if isinstance(obj, np.ufunc):  # by its name in numpy's namespace (np.log1p): arithmetic on arrays only
+            if getattr(np, obj.__name__, None) is not obj:
+                raise ModelFileError(f"{where} is the numpy ufunc {obj.__name__}, which is not numpy's own.")
+            return {"@": "numpy.ufunc", "name": obj.__name__}
         if isinstance(obj, torch.Tensor):
             return self._tensor(obj, where)
         if t is torch.dtype:
@@ -179,6 +188,11 @@ class Writer:
         self._alive.append(obj)
         state = dict(vars(obj)) if state_is_dict(t) else obj.__getstate__()
         self._alive.append(state)
+        held = state[0] if isinstance(state, tuple) and len(state) == 2 else state
+        planted = sorted(PICKLING_KEYS.intersection(held)) if isinstance(held, dict) else []
+        if planted:
+            raise ModelFileError(f"{where} holds the attributes {planted}, which only the estimators' pickling hooks "
+                                 "use (pickle bytes): a model file never stores them. Delete them from the object.")
         node["state"] = self.encode(state, where)
         return node
 
