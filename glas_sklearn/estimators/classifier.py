@@ -13,6 +13,7 @@ from sklearn.utils.validation import check_is_fitted
 from .._constraints import Interval
 from .._threads import scoped_threads
 from ..likelihoods import Categorical
+from ..scale_out import is_dask_collection, map_prediction
 from ._base import ATTRIBUTES_DOC, PARAMETERS_DOC, LaplaceActiveSubspaceBase
 from ._data import InputEncoder, LabelTargets
 
@@ -153,6 +154,8 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         """Class probabilities under the GLAS predictive, (n_samples, n_classes) in ``classes_`` order, rows
         summing to 1 (renormalised in float64); ``X`` of shape (n_samples, n_features) or
         ``(n_samples, *input_shape_)``."""
+        if is_dask_collection(X):  # a Dask Array computed on the workers (glas_sklearn.scale_out)
+            return map_prediction(self, X, "predict_proba")
         return self._proba_array(X, "predict_proba")
 
     def _proba_array(self, X, method=None) -> np.ndarray:
@@ -162,6 +165,8 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
     @scoped_threads
     def predict(self, X) -> np.ndarray:
         """The most probable class label under the GLAS predictive, shape (n_samples,)."""
+        if is_dask_collection(X):  # a Dask Array computed on the workers (glas_sklearn.scale_out)
+            return map_prediction(self, X, "predict")
         proba = self._proba_array(X)
         return self.classes_[np.argmax(proba, axis=1)]
 
@@ -171,6 +176,8 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         bool (n_samples, n_classes, k), each class's membership (``classes_`` order) per level. Split-conformal
         under a conformal calibration (LAC by default, never empty), else the smallest set of classes whose
         probability reaches the level."""
+        if is_dask_collection(X):  # Dask Arrays computed on the workers (glas_sklearn.scale_out)
+            return map_prediction(self, X, "predict_set", confidence_level=confidence_level)
         check_is_fitted(self, "posterior_")
         levels = self._levels(confidence_level)
         probs = self._proba_tensor(X, "predict_set")
