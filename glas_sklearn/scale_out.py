@@ -75,8 +75,12 @@ def model_payload(estimator) -> ModelPayload:
     buffer = io.BytesIO()
     try:
         save(estimator, buffer)
-    except ModelFileError:  # holds code (a lambda, a local class): the caller's own object, pickled
-        data = pickle.dumps(estimator, protocol=pickle.HIGHEST_PROTOCOL)
+    except ModelFileError:  # holds code (a lambda, a local class): the caller's own object, pickled by value
+        try:
+            import cloudpickle as pickler  # installed with dask: lambdas and local classes too
+        except ImportError:
+            pickler = pickle
+        data = pickler.dumps(estimator, protocol=pickle.HIGHEST_PROTOCOL)
         return ModelPayload(hashlib.sha256(data).hexdigest(), "pickle", data)
     data = buffer.getvalue()
     digest = hashlib.sha256()
@@ -277,8 +281,8 @@ def _flat_columns(method: str | Callable, outputs: Iterable[np.ndarray]) -> dict
 
 
 def batch_predictor(model_path: str | os.PathLike, method: str | Callable = "predict_interval", *,
-                    feature_columns: list[str] | None = None, trusted: Iterable[str] = (),
-                    **kwargs) -> Callable[[Iterator], Iterator]:
+                    feature_columns: list[str] | None = None, keep_columns: Iterable[str] = (),
+                    trusted: Iterable[str] = (), **kwargs) -> Callable[[Iterator], Iterator]:
     """The function Spark's ``DataFrame.mapInPandas`` calls: pandas batches in, predictions out as columns.
 
     The model file (written by :func:`glas_sklearn.save`, readable on every executor) is loaded once per
@@ -294,6 +298,8 @@ def batch_predictor(model_path: str | os.PathLike, method: str | Callable = "pre
         :func:`glas_sklearn.predict_set` for a saved Pipeline.
     feature_columns : list of str, optional
         The columns given to the model (default: all of the batch).
+    keep_columns : iterable of str
+        Columns of the batch copied to the output first (a row id to join on).
     trusted : iterable of str
         Classes beyond :func:`glas_sklearn.load`'s allow-list (a prefit network's own class).
     **kwargs
@@ -302,10 +308,11 @@ def batch_predictor(model_path: str | os.PathLike, method: str | Callable = "pre
     Returns
     -------
     callable
-        ``f(batches) -> batches``; the output columns are named by :func:`output_schema`.
+        ``f(batches) -> batches``: the kept columns, then the outputs' columns as :func:`output_schema` names
+        them (``y_pred``, ``y_pis_<bound>_<level>``, ``proba_<class>``, ``sets_<class>_<level>``).
     """
     path = os.fspath(model_path)
-    trusted = tuple(trusted)
+    trusted, keep = tuple(trusted), list(keep_columns)
 
     def predict_batches(batches):
         import pandas as pd
@@ -313,7 +320,8 @@ def batch_predictor(model_path: str | os.PathLike, method: str | Callable = "pre
         model = _file_model(path, trusted)
         for batch in batches:
             X = batch if feature_columns is None else batch[feature_columns]
-            yield pd.DataFrame(_flat_columns(method, _as_tuple(_call(model, method, X, kwargs))))
+            columns = _flat_columns(method, _as_tuple(_call(model, method, X, kwargs)))
+            yield pd.concat([batch[keep].reset_index(drop=True), pd.DataFrame(columns)], axis=1)
 
     return predict_batches
 
