@@ -264,7 +264,7 @@ _IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 BENCHMARK_GROUPS = [
     ("Regression intervals", ["uci", "regional_coverage"]),
     ("The paper's studies", ["paper_1d", "paper_concrete", "paper_smiles"]),
-    ("Speed and serving", ["bench_ggn", "default_fit", "serving"]),
+    ("Speed and serving", ["bench_ggn", "default_fit", "serving", "scale_out"]),
     ("Classification", ["digits_cnn"]),
     ("Other measurements", []),
 ]
