@@ -56,9 +56,9 @@ templates_path = ["_templates"]
 # import path whose module does not exist (yet) is left out, and a public module listed nowhere is a warning.
 API_TOPICS = [
     ("estimators", "Estimators, Pipelines and model files",
-     "The regressor and the classifier, intervals or prediction sets through Pipelines, and model files that "
-     "hold data only.",
-     ["glas_sklearn", "glas_sklearn.compose", "glas_sklearn.serialization"]),
+     "The regressor and the classifier, intervals or prediction sets through Pipelines, model files that "
+     "hold data only, and predictions over Dask and Spark.",
+     ["glas_sklearn", "glas_sklearn.compose", "glas_sklearn.serialization", "glas_sklearn.scale_out"]),
     ("metrics", "Metrics", "Coverage, width and the interval (Winkler) score, and a scorer for model selection.",
      ["glas_sklearn.metrics", "glas_sklearn.regional_coverage"]),
     ("calibration", "Calibration",

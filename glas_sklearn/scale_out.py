@@ -39,8 +39,8 @@ import numpy as np
 
 from .serialization import ModelFileError, load, save
 
-__all__ = ["batch_predictor", "is_dask_collection", "map_prediction", "output_schema", "predict", "predict_proba",
-           "worker_cache_info"]
+__all__ = ["ModelPayload", "batch_predictor", "is_dask_collection", "map_prediction", "model_payload",
+           "output_schema", "predict", "predict_proba", "worker_cache_info"]
 
 #: Models a worker process keeps loaded at once (least recently used dropped first).
 CACHE_SIZE = 4
