@@ -126,7 +126,7 @@ def worker_cache_info() -> dict:
 # ------------------------------------------------------------------------------------------- one partition
 @dataclass(frozen=True)
 class _Output:
-    """One output of a prediction: its shape after the rows, dtype and name."""
+    """One output of a prediction: its shape after the rows, and its dtype."""
 
     trailing: tuple[int, ...]
     dtype: np.dtype
@@ -233,7 +233,7 @@ def map_prediction(estimator, X, call: str | Callable, **kwargs):
     payload = model_payload(estimator)
     call_name = call if isinstance(call, str) else f"{call.__module__}.{call.__qualname__}"
     token = tokenize(payload.key, [p.key for p in parts], call_name, kwargs)
-    shipped = dask.delayed(payload, name=f"glas-model-{payload.key[:16]}")  # one key: fetched once per worker
+    shipped = dask.delayed(payload, name=f"glas-model-{payload.key[:16]}", traverse=False)  # fetched once per worker
     tasks = [dask.delayed(_predict_partition, pure=True)(shipped, part, call, kwargs, specs,
                                                          dask_key_name=f"glas-{call_name}-{token}-{i}")
              for i, part in enumerate(parts)]
