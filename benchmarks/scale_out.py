@@ -7,7 +7,9 @@ then persisted), so the timing is the prediction and the gathering of its result
 model travels once per worker inside the graph. One process: ``predict_interval`` on the same rows as one numpy
 array. Each worker and the one process run one torch thread (``OMP_NUM_THREADS=1``, the Nanny's default), under
 ``nice``. Rounds alternate between the configurations (``--rounds``, default 2), each run preceded by a small warm-up
-call; medians reported, with the load average around each run, since the machine may be shared.
+call; medians reported, with the load average around each run, since the machine may be shared. One worker is
+measured twice: with the Nanny's default ``MALLOC_TRIM_THRESHOLD_=65536`` and with glibc's own threshold (the
+2-worker cluster's setting).
 
 Usage::
 
@@ -78,7 +80,8 @@ def _on_cluster(client, est, n: int) -> tuple[float, np.ndarray, float, float]:
     per = n // PARTITIONS
     frame = dd.from_map(_rows, range(PARTITIONS), n=per, meta=_rows(0, 0)).persist()
     wait(frame)
-    est.predict_interval(frame.partitions[:2])[1].compute()  # warm-up: the model loaded on the workers
+    # warm-up: 10 rows of every partition, where it lives, so that every worker holding rows loads the model
+    est.predict_interval(frame.map_partitions(lambda part: part.iloc[:10]))[1].compute()
     load0, t0 = _load(), time.perf_counter()
     _, y_pis = est.predict_interval(frame)
     got = y_pis.compute()
@@ -87,38 +90,53 @@ def _on_cluster(client, est, n: int) -> tuple[float, np.ndarray, float, float]:
     return seconds, got, load0, _load()
 
 
+#: The clusters measured: (name, workers, whether the Nanny sets Dask's MALLOC_TRIM_THRESHOLD_=65536).
+CLUSTERS = [("1 worker, Dask's malloc trim", 1, True), ("1 worker", 1, False), ("2 workers", 2, False)]
+
+
+def _cluster(workers: int, dask_trim: bool):
+    """A LocalCluster of ``workers`` processes; without ``dask_trim`` the Nanny leaves glibc's own trim threshold
+    (Dask's default, MALLOC_TRIM_THRESHOLD_=65536, returns freed memory to the system at every chunk: slower)."""
+    import dask
+    from distributed import LocalCluster
+
+    environ = dict(dask.config.get("distributed.nanny.pre-spawn-environ"))
+    if not dask_trim:
+        environ.pop("MALLOC_TRIM_THRESHOLD_", None)
+    with dask.config.set({"distributed.nanny.pre-spawn-environ": environ}):
+        return LocalCluster(n_workers=workers, processes=True, threads_per_worker=1, host="127.0.0.1",
+                            dashboard_address=None)
+
+
 def run(rows: int, rounds: int) -> dict:
-    from distributed import Client, LocalCluster
+    from distributed import Client
 
     est = _fit()
     X = pd.concat([_rows(i, rows // PARTITIONS) for i in range(PARTITIONS)], ignore_index=True)
     env = os.environ.get("PYTHONPATH", "")
     os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[1]), env])
-    runs = {"one process": [], "1 worker": [], "2 workers": []}
+    runs = {"one process": [], **{name: [] for name, _, _ in CLUSTERS}}
     memory, max_diff = {}, 0.0
     clusters = {}
     try:
-        for workers in (1, 2):
-            cluster = LocalCluster(n_workers=workers, processes=True, threads_per_worker=1, host="127.0.0.1",
-                                   dashboard_address=None)
-            clusters[workers] = (cluster, Client(cluster, set_as_default=False))
+        for name, workers, dask_trim in CLUSTERS:
+            cluster = _cluster(workers, dask_trim)
+            clusters[name] = (cluster, Client(cluster, set_as_default=False))
         for _ in range(rounds):
             seconds, ref, l0, l1 = _in_process(est, X)
             runs["one process"].append({"seconds": seconds, "load_before": l0, "load_after": l1})
-            for workers, (_, client) in clusters.items():
+            for name, (_, client) in clusters.items():
                 with client.as_current():
                     seconds, got, l0, l1 = _on_cluster(client, est, rows)
                 max_diff = max(max_diff, float(np.abs(got - ref).max()))
-                runs[f"{workers} worker{'s' if workers > 1 else ''}"].append(
-                    {"seconds": seconds, "load_before": l0, "load_after": l1})
-                memory[workers] = list(client.run(_peak_rss_mb).values())
+                runs[name].append({"seconds": seconds, "load_before": l0, "load_after": l1})
+                memory[name] = list(client.run(_peak_rss_mb).values())
     finally:
         for cluster, client in clusters.values():
             client.close()
             cluster.close()
     out = {"rows": rows, "partitions": PARTITIONS, "rounds": rounds, "max_abs_difference": max_diff,
-           "configurations": {}, "worker_memory_mb": {str(k): v for k, v in memory.items()},
-           "one_process_peak_mb": _peak_rss_mb()["VmHWM"]}
+           "configurations": {}, "worker_memory_mb": memory, "one_process_peak_mb": _peak_rss_mb()["VmHWM"]}
     for name, rs in runs.items():
         secs = [r["seconds"] for r in rs]
         out["configurations"][name] = {"seconds": secs, "rows_per_s": rows / float(np.median(secs)),
@@ -136,7 +154,9 @@ def render(payload: dict) -> str:
              "partitions made and persisted on the workers; the time includes gathering the intervals into the "
              "calling process. One process: the same rows as one frame in this process. One torch thread per "
              f"worker and here, under `nice`; {r['rounds']} alternating round(s), medians; the load average "
-             "(1 min) before and after each run is shown, since the machine's 2 cores are shared.", ""]
+             "(1 min) before and after each run is shown, since the machine's 2 cores are shared. \"Dask's malloc "
+             "trim\": the Nanny's default `MALLOC_TRIM_THRESHOLD_=65536`, which returns freed memory to the system "
+             "at every chunk of rows; the other clusters leave glibc's own threshold.", ""]
     rows = []
     for name, c in r["configurations"].items():
         load = "; ".join(f"{a:.1f}→{b:.1f}" for a, b in c["load"])
@@ -147,7 +167,7 @@ def render(payload: dict) -> str:
               f"{', '.join(f'{v:.2f}' for v in ratios)}; target ≥ 1.7× for 1,000,000 rows). "
               f"Largest difference from the in-process intervals: {r['max_abs_difference']:.2g}.", "",
               "Resident memory of each worker after the runs (now / peak, MB): " + "; ".join(
-                  f"{k} worker(s): " + ", ".join(f"{m['VmRSS']:.0f} / {m['VmHWM']:.0f}" for m in v)
+                  f"{k}: " + ", ".join(f"{m['VmRSS']:.0f} / {m['VmHWM']:.0f}" for m in v)
                   for k, v in r["worker_memory_mb"].items())
               + f"; the one process's peak: {r['one_process_peak_mb']:.0f} MB (it also holds the whole frame "
               "and every gathered result)."]

@@ -7,9 +7,10 @@ returns Dask Arrays (in the shapes the numpy path returns: intervals ``(n, 2, k)
 partition by partition on the workers, as dask-ml's ``ParallelPostFit`` does:
 
 - the fitted estimator (or Pipeline) is written once with :func:`glas_sklearn.save` (a pickle only when it holds
-  something that format does not store, a lambda say) into one key of the task graph; each worker fetches that
-  key once and loads the model once per process, cached by the digest of its contents, however many partitions
-  and calls it serves (:func:`worker_cache_info` tells, run on the workers);
+  something that format does not store, a lambda say) and scattered to every worker at once under one key (with
+  no distributed Client, a literal key of the graph); each worker loads the model once per process, cached by
+  the digest of its contents, however many partitions and calls it serves (:func:`worker_cache_info` tells, run
+  on the workers), and the scheduler places each partition's task where its rows are;
 - within a partition, the estimator's own chunking keeps memory under ``compute__working_memory``;
 - the output's trailing shapes and dtypes come from one call on two rows in the calling process (Dask's fake rows
   of the frame's meta, or the first two real rows when fake ones are refused, e.g. by a one-hot encoder).
@@ -26,6 +27,7 @@ import io
 import json
 import os
 import pickle
+import sys
 import threading
 import warnings
 import zipfile
@@ -200,6 +202,23 @@ def _partitions_of(X) -> tuple[list, tuple[float, ...]]:
                     f"{type(X).__module__}.{type(X).__name__}; convert it (e.g. series.to_frame()).")
 
 
+def _shipped(payload: ModelPayload):
+    """The payload as one key of the graph: with a distributed Client, scattered to every worker at once (so the
+    scheduler places each partition's task where its rows are, not where the model is); else a literal key."""
+    import dask
+
+    name = f"glas-model-{payload.key[:16]}"
+    client = None
+    if "distributed" in sys.modules:
+        try:
+            client = sys.modules["distributed"].get_client()
+        except ValueError:  # no client: a local scheduler
+            client = None
+    if client is None:
+        return dask.delayed(payload, name=name, traverse=False)
+    return client.scatter({name: payload}, broadcast=True)[name]
+
+
 def map_prediction(estimator, X, call: str | Callable, **kwargs):
     """``estimator.<call>(X, **kwargs)`` (or ``call(estimator, X, **kwargs)``) over a Dask DataFrame or Array,
     partition by partition on the workers.
@@ -207,7 +226,7 @@ def map_prediction(estimator, X, call: str | Callable, **kwargs):
     Parameters
     ----------
     estimator : fitted estimator or Pipeline
-        Written once (:func:`glas_sklearn.save`, else pickled) into one key of the graph; each worker loads it once.
+        Written once (:func:`glas_sklearn.save`, else pickled), scattered to every worker; each loads it once.
     X : dask.dataframe.DataFrame or dask.array.Array
         Rows; an Array is rechunked to whole rows (one chunk along every axis but the first).
     call : str or callable
@@ -233,7 +252,7 @@ def map_prediction(estimator, X, call: str | Callable, **kwargs):
     payload = model_payload(estimator)
     call_name = call if isinstance(call, str) else f"{call.__module__}.{call.__qualname__}"
     token = tokenize(payload.key, [p.key for p in parts], call_name, kwargs)
-    shipped = dask.delayed(payload, name=f"glas-model-{payload.key[:16]}", traverse=False)  # fetched once per worker
+    shipped = _shipped(payload)
     tasks = [dask.delayed(_predict_partition, pure=True)(shipped, part, call, kwargs, specs,
                                                          dask_key_name=f"glas-{call_name}-{token}-{i}")
              for i, part in enumerate(parts)]
