@@ -72,6 +72,9 @@ BENCHMARKS = {
                                          "gradient boosting", quick=("--threads", "1"), full=("--threads", "1")),
     "serialization": Benchmark("glas_sklearn.save / load against pickle: file size and load time",
                                quick=("--threads", "1"), full=("--threads", "1")),
+    "scale_out": Benchmark("predict_interval over a Dask DataFrame on a LocalCluster: rows per second on 1 and 2 "
+                           "worker processes against one process, worker memory, results equal",
+                           quick=("--threads", "1"), modules=("dask", "distributed"), full=("--threads", "1")),
     "ensemble_fit": Benchmark("an ensemble's networks trained together against one by one: fit time, and the two "
                               "fits' outputs compared", quick=("--threads", "1"), full=("--threads", "1")),
 }

@@ -58,9 +58,9 @@ templates_path = ["_templates"]
 # import path whose module does not exist (yet) is left out, and a public module listed nowhere is a warning.
 API_TOPICS = [
     ("estimators", "Estimators, Pipelines and model files",
-     "The regressor and the classifier, intervals or prediction sets through Pipelines, and model files that "
-     "hold data only.",
-     ["glas_sklearn", "glas_sklearn.compose", "glas_sklearn.serialization"]),
+     "The regressor and the classifier, intervals or prediction sets through Pipelines, model files that "
+     "hold data only, and predictions over Dask and Spark.",
+     ["glas_sklearn", "glas_sklearn.compose", "glas_sklearn.serialization", "glas_sklearn.scale_out"]),
     ("metrics", "Metrics", "Coverage, width and the interval (Winkler) score, and a scorer for model selection.",
      ["glas_sklearn.metrics", "glas_sklearn.regional_coverage"]),
     ("calibration", "Calibration",
@@ -266,7 +266,7 @@ _IMAGE = re.compile(r"!\[[^\]]*\]\(([^)\s]+)\)")
 BENCHMARK_GROUPS = [
     ("Regression intervals", ["uci", "regional_coverage"]),
     ("The paper's studies", ["paper_1d", "paper_concrete", "paper_smiles"]),
-    ("Speed and serving", ["bench_ggn", "default_fit", "serving"]),
+    ("Speed and serving", ["bench_ggn", "default_fit", "serving", "scale_out"]),
     ("Classification", ["digits_cnn"]),
     ("Other measurements", []),
 ]

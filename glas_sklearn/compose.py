@@ -16,6 +16,8 @@ from sklearn.compose import TransformedTargetRegressor
 from sklearn.pipeline import Pipeline
 from sklearn.utils.validation import check_is_fitted
 
+from .scale_out import is_dask_collection, map_prediction
+
 __all__ = ["final_step", "predict_interval", "predict_set"]
 
 # An inverse target transform counts as affine when it reproduces intercept + slope·t at every value mapped,
@@ -125,6 +127,8 @@ def predict_interval(estimator, X, confidence_level=None) -> tuple[np.ndarray, n
     >>> y_pis.shape
     (4, 2, 2)
     """
+    if is_dask_collection(X):  # Dask Arrays computed on the workers (glas_sklearn.scale_out)
+        return map_prediction(estimator, X, predict_interval, confidence_level=confidence_level)
     final, Xt = final_step(estimator, X)
     if isinstance(final, TransformedTargetRegressor):
         check_is_fitted(final)
@@ -168,5 +172,7 @@ def predict_set(estimator, X, confidence_level=None) -> tuple[np.ndarray, np.nda
     >>> sets.shape
     (4, 3, 1)
     """
+    if is_dask_collection(X):  # Dask Arrays computed on the workers (glas_sklearn.scale_out)
+        return map_prediction(estimator, X, predict_set, confidence_level=confidence_level)
     final, Xt = final_step(estimator, X)
     return _call_with_level(final, "predict_set", Xt, confidence_level)

@@ -31,7 +31,7 @@ FLOORS = {
     "calibration": 4, "laplace": 4, "sampling": 4, "diagnostics": 4,
     # floor 5: the estimators and what builds on them (metrics' scorers call compose.predict_interval)
     "estimators": 5, "compose": 5, "metrics": 5, "regional_coverage": 5, "plotting": 5, "datasets": 5, "contrib": 5,
-    "serialization": 5,
+    "serialization": 5, "scale_out": 5,
     # floor 6: the command line and the package's namespace
     "cli": 6, "__main__": 6, "__init__": 6,
 }

@@ -41,7 +41,7 @@ def _report(stem):
 
 @pytest.mark.parametrize("stem", ["bench_ggn", "uci", "paper_1d", "regional_coverage", "serving", "paper_scale",
                                   "serialization", "classifier_small_tables",
-                                  "ensemble_fit"])
+                                  "ensemble_fit", "scale_out"])
 def test_report_is_rendered_from_its_json(stem, script):
     assert script(stem).render(_results(stem)) == _report(stem)
 

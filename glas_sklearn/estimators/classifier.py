@@ -14,6 +14,7 @@ from .._checks import check_class_labels
 from .._constraints import Interval
 from .._threads import scoped_threads
 from ..likelihoods import Categorical
+from ..scale_out import is_dask_collection, map_prediction
 from ._base import LaplaceActiveSubspaceBase, TaskComponents
 from ._data import InputEncoder, LabelTargets
 from ._likelihood_choice import NoNoise
@@ -186,6 +187,8 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         """Class probabilities under the GLAS predictive, (n_samples, n_classes) in ``classes_`` order, rows
         summing to 1 (renormalised in float64); ``X`` of shape (n_samples, n_features) or
         ``(n_samples, *input_shape_)``."""
+        if is_dask_collection(X):  # a Dask Array computed on the workers (glas_sklearn.scale_out)
+            return map_prediction(self, X, "predict_proba")
         return self._proba_array(X, "predict_proba")
 
     def _proba_array(self, X, method=None) -> np.ndarray:
@@ -195,6 +198,8 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
     @scoped_threads
     def predict(self, X) -> np.ndarray:
         """The most probable class label under the GLAS predictive, shape (n_samples,)."""
+        if is_dask_collection(X):  # a Dask Array computed on the workers (glas_sklearn.scale_out)
+            return map_prediction(self, X, "predict")
         proba = self._proba_array(X)
         return self.classes_[np.argmax(proba, axis=1)]
 
@@ -204,6 +209,8 @@ class LaplaceActiveSubspaceClassifier(ClassifierMixin, LaplaceActiveSubspaceBase
         bool (n_samples, n_classes, k), each class's membership (``classes_`` order) per level. Split-conformal
         under a conformal calibration (LAC by default, never empty), else the smallest set of classes whose
         probability reaches the level."""
+        if is_dask_collection(X):  # Dask Arrays computed on the workers (glas_sklearn.scale_out)
+            return map_prediction(self, X, "predict_set", confidence_level=confidence_level)
         check_is_fitted(self, "posterior_")
         levels = self._levels(confidence_level)
         probs = self._proba_tensor(X, "predict_set")

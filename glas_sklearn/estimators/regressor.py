@@ -15,6 +15,7 @@ from .._constraints import InstanceOf, Interval, Options
 from .._threads import scoped_threads
 from ..calibration import resolve_calibration
 from ..likelihoods import REGRESSION_LIKELIHOODS, FittedNoiseGaussian, Likelihood, resolve_likelihood
+from ..scale_out import is_dask_collection, map_prediction
 from ._base import LaplaceActiveSubspaceBase, TaskComponents
 from ._data import InputEncoder, TargetScaler
 from ._likelihood_choice import NoiseStage, RegressionNoise
@@ -216,6 +217,8 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     def predict(self, X, return_std: bool = False) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Predictive mean, and with ``return_std`` its standard deviation (conformal: σ̂(x) × ``std_scale_``;
         "coverage": the posterior's own), of shape (n_samples,) or (n_samples, n_outputs)."""
+        if is_dask_collection(X):  # Dask Arrays computed on the workers (glas_sklearn.scale_out)
+            return map_prediction(self, X, "predict", return_std=return_std)
         mean, std, _ = self._predict_rows(X)
         y_pred = clip_to_bounds(self._targets.to_user_units(mean), self.y_bounds_)
         y_std = self._targets.to_user_units(std, shift=False) * self.std_scale_.reshape((-1,) + (1,) * (std.ndim - 2))
@@ -227,6 +230,8 @@ class LaplaceActiveSubspaceRegressor(RegressorMixin, LaplaceActiveSubspaceBase):
     def predict_interval(self, X, confidence_level=None) -> tuple[np.ndarray, np.ndarray]:
         """Central (1 − γ) intervals at ``confidence_level`` (default: the estimator's): ``y_pred`` and ``y_pis``
         of shape (n_samples, 2, k) or (n_samples, n_outputs, 2, k), lower and upper bounds per level."""
+        if is_dask_collection(X):  # Dask Arrays computed on the workers (glas_sklearn.scale_out)
+            return map_prediction(self, X, "predict_interval", confidence_level=confidence_level)
         check_is_fitted(self, "posterior_")
         levels = self._levels(confidence_level)
         mean, _, bounds = self._predict_rows(X, levels, method="predict_interval")
