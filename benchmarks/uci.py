@@ -414,7 +414,7 @@ def summarise(splits: list[dict]) -> dict:
                 mean, se = _mean_se([r.get(m) for r in rows])
                 entry[m] = {"mean": mean, "se": se}
         for m in ("coverage_by_width", "coverage_by_distance"):
-            if m in rows[0]:
+            if all(m in r for r in rows):
                 entry[m] = np.mean([r[m] for r in rows], axis=0).tolist()
         if "reached" in rows[0]:
             entry["reached_share"] = float(np.mean([r["reached"] for r in rows]))
@@ -644,7 +644,8 @@ def tabular_comparison(results: dict) -> dict:
     out = {}
     for name, ds in results["datasets"].items():
         splits = [s for s in ds["splits"] if "default" in s["methods"]]
-        peers = [k for k in _common.TABULAR_PEERS if splits and all(k in s["methods"] for s in splits)]
+        peers = [k for k in _common.TABULAR_PEERS if any(k in s["methods"] for s in splits)]
+        splits = [s for s in splits if all(k in s["methods"] for k in peers)]
         if not splits or not peers:
             continue
         rows = {}
@@ -678,7 +679,10 @@ def tabular_section(results: dict) -> list[str]:
              "splits the row beat the default; then the geometric mean over the sets of IS / split conformal around "
              "HistGradientBoosting (`split_hgb`), as issue 65's table. Rows: "
              + "; ".join(f"`{k}` {dict(METHODS)[k]}" for k in keys if k != "default") + ".", ""]
-    header = ["method", *[f"{n} ({comp[n]['n_splits']} splits): IS / default, coverage %, wins" for n in sets]]
+    def count(n):
+        return f"{comp[n]['n_splits']} split{'s' if comp[n]['n_splits'] != 1 else ''}"
+
+    header = ["method", *[f"{n} ({count(n)}): IS / default, coverage %, wins" for n in sets]]
     rows = []
     for k in keys:
         cells = [f"`{labels[k]}`"]
@@ -697,7 +701,7 @@ def tabular_section(results: dict) -> list[str]:
         gap = d["interval_score"] / b["interval_score"] - 1
         verdict = (f"the default is {100 * gap:.1f} % behind it" if gap > 0 else
                    f"the default is {100 * -gap:.1f} % ahead of it")
-        lines.append(f"- **{n}** ({c['n_splits']} splits): best peer `{c['best']}` IS {b['interval_score']:.3g} "
+        lines.append(f"- **{n}** ({count(n)}): best peer `{c['best']}` IS {b['interval_score']:.3g} "
                      f"(coverage {100 * b['coverage']:.1f} %) against the default's {d['interval_score']:.3g} "
                      f"({100 * d['coverage']:.1f} %): {verdict} (the peer better on {b['wins']} of {c['n_splits']} "
                      "splits).")
@@ -732,7 +736,8 @@ def merge_rows(base: dict, parts: list[dict]) -> dict:
                 if old is None:
                     target["splits"].append(s)
                     continue
-                sizes = [(k, old[k], s[k]) for k in ("n_fit", "n_cal", "n_test") if old[k] != s[k]]
+                sizes = [(k, old[k], s[k]) for k in ("n_fit", "n_cal", "n_test") if k in old and k in s
+                         and old[k] != s[k]]
                 if sizes:
                     raise ValueError(f"{name} split {s['split']}: the part's rows differ from the base's "
                                      f"({sizes}); merge only runs of the same protocol.")
@@ -741,10 +746,26 @@ def merge_rows(base: dict, parts: list[dict]) -> dict:
                     old["skipped"] = s["skipped"]
             target["splits"].sort(key=lambda s: s["split"])
             target["summary"] = summarise(target["splits"])
-        out["versions"] = {**out.get("versions", {}), **{k: v for k, v in part["versions"].items() if v}}
+        out["versions"] = {**out.get("versions", {}), **{k: v for k, v in part.get("versions", {}).items() if v}}
         if part["command"] not in out["merged"]:
             out["merged"].append(part["command"])
     return out
+
+
+def regional_default_part(regional: dict, path: str) -> dict:
+    """The ``default`` rows of a regional_coverage results dict's ``uci`` study as a part for :func:`merge_rows`:
+    that study fits the default on the same fitting and calibration rows of each standard split (the training rows
+    shuffled by ``1000 + split``, a tenth for calibration) with ``random_state=split``, as ``--methods default``
+    here; its rows carry coverage, width, interval score and worst slab."""
+    datasets: dict = {}
+    for r in regional.get("uci", []):
+        if "default" not in r["methods"]:
+            continue
+        m = r["methods"]["default"]
+        row = {k: m[k] for k in ("coverage", "width", "interval_score", "worst_slab") if k in m}
+        datasets.setdefault(r["dataset"], {"splits": []})["splits"].append(
+            {"split": r["split"], "n_cal": r["n_cal"], "methods": {"default": row}})
+    return {"command": f"the default's rows of the uci study in {path}", "datasets": datasets}
 
 
 # --------------------------------------------------------------------------------------------------------- main
@@ -775,6 +796,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--merge", nargs="+", default=None, metavar="TAG",
                    help="no computation: add the rows of uci_TAG.json (same splits, e.g. a --methods tabular run) "
                         "to uci.json's splits and render uci.md")
+    p.add_argument("--default-from", type=Path, default=None, metavar="JSON",
+                   help="with --merge: add (last) the default's rows of the uci study of this regional_coverage "
+                        "results file (the same rows and seeds as --methods default)")
     args = p.parse_args(argv)
     if args.methods:
         groups = {"networks": NETWORK_METHODS, "tabular": TABULAR_METHODS}
@@ -796,6 +820,9 @@ def main(argv=None) -> dict:
         return R
     if args.merge:
         parts = [_common.read_results(args.out_dir / f"uci_{t}.json") for t in args.merge]
+        if args.default_from is not None:
+            parts.append(regional_default_part(_common.read_results(args.default_from),
+                                                  _common.repo_path(args.default_from)))
         merged = merge_rows(_common.read_results(json_path), parts)
         R, text = _common.write_results_and_report(json_path, md_path, merged, render, command=merged["command"])
         print(text)
