@@ -774,8 +774,17 @@ def _split_conformal(model, X_cal, y_cal, X_te, level, score="absolute"):
     return scr.predict_interval(X_te)[1][:, :, 0]
 
 
+def _cached(cache: dict | None, key: str, fit: Callable):
+    if cache is None:
+        return fit()
+    if key not in cache:
+        cache[key] = fit()
+    return cache[key]
+
+
 def tabular_peer(name: str, X_fit: np.ndarray, y_fit: np.ndarray, X_cal: np.ndarray, y_cal: np.ndarray,
-                 X_te: np.ndarray, seed: int, level: float = 0.9) -> tuple[np.ndarray, np.ndarray | None]:
+                 X_te: np.ndarray, seed: int, level: float = 0.9,
+                 cache: dict | None = None) -> tuple[np.ndarray, np.ndarray | None]:
     """The intervals of peer ``name`` (:data:`TABULAR_PEERS`) for ``X_te``.
 
     Parameters
@@ -792,6 +801,10 @@ def tabular_peer(name: str, X_fit: np.ndarray, y_fit: np.ndarray, X_cal: np.ndar
         The models' ``random_state``.
     level : float
         The intervals' nominal coverage.
+    cache : dict, optional
+        Models fitted by an earlier call on the same rows and seed, by family (the quantile forest, crepes' boosted
+        trees and difficulty, NGBoost): pass one new dict per set of rows to fit each family once for its raw and
+        its calibrated row.
 
     Returns
     -------
@@ -813,7 +826,7 @@ def tabular_peer(name: str, X_fit: np.ndarray, y_fit: np.ndarray, X_cal: np.ndar
         return _conformalised_quantiles(qs, X_cal, y_cal, X_te, level), None
     if name in ("qrf", "qrf_cqr"):
         from quantile_forest import RandomForestQuantileRegressor
-        forest = RandomForestQuantileRegressor(random_state=seed).fit(X_fit, y_fit)
+        forest = _cached(cache, "qrf", lambda: RandomForestQuantileRegressor(random_state=seed).fit(X_fit, y_fit))
         if name == "qrf":
             return np.asarray(forest.predict(X_te, quantiles=[alpha / 2, 1 - alpha / 2]), dtype=float), None
         cols = [_QuantileColumn(forest, q) for q in (alpha / 2, 1 - alpha / 2, 0.5)]
@@ -824,9 +837,11 @@ def tabular_peer(name: str, X_fit: np.ndarray, y_fit: np.ndarray, X_cal: np.ndar
         mx, sx = X_fit.mean(0), X_fit.std(0)
         sx = np.where(sx > 0, sx, 1.0)
         Z_fit, Z_cal, Z_te = ((A - mx) / sx for A in (X_fit, X_cal, X_te))  # k-NN on comparable scales
-        learner = WrapRegressor(HistGradientBoostingRegressor(random_state=seed))
-        learner.fit(Z_fit, y_fit)
-        de = DifficultyEstimator().fit(Z_fit, y=y_fit)
+
+        def fit():
+            return (WrapRegressor(HistGradientBoostingRegressor(random_state=seed)).fit(Z_fit, y_fit),
+                    DifficultyEstimator().fit(Z_fit, y=y_fit))
+        learner, de = _cached(cache, "crepes", fit)  # calibrate() below replaces the conformal part only
         if name == "crepes_norm_hgb":
             learner.calibrate(Z_cal, y_cal, de=de)
         else:
@@ -835,7 +850,8 @@ def tabular_peer(name: str, X_fit: np.ndarray, y_fit: np.ndarray, X_cal: np.ndar
         return np.asarray(learner.predict_int(Z_te, confidence=level), dtype=float), de.apply(Z_te)
     from ngboost import NGBRegressor
     from ngboost.distns import Normal
-    ngb = NGBRegressor(Dist=Normal, random_state=seed, verbose=False).fit(X_fit, y_fit)
+    ngb = _cached(cache, "ngboost",
+                  lambda: NGBRegressor(Dist=Normal, random_state=seed, verbose=False).fit(X_fit, y_fit))
 
     def moments(X):
         d = ngb.pred_dist(X)

@@ -451,12 +451,12 @@ def run_methods(X_fit, y_fit, X_cal, y_cal, X_te, y_te, seed, extra_columns, che
         for k, pis in timed("hgb", hgb_methods, X_fit, y_fit, X_cal, y_cal, X_te, seed).items():
             if k in want:
                 put(k, pis)
-    missing = _common.tabular_peers_missing(want & set(TREE_PEERS))
+    missing, cache = _common.tabular_peers_missing(want & set(TREE_PEERS)), {}
     for k in TREE_PEERS:
         if k in want and k not in missing:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                pis, std = timed(k, _common.tabular_peer, k, X_fit, y_fit, X_cal, y_cal, X_te, seed, LEVEL)
+                pis, std = timed(k, _common.tabular_peer, k, X_fit, y_fit, X_cal, y_cal, X_te, seed, LEVEL, cache)
             put(k, pis, std)
     if missing:
         diag["skipped"] = missing

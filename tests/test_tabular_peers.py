@@ -86,13 +86,16 @@ def test_cqr_on_the_quantile_forest_widens_its_quantiles_by_the_conformal_quanti
     from quantile_forest import RandomForestQuantileRegressor
     X_fit, y_fit, X_cal, y_cal, X_te, _ = _rows()
     forest = RandomForestQuantileRegressor(random_state=1).fit(X_fit, y_fit)
-    raw, _ = common.tabular_peer("qrf", X_fit, y_fit, X_cal, y_cal, X_te, 1)
+    cache = {}
+    raw, _ = common.tabular_peer("qrf", X_fit, y_fit, X_cal, y_cal, X_te, 1, cache=cache)
+    assert isinstance(cache["qrf"], RandomForestQuantileRegressor)
     np.testing.assert_allclose(raw, forest.predict(X_te, quantiles=[0.05, 0.95]))
     lo, hi = forest.predict(X_cal, quantiles=[0.05, 0.95]).T
     # MAPIE's default CQR (symmetric_correction=False): each bound moved by the conformal quantile at 95 % of its
     # own signed miss
     q_lo, q_hi = _conformal_quantile(lo - y_cal, 0.95), _conformal_quantile(y_cal - hi, 0.95)
-    pis, _ = common.tabular_peer("qrf_cqr", X_fit, y_fit, X_cal, y_cal, X_te, 1)
+    pis, _ = common.tabular_peer("qrf_cqr", X_fit, y_fit, X_cal, y_cal, X_te, 1, cache=cache)
+    assert list(cache) == ["qrf"]  # one forest for both rows; a fresh fit with the same seed gives the same
     np.testing.assert_allclose(pis, np.column_stack([raw[:, 0] - q_lo, raw[:, 1] + q_hi]), rtol=1e-10, atol=1e-10)
 
 
@@ -127,13 +130,17 @@ def test_crepes_mondrian_with_one_category_is_split_conformal_around_the_same_tr
 
 
 def test_ngboost_raw_intervals_are_its_normal_quantiles_and_conformal_ones_scale_with_its_sigma():
-    """(NGBoost's trees break ties at random: two fits with the same random_state differ slightly, so each
-    interval is checked against its own σ.)"""
+    """With one cache the raw and the conformalised rows share one NGBoost fit (its trees break ties at random, so
+    two fits with the same random_state may differ slightly): the same μ, half-widths 1.645 σ and q σ."""
     _need("ngboost_cp")
     X_fit, y_fit, X_cal, y_cal, X_te, _ = _rows(n_fit=200)
-    raw, sd = common.tabular_peer("ngboost", X_fit, y_fit, X_cal, y_cal, X_te, 0)
+    cache = {}
+    raw, sd = common.tabular_peer("ngboost", X_fit, y_fit, X_cal, y_cal, X_te, 0, cache=cache)
+    cp, sd2 = common.tabular_peer("ngboost_cp", X_fit, y_fit, X_cal, y_cal, X_te, 0, cache=cache)
+    assert list(cache) == ["ngboost"]
+    np.testing.assert_array_equal(sd, sd2)
     np.testing.assert_allclose((raw[:, 1] - raw[:, 0]) / 2, 1.6448536269514722 * sd, rtol=1e-9)
-    cp, sd = common.tabular_peer("ngboost_cp", X_fit, y_fit, X_cal, y_cal, X_te, 0)
+    np.testing.assert_allclose(raw.mean(1), cp.mean(1), rtol=1e-9, atol=1e-9)
     ratio = (cp[:, 1] - cp[:, 0]) / 2 / sd
     np.testing.assert_allclose(ratio, ratio[0], rtol=1e-9)
     assert np.ptp(sd) > 0.1 * np.mean(sd)
