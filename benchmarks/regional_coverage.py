@@ -106,6 +106,8 @@ METHODS = [
     ("split_hgb", "split conformal (MAPIE) around HistGradientBoosting"),
     ("cqr_hgb", "CQR (MAPIE) around HistGradientBoosting quantiles"),
     *((k, v[1]) for k, v in _common.TABULAR_PEERS.items() if k not in ("split_hgb", "cqr_hgb")),
+    ("hgb_residual", "prototype (issue 65): the default fitted to HistGradientBoosting's out-of-fold residuals, "
+                     "intervals h(x) + the residual's (`_common.default_on_hgb_residuals`)"),
 ]
 #: The tabular peers of issue 65 beyond MAPIE around HistGradientBoosting (:data:`_common.TABULAR_PEERS`).
 TREE_PEERS = [k for k in _common.TABULAR_PEERS if k not in ("split_hgb", "cqr_hgb")]
@@ -460,6 +462,9 @@ def run_methods(X_fit, y_fit, X_cal, y_cal, X_te, y_te, seed, extra_columns, che
             put(k, pis, std)
     if missing:
         diag["skipped"] = missing
+    if "hgb_residual" in want:
+        put("hgb_residual", timed("hgb_residual", _common.default_on_hgb_residuals, X_fit, y_fit, X_cal, y_cal, X_te,
+                                  seed, LEVEL)[1])
     diag["seconds"], diag["cpu_seconds"] = seconds, cpu
     diag["fit_seconds"] = sum(v for k, v in seconds.items() if k in ("default", "default_before", "het"))
     # does the variance head collapse on the training rows? mean squared residual over mean σ²(x), train vs test

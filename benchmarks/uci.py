@@ -97,9 +97,11 @@ METHODS = [
     ("default", "ours, the default end to end: `LaplaceActiveSubspaceRegressor(random_state=split)` fitted on the "
                 "fitting rows, `X_cal`/`y_cal` the calibration rows (raw features)"),
     *((k, v[1]) for k, v in _common.TABULAR_PEERS.items()),
+    ("hgb_residual", "prototype (issue 65): the default fitted to HistGradientBoosting's out-of-fold residuals, "
+                     "intervals h(x) + the residual's (`_common.default_on_hgb_residuals`)"),
 ]
 #: The rows that need the trained networks (everything but the default fitted end to end and the tabular peers).
-NETWORK_METHODS = [k for k, _ in METHODS if k != "default" and k not in _common.TABULAR_PEERS]
+NETWORK_METHODS = [k for k, _ in METHODS if k not in ("default", "hgb_residual") and k not in _common.TABULAR_PEERS]
 #: The rows of the comparison with the tabular peers: the default and the peers, raw features.
 TABULAR_METHODS = ["default", *_common.TABULAR_PEERS]
 
@@ -327,6 +329,11 @@ def run_rows(X, y, train, test, split: int, cfg: argparse.Namespace, Laplace) ->
     rows = (X_fit, y_fit, X_cal, y_cal, X_te, y_te)
     if "default" in wanted:
         res["methods"]["default"] = run_default(*rows, seed=split, dist=dist, X_slab=A)
+    if "hgb_residual" in wanted:
+        t0 = time.perf_counter()
+        y_pred, pis = _common.default_on_hgb_residuals(X_fit, y_fit, X_cal, y_cal, X_te, split, LEVEL)
+        res["methods"]["hgb_residual"] = metrics(y_te, y_pred, pis[:, 0], pis[:, 1], None, time.perf_counter() - t0,
+                                                 dist, A)
     missing = _common.tabular_peers_missing(wanted & set(_common.TABULAR_PEERS))
     cache: dict = {}  # each family fitted once for its raw and its calibrated row
     for name in _common.TABULAR_PEERS:
@@ -706,6 +713,25 @@ def tabular_section(results: dict) -> list[str]:
                      f"(coverage {100 * b['coverage']:.1f} %) against the default's {d['interval_score']:.3g} "
                      f"({100 * d['coverage']:.1f} %): {verdict} (the peer better on {b['wins']} of {c['n_splits']} "
                      "splits).")
+    proto = []
+    for n, ds in results["datasets"].items():
+        both = [s for s in ds["splits"] if "hgb_residual" in s["methods"] and "default" in s["methods"]]
+        if both:
+            new = np.array([s["methods"]["hgb_residual"]["interval_score"] for s in both])
+            ref = np.array([s["methods"]["default"]["interval_score"] for s in both])
+            best = comp.get(n, {}).get("best")
+            vs_best = "" if best is None else (
+                f"; against the best peer `{best}` on the same splits "
+                f"{new.mean() / np.mean([s['methods'][best]['interval_score'] for s in both]):.3f}×")
+            proto.append(f"- **{n}** ({len(both)} split{'s' if len(both) != 1 else ''}, "
+                         f"{', '.join(str(s['split']) for s in both)}): IS {new.mean():.3g} against the default's "
+                         f"{ref.mean():.3g}, {new.mean() / ref.mean():.3f}× (median per split "
+                         f"{np.median(new / ref):.3f}, better on {int((new < ref).sum())}), coverage "
+                         f"{100 * np.mean([s['methods']['hgb_residual']['coverage'] for s in both]):.1f} %" + vs_best
+                         + ".")
+    if proto:
+        lines += ["", "Prototype, paired with the default on the same splits: `hgb_residual`, "
+                  + dict(METHODS)["hgb_residual"] + ".", ""] + proto
     if "split_hgb" in keys:
         lines += ["", "Over the sets, IS / `split_hgb`:", ""]
         geo = []
@@ -802,7 +828,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "results file (the same rows and seeds as --methods default)")
     args = p.parse_args(argv)
     if args.methods:
-        groups = {"networks": NETWORK_METHODS, "tabular": TABULAR_METHODS}
+        groups = {"networks": NETWORK_METHODS, "tabular": TABULAR_METHODS}  # (the prototype by its name only)
         args.methods = sorted({m for k in args.methods for m in groups.get(k, [k])})
     q = args.quick
     args.epochs = args.epochs if args.epochs is not None else (30 if q else 200)
