@@ -839,8 +839,9 @@ def tabular_peer(name: str, X_fit: np.ndarray, y_fit: np.ndarray, X_cal: np.ndar
         Z_fit, Z_cal, Z_te = ((A - mx) / sx for A in (X_fit, X_cal, X_te))  # k-NN on comparable scales
 
         def fit():
-            return (WrapRegressor(HistGradientBoostingRegressor(random_state=seed)).fit(Z_fit, y_fit),
-                    DifficultyEstimator().fit(Z_fit, y=y_fit))
+            wrapped = WrapRegressor(HistGradientBoostingRegressor(random_state=seed))
+            wrapped.fit(Z_fit, y_fit)  # (returns None)
+            return wrapped, DifficultyEstimator().fit(Z_fit, y=y_fit)
         learner, de = _cached(cache, "crepes", fit)  # calibrate() below replaces the conformal part only
         if name == "crepes_norm_hgb":
             learner.calibrate(Z_cal, y_cal, de=de)

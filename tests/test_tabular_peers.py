@@ -117,7 +117,11 @@ def test_crepes_mondrian_with_one_category_is_split_conformal_around_the_same_tr
     _need("crepes_mondrian_hgb")
     from sklearn.ensemble import HistGradientBoostingRegressor
     X_fit, y_fit, X_cal, y_cal, X_te, _ = _rows(n_cal=39)
-    pis, _ = common.tabular_peer("crepes_mondrian_hgb", X_fit, y_fit, X_cal, y_cal, X_te, 2)
+    cache = {}
+    common.tabular_peer("crepes_norm_hgb", X_fit, y_fit, X_cal, y_cal, X_te, 2, cache=cache)
+    pis, _ = common.tabular_peer("crepes_mondrian_hgb", X_fit, y_fit, X_cal, y_cal, X_te, 2, cache=cache)
+    fresh, _ = common.tabular_peer("crepes_mondrian_hgb", X_fit, y_fit, X_cal, y_cal, X_te, 2)
+    np.testing.assert_array_equal(pis, fresh)  # the cached trees, recalibrated, as a fit of their own
     mean = HistGradientBoostingRegressor(random_state=2).fit(X_fit, y_fit)
     scores = np.sort(np.abs(y_cal - mean.predict(X_cal)))[::-1]
     rank = int((1 - LEVEL) * (len(y_cal) + 1))
