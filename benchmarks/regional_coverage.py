@@ -788,7 +788,20 @@ def _shift_peers(runs, sets) -> list:
                       f"{_geo([best[n][0][k] for n in sets]):.3f}"])
     lines += _common.markdown_table(["method", *[f"{n}: IS / default (coverage %)" for n in sets],
                                      "geometric mean over the sets"], table, "l" + "r" * (len(sets) + 1))
-    return lines + [""] + verdicts + [""]
+    lines += [""] + verdicts + [""]
+    if all("hgb_residual" in r["methods"] for r in runs):
+        per = []
+        for name in sets:
+            own = sorted((r for r in runs if r["dataset"] == name), key=lambda r: r["feature"])
+            ratio = _geo([r["methods"]["hgb_residual"]["interval_score"] / r["methods"]["default"]["interval_score"]
+                          for r in own])
+            cov = "/".join(f"{100 * r['methods']['hgb_residual']['coverage']:.0f}" for r in own)
+            b = best[name][0]
+            top = min(b, key=b.get)
+            per.append(f"{name} {ratio:.3f}× (coverage {cov} %; best peer {b[top]:.3f}×)")
+        lines += [f"Prototype `hgb_residual` ({dict(METHODS)['hgb_residual']}), IS / the default's: " + "; ".join(per)
+                  + ".", ""]
+    return lines
 
 
 # ------------------------------------------------------------------------------------------------------- main

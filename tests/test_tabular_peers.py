@@ -193,3 +193,22 @@ def test_the_comparison_with_the_peers_pairs_the_splits_and_names_the_best():
     assert rows["default"]["to_split_hgb"] == pytest.approx(0.75)
     line = next(x for x in uci.tabular_section(results) if x.startswith("- **toy**"))
     assert "best peer `qrf` IS 2.5 " in line and "the default is 20.0 % behind it" in line
+
+
+def test_the_shift_section_names_the_best_peer_per_set_by_its_geometric_mean_ratio():
+    rc = _load("regional_coverage")
+
+    def run(name, f, default, qrf, cqr, proto):
+        scores = {"default": default, "qrf": qrf, "cqr_hgb": cqr, "hgb_residual": proto}
+        return {"dataset": name, "feature": f,
+                "methods": {k: {"coverage": 0.9, "interval_score": v} for k, v in scores.items()}}
+
+    runs = [run("concrete", 0, 10.0, 5.0, 8.0, 9.0), run("concrete", 1, 10.0, 20.0, 8.0, 9.0),  # qrf geo 1.0×
+            run("energy", 0, 2.0, 1.0, 3.0, 4.0), run("energy", 1, 2.0, 1.0, 3.0, 4.0)]
+    lines = rc._shift_peers(runs, ["concrete", "energy"])
+    verdicts = [x for x in lines if x.startswith("- **")]
+    assert "best peer `cqr_hgb` at 0.800×" in verdicts[0] and "the default is 25.0 % behind it" in verdicts[0]
+    assert "best peer `qrf` at 0.500×" in verdicts[1] and "100.0 % behind it" in verdicts[1]
+    proto = next(x for x in lines if x.startswith("Prototype"))
+    assert "concrete 0.900×" in proto and "energy 2.000×" in proto and "best peer 0.500×" in proto
+    assert rc._shift_peers([{**r, "methods": {"default": r["methods"]["default"]}} for r in runs], ["energy"]) == []
