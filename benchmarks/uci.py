@@ -672,6 +672,14 @@ def tabular_comparison(results: dict) -> dict:
     return out
 
 
+def _split_numbers(numbers: list[int]) -> str:
+    """``"0–19"`` for a run of consecutive split numbers, else the numbers."""
+    nums = sorted(numbers)
+    if len(nums) > 2 and nums == list(range(nums[0], nums[-1] + 1)):
+        return f"{nums[0]}–{nums[-1]}"
+    return ", ".join(map(str, nums))
+
+
 def tabular_section(results: dict) -> list[str]:
     """The default against the tabular peers, per data set and over the sets (computed)."""
     comp = tabular_comparison(results)
@@ -702,7 +710,8 @@ def tabular_section(results: dict) -> list[str]:
                                                                    f", {e['wins']}/{comp[n]['n_splits']}"))
         rows.append(cells)
     lines += _common.markdown_table(header, rows, "l" + "r" * len(sets))
-    lines += ["", "The default's cells give its mean IS; bold: the best peer of the set.", ""]
+    lines += ["", "The default's cells give its mean IS; bold: the best peer of the set. Splits: "
+              + "; ".join(f"{n} {_split_numbers(comp[n]['splits'])}" for n in sets) + ".", ""]
     for n in sets:
         c = comp[n]
         d, b = c["rows"]["default"], c["rows"][c["best"]]
@@ -720,11 +729,14 @@ def tabular_section(results: dict) -> list[str]:
             new = np.array([s["methods"]["hgb_residual"]["interval_score"] for s in both])
             ref = np.array([s["methods"]["default"]["interval_score"] for s in both])
             best = comp.get(n, {}).get("best")
-            vs_best = "" if best is None else (
-                f"; against the best peer `{best}` on the same splits "
-                f"{new.mean() / np.mean([s['methods'][best]['interval_score'] for s in both]):.3f}×")
+            paired = [s for s in both if best in s["methods"]]
+            vs_best = ""
+            if paired:
+                r = (np.mean([s["methods"]["hgb_residual"]["interval_score"] for s in paired])
+                     / np.mean([s["methods"][best]["interval_score"] for s in paired]))
+                vs_best = f"; against the best peer `{best}` on the {len(paired)} of these splits it ran, {r:.3f}×"
             proto.append(f"- **{n}** ({len(both)} split{'s' if len(both) != 1 else ''}, "
-                         f"{', '.join(str(s['split']) for s in both)}): IS {new.mean():.3g} against the default's "
+                         f"{_split_numbers([s['split'] for s in both])}): IS {new.mean():.3g} against the default's "
                          f"{ref.mean():.3g}, {new.mean() / ref.mean():.3f}× (median per split "
                          f"{np.median(new / ref):.3f}, better on {int((new < ref).sum())}), coverage "
                          f"{100 * np.mean([s['methods']['hgb_residual']['coverage'] for s in both]):.1f} %" + vs_best
