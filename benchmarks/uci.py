@@ -35,6 +35,14 @@ Per split
    - Deep ensemble of the five networks: μ = mean of the members, variance = variance of the members' means +
      mean of the members' noise variances, each member's noise variance being its mean squared training
      residual on the fitting part; intervals μ ± z·sqrt(variance), z = 1.645 at 90 %.
+   - The default end to end (``default``: ``LaplaceActiveSubspaceRegressor(random_state=split)`` fitted on the
+     fitting part with ``X_cal``/``y_cal`` the calibration part, raw features) and the tabular peers on the same
+     rows (``_common.TABULAR_PEERS``: MAPIE split conformal and CQR around HistGradientBoosting, the quantile
+     regression forest raw and with CQR, crepes normalised and Mondrian conformal around HistGradientBoosting,
+     NGBoost raw and conformalised; a peer whose package is missing is skipped with a note), and the prototype
+     ``hgb_residual`` (the default fitted to the boosted trees' out-of-fold residuals). ``--methods tabular``
+     computes these alone, without training the networks; ``--merge TAG`` adds a tagged run's rows to uci.json
+     (``--default-from`` takes the default's rows from regional_coverage's uci study, the same rows and seeds).
 4. Metrics, in the original target units: coverage, mean width, interval (Winkler) score, Gaussian NLL
    (not defined for conformal methods, shown as '–'), RMSE, and the fit + predict wall time. Post-hoc methods'
    times exclude training the shared network; the ensemble's time includes training all five members.
@@ -46,6 +54,8 @@ Usage
     python benchmarks/uci.py --datasets yacht --splits 0 3 7
     python benchmarks/uci.py --quick                 # smoke test: 1 split, small budgets, *_quick outputs
     python benchmarks/uci.py --report-only [--tag epochs500]   # the report again from uci[_TAG].json
+    python benchmarks/uci.py --methods tabular --tag peers    # the default and the tabular peers only
+    python benchmarks/uci.py --merge peers                    # their rows into uci.json / uci.md
 
 Writes ``benchmarks/results/uci.json`` and the report ``uci.md`` rendered from it (``uci_quick.*`` with
 ``--quick``), after every split, and prints the table.
