@@ -54,8 +54,11 @@ docs-check: docs
 # (minutes; outputs under $(QUICK_DIR), not in results/), `make reports` re-renders the committed reports from their
 # JSON (no computation).
 QUICK_DIR ?= /tmp/glas-bench-quick
+# NGBoost (a tabular peer of uci.py and regional_coverage.py) pins an older scikit-learn than ours: installed without
+# its dependencies (it needs none beyond what the package already has).
 bench-peers: venv
 	$(PY) -m pip install -q -c benchmarks/constraints.txt -e ".[bench]"
+	$(PY) -m pip install -q -c benchmarks/constraints.txt --no-deps ngboost
 	$(PY) -m pip uninstall -y -q torchvision || true
 
 bench: bench-peers

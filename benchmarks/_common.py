@@ -684,3 +684,218 @@ def grouped(**settings) -> dict:
     if compute:
         out["compute"] = Compute(**compute)
     return out
+
+
+# ------------------------------------------------------------------------------------------- tabular peers
+#: The tabular peers of the UCI benchmark and the shift study, by name: (the distribution it needs, what it is). Each
+#: is fitted on the fitting rows and calibrated on the calibration rows that every method of a run shares, raw
+#: features; :func:`tabular_peer` gives its intervals.
+TABULAR_PEERS = {
+    "split_hgb": ("mapie", "MAPIE split conformal (absolute residual) around HistGradientBoosting"),
+    "cqr_hgb": ("mapie", "MAPIE CQR around HistGradientBoosting quantile regressors (5 %, 95 %, median)"),
+    "qrf": ("quantile-forest", "quantile regression forest (`RandomForestQuantileRegressor()`, 100 trees): its raw "
+                               "5 % and 95 % quantiles, not conformalised"),
+    "qrf_cqr": ("quantile-forest", "the same quantile forest's 5 % / 95 % / median, CQR (MAPIE) on the calibration "
+                                   "rows"),
+    "crepes_norm_hgb": ("crepes", "crepes normalised conformal around HistGradientBoosting (`WrapRegressor`, "
+                                  "`calibrate(de=...)`), difficulty the std of the targets of the 25 nearest fitting "
+                                  "rows (`DifficultyEstimator().fit(X_fit, y=y_fit)`; inputs standardised, which "
+                                  "leaves the boosted trees unchanged)"),
+    "crepes_mondrian_hgb": ("crepes", "crepes Mondrian conformal around HistGradientBoosting: categories equal-count "
+                                      "bins of that k-NN difficulty on the calibration rows "
+                                      "(`MondrianCategorizer().fit(X_cal, de=de, no_bins=n_cal // 20)`, at most 20)"),
+    "ngboost": ("ngboost", "NGBoost, Normal (`NGBRegressor(Dist=Normal)`, 500 stages): μ ± 1.645 σ, not "
+                           "conformalised"),
+    "ngboost_cp": ("ngboost", "the same NGBoost, std-normalised split conformal (|y − μ| / σ, MAPIE) on the "
+                              "calibration rows"),
+}
+#: crepes' Mondrian categories hold at least this many calibration rows (a 90 % quantile needs 9 or more).
+MONDRIAN_ROWS_PER_BIN = 20
+
+
+def tabular_peers_missing(names: Iterable[str] | None = None) -> dict[str, str]:
+    """The peers among ``names`` (default: all of :data:`TABULAR_PEERS`) whose package is not installed, each with
+    the note to print and record: ``{name: "quantile-forest not installed"}``."""
+    names = list(TABULAR_PEERS) if names is None else list(names)
+    return {n: f"{TABULAR_PEERS[n][0]} not installed (pip install -c benchmarks/constraints.txt -e '.[bench]')"
+            for n in names if package_version(TABULAR_PEERS[n][0]) is None}
+
+
+class _QuantileColumn(RegressorMixin, BaseEstimator):
+    """One quantile of a fitted quantile forest as a fitted regressor (for MAPIE's prefit CQR)."""
+
+    def __init__(self, forest=None, quantile=0.5):
+        self.forest, self.quantile = forest, quantile
+
+    def fit(self, X, y):
+        raise NotImplementedError("_QuantileColumn wraps an already fitted forest.")
+
+    def predict(self, X):
+        return np.asarray(self.forest.predict(X, quantiles=[self.quantile]), dtype=float).reshape(len(X))
+
+    def __sklearn_is_fitted__(self):
+        return True
+
+
+class _PrefitMoments(RegressorMixin, BaseEstimator):
+    """``predict(X, return_std=True)`` of fitted moments, for MAPIE's prefit ``std_normalized`` score."""
+
+    def __init__(self, moments=None):
+        self.moments = moments
+
+    def fit(self, X, y):
+        raise NotImplementedError("_PrefitMoments wraps an already fitted model.")
+
+    def predict(self, X, return_std=False):
+        mu, sd = self.moments(np.asarray(X, dtype=np.float64))
+        return (mu, sd) if return_std else mu
+
+    def __sklearn_is_fitted__(self):
+        return True
+
+
+def _conformalised_quantiles(estimators, X_cal, y_cal, X_te, level):
+    """MAPIE's prefit CQR on three fitted regressors (lower, upper, median): the (n, 2) intervals, crossing
+    quantiles taken as the interval between them."""
+    from mapie.regression import ConformalizedQuantileRegressor
+    for e in estimators:
+        e.n_features_in_ = X_cal.shape[1]
+    cqr = ConformalizedQuantileRegressor(list(estimators), confidence_level=level, prefit=True)
+    cqr.conformalize(X_cal, y_cal)
+    pis = cqr.predict_interval(X_te)[1][:, :, 0]
+    return np.stack([pis.min(1), pis.max(1)], axis=1)
+
+
+def _split_conformal(model, X_cal, y_cal, X_te, level, score="absolute"):
+    from mapie.regression import SplitConformalRegressor
+    model.n_features_in_ = X_cal.shape[1]
+    scr = SplitConformalRegressor(model, confidence_level=level, conformity_score=score, prefit=True)
+    scr.conformalize(X_cal, y_cal)
+    return scr.predict_interval(X_te)[1][:, :, 0]
+
+
+def _cached(cache: dict | None, key: str, fit: Callable):
+    if cache is None:
+        return fit()
+    if key not in cache:
+        cache[key] = fit()
+    return cache[key]
+
+
+def tabular_peer(name: str, X_fit: np.ndarray, y_fit: np.ndarray, X_cal: np.ndarray, y_cal: np.ndarray,
+                 X_te: np.ndarray, seed: int, level: float = 0.9,
+                 cache: dict | None = None) -> tuple[np.ndarray, np.ndarray | None]:
+    """The intervals of peer ``name`` (:data:`TABULAR_PEERS`) for ``X_te``.
+
+    Parameters
+    ----------
+    name : str
+        A key of :data:`TABULAR_PEERS`.
+    X_fit, y_fit : ndarray
+        The rows the peer's model is fitted on (raw features).
+    X_cal, y_cal : ndarray
+        The rows it is calibrated on (the conformal rows; unused by the raw ``qrf`` and ``ngboost``).
+    X_te : ndarray
+        The rows to give intervals for.
+    seed : int
+        The models' ``random_state``.
+    level : float
+        The intervals' nominal coverage.
+    cache : dict, optional
+        Models fitted by an earlier call on the same rows and seed, by family (the quantile forest, crepes' boosted
+        trees and difficulty, NGBoost): pass one new dict per set of rows to fit each family once for its raw and
+        its calibrated row.
+
+    Returns
+    -------
+    intervals : ndarray of shape (n_test, 2)
+        Lower and upper bounds.
+    std : ndarray of shape (n_test,) or None
+        The peer's own scale per row where it has one (NGBoost's σ, crepes' difficulty), else None.
+    """
+    if name not in TABULAR_PEERS:
+        raise ValueError(f"unknown tabular peer {name!r}; expected one of {sorted(TABULAR_PEERS)}")
+    from sklearn.ensemble import HistGradientBoostingRegressor
+    alpha = 1 - level
+    if name == "split_hgb":
+        mean = HistGradientBoostingRegressor(random_state=seed).fit(X_fit, y_fit)
+        return _split_conformal(mean, X_cal, y_cal, X_te, level), None
+    if name == "cqr_hgb":
+        qs = [HistGradientBoostingRegressor(loss="quantile", quantile=q, random_state=seed).fit(X_fit, y_fit)
+              for q in (alpha / 2, 1 - alpha / 2, 0.5)]
+        return _conformalised_quantiles(qs, X_cal, y_cal, X_te, level), None
+    if name in ("qrf", "qrf_cqr"):
+        from quantile_forest import RandomForestQuantileRegressor
+        forest = _cached(cache, "qrf", lambda: RandomForestQuantileRegressor(random_state=seed).fit(X_fit, y_fit))
+        if name == "qrf":
+            return np.asarray(forest.predict(X_te, quantiles=[alpha / 2, 1 - alpha / 2]), dtype=float), None
+        cols = [_QuantileColumn(forest, q) for q in (alpha / 2, 1 - alpha / 2, 0.5)]
+        return _conformalised_quantiles(cols, X_cal, y_cal, X_te, level), None
+    if name in ("crepes_norm_hgb", "crepes_mondrian_hgb"):
+        from crepes import WrapRegressor
+        from crepes.extras import DifficultyEstimator, MondrianCategorizer
+        mx, sx = X_fit.mean(0), X_fit.std(0)
+        sx = np.where(sx > 0, sx, 1.0)
+        Z_fit, Z_cal, Z_te = ((A - mx) / sx for A in (X_fit, X_cal, X_te))  # k-NN on comparable scales
+
+        def fit():
+            wrapped = WrapRegressor(HistGradientBoostingRegressor(random_state=seed))
+            wrapped.fit(Z_fit, y_fit)  # (returns None)
+            return wrapped, DifficultyEstimator().fit(Z_fit, y=y_fit)
+        learner, de = _cached(cache, "crepes", fit)  # calibrate() below replaces the conformal part only
+        if name == "crepes_norm_hgb":
+            learner.calibrate(Z_cal, y_cal, de=de)
+        else:
+            n_bins = int(min(20, max(1, len(y_cal) // MONDRIAN_ROWS_PER_BIN)))
+            learner.calibrate(Z_cal, y_cal, mc=MondrianCategorizer().fit(Z_cal, de=de, no_bins=n_bins))
+        return np.asarray(learner.predict_int(Z_te, confidence=level), dtype=float), de.apply(Z_te)
+    from ngboost import NGBRegressor
+    from ngboost.distns import Normal
+    ngb = _cached(cache, "ngboost",
+                  lambda: NGBRegressor(Dist=Normal, random_state=seed, verbose=False).fit(X_fit, y_fit))
+
+    def moments(X):
+        d = ngb.pred_dist(X)
+        return np.asarray(d.params["loc"], dtype=float), np.asarray(d.params["scale"], dtype=float)
+
+    mu, sd = moments(X_te)
+    if name == "ngboost":
+        z = float(__import__("scipy.stats").stats.norm.ppf(1 - alpha / 2))
+        return np.stack([mu - z * sd, mu + z * sd], axis=1), sd
+    return _split_conformal(_PrefitMoments(moments), X_cal, y_cal, X_te, level, score="std_normalized"), sd
+
+
+def default_on_hgb_residuals(X_fit: np.ndarray, y_fit: np.ndarray, X_cal: np.ndarray, y_cal: np.ndarray,
+                             X_te: np.ndarray, seed: int, level: float = 0.9):
+    """A prototype mean for the tables where trees win (issue 65): the default estimator fitted to the out-of-fold
+    residuals of HistGradientBoosting, its intervals shifted by the boosted trees' prediction.
+
+    ``h`` = ``HistGradientBoostingRegressor(random_state=seed)`` fitted on the fitting rows; the default regressor
+    (``LaplaceActiveSubspaceRegressor(random_state=seed)``, nothing changed) is fitted on ``y − h_oof(x)`` of the
+    fitting rows (``h_oof``: 5-fold ``cross_val_predict`` of the same trees, so that the network sees residuals of
+    rows the trees did not fit) and calibrated on ``y − h(x)`` of the calibration rows, which ``h`` never saw; the
+    interval for ``y`` is ``h(x)`` + the residual's interval (its conformal guarantee carries over, ``h`` being
+    fixed given the fitting rows). The Laplace posterior stays over the network, so its intervals still widen off
+    the data.
+
+    Returns
+    -------
+    y_pred : ndarray of shape (n_test,)
+    intervals : ndarray of shape (n_test, 2)
+    """
+    import warnings
+
+    from sklearn.ensemble import HistGradientBoostingRegressor
+    from sklearn.model_selection import KFold, cross_val_predict
+
+    from glas_sklearn import LaplaceActiveSubspaceRegressor
+    trees = HistGradientBoostingRegressor(random_state=seed)
+    oof = cross_val_predict(trees, X_fit, y_fit, cv=KFold(5, shuffle=True, random_state=seed))
+    trees.fit(X_fit, y_fit)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = LaplaceActiveSubspaceRegressor(confidence_level=level, random_state=seed)
+        est.fit(X_fit, y_fit - oof, X_cal=X_cal, y_cal=y_cal - trees.predict(X_cal))
+    r_pred, r_pis = est.predict_interval(X_te)
+    base = trees.predict(X_te)
+    return base + r_pred, base[:, None] + r_pis[:, :, 0]

@@ -105,7 +105,12 @@ METHODS = [
     ("laplace_kron_cp", "the same laplace-torch predictive, std-normalised split conformal (MAPIE)"),
     ("split_hgb", "split conformal (MAPIE) around HistGradientBoosting"),
     ("cqr_hgb", "CQR (MAPIE) around HistGradientBoosting quantiles"),
+    *((k, v[1]) for k, v in _common.TABULAR_PEERS.items() if k not in ("split_hgb", "cqr_hgb")),
+    ("hgb_residual", "prototype (issue 65): the default fitted to HistGradientBoosting's out-of-fold residuals, "
+                     "intervals h(x) + the residual's (`_common.default_on_hgb_residuals`)"),
 ]
+#: The tabular peers of issue 65 beyond MAPIE around HistGradientBoosting (:data:`_common.TABULAR_PEERS`).
+TREE_PEERS = [k for k in _common.TABULAR_PEERS if k not in ("split_hgb", "cqr_hgb")]
 REFERENCE = "split_nn"  # the issue's "split conformal": IS ratios are to it
 # as the committed reports measured them (before min_bins and the interpolated quantile)
 MONDRIAN = {"mondrian": MondrianConformalCalibrator(min_bin_size=100, min_bins=1, quantile_method="higher"),
@@ -448,6 +453,18 @@ def run_methods(X_fit, y_fit, X_cal, y_cal, X_te, y_te, seed, extra_columns, che
         for k, pis in timed("hgb", hgb_methods, X_fit, y_fit, X_cal, y_cal, X_te, seed).items():
             if k in want:
                 put(k, pis)
+    missing, cache = _common.tabular_peers_missing(want & set(TREE_PEERS)), {}
+    for k in TREE_PEERS:
+        if k in want and k not in missing:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                pis, std = timed(k, _common.tabular_peer, k, X_fit, y_fit, X_cal, y_cal, X_te, seed, LEVEL, cache)
+            put(k, pis, std)
+    if missing:
+        diag["skipped"] = missing
+    if "hgb_residual" in want:
+        put("hgb_residual", timed("hgb_residual", _common.default_on_hgb_residuals, X_fit, y_fit, X_cal, y_cal, X_te,
+                                  seed, LEVEL)[1])
     diag["seconds"], diag["cpu_seconds"] = seconds, cpu
     diag["fit_seconds"] = sum(v for k, v in seconds.items() if k in ("default", "default_before", "het"))
     # does the variance head collapse on the training rows? mean squared residual over mean σ²(x), train vs test
@@ -740,7 +757,51 @@ def _render_shift(runs) -> list:
         rows.append([f"`{m}`", f"{_geo(per_set):.3f}", " / ".join(_ratio(x) for x in per_set), " · ".join(covs)])
     lines += _common.markdown_table(["method", f"IS / {REFERENCE}, geometric mean", f"per set ({', '.join(sets)})",
                                      "coverage % per feature, per set"], rows, "lrll")
-    return lines + [""]
+    return lines + [""] + _shift_peers(runs, sets)
+
+
+def _shift_peers(runs, sets) -> list:
+    """Per set, the default against the best tabular peer (:data:`_common.TABULAR_PEERS` present in every run):
+    interval scores as a geometric mean over the features of the ratio to the default's, coverage per feature."""
+    peers = [k for k in _common.TABULAR_PEERS if all(k in r["methods"] for r in runs)]
+    if not peers or not all("default" in r["methods"] for r in runs):
+        return []
+    lines = ["### The default against the tabular peers (top-third extrapolation)", "",
+             "Per set, IS / the default's IS (geometric mean over the features) and coverage % per feature; the "
+             "best peer per set (lowest ratio) and the gap.", ""]
+    table, verdicts = [], []
+    best = {}
+    for name in sets:
+        own = sorted((r for r in runs if r["dataset"] == name), key=lambda r: r["feature"])
+        ratio = {k: _geo([r["methods"][k]["interval_score"] / r["methods"]["default"]["interval_score"] for r in own])
+                 for k in peers}
+        best[name] = min(peers, key=ratio.get)
+        b = best[name]
+        cov = {k: "/".join(f"{100 * r['methods'][k]['coverage']:.0f}" for r in own) for k in ["default", *peers]}
+        gap = 1 / ratio[b] - 1
+        verdicts.append(f"- **{name}**: best peer `{b}` at {ratio[b]:.3f}× the default's IS (coverage {cov[b]} % "
+                        f"against the default's {cov['default']} %): the default is "
+                        + (f"{100 * gap:.1f} % behind it." if gap > 0 else f"{100 * -gap:.1f} % ahead of it."))
+        best[name] = (ratio, cov)
+    for k in peers:
+        table.append([f"`{k}`", *[f"{best[n][0][k]:.3f}× ({best[n][1][k]})" for n in sets],
+                      f"{_geo([best[n][0][k] for n in sets]):.3f}"])
+    lines += _common.markdown_table(["method", *[f"{n}: IS / default (coverage %)" for n in sets],
+                                     "geometric mean over the sets"], table, "l" + "r" * (len(sets) + 1))
+    lines += [""] + verdicts + [""]
+    if all("hgb_residual" in r["methods"] for r in runs):
+        per = []
+        for name in sets:
+            own = sorted((r for r in runs if r["dataset"] == name), key=lambda r: r["feature"])
+            ratio = _geo([r["methods"]["hgb_residual"]["interval_score"] / r["methods"]["default"]["interval_score"]
+                          for r in own])
+            cov = "/".join(f"{100 * r['methods']['hgb_residual']['coverage']:.0f}" for r in own)
+            b = best[name][0]
+            top = min(b, key=b.get)
+            per.append(f"{name} {ratio:.3f}× (coverage {cov} %; best peer {b[top]:.3f}×)")
+        lines += [f"Prototype `hgb_residual` ({dict(METHODS)['hgb_residual']}), IS / the default's: " + "; ".join(per)
+                  + ".", ""]
+    return lines
 
 
 # ------------------------------------------------------------------------------------------------------- main

@@ -53,7 +53,8 @@ BENCHMARKS = {
                               modules=("rdkit", "matplotlib", "pandas"), data="smiles",
                               full=("--replicas", "3", "--threads", "1")),
     "uci": Benchmark("four UCI sets × 20 splits: the paper's method and the defaults against split conformal, "
-                     "conformalised Laplace, laplace-torch and a deep ensemble",
+                     "conformalised Laplace, laplace-torch and a deep ensemble; the default against the tabular "
+                     "peers (quantile forest, crepes, NGBoost, MAPIE around gradient boosting)",
                      quick=("--datasets", "yacht", "--no-laplace-torch", "--threads", "1"), modules=("mapie",),
                      data="uci", full=("--threads", "1")),
     "regional_coverage": Benchmark("coverage per region (fifths of the noise, of the predicted std) on synthetic "

@@ -35,6 +35,14 @@ Per split
    - Deep ensemble of the five networks: μ = mean of the members, variance = variance of the members' means +
      mean of the members' noise variances, each member's noise variance being its mean squared training
      residual on the fitting part; intervals μ ± z·sqrt(variance), z = 1.645 at 90 %.
+   - The default end to end (``default``: ``LaplaceActiveSubspaceRegressor(random_state=split)`` fitted on the
+     fitting part with ``X_cal``/``y_cal`` the calibration part, raw features) and the tabular peers on the same
+     rows (``_common.TABULAR_PEERS``: MAPIE split conformal and CQR around HistGradientBoosting, the quantile
+     regression forest raw and with CQR, crepes normalised and Mondrian conformal around HistGradientBoosting,
+     NGBoost raw and conformalised; a peer whose package is missing is skipped with a note), and the prototype
+     ``hgb_residual`` (the default fitted to the boosted trees' out-of-fold residuals). ``--methods tabular``
+     computes these alone, without training the networks; ``--merge TAG`` adds a tagged run's rows to uci.json
+     (``--default-from`` takes the default's rows from regional_coverage's uci study, the same rows and seeds).
 4. Metrics, in the original target units: coverage, mean width, interval (Winkler) score, Gaussian NLL
    (not defined for conformal methods, shown as '–'), RMSE, and the fit + predict wall time. Post-hoc methods'
    times exclude training the shared network; the ensemble's time includes training all five members.
@@ -46,6 +54,8 @@ Usage
     python benchmarks/uci.py --datasets yacht --splits 0 3 7
     python benchmarks/uci.py --quick                 # smoke test: 1 split, small budgets, *_quick outputs
     python benchmarks/uci.py --report-only [--tag epochs500]   # the report again from uci[_TAG].json
+    python benchmarks/uci.py --methods tabular --tag peers    # the default and the tabular peers only
+    python benchmarks/uci.py --merge peers                    # their rows into uci.json / uci.md
 
 Writes ``benchmarks/results/uci.json`` and the report ``uci.md`` rendered from it (``uci_quick.*`` with
 ``--quick``), after every split, and prints the table.
@@ -55,6 +65,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import json
 import time
 import warnings
 from pathlib import Path
@@ -93,7 +104,16 @@ METHODS = [
     ("conformal_laplace_noise", "Conformalised Laplace (MAPIE std_normalized, σ_f ⊕ σ)"),
     ("laplace_torch", "laplace-torch (full Kron GGN, GLM, marglik)"),
     ("deep_ensemble", "Deep ensemble (5)"),
+    ("default", "ours, the default end to end: `LaplaceActiveSubspaceRegressor(random_state=split)` fitted on the "
+                "fitting rows, `X_cal`/`y_cal` the calibration rows (raw features)"),
+    *((k, v[1]) for k, v in _common.TABULAR_PEERS.items()),
+    ("hgb_residual", "prototype (issue 65): the default fitted to HistGradientBoosting's out-of-fold residuals, "
+                     "intervals h(x) + the residual's (`_common.default_on_hgb_residuals`)"),
 ]
+#: The rows that need the trained networks (everything but the default fitted end to end and the tabular peers).
+NETWORK_METHODS = [k for k, _ in METHODS if k not in ("default", "hgb_residual") and k not in _common.TABULAR_PEERS]
+#: The rows of the comparison with the tabular peers: the default and the peers, raw features.
+TABULAR_METHODS = ["default", *_common.TABULAR_PEERS]
 
 
 # ----------------------------------------------------------------------------------------------- peers, optional
@@ -271,6 +291,27 @@ def run_ensemble(members_orig, X_fit, y_fit, X_te, y_te, train_seconds, dist=Non
     return out
 
 
+def run_default(X_fit, y_fit, X_cal, y_cal, X_te, y_te, *, seed, dist=None, X_slab=None):
+    """The default estimator end to end on the raw features: fitted on the fitting rows, calibrated on the
+    calibration rows (``X_cal``/``y_cal``), as the shift study's ``default`` row."""
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        est = LaplaceActiveSubspaceRegressor(random_state=seed).fit(X_fit, y_fit, X_cal=X_cal, y_cal=y_cal)
+    y_pred, pis = est.predict_interval(X_te)
+    return metrics(y_te, y_pred, pis[:, 0, 0], pis[:, 1, 0], None, time.perf_counter() - t0, dist, X_slab)
+
+
+def run_tabular_peer(name, X_fit, y_fit, X_cal, y_cal, X_te, y_te, *, seed, dist=None, X_slab=None, cache=None):
+    """A tabular peer (:data:`_common.TABULAR_PEERS`) on the same rows as the default; its RMSE is that of the
+    interval's midpoint. Its time is that of the call (a family's model fitted once: in the first of its rows)."""
+    t0 = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pis, _ = _common.tabular_peer(name, X_fit, y_fit, X_cal, y_cal, X_te, seed, level=LEVEL, cache=cache)
+    return metrics(y_te, pis.mean(1), pis[:, 0], pis[:, 1], None, time.perf_counter() - t0, dist, X_slab)
+
+
 # -------------------------------------------------------------------------------------------------------- a split
 def run_split(folder: Path, split: int, cfg: argparse.Namespace, Laplace) -> dict:
     """One standard random split: every method."""
@@ -288,18 +329,42 @@ def run_rows(X, y, train, test, split: int, cfg: argparse.Namespace, Laplace) ->
     X_fit, y_fit, X_cal, y_cal, X_te, y_te = X[fit], y[fit], X[cal], y[cal], X[test], y[test]
     mx, sx = X_fit.mean(0), X_fit.std(0)
     sx[~(sx > 0)] = 1.0
+    # each test row's Euclidean distance to the nearest fitting row, in standardised inputs
+    A, B = (X_te - mx) / sx, (X_fit - mx) / sx
+    dist = np.sqrt(np.maximum((A**2).sum(1)[:, None] + (B**2).sum(1)[None] - 2 * A @ B.T, 0.0)).min(1)
+    wanted = set(getattr(cfg, "methods", None) or [k for k, _ in METHODS])
+    res: dict = {"split": split, "n_fit": len(fit), "n_cal": len(cal), "n_test": len(test), "methods": {}}
+    if wanted & set(NETWORK_METHODS):
+        run_network_methods(res, X_fit, y_fit, X_cal, y_cal, X_te, y_te, (mx, sx), dist, A, split, cfg, Laplace)
+    rows = (X_fit, y_fit, X_cal, y_cal, X_te, y_te)
+    if "default" in wanted:
+        res["methods"]["default"] = run_default(*rows, seed=split, dist=dist, X_slab=A)
+    if "hgb_residual" in wanted:
+        t0 = time.perf_counter()
+        y_pred, pis = _common.default_on_hgb_residuals(X_fit, y_fit, X_cal, y_cal, X_te, split, LEVEL)
+        res["methods"]["hgb_residual"] = metrics(y_te, y_pred, pis[:, 0], pis[:, 1], None, time.perf_counter() - t0,
+                                                 dist, A)
+    missing = _common.tabular_peers_missing(wanted & set(_common.TABULAR_PEERS))
+    cache: dict = {}  # each family fitted once for its raw and its calibrated row
+    for name in _common.TABULAR_PEERS:
+        if name in wanted and name not in missing:
+            res["methods"][name] = run_tabular_peer(name, *rows, seed=split, dist=dist, X_slab=A, cache=cache)
+    if missing:
+        res["skipped"] = missing
+    return res
+
+
+def run_network_methods(res, X_fit, y_fit, X_cal, y_cal, X_te, y_te, x_stats, dist, A, split, cfg, Laplace):
+    """The rows around the trained networks (the paper's method, the defaults around a prefit network, the
+    conformal and Bayesian peers, the deep ensemble), into ``res``."""
+    mx, sx = x_stats
     my, sy = y_fit.mean(), y_fit.std()
     members, t_train = train_members((X_fit - mx) / sx, (y_fit - my) / sy, n_members=cfg.ensemble,
                                      n_hidden=cfg.hidden, epochs=cfg.epochs, lr=cfg.lr,
                                      batch_size=cfg.batch_size, seed=10_000 * split + 7)
     members_orig = [InOriginalUnits(m, mx, sx, my, sy).eval() for m in members]
     net = members_orig[0]
-    # each test row's Euclidean distance to the nearest fitting row, in standardised inputs
-    A, B = (X_te - mx) / sx, (X_fit - mx) / sx
-    dist = np.sqrt(np.maximum((A**2).sum(1)[:, None] + (B**2).sum(1)[None] - 2 * A @ B.T, 0.0)).min(1)
-    res: dict = {"split": split, "n_fit": len(fit), "n_cal": len(cal), "n_test": len(test),
-                 "train_seconds_all_members": t_train,
-                 "D": sum(p.numel() for p in net.parameters()), "methods": {}}
+    res.update({"train_seconds_all_members": t_train, "D": sum(p.numel() for p in net.parameters())})
     seed = split
     common = dict(n_samples=cfg.n_samples, max_components=cfg.max_components, seed=seed, dist=dist, X_slab=A)
     rows = (X_fit, y_fit, X_cal, y_cal, X_te, y_te)
@@ -343,7 +408,6 @@ def run_rows(X, y, train, test, split: int, cfg: argparse.Namespace, Laplace) ->
             print(f"[uci] laplace-torch failed on split {split}: {type(err).__name__}: {err}", flush=True)
             res["laplace_torch_error"] = f"{type(err).__name__}: {err}"
     res["methods"]["deep_ensemble"] = run_ensemble(members_orig, X_fit, y_fit, X_te, y_te, t_train, dist, A)
-    return res
 
 
 # ------------------------------------------------------------------------------------------------------- report
@@ -368,7 +432,7 @@ def summarise(splits: list[dict]) -> dict:
                 mean, se = _mean_se([r.get(m) for r in rows])
                 entry[m] = {"mean": mean, "se": se}
         for m in ("coverage_by_width", "coverage_by_distance"):
-            if m in rows[0]:
+            if all(m in r for r in rows):
                 entry[m] = np.mean([r[m] for r in rows], axis=0).tolist()
         if "reached" in rows[0]:
             entry["reached_share"] = float(np.mean([r["reached"] for r in rows]))
@@ -384,7 +448,7 @@ def _fmt(entry, metric, digits, scale=1.0):
     return f"{v['mean'] * scale:.{digits}f}{se}"
 
 
-def table_markdown(name: str, summary: dict, n_splits: int, train_seconds: tuple) -> str:
+def table_markdown(name: str, summary: dict, n_splits: int, train_seconds: tuple | None) -> str:
     regional = any("worst_slab" in e for e in summary.values())  # runs before the per-region columns lack them
     lines = [f"### {name} ({n_splits} split{'s' if n_splits != 1 else ''})", "",
              "| method | coverage (%) | width | interval score | NLL | RMSE | time (s) | d |"
@@ -397,6 +461,8 @@ def table_markdown(name: str, summary: dict, n_splits: int, train_seconds: tuple
         d = "–"
         if "d" in e:
             d = _fmt(e, "d", 1) + (f" (reached {e['reached_share']:.0%})" if e.get("reached_share", 1) < 1 else "")
+        if e["n_splits"] != n_splits:
+            label += f" ({e['n_splits']} splits)"
         row = (f"| {label} | {_fmt(e, 'coverage', 1, 100)} | {_fmt(e, 'width', 3)} | "
                f"{_fmt(e, 'interval_score', 3)} | {_fmt(e, 'nll', 3)} | {_fmt(e, 'rmse', 3)} | "
                f"{_fmt(e, 'time', 2)} | {d} |")
@@ -413,10 +479,11 @@ def table_markdown(name: str, summary: dict, n_splits: int, train_seconds: tuple
                      "highest; worst-slab coverage over the standardised test inputs (slabs of ≥ 10 % of the test "
                      "rows, 100 directions), mean over the splits.")
         lines.append("")
-    lines.append(f"Training the five networks (batched, one pass) took {train_seconds[0]:.1f} ± "
-                 f"{train_seconds[1]:.1f} s per split; it is in the ensemble's time and not in the post-hoc methods' "
-                 "times.")
-    lines.append("")
+    if train_seconds is not None:
+        lines.append(f"Training the five networks (batched, one pass) took {train_seconds[0]:.1f} ± "
+                     f"{train_seconds[1]:.1f} s per split; it is in the ensemble's time and not in the post-hoc "
+                     "methods' times.")
+        lines.append("")
     return "\n".join(lines)
 
 
@@ -543,7 +610,9 @@ def render(results: dict) -> str:
     parts = [f"# UCI regression, random splits: {who} and peers ({cfg['epochs']} epochs)"
              f"{' (quick mode)' if cfg['quick'] else ''}", "",
              f"Generated by `{results['command']}` on {results['date']} "
-             f"({_common.machine_line(results['machine'])}).", "",
+             f"({_common.machine_line(results['machine'])})"
+             + ("; rows merged in from " + " ; ".join(f"`{c}`" for c in results["merged"]) if results.get("merged")
+                else "") + ".", "",
              "Setup: per split, a 90 %/10 % random fitting/calibration split of the training rows; inputs and "
              "target standardised with the fitting part's statistics; one-hidden-layer tanh MLP "
              f"({cfg['hidden']} units), Adam lr {cfg['lr']}, {cfg['epochs']} epochs of batches of {cfg['batch_size']} "
@@ -572,16 +641,180 @@ def render(results: dict) -> str:
     for name, ds in results["datasets"].items():
         if not ds["splits"]:
             continue
-        t = [s["train_seconds_all_members"] for s in ds["splits"]]
+        t = [s["train_seconds_all_members"] for s in ds["splits"] if "train_seconds_all_members" in s]
         tm, tse = _mean_se(t)
-        parts.append(table_markdown(name, ds["summary"], len(ds["splits"]), (tm, tse if np.isfinite(tse) else 0.0)))
+        train = None if tm is None else (tm, tse if np.isfinite(tse) else 0.0)
+        parts.append(table_markdown(name, ds["summary"], len(ds["splits"]), train))
     parts.extend(findings(results))
+    parts.extend(tabular_section(results))
     summaries = {n: ds["summary"] for n, ds in results["datasets"].items() if ds["splits"]}
     if any("glas_conformal" in summ for summ in summaries.values()):  # runs before the new settings lack them
         parts.extend(_new_settings_section(summaries))
     parts.append("Peers: " + ", ".join(f"{k} {v}" for k, v in results["versions"].items()) + ".")
     parts.append("")
     return "\n".join(parts)
+
+
+def tabular_comparison(results: dict) -> dict:
+    """Per data set, on the splits where the default and every tabular peer present ran: each row's mean interval
+    score and coverage, its interval score as a ratio to the default's (of the means) and to split conformal
+    around HistGradientBoosting's, and on how many splits it beat the default; the best peer."""
+    out = {}
+    for name, ds in results["datasets"].items():
+        splits = [s for s in ds["splits"] if "default" in s["methods"]]
+        peers = [k for k in _common.TABULAR_PEERS if any(k in s["methods"] for s in splits)]
+        splits = [s for s in splits if all(k in s["methods"] for k in peers)]
+        if not splits or not peers:
+            continue
+        rows = {}
+        for key in ["default", *peers]:
+            scores = np.array([s["methods"][key]["interval_score"] for s in splits])
+            rows[key] = {"interval_score": float(scores.mean()),
+                         "coverage": float(np.mean([s["methods"][key]["coverage"] for s in splits])),
+                         "wins": int(sum(s["methods"][key]["interval_score"] < s["methods"]["default"]
+                                         ["interval_score"] for s in splits))}
+        for e in rows.values():
+            e["to_default"] = e["interval_score"] / rows["default"]["interval_score"]
+            if "split_hgb" in rows:
+                e["to_split_hgb"] = e["interval_score"] / rows["split_hgb"]["interval_score"]
+        best = min(peers, key=lambda k: rows[k]["interval_score"])
+        out[name] = {"n_splits": len(splits), "splits": [s["split"] for s in splits], "rows": rows, "best": best}
+    return out
+
+
+def _split_numbers(numbers: list[int]) -> str:
+    """``"0–19"`` for a run of consecutive split numbers, else the numbers."""
+    nums = sorted(numbers)
+    if len(nums) > 2 and nums == list(range(nums[0], nums[-1] + 1)):
+        return f"{nums[0]}–{nums[-1]}"
+    return ", ".join(map(str, nums))
+
+
+def tabular_section(results: dict) -> list[str]:
+    """The default against the tabular peers, per data set and over the sets (computed)."""
+    comp = tabular_comparison(results)
+    if not comp:
+        return []
+    sets = list(comp)
+    keys = [k for k in TABULAR_METHODS if all(k in c["rows"] for c in comp.values())]
+    labels = {"default": "ours, default", **{k: k for k in _common.TABULAR_PEERS}}
+    lines = ["## Where trees win: the default against the tabular peers (computed)", "",
+             "The default fitted end to end and the tabular peers on the same fitting and calibration rows of each "
+             "split (raw features; the peers' RMSE above is that of the interval's midpoint). Per set, on the splits "
+             "all of them ran: mean interval score (IS) as a ratio to the default's, coverage, and on how many "
+             "splits the row beat the default; then the geometric mean over the sets of IS / split conformal around "
+             "HistGradientBoosting (`split_hgb`), as issue 65's table. Rows: "
+             + "; ".join(f"`{k}` {dict(METHODS)[k]}" for k in keys if k != "default") + ".", ""]
+    def count(n):
+        return f"{comp[n]['n_splits']} split{'s' if comp[n]['n_splits'] != 1 else ''}"
+
+    header = ["method", *[f"{n} ({count(n)}): IS / default, coverage %, wins" for n in sets]]
+    rows = []
+    for k in keys:
+        cells = [f"`{labels[k]}`"]
+        for n in sets:
+            e = comp[n]["rows"][k]
+            ratio = f"{e['interval_score']:.3g}" if k == "default" else f"{e['to_default']:.3f}×"
+            ratio = f"**{ratio}**" if k == comp[n]["best"] else ratio
+            cells.append(f"{ratio}, {100 * e['coverage']:.1f}" + ("" if k == "default" else
+                                                                   f", {e['wins']}/{comp[n]['n_splits']}"))
+        rows.append(cells)
+    lines += _common.markdown_table(header, rows, "l" + "r" * len(sets))
+    lines += ["", "The default's cells give its mean IS; bold: the best peer of the set. Splits: "
+              + "; ".join(f"{n} {_split_numbers(comp[n]['splits'])}" for n in sets) + ".", ""]
+    for n in sets:
+        c = comp[n]
+        d, b = c["rows"]["default"], c["rows"][c["best"]]
+        gap = d["interval_score"] / b["interval_score"] - 1
+        verdict = (f"the default is {100 * gap:.1f} % behind it" if gap > 0 else
+                   f"the default is {100 * -gap:.1f} % ahead of it")
+        lines.append(f"- **{n}** ({count(n)}): best peer `{c['best']}` IS {b['interval_score']:.3g} "
+                     f"(coverage {100 * b['coverage']:.1f} %) against the default's {d['interval_score']:.3g} "
+                     f"({100 * d['coverage']:.1f} %): {verdict} (the peer better on {b['wins']} of {c['n_splits']} "
+                     "splits).")
+    proto = []
+    for n, ds in results["datasets"].items():
+        both = [s for s in ds["splits"] if "hgb_residual" in s["methods"] and "default" in s["methods"]]
+        if both:
+            new = np.array([s["methods"]["hgb_residual"]["interval_score"] for s in both])
+            ref = np.array([s["methods"]["default"]["interval_score"] for s in both])
+            best = comp.get(n, {}).get("best")
+            paired = [s for s in both if best in s["methods"]]
+            vs_best = ""
+            if paired:
+                r = (np.mean([s["methods"]["hgb_residual"]["interval_score"] for s in paired])
+                     / np.mean([s["methods"][best]["interval_score"] for s in paired]))
+                vs_best = f"; against the best peer `{best}` on the {len(paired)} of these splits it ran, {r:.3f}×"
+            proto.append(f"- **{n}** ({len(both)} split{'s' if len(both) != 1 else ''}, "
+                         f"{_split_numbers([s['split'] for s in both])}): IS {new.mean():.3g} against the default's "
+                         f"{ref.mean():.3g}, {new.mean() / ref.mean():.3f}× (median per split "
+                         f"{np.median(new / ref):.3f}, better on {int((new < ref).sum())}), coverage "
+                         f"{100 * np.mean([s['methods']['hgb_residual']['coverage'] for s in both]):.1f} %" + vs_best
+                         + ".")
+    if proto:
+        lines += ["", "Prototype, paired with the default on the same splits: `hgb_residual`, "
+                  + dict(METHODS)["hgb_residual"] + ".", ""] + proto
+    if "split_hgb" in keys:
+        lines += ["", "Over the sets, IS / `split_hgb`:", ""]
+        geo = []
+        for k in keys:
+            v = [comp[n]["rows"][k]["to_split_hgb"] for n in sets]
+            geo.append([f"`{labels[k]}`", f"{float(np.exp(np.mean(np.log(v)))):.3f}", f"{max(v):.3f}",
+                        " / ".join(f"{x:.3f}" for x in v),
+                        f"{100 * min(comp[n]['rows'][k]['coverage'] for n in sets):.1f}–"
+                        f"{100 * max(comp[n]['rows'][k]['coverage'] for n in sets):.1f}"])
+        lines += _common.markdown_table(["method", "geometric mean", "worst set", f"per set ({', '.join(sets)})",
+                                         "coverage % range over the sets"], geo, "lrrll")
+    lines.append("")
+    return lines
+
+
+def merge_rows(base: dict, parts: list[dict]) -> dict:
+    """``base`` (a results dict) with the method rows of ``parts`` added to its splits: a part's split joins the
+    base's split of the same number and data set, whose fitting, calibration and test sizes must match (the same
+    rows, drawn by the same seed); a later part's row replaces an earlier one of the same method. Splits the base
+    lacks are appended. The parts' commands are recorded (``merged``) and the summaries recomputed."""
+    out = json.loads(json.dumps(base))
+    out.setdefault("merged", [])
+    for part in parts:
+        for name, ds in part["datasets"].items():
+            target = out["datasets"].setdefault(name, {**ds, "splits": [], "summary": {}})
+            by_split = {s["split"]: s for s in target["splits"]}
+            for s in ds["splits"]:
+                old = by_split.get(s["split"])
+                if old is None:
+                    target["splits"].append(s)
+                    continue
+                sizes = [(k, old[k], s[k]) for k in ("n_fit", "n_cal", "n_test") if k in old and k in s
+                         and old[k] != s[k]]
+                if sizes:
+                    raise ValueError(f"{name} split {s['split']}: the part's rows differ from the base's "
+                                     f"({sizes}); merge only runs of the same protocol.")
+                old["methods"].update(s["methods"])
+                if "skipped" in s:
+                    old["skipped"] = s["skipped"]
+            target["splits"].sort(key=lambda s: s["split"])
+            target["summary"] = summarise(target["splits"])
+        out["versions"] = {**out.get("versions", {}), **{k: v for k, v in part.get("versions", {}).items() if v}}
+        if part["command"] not in out["merged"]:
+            out["merged"].append(part["command"])
+    return out
+
+
+def regional_default_part(regional: dict, path: str) -> dict:
+    """The ``default`` rows of a regional_coverage results dict's ``uci`` study as a part for :func:`merge_rows`:
+    that study fits the default on the same fitting and calibration rows of each standard split (the training rows
+    shuffled by ``1000 + split``, a tenth for calibration) with ``random_state=split``, as ``--methods default``
+    here; its rows carry coverage, width, interval score and worst slab."""
+    datasets: dict = {}
+    for r in regional.get("uci", []):
+        if "default" not in r["methods"]:
+            continue
+        m = r["methods"]["default"]
+        row = {k: m[k] for k in ("coverage", "width", "interval_score", "worst_slab") if k in m}
+        datasets.setdefault(r["dataset"], {"splits": []})["splits"].append(
+            {"split": r["split"], "n_cal": r["n_cal"], "methods": {"default": row}})
+    return {"command": f"the default's rows of the uci study in {path}", "datasets": datasets}
 
 
 # --------------------------------------------------------------------------------------------------------- main
@@ -604,7 +837,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-components", type=int, default=None, help="GLAS d_max (default 50; quick 20)")
     p.add_argument("--no-laplace-torch", action="store_true")
     p.add_argument("--tag", default=None, help="write uci_TAG.* instead of uci.* (e.g. for a sensitivity run)")
+    p.add_argument("--methods", nargs="+", default=None, metavar="METHOD",
+                   choices=[k for k, _ in METHODS] + ["networks", "tabular"],
+                   help="the rows to compute (default: all): 'tabular' for the default end to end and the tabular "
+                        "peers (no network is trained), 'networks' for the rows around the trained networks (any "
+                        "of those runs them all), or names of METHODS")
+    p.add_argument("--merge", nargs="+", default=None, metavar="TAG",
+                   help="no computation: add the rows of uci_TAG.json (same splits, e.g. a --methods tabular run) "
+                        "to uci.json's splits and render uci.md")
+    p.add_argument("--default-from", type=Path, default=None, metavar="JSON",
+                   help="with --merge: add (last) the default's rows of the uci study of this regional_coverage "
+                        "results file (the same rows and seeds as --methods default)")
     args = p.parse_args(argv)
+    if args.methods:
+        groups = {"networks": NETWORK_METHODS, "tabular": TABULAR_METHODS}  # (the prototype by its name only)
+        args.methods = sorted({m for k in args.methods for m in groups.get(k, [k])})
     q = args.quick
     args.epochs = args.epochs if args.epochs is not None else (30 if q else 200)
     args.n_samples = args.n_samples if args.n_samples is not None else (100 if q else 500)
@@ -620,15 +867,28 @@ def main(argv=None) -> dict:
         R, text = _common.report_from_results(json_path, md_path, render)
         print(text)
         return R
+    if args.merge:
+        parts = [_common.read_results(args.out_dir / f"uci_{t}.json") for t in args.merge]
+        if args.default_from is not None:
+            parts.append(regional_default_part(_common.read_results(args.default_from),
+                                                  _common.repo_path(args.default_from)))
+        merged = merge_rows(_common.read_results(json_path), parts)
+        R, text = _common.write_results_and_report(json_path, md_path, merged, render, command=merged["command"])
+        print(text)
+        return R
     torch.set_num_threads(args.threads)
     data_dir = args.data_dir.resolve()
     names = args.datasets or [n for n in DEFAULT_DATASETS if (data_dir / n).is_dir()]
-    Laplace = None if args.no_laplace_torch else _import_laplace_torch()
+    wanted = set(args.methods or [k for k, _ in METHODS])
+    Laplace = None if args.no_laplace_torch or not wanted & set(NETWORK_METHODS) else _import_laplace_torch()
+    for name, note in _common.tabular_peers_missing(wanted & set(_common.TABULAR_PEERS)).items():
+        print(f"[uci] {name} skipped: {note}", flush=True)
     command = _common.command_line(__file__, argv)
     results = {
         "date": _dt.datetime.now().isoformat(timespec="seconds"),
         "config": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
-        "versions": {k: _version(k) for k in ("torch", "scikit-learn", "mapie", "laplace-torch")},
+        "versions": {k: _version(k) for k in ("torch", "scikit-learn", "mapie", "laplace-torch", "quantile-forest",
+                                              "crepes", "ngboost")},
         "datasets": {},
     }
     results["versions"]["glas-sklearn"] = _version("glas-sklearn")
@@ -657,7 +917,8 @@ def main(argv=None) -> dict:
             ds["splits"].append(r)
             ds["summary"] = summarise(ds["splits"])
             m = r["methods"]
-            print(f"[uci] {name} split {split}: {r['seconds']:.0f}s (training {r['train_seconds_all_members']:.0f}s); "
+            print(f"[uci] {name} split {split}: {r['seconds']:.0f}s (training "
+                  f"{r.get('train_seconds_all_members', 0.0):.0f}s); "
                   + ", ".join(f"{k}: cov {v['coverage']:.2f} IS {v['interval_score']:.3g}"
                               + (f" d {v['d']}" if "d" in v else "") for k, v in m.items()),
                   flush=True)
