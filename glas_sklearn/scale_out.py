@@ -135,6 +135,8 @@ class _Output:
 
 
 def _call(model, call, X, kwargs):
+    if hasattr(X, "columns") and getattr(model, "feature_names_in_", None) is None:
+        X = X.to_numpy()  # a model fitted on arrays takes a partition's values, in its columns' order
     return call(model, X, **kwargs) if callable(call) else getattr(model, call)(X, **kwargs)
 
 
