@@ -5,8 +5,8 @@ The default regressor (fitted on 1,000 rows of 8 features) gives ``predict_inter
 (``--quick``: 20,000) in 16 partitions. The frame is made on the workers (each partition drawn from its own seed,
 then persisted), so the timing is the prediction and the gathering of its results, not the shipping of inputs; the
 model travels once per worker inside the graph. One process: ``predict_interval`` on the same rows as one numpy
-array. Each worker and the one process run one torch thread (``OMP_NUM_THREADS=1``, the Nanny's default), under
-``nice``. Rounds alternate between the configurations (``--rounds``, default 2), each run preceded by a small warm-up
+array. Each worker and the one process run one torch thread (``OMP_NUM_THREADS=1``, the Nanny's default).
+Rounds alternate between the configurations (``--rounds``, default 2), each run preceded by a small warm-up
 call; medians reported, with the load average around each run, since the machine may be shared. One worker is
 measured twice: with the Nanny's default ``MALLOC_TRIM_THRESHOLD_=65536`` and with glibc's own threshold (the
 2-worker cluster's setting).
@@ -153,7 +153,7 @@ def render(payload: dict) -> str:
              f"`predict_interval` of the default regressor (8 features) on {r['rows']:,} rows in {r['partitions']} "
              "partitions made and persisted on the workers; the time includes gathering the intervals into the "
              "calling process. One process: the same rows as one frame in this process. One torch thread per "
-             f"worker and here, under `nice`; {r['rounds']} alternating round(s), medians; the load average "
+             f"worker and here; {r['rounds']} alternating round(s), medians; the load average "
              "(1 min) before and after each run is shown, since the machine's 2 cores are shared. \"Dask's malloc "
              "trim\": the Nanny's default `MALLOC_TRIM_THRESHOLD_=65536`, which returns freed memory to the system "
              "at every chunk of rows; the other clusters leave glibc's own threshold.", ""]
