@@ -39,6 +39,11 @@ Methods (all at the 90 % level, fitted on the training rows of a split, scored o
 - ``full_batch``: the candidate of issue 62 for small tables, ``Training(batch_size=None, lr=1e-2)``: full-batch
   Adam steps at a larger rate (one step an epoch), today's stopping rule otherwise; compared paired with
   ``new_default`` (today's recipe) on the same splits;
+- ``short_trial``, ``warm_start``, ``short_warm``, ``batch_128``, ``batch_256``: the step candidates of issue 62,
+  each paired with ``new_default``: the trial run (shadow copy) stopped at its best epoch + patience instead of no
+  sooner than twice its best; the network started from the trial's best weights and trained on all rows for a
+  quarter of the epochs it chose (both patched into ``glas_sklearn.training.fitting`` for the measurement,
+  :func:`trial_variant`); both; 128- or 256-row steps at lr 1e-3 × √(rows / 64);
 - ``mapie_split_hgb``: MAPIE ``SplitConformalRegressor(HistGradientBoostingRegressor(), prefit=False)``, fitted
   on 90 % of the training rows and conformalised on the other 10 % (the estimator's own ``calibration_size``);
 - ``mapie_cqr_hgb``: MAPIE ``ConformalizedQuantileRegressor`` around three HistGradientBoosting quantile
