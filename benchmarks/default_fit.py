@@ -39,6 +39,11 @@ Methods (all at the 90 % level, fitted on the training rows of a split, scored o
 - ``full_batch``: the candidate of issue 62 for small tables, ``Training(batch_size=None, lr=1e-2)``: full-batch
   Adam steps at a larger rate (one step an epoch), today's stopping rule otherwise; compared paired with
   ``new_default`` (today's recipe) on the same splits;
+- ``short_trial``, ``warm_start``, ``short_warm``, ``batch_128``, ``batch_256``: the step candidates of issue 62,
+  each paired with ``new_default``: the trial run (shadow copy) stopped at its best epoch + patience instead of no
+  sooner than twice its best; the network started from the trial's best weights and trained on all rows for a
+  quarter of the epochs it chose (both patched into ``glas_sklearn.training.fitting`` for the measurement,
+  :func:`trial_variant`); both; 128- or 256-row steps at lr 1e-3 × √(rows / 64);
 - ``mapie_split_hgb``: MAPIE ``SplitConformalRegressor(HistGradientBoostingRegressor(), prefit=False)``, fitted
   on 90 % of the training rows and conformalised on the other 10 % (the estimator's own ``calibration_size``);
 - ``mapie_cqr_hgb``: MAPIE ``ConformalizedQuantileRegressor`` around three HistGradientBoosting quantile
@@ -95,13 +100,24 @@ METHODS = {
     "second_default": "ours, the second-round default (batch_size=200, lr=1e-3 on large data)",
     "early_stopping_on": "ours, early_stopping=True on every set (the first candidate default; small sets too)",
     "full_batch": "ours, today's default with full-batch steps at lr 1e-2 (the candidate of issue 62)",
+    "short_trial": "ours, today's default with the trial run (shadow copy) stopped at its best epoch + patience "
+                   "(no 2x-best floor)",
+    "warm_start": "ours, today's default with the network started from the trial run's best weights and trained "
+                  "on all rows for a quarter of the chosen epochs",
+    "short_warm": "ours, short_trial and warm_start together",
+    "batch_128": "ours, today's default with 128-row steps at lr 1e-3 x sqrt(2)",
+    "batch_256": "ours, today's default with 256-row steps at lr 2e-3 (1e-3 x sqrt(4))",
     "mapie_split_hgb": "MAPIE split conformal, HistGradientBoosting",
     "mapie_cqr_hgb": "MAPIE CQR, HistGradientBoosting quantiles",
 }
 OLD_SETTINGS = {"max_epochs": 500, "batch_size": 64, "early_stopping": False}
 GAUSSIAN_SETTINGS = {"likelihood": "gaussian", "calibration": "conformal"}
 OURS = ("old_default", "gaussian_default", "new_default", "previous_default", "second_default", "early_stopping_on",
-        "full_batch")
+        "full_batch", "short_trial", "warm_start", "short_warm", "batch_128", "batch_256")
+#: the issue-62 candidates of fewer steps, each paired with new_default (today's default) on the same splits
+STEP_CANDIDATES = ("full_batch", "short_trial", "warm_start", "short_warm", "batch_128", "batch_256")
+#: warm_start: the share of the chosen epochs the network trains from the trial run's best weights
+WARM_FRACTION = 0.25
 #: issue 62: the default's whole fit within this many times the tabular alternative's (MAPIE split conformal)
 MAX_RATIO_TO_TABULAR = 10.0
 # the targets of issue 28
@@ -165,12 +181,16 @@ def run_ours(method: str, X, y, X_te, y_te, seed: int) -> dict:
         settings = {"batch_size": 200, "lr": 1e-3, **GAUSSIAN_SETTINGS}
     if method == "full_batch":
         settings = {"batch_size": None, "lr": 1e-2}
+    if method == "batch_128":
+        settings = {"batch_size": 128, "lr": 1e-3 * np.sqrt(2.0)}
+    if method == "batch_256":
+        settings = {"batch_size": 256, "lr": 2e-3}
     if method in ("gaussian_default", "previous_default", "second_default", "early_stopping_on"):
         # the training of their time (the estimator keeps a tenth of X for calibration)
         settings = {**_common.training_before_shadow(len(X) - int(np.ceil(0.1 * len(X)))), **settings}
     est = LaplaceActiveSubspaceRegressor(**_common.grouped(confidence_level=LEVEL, random_state=seed, **settings))
     t0, c0 = time.perf_counter(), time.process_time()
-    with warnings.catch_warnings(), counted_steps() as loop_runs:
+    with warnings.catch_warnings(), counted_steps() as loop_runs, trial_variant(method):
         warnings.simplefilter("ignore")
         est.fit(X, y)
     fit_s, fit_cpu_s = time.perf_counter() - t0, time.process_time() - c0
@@ -212,6 +232,41 @@ def counted_steps():
         yield runs
     finally:
         loop.run = real
+
+
+@contextlib.contextmanager
+def trial_variant(method: str):
+    """Inside the block the shadow copy (the trial run) and the training after it run as ``method`` asks, patched
+    into ``glas_sklearn.training.fitting`` for the measurement: ``short_trial`` stops the trial run at its best
+    epoch + patience (``SHADOW_PATIENCE_RATIO`` 0 instead of 2); ``warm_start`` starts the network from the trial
+    run's best weights (trained on 80 % of the rows) and trains it on all rows for ``WARM_FRACTION`` of the epochs
+    the trial chose (at least one); ``short_warm`` both. Other methods: nothing patched."""
+    from glas_sklearn.training import fitting
+    short, warm = method in ("short_trial", "short_warm"), method in ("warm_start", "short_warm")
+    ratio, real = fitting.SHADOW_PATIENCE_RATIO, fitting._train
+    trials = []
+
+    def patched(settings, modules, row_sets, decays, *args, **kw):
+        if "shadow" in (kw.get("desc") or ""):  # the trial run: its networks (copies) end at their best weights
+            trials[:] = [modules]
+        elif kw.get("planned") is not None and trials:  # the network trained for the epochs the trial chose
+            with torch.no_grad():
+                for module, trial in zip(modules, trials.pop(), strict=True):
+                    for p, q in zip(module.parameters(), trial.parameters(), strict=True):
+                        p.copy_(q)
+                    for b, c in zip(module.buffers(), trial.buffers(), strict=True):
+                        b.copy_(c)
+            kw["max_epochs"] = [max(1, int(np.ceil(WARM_FRACTION * e))) for e in kw["max_epochs"]]
+        return real(settings, modules, row_sets, decays, *args, **kw)
+
+    if short:
+        fitting.SHADOW_PATIENCE_RATIO = 0.0
+    if warm:
+        fitting._train = patched
+    try:
+        yield
+    finally:
+        fitting.SHADOW_PATIENCE_RATIO, fitting._train = ratio, real
 
 
 def _calibration_split(X, y, seed):
@@ -281,7 +336,7 @@ PAIRS = [("paired_gaussian_default", "gaussian_default", "old_default"),
          ("paired_new_vs_gaussian", "new_default", "gaussian_default"),
          ("paired_previous", "gaussian_default", "previous_default"),
          ("paired_second", "gaussian_default", "second_default"),
-         ("paired_full_batch", "full_batch", "new_default")]
+         *[(f"paired_{m}", m, "new_default") for m in STEP_CANDIDATES]]
 
 
 def summarise(results: dict) -> dict:
@@ -363,7 +418,7 @@ def render(payload: dict) -> str:
                     target = f"new_default fit time / MAPIE split conformal ≤ {MAX_RATIO_TO_SPLIT_CONFORMAL:g} ({what})"
                     checks.append([name, target,
                                    f"{r:.1f}", "met" if r <= MAX_RATIO_TO_SPLIT_CONFORMAL else "missed"])
-        for method in ("new_default", "full_batch"):
+        for method in ("new_default", *STEP_CANDIDATES):
             e = entry.get(method)
             for key, what in (("fit_s_ratio", "wall"), ("fit_cpu_s_ratio", "CPU")):
                 if e and key in e:
@@ -392,7 +447,7 @@ def render(payload: dict) -> str:
                                  f"splits{identical})",
                            f"{r:.3f} (median per split {p['per_split_ratio_median']:.3f})",
                            "met" if r <= 1 + MAX_SCORE_LOSS else "missed"])
-        for method in ("gaussian_default", "new_default", "full_batch"):
+        for method in ("gaussian_default", "new_default", *STEP_CANDIDATES):
             e = entry.get(method)
             if e and name in UCI:
                 c = e["coverage"]
