@@ -130,9 +130,10 @@ def test_the_model_is_loaded_once_per_worker_and_scattered_once(client, reg, row
     for _ in range(2):  # two calls of 8 partitions each
         y_pred, y_pis = reg.predict_interval(_frame(X, 8))
         dask.compute(y_pred, y_pis)
-        # this model's one key, on both workers (other tests' models may still be held under their own keys)
+        # this model's one key is held (scattered to both workers; the scheduler's active memory manager may drop a
+        # replica once no task waits on it, so a worker may fetch it again, never load it again: below)
         held = {str(k): w for k, w in client.who_has().items() if str(k).startswith("glas-model-")}
-        assert len(held.get(f"glas-model-{key[:16]}", ())) == 2, held
+        assert len(held.get(f"glas-model-{key[:16]}", ())) >= 1, held
     info = _info(client)
     loads = [i["loads"].get(key, 0) for i in info.values()]
     assert max(loads) == 1 and sum(i["partitions"].get(key, 0) for i in info.values()) >= 16, info
