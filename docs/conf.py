@@ -126,7 +126,10 @@ def _unlisted_public_modules(listed: set[str]) -> list[str]:
     found = []
     for info in pkgutil.walk_packages(glas_sklearn.__path__, "glas_sklearn."):
         parts = info.name.split(".")
-        if any(part.startswith("_") for part in parts) or info.name in listed or parts[1] in {"cli", "estimators"}:
+        # the estimators' internals and the training part: their public face is glas_sklearn's Training and the
+        # estimators themselves
+        internal = parts[1] in {"cli", "estimators", "training"}
+        if any(part.startswith("_") for part in parts) or info.name in listed or internal:
             continue
         if parts[1] == "contrib" and importlib.util.find_spec(info.name) is None:
             continue
