@@ -28,10 +28,9 @@ import glas_sklearn
 from glas_sklearn import LaplaceActiveSubspaceRegressor
 from glas_sklearn.serialization import ModelFileError, untrusted_names
 from tests.reference import grouped
+from tests.test_model_file_safety import TINY
 from tests.test_serialization import assert_same_state, safe_load
 
-TINY = dict(module_kwargs=dict(hidden_layer_sizes=(4,)), max_epochs=3, lr=0.05, batch_size=None, n_samples=20,
-            max_components=2, random_state=0)
 pytestmark = [pytest.mark.filterwarnings("ignore::glas_sklearn.calibration.CalibrationWarning"),
               pytest.mark.filterwarnings("ignore::glas_sklearn.calibration.ConformalWarning")]
 

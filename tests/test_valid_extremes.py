@@ -15,17 +15,10 @@ from hypothesis import strategies as st
 from glas_sklearn import LaplaceActiveSubspaceClassifier, LaplaceActiveSubspaceRegressor
 from glas_sklearn.predictive.modes import OutputMoments, Sampled
 from tests.reference import grouped
+from tests.test_model_file_safety import TINY, _data
 
-TINY = dict(module_kwargs=dict(hidden_layer_sizes=(4,)), max_epochs=3, lr=0.05, batch_size=None, n_samples=20,
-            max_components=2, random_state=0)
 pytestmark = [pytest.mark.filterwarnings("ignore::glas_sklearn.calibration.CalibrationWarning"),
               pytest.mark.filterwarnings("ignore::glas_sklearn.calibration.ConformalWarning")]
-
-
-def _data(n=40, seed=0):
-    rng = np.random.default_rng(seed)
-    X = rng.uniform(-1, 1, size=(n, 2))
-    return X, np.sin(2 * X[:, 0]) + 0.1 * rng.standard_normal(n)
 
 
 @pytest.mark.parametrize("labels", [["a", 1], [1.5, "b"], ["x", None]])
